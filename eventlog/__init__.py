@@ -1,0 +1,37 @@
+"""The log layer: one interface (:mod:`eventlog.base`) over the embedded SQLite log and
+Apache Kafka. ``open_log(url)`` picks the backend from a URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eventlog.base import Appended, EventLog, LogConsumer, LogProducer, Record, TopicNames
+from eventlog.partitioner import murmur2, partition_for
+from schemas.errors import LogConfigError
+
+__all__ = [
+    "Appended", "EventLog", "LogConsumer", "LogProducer", "Record", "TopicNames",
+    "murmur2", "open_log", "partition_for",
+]  # fmt: skip
+
+
+def open_log(url: str, *, partitions: int = 4, topics: TopicNames | None = None, create: bool = True,
+             kafka_config: dict[str, str] | None = None) -> EventLog:
+    """Open the log named by ``url``.
+
+    ``kafka://HOST:PORT[,HOST:PORT...]`` is Apache Kafka; ``sqlite:///PATH``, ``file://PATH``
+    or a plain path is the embedded log (created with ``partitions`` when absent and
+    ``create``). Raises :class:`LogConfigError` for any other scheme.
+    """
+    if url.startswith("kafka://"):
+        from eventlog.kafka import KafkaLog  # confluent-kafka loads only when used
+
+        return KafkaLog(url[len("kafka://"):], topics=topics, config=kafka_config or {})
+    if "://" in url:
+        scheme, rest = url.split("://", 1)
+        if scheme not in ("sqlite", "file"):
+            raise LogConfigError(f"unknown log URL scheme {scheme!r} in {url!r}; use kafka://HOST:PORT or a file path")
+        url = rest
+    from eventlog.embedded import EmbeddedLog
+
+    return EmbeddedLog(Path(url), partitions=partitions, topics=topics, create=create)

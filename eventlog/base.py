@@ -1,0 +1,182 @@
+"""The log interface: the same small contract over Kafka and over the embedded log.
+
+Semantics every backend keeps (pinned by ``tests/conformance``):
+
+- a topic has N partitions; a record's partition is ``partition_for(key, N)``;
+- offsets are dense per partition, start at 0 and only grow; a record, once
+  acknowledged, is read back byte for byte at its offset;
+- records of one key are read in the order they were appended;
+- a consumer's *position* belongs to its owner (the projector stores it in RocksDB with
+  the state): ``subscribe`` asks the owner where each assigned partition starts, and
+  ``commit`` only mirrors positions for lag monitoring.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+Headers = tuple[tuple[str, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One log record as read back."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp_ms: int
+    headers: Headers = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Where an acknowledged record landed."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    """The three topics of a deployment."""
+
+    events: str = "runstate.events"
+    checkpoints: str = "runstate.checkpoints"
+    deadletter: str = "runstate.deadletter"
+
+    def all(self) -> tuple[str, str, str]:
+        return (self.events, self.checkpoints, self.deadletter)
+
+
+DeliveryCallback = Callable[[Appended | None, Exception | None], None]
+#: ``on_assign(partitions) -> {partition: start offset}``; called before records of a newly
+#: assigned partition are returned by ``poll``.
+OnAssign = Callable[[list[int]], dict[int, int]]
+#: ``on_revoke(partitions)``; called before partitions are taken away. The owner finishes
+#: and stores the batch in hand before it returns.
+OnRevoke = Callable[[list[int]], None]
+
+
+class LogProducer(ABC):
+    """Appends keyed records. Thread-compatible, not thread-safe."""
+
+    @abstractmethod
+    def append(self, topic: str, key: str, value: bytes, headers: Headers = ()) -> Appended:
+        """Append one record and wait for its acknowledgement.
+
+        Raises :class:`schemas.errors.DeliveryError` when it is not acknowledged.
+        """
+
+    @abstractmethod
+    def append_async(
+        self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback, headers: Headers = ()
+    ) -> None:
+        """Queue one record; ``on_delivery`` is called (from ``flush``/``poll``) with where
+        it landed or the error. Records queued together may be written in one group commit."""
+
+    @abstractmethod
+    def flush(self, timeout_s: float = 30.0) -> int:
+        """Wait until every queued record is acknowledged or failed; returns how many are
+        still queued (0 on success)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush and release resources."""
+
+
+class LogConsumer(ABC):
+    """Reads one topic for one owner (a consumer group member)."""
+
+    @abstractmethod
+    def subscribe(self, on_assign: OnAssign, on_revoke: OnRevoke) -> None:
+        """Join the group. Partitions are assigned now (embedded) or during ``poll`` (Kafka)."""
+
+    @abstractmethod
+    def poll(self, max_records: int, timeout_s: float) -> list[Record]:
+        """Up to ``max_records`` records from the assigned partitions, each partition in
+        offset order; empty after ``timeout_s`` when there is nothing new."""
+
+    @abstractmethod
+    def assignment(self) -> list[int]:
+        """Partitions currently owned."""
+
+    @abstractmethod
+    def commit(self, positions: dict[int, int]) -> None:
+        """Mirror the owner's positions (next offset per partition) for lag monitoring."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Leave the group (revoking partitions) and release resources."""
+
+
+class EventLog(ABC):
+    """A partitioned log. One instance per process; producers/consumers are made from it."""
+
+    topics: TopicNames
+
+    @abstractmethod
+    def partitions(self, topic: str) -> int:
+        """Partition count of ``topic``. Raises :class:`LogConfigError` if it does not exist."""
+
+    @abstractmethod
+    def create_topics(self, partitions: int, replication: int = 1) -> list[str]:
+        """Create the events, checkpoints (compacted) and dead-letter topics if absent.
+        Returns the names created. Raises :class:`LogConfigError` when an existing topic
+        has an incompatible partition count."""
+
+    @abstractmethod
+    def check_topics(self) -> None:
+        """Raise :class:`LogConfigError` naming what is missing or incompatible."""
+
+    @abstractmethod
+    def producer(self) -> LogProducer: ...
+
+    @abstractmethod
+    def consumer(self, group_id: str, topic: str) -> LogConsumer: ...
+
+    @abstractmethod
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        """Next offset to be written, per partition."""
+
+    @abstractmethod
+    def committed(self, group_id: str, topic: str) -> dict[int, int]:
+        """Positions mirrored by ``commit`` for ``group_id`` (missing partitions: none yet)."""
+
+    @abstractmethod
+    def read(self, topic: str, partition: int, offsets: Sequence[int]) -> list[Record]:
+        """Records at the given offsets of one partition (random access, for replay tools).
+        Offsets not present are skipped."""
+
+    @abstractmethod
+    def scan(self, topic: str, partition: int, start: int, end: int, batch: int = 1000) -> Iterator[Record]:
+        """Iterate records ``start <= offset < end`` of one partition in order."""
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources."""
+
+
+@dataclass
+class PartitionLag:
+    partition: int
+    end_offset: int
+    committed: int | None
+    lag: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lag = None if self.committed is None else self.end_offset - self.committed
+
+
+def lag(log: EventLog, group_id: str) -> list[PartitionLag]:
+    """Lag per partition of the events topic for a consumer group (from mirrored commits)."""
+    ends = log.end_offsets(log.topics.events)
+    done = log.committed(group_id, log.topics.events)
+    return [PartitionLag(p, ends[p], done.get(p)) for p in sorted(ends)]

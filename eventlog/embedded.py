@@ -1,0 +1,348 @@
+"""The embedded log: one SQLite file with Kafka's semantics (partitions, offsets, keys).
+
+Why SQLite: multi-process safe with WAL (agents append while a projector reads), in the
+standard library, one file. Durability comes from group commit: ``append_async`` records
+are written in one transaction at ``flush`` (or every ``linger_records``), like Kafka's
+``linger.ms``; ``synchronous=FULL`` means an acknowledged append is on disk.
+
+A consumer group on the embedded log has exactly one member: ``subscribe`` takes an
+exclusive ``flock`` on ``<file>.<group>.lock`` (released by the kernel if the process dies,
+even by SIGKILL) and gets every partition. Scale-out is Kafka's job.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from eventlog.base import (
+    Appended,
+    DeliveryCallback,
+    EventLog,
+    Headers,
+    LogConsumer,
+    LogProducer,
+    OnAssign,
+    OnRevoke,
+    Record,
+    TopicNames,
+)
+from eventlog.partitioner import partition_for
+from schemas.errors import DeliveryError, LogConfigError, LogError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS topics(
+    name TEXT PRIMARY KEY, partitions INTEGER NOT NULL, compacted INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS heads(
+    topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
+    PRIMARY KEY(topic, partition)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS records(
+    topic TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
+    key BLOB, value BLOB NOT NULL, ts INTEGER NOT NULL, headers BLOB,
+    PRIMARY KEY(topic, partition, offset)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS commits(
+    group_id TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL,
+    offset INTEGER NOT NULL, PRIMARY KEY(group_id, topic, partition)) WITHOUT ROWID;
+"""
+
+
+def _pack_headers(headers: Headers) -> bytes | None:
+    if not headers:
+        return None
+    out = bytearray()
+    for k, v in headers:
+        kb = k.encode()
+        out += len(kb).to_bytes(2, "big") + kb + len(v).to_bytes(4, "big") + v
+    return bytes(out)
+
+
+def _unpack_headers(raw: bytes | None) -> Headers:
+    if not raw:
+        return ()
+    out = []
+    i = 0
+    while i < len(raw):
+        kl = int.from_bytes(raw[i : i + 2], "big")
+        k = raw[i + 2 : i + 2 + kl].decode()
+        i += 2 + kl
+        vl = int.from_bytes(raw[i : i + 4], "big")
+        out.append((k, raw[i + 4 : i + 4 + vl]))
+        i += 4 + vl
+    return tuple(out)
+
+
+class EmbeddedLog(EventLog):
+    """A log in one SQLite file. ``partitions`` is used when the file's topics are created;
+    an existing file keeps the count it was created with."""
+
+    def __init__(self, path: str | os.PathLike[str], partitions: int = 4, topics: TopicNames | None = None,
+                 *, create: bool = True) -> None:
+        self.path = Path(path)
+        self.topics = topics or TopicNames()
+        self._default_partitions = partitions
+        if not create and not self.path.exists():
+            raise LogConfigError(f"embedded log {self.path} does not exist")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._parts: dict[str, int] = {}
+        self._db = self._connect()
+        if create:
+            self.create_topics(partitions)
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as e:
+            raise LogConfigError(f"cannot open embedded log {self.path}: {e}") from e
+        return db
+
+    def describe(self) -> str:
+        return f"embedded log {self.path}"
+
+    # -- topics ----------------------------------------------------------------------------
+
+    def create_topics(self, partitions: int, replication: int = 1) -> list[str]:
+        if partitions < 1:
+            raise LogConfigError(f"partitions must be >= 1, got {partitions}")
+        created = []
+        with _txn(self._db):
+            for name in self.topics.all():
+                row = self._db.execute("SELECT partitions FROM topics WHERE name=?", (name,)).fetchone()
+                if row is None:
+                    self._db.execute(
+                        "INSERT INTO topics VALUES (?,?,?)", (name, partitions, int(name == self.topics.checkpoints))
+                    )
+                    self._db.executemany(
+                        "INSERT INTO heads VALUES (?,?,0)", [(name, p) for p in range(partitions)]
+                    )
+                    created.append(name)
+        return created
+
+    def check_topics(self) -> None:
+        for name in self.topics.all():
+            self.partitions(name)
+
+    def partitions(self, topic: str) -> int:
+        n = self._parts.get(topic)
+        if n is None:
+            row = self._db.execute("SELECT partitions FROM topics WHERE name=?", (topic,)).fetchone()
+            if row is None:
+                raise LogConfigError(f"topic {topic!r} does not exist in {self.path}")
+            n = int(row[0])
+            self._parts[topic] = n
+        return n
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        self.partitions(topic)
+        rows = self._db.execute("SELECT partition, next_offset FROM heads WHERE topic=?", (topic,)).fetchall()
+        return {int(p): int(o) for p, o in rows}
+
+    def committed(self, group_id: str, topic: str) -> dict[int, int]:
+        rows = self._db.execute(
+            "SELECT partition, offset FROM commits WHERE group_id=? AND topic=?", (group_id, topic)
+        ).fetchall()
+        return {int(p): int(o) for p, o in rows}
+
+    def read(self, topic: str, partition: int, offsets: Sequence[int]) -> list[Record]:
+        out = []
+        for off in offsets:
+            row = self._db.execute(
+                "SELECT offset, key, value, ts, headers FROM records WHERE topic=? AND partition=? AND offset=?",
+                (topic, partition, off),
+            ).fetchone()
+            if row is not None:
+                out.append(Record(topic, partition, row[0], row[1], row[2], row[3], _unpack_headers(row[4])))
+        return out
+
+    def scan(self, topic: str, partition: int, start: int, end: int, batch: int = 1000) -> Iterator[Record]:
+        pos = start
+        while pos < end:
+            rows = self._fetch(topic, partition, pos, min(batch, end - pos))
+            if not rows:
+                return
+            yield from rows
+            pos = rows[-1].offset + 1
+
+    def _fetch(self, topic: str, partition: int, start: int, limit: int) -> list[Record]:
+        rows = self._db.execute(
+            "SELECT offset, key, value, ts, headers FROM records "
+            "WHERE topic=? AND partition=? AND offset>=? ORDER BY offset LIMIT ?",
+            (topic, partition, start, limit),
+        ).fetchall()
+        return [Record(topic, partition, o, k, v, ts, _unpack_headers(h)) for o, k, v, ts, h in rows]
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _append_many(self, items: Sequence[tuple[str, str, bytes, Headers]]) -> list[Appended]:
+        """Append records in one transaction (group commit)."""
+        now = int(time.time() * 1000)
+        out = []
+        try:
+            with _txn(self._db):
+                heads: dict[tuple[str, int], int] = {}
+                rows = []
+                for topic, key, value, headers in items:
+                    p = partition_for(key, self.partitions(topic))
+                    hk = (topic, p)
+                    if hk not in heads:
+                        heads[hk] = self._db.execute(
+                            "SELECT next_offset FROM heads WHERE topic=? AND partition=?", hk
+                        ).fetchone()[0]
+                    off = heads[hk]
+                    heads[hk] = off + 1
+                    rows.append((topic, p, off, key.encode(), value, now, _pack_headers(headers)))
+                    out.append(Appended(topic, p, off))
+                self._db.executemany("INSERT INTO records VALUES (?,?,?,?,?,?,?)", rows)
+                self._db.executemany(
+                    "UPDATE heads SET next_offset=? WHERE topic=? AND partition=?",
+                    [(o, t, p) for (t, p), o in heads.items()],
+                )
+        except sqlite3.Error as e:
+            raise LogError(f"append to {self.path} failed: {e}") from e
+        return out
+
+    def _commit(self, group_id: str, topic: str, positions: dict[int, int]) -> None:
+        with _txn(self._db):
+            self._db.executemany(
+                "INSERT INTO commits VALUES (?,?,?,?) ON CONFLICT DO UPDATE SET offset=excluded.offset",
+                [(group_id, topic, p, o) for p, o in positions.items()],
+            )
+
+    def producer(self) -> LogProducer:
+        return EmbeddedProducer(self)
+
+    def consumer(self, group_id: str, topic: str) -> LogConsumer:
+        return EmbeddedConsumer(EmbeddedLog(self.path, topics=self.topics, create=False), group_id, topic)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class _txn:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``/``ROLLBACK`` (takes the write lock up front, so
+    concurrent appenders queue on SQLite's busy timeout instead of failing on upgrade)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+class EmbeddedProducer(LogProducer):
+    """Producer over an :class:`EmbeddedLog`; ``append_async`` records are group-committed."""
+
+    def __init__(self, log: EmbeddedLog, linger_records: int = 500) -> None:
+        self._log = log
+        self._linger = linger_records
+        self._queue: list[tuple[str, str, bytes, Headers, DeliveryCallback]] = []
+
+    def append(self, topic: str, key: str, value: bytes, headers: Headers = ()) -> Appended:
+        try:
+            return self._log._append_many([(topic, key, value, headers)])[0]
+        except LogError as e:
+            raise DeliveryError(key, str(e)) from e
+
+    def append_async(
+        self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback, headers: Headers = ()
+    ) -> None:
+        self._queue.append((topic, key, value, headers, on_delivery))
+        if len(self._queue) >= self._linger:
+            self.flush()
+
+    def flush(self, timeout_s: float = 30.0) -> int:
+        if not self._queue:
+            return 0
+        queue, self._queue = self._queue, []
+        try:
+            done = self._log._append_many([(t, k, v, h) for t, k, v, h, _ in queue])
+        except LogError as e:
+            for _t, key, _v, _h, cb in queue:
+                cb(None, DeliveryError(key, str(e)))
+            return 0
+        for (*_rest, cb), where in zip(queue, done):
+            cb(where, None)
+        return 0
+
+    def close(self) -> None:
+        self.flush()
+
+
+class EmbeddedConsumer(LogConsumer):
+    """The single member of a consumer group on the embedded log."""
+
+    def __init__(self, log: EmbeddedLog, group_id: str, topic: str) -> None:
+        self._log = log
+        self._group = group_id
+        self._topic = topic
+        self._positions: dict[int, int] = {}
+        self._lock_fd: int | None = None
+        self._on_revoke: OnRevoke | None = None
+        self._rr = 0
+
+    def subscribe(self, on_assign: OnAssign, on_revoke: OnRevoke) -> None:
+        n = self._log.partitions(self._topic)
+        lock_path = f"{self._log.path}.{self._group}.lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise LogError(
+                f"consumer group {self._group!r} on {self._log.path} already has a member (pid {holder}); "
+                "the embedded log allows one projector per group"
+            ) from e
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+        self._on_revoke = on_revoke
+        parts = list(range(n))
+        starts = on_assign(parts)
+        self._positions = {p: int(starts.get(p, 0)) for p in parts}
+
+    def assignment(self) -> list[int]:
+        return sorted(self._positions)
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Record]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out: list[Record] = []
+            parts = sorted(self._positions)
+            if parts:
+                share = max(1, max_records // len(parts))
+                # Round-robin start so that one busy partition cannot starve the others.
+                self._rr = (self._rr + 1) % len(parts)
+                for p in parts[self._rr :] + parts[: self._rr]:
+                    if len(out) >= max_records:
+                        break
+                    rows = self._log._fetch(self._topic, p, self._positions[p], min(share, max_records - len(out)))
+                    if rows:
+                        self._positions[p] = rows[-1].offset + 1
+                        out.extend(rows)
+            if out or time.monotonic() >= deadline:
+                return out
+            time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+
+    def commit(self, positions: dict[int, int]) -> None:
+        self._log._commit(self._group, self._topic, positions)
+
+    def close(self) -> None:
+        if self._on_revoke is not None and self._positions:
+            self._on_revoke(sorted(self._positions))
+        self._positions = {}
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        self._log.close()

@@ -1,0 +1,141 @@
+"""RunProducer: build a patch, validate it locally, append it keyed by run_id, await its
+decision.
+
+The producer never writes state. It proposes a patch; the projector decides. Local
+validation uses the same models as the projector, so a malformed patch fails here with a
+:class:`ContractError` naming the field, before it reaches the log.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pydantic
+
+from eventlog.base import Appended, EventLog
+from schemas.codec import encode
+from schemas.errors import ContractError, DecisionTimeout, PatchTooLarge
+from schemas.patch import Author, Decision, Patch, PatchDraft, parse_draft
+
+DEFAULT_MAX_PATCH_BYTES = 1024 * 1024
+
+#: Reads a decision for ``(run_id, patch_id)`` or None (the projection, wired by the caller:
+#: producers do not depend on the projector).
+DecisionSource = Callable[[str, str], Decision | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """Where an appended patch landed."""
+
+    patch_id: str
+    run_id: str
+    partition: int
+    offset: int
+
+
+class RunProducer:
+    """Appends patches for runs. One per worker process; not thread-safe.
+
+    ``clock`` gives the patch time (``created_at``) when a draft has none; it is the only
+    clock in the write path, and the projector never reads one.
+    """
+
+    def __init__(
+        self,
+        log: EventLog,
+        author: Author,
+        *,
+        decisions: DecisionSource | None = None,
+        max_patch_bytes: int = DEFAULT_MAX_PATCH_BYTES,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.log = log
+        self.author = author
+        self.decisions = decisions
+        self.max_patch_bytes = max_patch_bytes
+        self.clock = clock
+        self._producer = log.producer()
+
+    def build(self, run_id: str, draft: PatchDraft | dict[str, Any], *, where: str | None = None) -> Patch:
+        """Complete a draft into a validated :class:`Patch` (assigns ``patch_id``, author,
+        time). Raises :class:`ContractError` / :class:`UnknownEventType`."""
+        if isinstance(draft, dict):
+            draft = parse_draft(draft, where=where)
+        if draft.run_id is not None and draft.run_id != run_id:
+            raise ContractError(f"patch names run {draft.run_id!r} but is sent for {run_id!r}", where=where, field="run_id")
+        try:
+            return Patch(
+                patch_id=draft.patch_id or uuid.uuid4().hex,
+                run_id=run_id,
+                expected_revision=draft.expected_revision,
+                events=draft.events,
+                author=draft.author or self.author,
+                created_at=draft.created_at or self.clock(),
+                rebase=draft.rebase,
+            )
+        except pydantic.ValidationError as e:
+            first = e.errors()[0]
+            loc = ".".join(map(str, first["loc"]))
+            raise ContractError(f"invalid patch: {loc}: {first['msg']}", where=where, field=loc) from e
+
+    def events(self, run_id: str, expected_revision: int, events: Sequence[Any], *, rebase: bool = False) -> Patch:
+        """Build a patch from event models or dicts."""
+        raw = [e.model_dump() if isinstance(e, pydantic.BaseModel) else e for e in events]
+        return self.build(run_id, {"expected_revision": expected_revision, "events": raw, "rebase": rebase})
+
+    def encode(self, patch: Patch) -> bytes:
+        """Encode and enforce the size limit (raises :class:`PatchTooLarge`)."""
+        data = encode(patch)
+        if len(data) > self.max_patch_bytes:
+            raise PatchTooLarge(patch.run_id, len(data), self.max_patch_bytes)
+        return data
+
+    def append(self, patch: Patch) -> Receipt:
+        """Append one patch and wait for the log's acknowledgement.
+
+        Raises :class:`PatchTooLarge` or :class:`DeliveryError`; nothing is appended then.
+        """
+        where: Appended = self._producer.append(self.log.topics.events, patch.run_id, self.encode(patch))
+        return Receipt(patch.patch_id, patch.run_id, where.partition, where.offset)
+
+    def append_async(self, patch: Patch, on_delivery: Callable[[Receipt | None, Exception | None], None]) -> None:
+        """Queue one patch; ``on_delivery`` gets its receipt or the delivery error (never
+        dropped silently). Call :meth:`flush` to wait for all."""
+        data = self.encode(patch)
+
+        def done(where: Appended | None, err: Exception | None) -> None:
+            on_delivery(None if where is None else Receipt(patch.patch_id, patch.run_id, where.partition, where.offset), err)
+
+        self._producer.append_async(self.log.topics.events, patch.run_id, data, done)
+
+    def flush(self, timeout_s: float = 30.0) -> int:
+        return self._producer.flush(timeout_s)
+
+    def wait(self, run_id: str, patch_id: str, timeout_s: float = 10.0, *,
+             source: DecisionSource | None = None, poll_s: float = 0.02) -> Decision:
+        """Wait for the projector's decision on a patch. Raises :class:`DecisionTimeout`."""
+        read = source or self.decisions
+        if read is None:
+            raise ContractError("waiting for a decision needs a decision source (the projection)")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            d = read(run_id, patch_id)
+            if d is not None:
+                return d
+            if time.monotonic() >= deadline:
+                raise DecisionTimeout(run_id, patch_id, timeout_s)
+            time.sleep(poll_s)
+
+    def submit(self, patch: Patch, timeout_s: float = 10.0) -> Decision:
+        """Append and wait for the decision."""
+        self.append(patch)
+        return self.wait(patch.run_id, patch.patch_id, timeout_s)
+
+    def close(self) -> None:
+        self._producer.close()

@@ -1,0 +1,121 @@
+"""decide: the projector's verdict on one patch, deterministically, from state + patch.
+
+Order of checks (first that fails decides):
+
+1. ``unknown_run`` — no state and the patch does not start the run at revision 0.
+2. ``run_terminal`` — the run is completed, failed or cancelled.
+3. revision check — ``expected_revision == revision``, except:
+   - a patch of control events only (cancel, goal change) applies whatever it was based on;
+   - a patch based on a revision before the last control event is ``superseded``;
+   - a ``rebase`` patch whose events all commute is re-validated on the current state;
+   - otherwise ``revision_conflict``.
+4. every event, in order, against the draft → ``invalid`` with the rule and event index.
+5. accepted: revision + 1 (one revision per patch), ``agent_version`` from the author.
+
+Duplicate ``patch_id`` handling needs the decision store, so it is the caller's first
+step (see :class:`projector.core.RunBook`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from projector.doc import Changes, Draft, RunDoc
+from projector.reducer import Ctx, RuleViolation, apply_event
+from schemas import events as ev
+from schemas.patch import Decision, Patch, RejectReason
+
+#: Events that commute with any concurrent patch (fresh ids are still checked).
+COMMUTING: frozenset[str] = frozenset(
+    {"FactConfirmed", "HypothesisProposed", "ObservationRecorded", "QuestionOpened", "BudgetConsumed"}
+)
+
+
+def commutes(event: ev.Model) -> bool:
+    """True when ``event`` can be re-applied on a newer revision than it was based on."""
+    if event.type == "FactConfirmed":  # type: ignore[attr-defined]
+        return event.replaces_hypothesis_id is None  # type: ignore[attr-defined, no-any-return]
+    return event.type in COMMUTING  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A decision and, when accepted, the run's new working state and what changed."""
+
+    decision: Decision
+    doc: RunDoc | None = None
+    changes: Changes | None = None
+
+
+def _decision(patch: Patch, partition: int, offset: int, revision: int, *, reason: RejectReason | None = None,
+              rule: str | None = None, message: str | None = None, event_index: int | None = None,
+              rebased: bool = False) -> Decision:
+    return Decision(
+        patch_id=patch.patch_id, run_id=patch.run_id,
+        outcome="rejected" if reason else "accepted", revision=revision,
+        expected_revision=patch.expected_revision, reason=reason, rule=rule, message=message,
+        event_index=event_index, rebased=rebased, partition=partition, offset=offset,
+        agent_id=patch.author.agent_id, agent_version=patch.author.agent_version,
+        event_types=[e.type for e in patch.events], created_at=patch.created_at,
+    )  # fmt: skip
+
+
+def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int) -> Verdict:
+    """Decide ``patch`` against the run's current working state ``doc`` (None: no state).
+
+    Pure: ``doc`` is not modified unless the patch is accepted, in which case the returned
+    ``doc`` is ``doc`` updated in place (or a new doc for RunStarted) and ``changes`` lists
+    what to persist.
+    """
+    types = [e.type for e in patch.events]
+    if doc is None:
+        if types[0] != "RunStarted" or patch.expected_revision != 0:
+            return Verdict(_decision(patch, partition, offset, 0, reason="unknown_run",
+                                     message=f"run {patch.run_id!r} was never started (first event must be RunStarted at revision 0)"))  # fmt: skip
+        header = None
+        current = 0
+    else:
+        header = doc.header
+        current = header.revision
+        if header.status in ("completed", "failed", "cancelled"):
+            return Verdict(_decision(patch, partition, offset, current, reason="run_terminal",
+                                     message=f"run {patch.run_id!r} is {header.status}; nothing is accepted after a terminal status"))  # fmt: skip
+
+    rebased = False
+    if patch.expected_revision != current:
+        control_only = all(t in ev.CONTROL_EVENT_TYPES for t in types)
+        if header is not None and patch.expected_revision < header.last_control_revision and not control_only:
+            return Verdict(_decision(patch, partition, offset, current, reason="superseded",
+                                     message=f"based on revision {patch.expected_revision}, before the control event at revision {header.last_control_revision}"))  # fmt: skip
+        if control_only:
+            pass  # control events win over the revision check
+        elif patch.rebase and patch.expected_revision < current and all(commutes(e) for e in patch.events):
+            rebased = True
+        else:
+            return Verdict(_decision(patch, partition, offset, current, reason="revision_conflict",
+                                     message=f"expected revision {patch.expected_revision}, run is at {current}"))  # fmt: skip
+
+    new_revision = current + 1
+    ctx = Ctx(new_revision, patch.created_at, patch.patch_id, patch.author.agent_id, patch.author.agent_version)
+    draft = Draft(doc, header)
+    for i, event in enumerate(patch.events):
+        if i > 0 and draft.header.status in ("completed", "failed", "cancelled"):
+            return Verdict(_decision(patch, partition, offset, current, reason="invalid", rule="run.terminal",
+                                     message=f"event {i} ({event.type}) comes after the run became {draft.header.status}",
+                                     event_index=i))  # fmt: skip
+        try:
+            apply_event(draft, event, ctx)
+        except RuleViolation as v:
+            return Verdict(_decision(patch, partition, offset, current, reason="invalid", rule=v.rule,
+                                     message=v.message, event_index=i))  # fmt: skip
+        if i == 0 and types[0] == "RunStarted":
+            draft.header = draft.header.model_copy(update={"run_id": patch.run_id})
+
+    update: dict[str, object] = {
+        "revision": new_revision, "updated_at": patch.created_at, "agent_version": patch.author.agent_version,
+    }  # fmt: skip
+    if any(t in ev.CONTROL_EVENT_TYPES for t in types):
+        update["last_control_revision"] = new_revision
+    draft.header = draft.header.model_copy(update=update)
+    new_doc, changes = draft.commit()
+    return Verdict(_decision(patch, partition, offset, new_revision, rebased=rebased), new_doc, changes)

@@ -1,0 +1,71 @@
+"""Where projections live on disk: ``<state_dir>/layout.json`` + one store per partition."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from eventlog.partitioner import partition_for
+from schemas.errors import StoreError
+
+LAYOUT_VERSION = 1
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` as temp file -> fsync -> rename -> fsync(dir)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class Layout:
+    """The projection directory of one events topic."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.root = Path(state_dir)
+        self.file = self.root / "layout.json"
+
+    def ensure(self, topic: str, partitions: int) -> None:
+        """Record (or check) which topic and partition count these projections follow.
+
+        Raises :class:`StoreError` if the directory holds projections of another layout.
+        """
+        if self.file.exists():
+            have = json.loads(self.file.read_text())
+            if have.get("topic") != topic or have.get("partitions") != partitions:
+                raise StoreError(
+                    f"{self.root} holds projections of topic {have.get('topic')!r} with "
+                    f"{have.get('partitions')} partitions; the log has {topic!r} with {partitions}. "
+                    "Use another --state-dir or delete this one to rebuild from the log."
+                )
+            return
+        body = {"version": LAYOUT_VERSION, "topic": topic, "partitions": partitions}
+        write_atomic(self.file, json.dumps(body).encode())
+
+    def read(self) -> tuple[str, int]:
+        if not self.file.exists():
+            raise StoreError(f"no projections in {self.root} (run `runstate project` first)")
+        have = json.loads(self.file.read_text())
+        return str(have["topic"]), int(have["partitions"])
+
+    def store_path(self, partition: int) -> Path:
+        return self.root / f"p{partition:03d}"
+
+    def partition_of(self, run_id: str) -> int:
+        return partition_for(run_id, self.read()[1])

@@ -1,0 +1,215 @@
+"""The consume loop: log -> decode -> decide/reduce -> one WriteBatch per partition per poll.
+
+Commit order (the one place it is written down):
+
+1. ``poll`` up to ``batch_size`` records from the assigned partitions;
+2. per record: decode (a record that is not a patch becomes a dead letter with its
+   reason), check it is keyed by its run, decide against the cached working state;
+3. per partition: write state changes + decisions + dead letters + the next offset in
+   one RocksDB WriteBatch (the position lives with the state, never apart from it);
+4. only then: mark the cache settled, publish dead letters to the dead-letter topic
+   (at least once: a crash between 3 and 4 re-publishes, the store keeps one), and mirror
+   positions to the log for lag monitoring.
+
+A crash anywhere before 3 completes loses nothing: on restart the stored offset is where
+the batch started, and decide is deterministic, so the batch is decided again identically.
+If the WriteBatch fails the cache is discarded (it may hold unwritten changes) and the
+error propagates: the projector never continues past state it could not store.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from threading import Event
+
+from eventlog.base import EventLog, LogConsumer, Record
+from projector.book import RunBook
+from projector.layout import Layout
+from projector.store import DeadLetter, PendingBatch, ProjectionStore
+from schemas.codec import decode
+from schemas.errors import DecodeError
+
+log = logging.getLogger("runstate.projector")
+
+DEFAULT_GROUP = "runstate-projector"
+
+
+@dataclass
+class ProjectorStats:
+    """Counters since the projector started."""
+
+    records: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    events: int = 0
+    batches: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def rate(self) -> float:
+        return self.events / max(1e-9, time.monotonic() - self.started)
+
+
+class _Partition:
+    def __init__(self, store: ProjectionStore, cache_runs: int) -> None:
+        self.store = store
+        self.book = RunBook(store.load_doc, store.decision, max_cached=cache_runs)
+        self.next_offset = store.next_offset()
+
+
+class Projector:
+    """Consumes the events topic into per-partition projection stores.
+
+    ``on_progress(stats, lag)`` is called at most every ``progress_every_s`` seconds.
+    """
+
+    def __init__(
+        self,
+        log_: EventLog,
+        state_dir: str,
+        *,
+        group_id: str = DEFAULT_GROUP,
+        batch_size: int = 2000,
+        cache_runs: int = 10_000,
+        on_progress: Callable[[ProjectorStats, int], None] | None = None,
+        progress_every_s: float = 1.0,
+        publish_dead_letters: bool = True,
+    ) -> None:
+        self.log = log_
+        self.layout = Layout(state_dir)
+        self.group_id = group_id
+        self.batch_size = batch_size
+        self.cache_runs = cache_runs
+        self.on_progress = on_progress
+        self.progress_every_s = progress_every_s
+        self.stats = ProjectorStats()
+        self.parts: dict[int, _Partition] = {}
+        self._consumer: LogConsumer | None = None
+        self._dlq = log_.producer() if publish_dead_letters else None
+
+    # -- assignment --------------------------------------------------------------------------
+
+    def _on_assign(self, partitions: list[int]) -> dict[int, int]:
+        starts = {}
+        for p in partitions:
+            if p not in self.parts:
+                self.parts[p] = _Partition(ProjectionStore(self.layout.store_path(p)), self.cache_runs)
+            starts[p] = self.parts[p].next_offset
+        log.info("assigned partitions %s at %s", partitions, starts)
+        return starts
+
+    def _on_revoke(self, partitions: list[int]) -> None:
+        # Every poll batch is stored before the next poll, so nothing is in hand here.
+        for p in partitions:
+            part = self.parts.pop(p, None)
+            if part is not None:
+                part.store.close()
+        log.info("revoked partitions %s", partitions)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self, *, until_caught_up: bool = False, stop: Event | None = None, poll_timeout_s: float = 0.2) -> ProjectorStats:
+        """Consume until ``stop`` is set or, with ``until_caught_up``, until every assigned
+        partition has reached the end of the log as seen after an empty poll."""
+        topic = self.log.topics.events
+        self.log.check_topics()
+        self.layout.ensure(topic, self.log.partitions(topic))
+        consumer = self.log.consumer(self.group_id, topic)
+        self._consumer = consumer
+        consumer.subscribe(self._on_assign, self._on_revoke)
+        last_progress = 0.0
+        try:
+            while stop is None or not stop.is_set():
+                records = consumer.poll(self.batch_size, poll_timeout_s)
+                if records:
+                    self.process(records)
+                    consumer.commit({p: part.next_offset for p, part in self.parts.items()})
+                now = time.monotonic()
+                caught_up = False
+                if not records or (self.on_progress and now - last_progress >= self.progress_every_s):
+                    lag = self.lag()
+                    caught_up = not records and lag == 0 and bool(consumer.assignment())
+                    if self.on_progress and (now - last_progress >= self.progress_every_s or caught_up):
+                        self.on_progress(self.stats, lag)
+                        last_progress = now
+                if until_caught_up and caught_up:
+                    break
+        finally:
+            consumer.close()
+            if self._dlq is not None:
+                self._dlq.close()
+            for part in self.parts.values():
+                part.store.close()
+            self.parts.clear()
+        return self.stats
+
+    def lag(self) -> int:
+        ends = self.log.end_offsets(self.log.topics.events)
+        return sum(max(0, ends.get(p, 0) - part.next_offset) for p, part in self.parts.items())
+
+    def process(self, records: list[Record]) -> None:
+        """Decide and store one poll batch (see the module docstring for the order)."""
+        batches: dict[int, PendingBatch] = {}
+        for rec in records:
+            part = self.parts.get(rec.partition)
+            if part is None:  # revoked while polling; the new owner will process it
+                continue
+            if rec.offset < part.next_offset:  # already applied (redelivery after a seek)
+                continue
+            batch = batches.get(rec.partition)
+            if batch is None:
+                batch = batches[rec.partition] = PendingBatch(next_offset=part.next_offset)
+            batch.next_offset = rec.offset + 1
+            self.stats.records += 1
+            try:
+                patch = decode(rec.value)
+                key = rec.key.decode() if rec.key is not None else None
+                if key != patch.run_id:
+                    raise DecodeError("key_mismatch", detail=f"record key {key!r} is not the patch's run_id {patch.run_id!r}")
+            except DecodeError as e:
+                batch.dead.append(DeadLetter(rec.partition, rec.offset, e.reason, e.detail,
+                                             rec.key.decode(errors="replace") if rec.key else None, len(rec.value)))  # fmt: skip
+                continue
+            applied = part.book.apply(patch, rec.partition, rec.offset)
+            if applied.duplicate:
+                self.stats.duplicates += 1
+                continue
+            batch.decisions.append(applied.decision)
+            if applied.changes is not None:
+                batch.add_changes(patch.run_id, applied.changes)
+                self.stats.accepted += 1
+                self.stats.events += len(patch.events)
+            else:
+                self.stats.rejected += 1
+        for p, batch in batches.items():
+            part = self.parts[p]
+            try:
+                part.store.write(batch)
+            except Exception:
+                part.book.discard()
+                raise
+            part.next_offset = batch.next_offset
+            part.book.settle()
+            self.stats.dead_letters += len(batch.dead)
+            if self._dlq is not None:
+                for dl in batch.dead:
+                    self._publish_dead_letter(dl, records)
+        self.stats.batches += 1
+
+    def _publish_dead_letter(self, dl: DeadLetter, records: list[Record]) -> None:
+        assert self._dlq is not None
+        original = next((r for r in records if r.partition == dl.partition and r.offset == dl.offset), None)
+        value = original.value if original is not None else b""
+        headers = (
+            ("reason", dl.reason.encode()), ("detail", dl.detail.encode()[:1000]),
+            ("source_partition", str(dl.partition).encode()), ("source_offset", str(dl.offset).encode()),
+        )  # fmt: skip
+        log.warning("dead letter p%d@%d: %s %s", dl.partition, dl.offset, dl.reason, dl.detail)
+        try:
+            self._dlq.append(self.log.topics.deadletter, dl.key or "", value, headers)
+        except Exception as e:  # the store already holds the dead letter; the topic copy is best effort
+            log.error("could not publish dead letter p%d@%d: %s", dl.partition, dl.offset, e)

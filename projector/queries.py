@@ -1,0 +1,119 @@
+"""Read-side queries over the projection stores (state, lists, history, dead letters).
+
+A :class:`Projection` opens each partition's store read-only on first use and keeps it
+open: the view is consistent as of that open (RocksDB read-only instances include the
+writer's WAL), and a long-lived reader calls :meth:`Projection.refresh` to see newer
+writes. Opening read-only never blocks or disturbs the projector.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from projector.layout import Layout
+from projector.store import DeadLetter, ProjectionStore
+from schemas.errors import RunNotFound, StoreError
+from schemas.patch import Decision
+from schemas.state import RunHeader, RunState
+
+
+def state_digest(state: RunState) -> str:
+    """sha256 of the state's canonical JSON: equal states have equal digests."""
+    return hashlib.sha256(state.model_dump_json().encode()).hexdigest()
+
+
+class Projection:
+    """Queries over ``state_dir``. Not thread-safe; cheap to create."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.layout = Layout(state_dir)
+        self._stores: dict[int, ProjectionStore] = {}
+
+    def _store(self, partition: int) -> ProjectionStore | None:
+        st = self._stores.get(partition)
+        if st is None:
+            path = self.layout.store_path(partition)
+            if not (path / "CURRENT").exists():
+                return None
+            st = self._stores[partition] = ProjectionStore(path, read_only=True)
+        return st
+
+    def partitions(self) -> int:
+        return self.layout.read()[1]
+
+    def refresh(self) -> None:
+        """Reopen stores so that writes made since the first read become visible."""
+        self.close()
+
+    def header(self, run_id: str) -> RunHeader | None:
+        st = self._store(self.layout.partition_of(run_id))
+        return None if st is None else st.header(run_id)
+
+    def state(self, run_id: str) -> RunState:
+        """The run's current state. Raises :class:`RunNotFound`."""
+        st = self._store(self.layout.partition_of(run_id))
+        doc = None if st is None else st.load_doc(run_id)
+        if doc is None:
+            raise RunNotFound(run_id)
+        return doc.to_state()
+
+    def decision(self, run_id: str, patch_id: str) -> Decision | None:
+        st = self._store(self.layout.partition_of(run_id))
+        return None if st is None else st.decision(run_id, patch_id)
+
+    def history(self, run_id: str) -> list[Decision]:
+        """Every decided patch of the run in log order (empty if none)."""
+        st = self._store(self.layout.partition_of(run_id))
+        return [] if st is None else st.history(run_id)
+
+    def runs(self, status: str | None = None) -> list[RunHeader]:
+        """Headers of every run (sorted by run id), optionally of one status."""
+        out: list[RunHeader] = []
+        for p in range(self.partitions()):
+            st = self._store(p)
+            if st is not None:
+                out.extend(h for h in st.headers() if status is None or h.status == status)
+        return sorted(out, key=lambda h: h.run_id)
+
+    def positions(self) -> dict[int, int]:
+        """Next offset to apply, per partition with a store."""
+        out = {}
+        for p in range(self.partitions()):
+            st = self._store(p)
+            if st is not None:
+                out[p] = st.next_offset()
+        return out
+
+    def dead_letters(self) -> list[DeadLetter]:
+        out: list[DeadLetter] = []
+        for p in range(self.partitions()):
+            st = self._store(p)
+            if st is not None:
+                out.extend(st.dead_letters())
+        return out
+
+    def digests(self) -> dict[str, str]:
+        """State digest per run."""
+        out = {}
+        for p in range(self.partitions()):
+            st = self._store(p)
+            if st is None:
+                continue
+            for h in st.headers():
+                doc = st.load_doc(h.run_id)
+                if doc is None:  # pragma: no cover - header without doc cannot happen
+                    raise StoreError(f"run {h.run_id!r} has a header but no state")
+                out[h.run_id] = state_digest(doc.to_state())
+        return out
+
+    def close(self) -> None:
+        for st in self._stores.values():
+            st.close()
+        self._stores.clear()
+
+    def __enter__(self) -> Projection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,454 @@
+"""The reducer: one pure function per event type, registered by type.
+
+Each function checks the runtime rules its event must meet against the draft (raising
+:class:`RuleViolation` with the rule's name) and then applies the event to the draft.
+No clock, randomness, environment or I/O: time comes from the patch (``Ctx.at``), so the
+same state and the same event give the same bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from projector.doc import Draft
+from schemas import events as ev
+from schemas.state import (
+    Budgets,
+    Constraint,
+    Effect,
+    Fact,
+    Hypothesis,
+    Observation,
+    PriorValue,
+    Question,
+    RunHeader,
+    Task,
+    ToolCall,
+    Transition,
+    Waiting,
+)
+
+_REFERENCE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$")
+
+
+class RuleViolation(Exception):
+    """An event breaks a runtime rule. ``rule`` is a stable name such as
+    ``fact.evidence_required``; the patch is rejected as ``invalid`` with it."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        self.rule = rule
+        self.message = message
+        super().__init__(f"{rule}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class Ctx:
+    """What an event is applied with: the revision the patch will produce and its time."""
+
+    revision: int
+    at: datetime
+    patch_id: str
+    agent_id: str
+    agent_version: str
+
+
+E = TypeVar("E")
+Handler = Callable[[Draft, Any, Ctx], None]
+REDUCERS: dict[str, Handler] = {}
+
+
+def reducer(event_type: type[E]) -> Callable[[Callable[[Draft, E, Ctx], None]], Callable[[Draft, E, Ctx], None]]:
+    def register(fn: Callable[[Draft, E, Ctx], None]) -> Callable[[Draft, E, Ctx], None]:
+        REDUCERS[event_type.__name__] = fn
+        return fn
+
+    return register
+
+
+def apply_event(draft: Draft, event: ev.Model, ctx: Ctx) -> None:
+    """Check and apply one event to ``draft``. Raises :class:`RuleViolation`."""
+    REDUCERS[event.type](draft, event, ctx)  # type: ignore[attr-defined]
+
+
+def _set(draft: Draft, **changes: Any) -> None:
+    draft.header = draft.header.model_copy(update=changes)
+
+
+def _require(cond: bool, rule: str, message: str) -> None:
+    if not cond:
+        raise RuleViolation(rule, message)
+
+
+def _reference(value: str | None, rule: str, what: str) -> None:
+    if value is not None:
+        _require(bool(_REFERENCE.match(value)), rule, f"{what} {value!r} is not a reference (scheme://...)")
+
+
+# --- run lifecycle, goal, constraints, phase --------------------------------------------
+
+
+@reducer(ev.RunStarted)
+def _run_started(d: Draft, e: ev.RunStarted, ctx: Ctx) -> None:
+    _require(d.header is None, "run.already_started", "the run was already started")
+    _require(bool(e.goal.statement.strip()), "goal.statement_required", "a goal needs a statement")
+    d.header = RunHeader(
+        run_id="",  # set by decide, which knows the run id
+        revision=0,
+        goal=e.goal,
+        phase=e.phase,
+        agent_version=ctx.agent_version,
+        created_at=ctx.at,
+        updated_at=ctx.at,
+    )
+
+
+def _in_scope(path: str, scope: ev.Scope) -> bool:
+    if any(path.startswith(x) for x in scope.exclude):
+        return False
+    return not scope.include or any(path.startswith(i) for i in scope.include)
+
+
+@reducer(ev.GoalChanged)
+def _goal_changed(d: Draft, e: ev.GoalChanged, ctx: Ctx) -> None:
+    _require(bool(e.goal.statement.strip()), "goal.statement_required", "a goal needs a statement")
+    _set(d, goal=e.goal)
+    for task in list(d.values("tasks")):
+        assert isinstance(task, Task)
+        if task.status in ("pending", "running", "blocked") and task.scope:
+            if not any(_in_scope(p, e.goal.scope) for p in task.scope) or any(
+                any(p.startswith(x) for x in e.goal.scope.exclude) for p in task.scope
+            ):
+                _cancel_task(d, task, f"out of scope after goal change at revision {ctx.revision}", ctx)
+
+
+@reducer(ev.ConstraintSet)
+def _constraint_set(d: Draft, e: ev.ConstraintSet, ctx: Ctx) -> None:
+    c = e.constraint
+    prior = d.get("constraints", c.key)
+    supersedes = None
+    if isinstance(prior, Constraint):
+        supersedes = PriorValue(
+            value=prior.value, source=prior.source, set_at_revision=prior.set_at_revision, patch_id=prior.patch_id
+        )
+    d.put("constraints", c.key, Constraint(
+        key=c.key, value=c.value, source=c.source, set_at_revision=ctx.revision,
+        patch_id=ctx.patch_id, supersedes=supersedes,
+    ))  # fmt: skip
+
+
+@reducer(ev.PhaseChanged)
+def _phase_changed(d: Draft, e: ev.PhaseChanged, ctx: Ctx) -> None:
+    _set(d, phase=e.phase)
+
+
+@reducer(ev.RunCompleted)
+def _run_completed(d: Draft, e: ev.RunCompleted, ctx: Ctx) -> None:
+    _reference(e.evidence, "run.evidence_reference", "evidence")
+    _set(d, status="completed", active_task_id=None, waiting=None,
+         last_transition=Transition(action="run completed", result_ref=e.evidence, revision=ctx.revision, at=ctx.at))  # fmt: skip
+
+
+@reducer(ev.RunFailed)
+def _run_failed(d: Draft, e: ev.RunFailed, ctx: Ctx) -> None:
+    _set(d, status="failed", active_task_id=None, waiting=None,
+         last_transition=Transition(action=f"run failed: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
+
+
+@reducer(ev.RunCancelled)
+def _run_cancelled(d: Draft, e: ev.RunCancelled, ctx: Ctx) -> None:
+    _set(d, status="cancelled", active_task_id=None, waiting=None,
+         last_transition=Transition(action=f"run cancelled: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
+
+
+# --- facts, hypotheses, questions ---------------------------------------------------------
+
+
+@reducer(ev.FactConfirmed)
+def _fact_confirmed(d: Draft, e: ev.FactConfirmed, ctx: Ctx) -> None:
+    f = e.fact
+    _require(d.get("confirmed_facts", f.id) is None, "fact.duplicate_id", f"fact {f.id!r} already exists")
+    _require(bool(f.evidence or f.source), "fact.evidence_required",
+             f"fact {f.id!r} needs evidence (a reference) or an authoritative source")  # fmt: skip
+    _reference(f.evidence, "fact.evidence_reference", f"evidence of fact {f.id!r}")
+    if e.replaces_hypothesis_id is not None:
+        _require(d.get("hypotheses", e.replaces_hypothesis_id) is not None, "fact.unknown_hypothesis",
+                 f"hypothesis {e.replaces_hypothesis_id!r} does not exist")  # fmt: skip
+        d.delete("hypotheses", e.replaces_hypothesis_id)
+    d.put("confirmed_facts", f.id, Fact(
+        id=f.id, statement=f.statement, evidence=f.evidence, source=f.source,
+        observed_at=f.observed_at or ctx.at, scope=f.scope, confirmed_at_revision=ctx.revision,
+        replaces_hypothesis_id=e.replaces_hypothesis_id,
+    ))  # fmt: skip
+
+
+@reducer(ev.FactRetracted)
+def _fact_retracted(d: Draft, e: ev.FactRetracted, ctx: Ctx) -> None:
+    _require(d.get("confirmed_facts", e.fact_id) is not None, "fact.unknown", f"fact {e.fact_id!r} does not exist")
+    d.delete("confirmed_facts", e.fact_id)
+
+
+def _check_confidence(value: float) -> None:
+    _require(0.0 <= value <= 1.0, "hypothesis.confidence_range", f"confidence {value} is not in [0, 1]")
+
+
+@reducer(ev.HypothesisProposed)
+def _hypothesis_proposed(d: Draft, e: ev.HypothesisProposed, ctx: Ctx) -> None:
+    h = e.hypothesis
+    _require(d.get("hypotheses", h.id) is None, "hypothesis.duplicate_id", f"hypothesis {h.id!r} already exists")
+    _check_confidence(h.confidence)
+    _require(bool(h.falsifier.strip()), "hypothesis.falsifier_required",
+             f"hypothesis {h.id!r} needs a falsifier (how it would be proven wrong)")  # fmt: skip
+    d.put("hypotheses", h.id, Hypothesis(
+        id=h.id, statement=h.statement, confidence=h.confidence, falsifier=h.falsifier,
+        proposed_at_revision=ctx.revision,
+    ))  # fmt: skip
+
+
+@reducer(ev.HypothesisRevised)
+def _hypothesis_revised(d: Draft, e: ev.HypothesisRevised, ctx: Ctx) -> None:
+    h = d.get("hypotheses", e.hypothesis_id)
+    _require(isinstance(h, Hypothesis), "hypothesis.unknown", f"hypothesis {e.hypothesis_id!r} does not exist")
+    assert isinstance(h, Hypothesis)
+    update: dict[str, Any] = {"revised_at_revision": ctx.revision}
+    if e.confidence is not None:
+        _check_confidence(e.confidence)
+        update["confidence"] = e.confidence
+    if e.statement is not None:
+        update["statement"] = e.statement
+    if e.falsifier is not None:
+        _require(bool(e.falsifier.strip()), "hypothesis.falsifier_required", "a falsifier cannot be emptied")
+        update["falsifier"] = e.falsifier
+    d.put("hypotheses", h.id, h.model_copy(update=update))
+
+
+@reducer(ev.HypothesisRejected)
+def _hypothesis_rejected(d: Draft, e: ev.HypothesisRejected, ctx: Ctx) -> None:
+    _require(d.get("hypotheses", e.hypothesis_id) is not None, "hypothesis.unknown",
+             f"hypothesis {e.hypothesis_id!r} does not exist")  # fmt: skip
+    d.delete("hypotheses", e.hypothesis_id)
+
+
+@reducer(ev.QuestionOpened)
+def _question_opened(d: Draft, e: ev.QuestionOpened, ctx: Ctx) -> None:
+    q = e.question
+    _require(d.get("open_questions", q.id) is None, "question.duplicate_id", f"question {q.id!r} is already open")
+    d.put("open_questions", q.id, Question(id=q.id, text=q.text, opened_at_revision=ctx.revision))
+
+
+@reducer(ev.QuestionResolved)
+def _question_resolved(d: Draft, e: ev.QuestionResolved, ctx: Ctx) -> None:
+    _require(d.get("open_questions", e.question_id) is not None, "question.unknown",
+             f"question {e.question_id!r} is not open")  # fmt: skip
+    d.delete("open_questions", e.question_id)
+
+
+# --- tasks: pending -> running -> blocked/completed/failed/cancelled; blocked -> running ---
+
+TASK_TRANSITIONS: dict[str, frozenset[str]] = {
+    "pending": frozenset({"running", "cancelled"}),
+    "running": frozenset({"blocked", "completed", "failed", "cancelled"}),
+    "blocked": frozenset({"running", "failed", "cancelled"}),
+    "completed": frozenset(),
+    "failed": frozenset(),
+    "cancelled": frozenset(),
+}
+
+
+def _task(d: Draft, task_id: str) -> Task:
+    t = d.get("tasks", task_id)
+    _require(isinstance(t, Task), "task.unknown", f"task {task_id!r} does not exist")
+    assert isinstance(t, Task)
+    return t
+
+
+def _move(d: Draft, t: Task, to: str, ctx: Ctx, **update: Any) -> None:
+    _require(to in TASK_TRANSITIONS[t.status], "task.transition",
+             f"task {t.id!r} cannot go from {t.status} to {to}")  # fmt: skip
+    d.put("tasks", t.id, t.model_copy(update={"status": to, "updated_at_revision": ctx.revision, **update}))
+    if to == "running":
+        _set(d, active_task_id=t.id)
+    elif d.header.active_task_id == t.id:
+        _set(d, active_task_id=None)
+
+
+def _cancel_task(d: Draft, t: Task, reason: str, ctx: Ctx) -> None:
+    _move(d, t, "cancelled", ctx, reason=reason)
+
+
+@reducer(ev.TaskCreated)
+def _task_created(d: Draft, e: ev.TaskCreated, ctx: Ctx) -> None:
+    t = e.task
+    _require(d.get("tasks", t.id) is None, "task.duplicate_id", f"task {t.id!r} already exists")
+    for dep in t.depends_on:
+        _require(dep != t.id, "task.dependency_cycle", f"task {t.id!r} depends on itself")
+        _require(d.get("tasks", dep) is not None, "task.unknown_dependency",
+                 f"task {t.id!r} depends on {dep!r}, which does not exist")  # fmt: skip
+    # Dependencies must already exist, so a new task cannot close a cycle; the walk below
+    # keeps that true even for documents that were migrated or restored.
+    seen: set[str] = set()
+    stack = list(t.depends_on)
+    while stack:
+        cur = stack.pop()
+        _require(cur != t.id, "task.dependency_cycle", f"task {t.id!r} would close a dependency cycle via {cur!r}")
+        if cur in seen:
+            continue
+        seen.add(cur)
+        dep_task = d.get("tasks", cur)
+        if isinstance(dep_task, Task):
+            stack.extend(dep_task.depends_on)
+    d.put("tasks", t.id, Task(id=t.id, title=t.title, depends_on=t.depends_on, scope=t.scope,
+                              updated_at_revision=ctx.revision))  # fmt: skip
+
+
+@reducer(ev.TaskStarted)
+def _task_started(d: Draft, e: ev.TaskStarted, ctx: Ctx) -> None:
+    t = _task(d, e.task_id)
+    if t.status == "pending":
+        pending = [x for x in t.depends_on if getattr(d.get("tasks", x), "status", None) != "completed"]
+        _require(not pending, "task.dependencies_incomplete",
+                 f"task {t.id!r} cannot start before {', '.join(pending)} complete(s)")  # fmt: skip
+    _move(d, t, "running", ctx, blocked_by=None)
+
+
+@reducer(ev.TaskBlocked)
+def _task_blocked(d: Draft, e: ev.TaskBlocked, ctx: Ctx) -> None:
+    _move(d, _task(d, e.task_id), "blocked", ctx, blocked_by=e.reason)
+
+
+@reducer(ev.TaskCompleted)
+def _task_completed(d: Draft, e: ev.TaskCompleted, ctx: Ctx) -> None:
+    _reference(e.evidence, "task.evidence_reference", "evidence")
+    _move(d, _task(d, e.task_id), "completed", ctx, evidence=e.evidence, blocked_by=None)
+    _set(d, last_transition=Transition(action=f"complete {e.task_id}", result_ref=e.evidence,
+                                       revision=ctx.revision, at=ctx.at))  # fmt: skip
+
+
+@reducer(ev.TaskFailed)
+def _task_failed(d: Draft, e: ev.TaskFailed, ctx: Ctx) -> None:
+    _move(d, _task(d, e.task_id), "failed", ctx, reason=e.reason)
+    _set(d, last_transition=Transition(action=f"fail {e.task_id}: {e.reason}", revision=ctx.revision, at=ctx.at))
+
+
+@reducer(ev.TaskCancelled)
+def _task_cancelled(d: Draft, e: ev.TaskCancelled, ctx: Ctx) -> None:
+    _cancel_task(d, _task(d, e.task_id), e.reason, ctx)
+
+
+# --- tool calls, observations, effects, workspace ----------------------------------------
+
+
+@reducer(ev.ToolCallStarted)
+def _tool_call_started(d: Draft, e: ev.ToolCallStarted, ctx: Ctx) -> None:
+    _require(d.get("pending_tool_calls", e.call_id) is None, "tool.duplicate_call",
+             f"tool call {e.call_id!r} is already in flight")  # fmt: skip
+    d.put("pending_tool_calls", e.call_id, ToolCall(
+        call_id=e.call_id, tool=e.tool, side_effect=e.side_effect, costly=e.costly, input_ref=e.input_ref,
+        started_at=ctx.at, started_at_revision=ctx.revision,
+    ))  # fmt: skip
+
+
+def _finish_call(d: Draft, call_id: str) -> ToolCall:
+    call = d.get("pending_tool_calls", call_id)
+    _require(isinstance(call, ToolCall), "tool.unknown_call", f"tool call {call_id!r} is not in flight")
+    assert isinstance(call, ToolCall)
+    d.delete("pending_tool_calls", call_id)
+    return call
+
+
+@reducer(ev.ToolSucceeded)
+def _tool_succeeded(d: Draft, e: ev.ToolSucceeded, ctx: Ctx) -> None:
+    call = _finish_call(d, e.call_id)
+    _set(d, last_transition=Transition(action=call.tool, result_ref=e.result_ref, revision=ctx.revision, at=ctx.at))
+
+
+@reducer(ev.ToolFailed)
+def _tool_failed(d: Draft, e: ev.ToolFailed, ctx: Ctx) -> None:
+    call = _finish_call(d, e.call_id)
+    _set(d, last_transition=Transition(action=f"{call.tool} failed: {e.error}", result_ref=e.result_ref,
+                                       revision=ctx.revision, at=ctx.at))  # fmt: skip
+
+
+@reducer(ev.ObservationRecorded)
+def _observation_recorded(d: Draft, e: ev.ObservationRecorded, ctx: Ctx) -> None:
+    o = e.observation
+    _require(bool(o.subject.strip()), "observation.subject_required", "an observation needs a subject")
+    # One current observation per subject: a newer one replaces it (the log keeps both).
+    d.put("environment_observations", o.subject, Observation(
+        **o.model_dump(exclude={"observed_at"}), observed_at=o.observed_at or ctx.at,
+        recorded_at_revision=ctx.revision,
+    ))  # fmt: skip
+
+
+EFFECT_TRANSITIONS: dict[str, frozenset[str]] = {
+    "started": frozenset({"committed", "failed"}),
+    "committed": frozenset(),
+    "failed": frozenset(),
+}
+
+
+@reducer(ev.EffectRecorded)
+def _effect_recorded(d: Draft, e: ev.EffectRecorded, ctx: Ctx) -> None:
+    new = e.effect
+    old = d.get("effect_ledger", new.id)
+    if isinstance(old, Effect):
+        _require(new.status in EFFECT_TRANSITIONS[old.status], "effect.transition",
+                 f"effect {new.id!r} cannot go from {old.status} to {new.status}")  # fmt: skip
+        merged = {k: v for k, v in new.model_dump().items() if v is not None}
+        d.put("effect_ledger", new.id, old.model_copy(update={**merged, "updated_at_revision": ctx.revision}))
+    else:
+        d.put("effect_ledger", new.id, Effect(**new.model_dump(), updated_at_revision=ctx.revision))
+
+
+@reducer(ev.WorkspaceUpdated)
+def _workspace_updated(d: Draft, e: ev.WorkspaceUpdated, ctx: Ctx) -> None:
+    _set(d, workspace_ref=e.workspace_ref)
+
+
+# --- waiting and budgets ---------------------------------------------------------------
+
+
+@reducer(ev.WaitingStarted)
+def _waiting_started(d: Draft, e: ev.WaitingStarted, ctx: Ctx) -> None:
+    _require(d.header.waiting is None, "waiting.already_waiting",
+             f"the run already waits for {d.header.waiting.wait_id if d.header.waiting else ''!r}")  # fmt: skip
+    _set(d, status="waiting",
+         waiting=Waiting(**e.waiting.model_dump(), since=ctx.at, since_revision=ctx.revision))  # fmt: skip
+
+
+@reducer(ev.WaitingResolved)
+def _waiting_resolved(d: Draft, e: ev.WaitingResolved, ctx: Ctx) -> None:
+    w = d.header.waiting
+    _require(w is not None and w.wait_id == e.wait_id, "waiting.unknown",
+             f"the run does not wait for {e.wait_id!r}")  # fmt: skip
+    _set(d, status="running", waiting=None)
+
+
+@reducer(ev.BudgetSet)
+def _budget_set(d: Draft, e: ev.BudgetSet, ctx: Ctx) -> None:
+    _require(e.tokens_remaining is None or e.tokens_remaining >= 0, "budget.non_negative",
+             "tokens_remaining cannot be negative")  # fmt: skip
+    b = d.header.budgets
+    _set(d, budgets=Budgets(
+        tokens_remaining=e.tokens_remaining if e.tokens_remaining is not None else b.tokens_remaining,
+        tokens_used=b.tokens_used,
+        deadline=e.deadline if e.deadline is not None else b.deadline,
+    ))  # fmt: skip
+
+
+@reducer(ev.BudgetConsumed)
+def _budget_consumed(d: Draft, e: ev.BudgetConsumed, ctx: Ctx) -> None:
+    _require(e.tokens > 0, "budget.consumed_positive", f"consumed tokens must be > 0, got {e.tokens}")
+    b = d.header.budgets
+    # Consumption already happened: it is recorded even past the budget (remaining < 0).
+    _set(d, budgets=b.model_copy(update={
+        "tokens_used": b.tokens_used + e.tokens,
+        "tokens_remaining": None if b.tokens_remaining is None else b.tokens_remaining - e.tokens,
+    }))  # fmt: skip
+
+
+missing = set(ev.EVENT_TYPE_NAMES) - set(REDUCERS)
+assert not missing, f"event types without a reducer: {missing}"

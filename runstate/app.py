@@ -1,0 +1,115 @@
+"""The library behind the CLI: each command is one function here, which tests call directly.
+
+This is the one layer that wires the others together (log + producer + projector +
+queries), so producers and the projector stay independent of each other.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from eventlog import EventLog, open_log
+from producers.run_producer import Receipt, RunProducer
+from projector.context import render_context
+from projector.loop import Projector, ProjectorStats
+from projector.queries import Projection
+from projector.replay import VerifyReport, state_at, verify
+from schemas.errors import ContractError, StoreError
+from schemas.patch import Author, Decision
+from schemas.state import RunState
+from runstate.settings import Settings
+
+
+def open_settings_log(settings: Settings, *, create: bool = True) -> EventLog:
+    return open_log(settings.log, partitions=settings.partitions, create=create)
+
+
+def decisions_from(state_dir: str) -> Callable[[str, str], Decision | None]:
+    """A decision source for :class:`RunProducer` that reads the projection."""
+
+    def read(run_id: str, patch_id: str) -> Decision | None:
+        if not (Path(state_dir) / "layout.json").exists():
+            return None  # no projector has started yet
+        # A read-only RocksDB view is fixed at open: reopen on each poll to see new writes.
+        try:
+            with Projection(state_dir) as proj:
+                return proj.decision(run_id, patch_id)
+        except StoreError:
+            return None  # the partition's store is not created yet
+
+    return read
+
+
+def make_producer(settings: Settings, log: EventLog | None = None) -> RunProducer:
+    return RunProducer(
+        log or open_settings_log(settings),
+        Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
+        decisions=decisions_from(settings.state_dir),
+        max_patch_bytes=settings.max_patch_bytes,
+    )
+
+
+def read_patch_file(source: str, stream: IO[str] | None = None) -> Any:
+    """Parse a patch file (``-`` is ``stream``). Raises :class:`ContractError` naming the file."""
+    where = "<stdin>" if source == "-" else source
+    try:
+        text = stream.read() if source == "-" and stream is not None else Path(source).read_text()
+    except OSError as e:
+        raise ContractError(f"cannot read patch file: {e.strerror}", where=where) from e
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ContractError(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}", where=where) from e
+
+
+def publish(settings: Settings, run_id: str, data: Any, *, where: str, wait: bool = False,
+            timeout_s: float = 10.0, rebase: bool | None = None) -> tuple[Receipt, Decision | None]:
+    """Validate, append and optionally await the decision on one patch."""
+    producer = make_producer(settings)
+    try:
+        if rebase is not None and isinstance(data, dict):
+            data = {**data, "rebase": rebase}
+        patch = producer.build(run_id, data, where=where)
+        receipt = producer.append(patch)
+        decision = producer.wait(run_id, patch.patch_id, timeout_s) if wait else None
+        return receipt, decision
+    finally:
+        producer.close()
+
+
+def project(settings: Settings, *, until_caught_up: bool = False,
+            on_progress: Callable[[ProjectorStats, int], None] | None = None) -> ProjectorStats:
+    log = open_settings_log(settings)
+    try:
+        projector = Projector(log, settings.state_dir, group_id=settings.group_id, batch_size=settings.batch_size,
+                              cache_runs=settings.cache_runs, on_progress=on_progress)  # fmt: skip
+        return projector.run(until_caught_up=until_caught_up)
+    finally:
+        log.close()
+
+
+def get_state(settings: Settings, run_id: str, revision: int | None = None) -> RunState:
+    with Projection(settings.state_dir) as proj:
+        if revision is None:
+            return proj.state(run_id)
+        log = open_settings_log(settings, create=False)
+        try:
+            return state_at(log, proj, run_id, revision)
+        finally:
+            log.close()
+
+
+def get_context(settings: Settings, run_id: str, now: datetime | None = None) -> str:
+    return render_context(get_state(settings, run_id), now=now or datetime.now(UTC))
+
+
+def run_verify(settings: Settings, on_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    log = open_settings_log(settings, create=False)
+    try:
+        return verify(log, settings.state_dir, on_progress=on_progress)
+    finally:
+        log.close()

@@ -1,0 +1,231 @@
+"""The ``runstate`` command. Thin: each command calls one function of :mod:`runstate.app`.
+
+Exit codes: 0 success; 1 an operation failed (run not found, verify mismatch, log/store
+error); 2 bad input (a patch file that is not JSON or not a patch, bad options); 3 a
+published patch was rejected (with ``--wait``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+import click
+import orjson
+
+from projector.loop import ProjectorStats
+from projector.queries import Projection
+from runstate import app
+from runstate.settings import Settings
+from schemas.errors import ContractError, RunstateError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _dump(obj: Any) -> str:
+    if hasattr(obj, "model_dump"):
+        obj = obj.model_dump(mode="json")
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode()
+
+
+def handle_errors(fn: F) -> F:
+    """Turn runstate errors into clear messages and exit codes (no tracebacks)."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ContractError as e:
+            raise click.UsageError(str(e)) from e
+        except RunstateError as e:
+            raise click.ClickException(str(e)) from e
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group()
+@click.option("--log", "log_url", envvar="RUNSTATE_LOG", help="kafka://HOST:PORT or embedded log file [.runstate/log.db]")
+@click.option("--state-dir", envvar="RUNSTATE_STATE_DIR", help="projection directory [.runstate/state]")
+@click.option("--partitions", type=int, envvar="RUNSTATE_PARTITIONS", help="partitions when creating the log [4]")
+@click.option("-v", "--verbose", is_flag=True, help="log what the projector does")
+@click.pass_context
+def main(ctx: click.Context, log_url: str | None, state_dir: str | None, partitions: int | None, verbose: bool) -> None:
+    """runstate: where is each agent run now? Patches on a log, a projector, queries."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    overrides = {k: v for k, v in {"log": log_url, "state_dir": state_dir, "partitions": partitions}.items() if v is not None}
+    try:
+        ctx.obj = Settings(**overrides)
+    except Exception as e:  # pydantic ValidationError: name the bad setting
+        raise click.UsageError(f"bad settings: {e}") from e
+
+
+def _settings(ctx: click.Context, **overrides: Any) -> Settings:
+    base: Settings = ctx.obj
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    return base.model_copy(update=overrides) if overrides else base
+
+
+@main.command()
+@click.argument("run_id")
+@click.argument("file", default="-")
+@click.option("--wait", is_flag=True, help="wait for the projector's decision and print it as JSON")
+@click.option("--timeout", default=10.0, show_default=True, help="seconds to wait for the decision")
+@click.option("--rebase", is_flag=True, default=None, help="ask for a rebase if the revision moved on")
+@click.option("--agent-id", envvar="RUNSTATE_AGENT_ID", help="author of the patch [cli]")
+@click.option("--agent-version", envvar="RUNSTATE_AGENT_VERSION", help="agent version of the author [unknown]")
+@click.pass_context
+@handle_errors
+def publish(ctx: click.Context, run_id: str, file: str, wait: bool, timeout: float, rebase: bool | None,
+            agent_id: str | None, agent_version: str | None) -> None:
+    """Append the patch in FILE (JSON; - for stdin) to RUN_ID."""
+    settings = _settings(ctx, agent_id=agent_id, agent_version=agent_version)
+    data = app.read_patch_file(file, click.get_text_stream("stdin"))
+    receipt, decision = app.publish(settings, run_id, data, where="<stdin>" if file == "-" else file,
+                                    wait=wait, timeout_s=timeout, rebase=rebase)  # fmt: skip
+    if decision is None:
+        click.echo(json.dumps({"patch_id": receipt.patch_id, "run_id": run_id,
+                               "partition": receipt.partition, "offset": receipt.offset}))  # fmt: skip
+        return
+    click.echo(_dump(decision))
+    if decision.outcome != "accepted":
+        ctx.exit(3)
+
+
+def _progress(stats: ProjectorStats, lag: int) -> None:
+    click.echo(
+        f"projector: {stats.records} records, {stats.accepted} accepted, {stats.rejected} rejected, "
+        f"{stats.dead_letters} dead letters, {stats.events} events ({stats.rate():,.0f}/s), lag {lag}",
+        err=True,
+    )
+
+
+@main.command()
+@click.option("--until-caught-up", is_flag=True, help="exit when the log is drained")
+@click.option("--batch-size", type=int, help="records per poll batch [2000]")
+@click.option("--quiet", is_flag=True, help="no progress lines")
+@click.pass_context
+@handle_errors
+def project(ctx: click.Context, until_caught_up: bool, batch_size: int | None, quiet: bool) -> None:
+    """Run the projector: consume the log into the projection stores."""
+    stats = app.project(_settings(ctx, batch_size=batch_size), until_caught_up=until_caught_up,
+                        on_progress=None if quiet else _progress)  # fmt: skip
+    click.echo(json.dumps({"records": stats.records, "accepted": stats.accepted, "rejected": stats.rejected,
+                           "duplicates": stats.duplicates, "dead_letters": stats.dead_letters, "events": stats.events}))  # fmt: skip
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="the full Run State document")
+@click.option("--revision", type=int, help="the state at this past revision (replayed from the log)")
+@click.pass_context
+@handle_errors
+def state(ctx: click.Context, run_id: str, as_json: bool, revision: int | None) -> None:
+    """Print where RUN_ID is now (or was at --revision)."""
+    st = app.get_state(ctx.obj, run_id, revision)
+    if as_json:
+        click.echo(_dump(st))
+        return
+    tasks: dict[str, int] = {}
+    for t in st.tasks:
+        tasks[t.status] = tasks.get(t.status, 0) + 1
+    click.echo(f"run {st.run_id} revision {st.revision} status {st.status} phase {st.phase or '-'}")
+    click.echo(f"goal: {st.goal.statement}")
+    click.echo(f"active task: {st.active_task_id or '-'}; tasks: {tasks or '{}'}")
+    click.echo(f"facts {len(st.confirmed_facts)}, hypotheses {len(st.hypotheses)}, open questions {len(st.open_questions)}, "
+               f"observations {len(st.environment_observations)}, tool calls in flight {len(st.pending_tool_calls)}")  # fmt: skip
+    if st.waiting:
+        click.echo(f"waiting for {st.waiting.kind}: {st.waiting.reason}")
+
+
+@main.command()
+@click.argument("run_id")
+@click.pass_context
+@handle_errors
+def context(ctx: click.Context, run_id: str) -> None:
+    """Print RUN_ID's compact context for an LLM prompt."""
+    click.echo(app.get_context(ctx.obj, run_id), nl=False)
+
+
+@main.command()
+@click.option("--status", type=click.Choice(["running", "waiting", "completed", "failed", "cancelled"]))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handle_errors
+def runs(ctx: click.Context, status: str | None, as_json: bool) -> None:
+    """List runs (optionally of one status)."""
+    with Projection(ctx.obj.state_dir) as proj:
+        headers = proj.runs(status)
+    if as_json:
+        click.echo(_dump([{"run_id": h.run_id, "revision": h.revision, "status": h.status, "phase": h.phase,
+                           "agent_version": h.agent_version, "updated_at": h.updated_at.isoformat()} for h in headers]))  # fmt: skip
+        return
+    for h in headers:
+        click.echo(f"{h.run_id}\t{h.status}\trevision {h.revision}\tphase {h.phase or '-'}\t{h.goal.statement}")
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handle_errors
+def history(ctx: click.Context, run_id: str, as_json: bool) -> None:
+    """Every patch of RUN_ID: author, agent version, decision and reason."""
+    with Projection(ctx.obj.state_dir) as proj:
+        decisions = proj.history(run_id)
+    if not decisions:
+        raise click.ClickException(f"no patches for run {run_id!r}")
+    if as_json:
+        click.echo(_dump([d.model_dump(mode="json") for d in decisions]))
+        return
+    for d in decisions:
+        why = "" if d.outcome == "accepted" else f" {d.reason}" + (f" [{d.rule}]" if d.rule else "") + f": {d.message}"
+        click.echo(f"@{d.offset}\tr{d.expected_revision}->r{d.revision}\t{d.outcome}{' (rebased)' if d.rebased else ''}{why}"
+                   f"\t{d.agent_id}@{d.agent_version}\t{','.join(d.event_types)}")  # fmt: skip
+
+
+@main.command()
+@click.pass_context
+@handle_errors
+def verify(ctx: click.Context) -> None:
+    """Replay the log into a scratch store and compare every run with the projection."""
+
+    def progress(done: int, total: int) -> None:
+        click.echo(f"verify: replayed {done}/{total} records", err=True)
+
+    report = app.run_verify(ctx.obj, on_progress=progress)
+    for m in report.mismatches:
+        click.echo(f"MISMATCH run {m.run_id}: projection revision {m.projection_revision}, replay revision "
+                   f"{m.replay_revision}, first differing offset {m.first_differing_offset} ({m.detail})")  # fmt: skip
+    click.echo(f"verified {report.runs} runs over {report.records} records: "
+               + ("projection equals replay" if report.ok else f"{len(report.mismatches)} mismatches"))  # fmt: skip
+    if not report.ok:
+        ctx.exit(1)
+
+
+@main.command()
+@click.pass_context
+@handle_errors
+def deadletters(ctx: click.Context) -> None:
+    """Records the projector could not decode, with the reason."""
+    with Projection(ctx.obj.state_dir) as proj:
+        for d in proj.dead_letters():
+            click.echo(f"p{d.partition}@{d.offset}\t{d.reason}\t{d.detail}\tkey={d.key}\t{d.size} bytes")
+
+
+@main.command()
+@click.option("--runs", "n_runs", default=3, show_default=True, type=click.IntRange(1, 3), help="simulated agent runs")
+@click.option("--dir", "workdir", default=".runstate/demo", show_default=True, help="where the demo's log and state go")
+@handle_errors
+def demo(n_runs: int, workdir: str) -> None:
+    """Simulated agent workers append patches while the projector runs; then each run's context."""
+    from runstate.demo import run_demo
+
+    sys.exit(run_demo(workdir, n_runs=n_runs, echo=click.echo))
+
+
+if __name__ == "__main__":
+    main()

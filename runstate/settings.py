@@ -1,0 +1,38 @@
+"""Settings: one typed object, from flags and ``RUNSTATE_*`` environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from producers.run_producer import DEFAULT_MAX_PATCH_BYTES
+
+
+class Settings(BaseSettings):
+    """Where the log and the projections are, and the knobs of each component.
+
+    Every field reads ``RUNSTATE_<NAME>`` (e.g. ``RUNSTATE_LOG=kafka://127.0.0.1:9092``);
+    flags of the CLI override the environment.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="RUNSTATE_", frozen=True, extra="ignore")
+
+    #: ``kafka://HOST:PORT`` or a path to the embedded log file.
+    log: str = ".runstate/log.db"
+    #: Directory of the projection stores (one RocksDB per partition).
+    state_dir: str = ".runstate/state"
+    #: Partitions of the topics when the embedded log / Kafka topics are created.
+    partitions: int = Field(4, ge=1, le=1024)
+    #: Replication factor when Kafka topics are created.
+    replication: int = Field(1, ge=1, le=16)
+    #: Author of patches published from this process.
+    agent_id: str = Field("cli", min_length=1)
+    agent_version: str = Field("unknown", min_length=1)
+    #: Patches larger than this (encoded) are refused by the producer.
+    max_patch_bytes: int = Field(DEFAULT_MAX_PATCH_BYTES, ge=1024, le=64 * 1024 * 1024)
+    #: Records per poll batch (one RocksDB WriteBatch per partition per batch).
+    batch_size: int = Field(2000, ge=1, le=100_000)
+    #: Runs whose working state the projector keeps in memory, per partition.
+    cache_runs: int = Field(10_000, ge=1)
+    #: Consumer group of the projector.
+    group_id: str = Field("runstate-projector", min_length=1)

@@ -1,0 +1,125 @@
+"""The one error hierarchy of runstate.
+
+Every error raised on purpose by runstate derives from :class:`RunstateError`, and each
+carries the values involved (run, revision, offset, rule) so that a message can be acted
+on without a debugger. Backend errors (SQLite, RocksDB, librdkafka) are translated at the
+boundary with ``raise ... from e``.
+"""
+
+from __future__ import annotations
+
+
+class RunstateError(Exception):
+    """Root of every error runstate raises on purpose."""
+
+
+class ContractError(RunstateError):
+    """Input does not match the contract (a patch, an event, a state document).
+
+    ``where`` names the source (a file, a log position) and ``field`` the first bad field.
+    """
+
+    def __init__(self, message: str, *, where: str | None = None, field: str | None = None) -> None:
+        self.where = where
+        self.field = field
+        prefix = f"{where}: " if where else ""
+        super().__init__(prefix + message)
+
+
+class UnknownEventType(ContractError):
+    """An event's ``type`` is not in the catalogue; ``known`` lists the catalogue."""
+
+    def __init__(self, got: str, known: list[str], *, where: str | None = None) -> None:
+        self.got = got
+        self.known = known
+        super().__init__(
+            f"unknown event type {got!r}; known types: {', '.join(known)}", where=where, field="type"
+        )
+
+
+class PatchTooLarge(ContractError):
+    """An encoded patch is over the configured size limit."""
+
+    def __init__(self, run_id: str, size: int, limit: int) -> None:
+        self.run_id = run_id
+        self.size = size
+        self.limit = limit
+        super().__init__(f"patch for run {run_id!r} is {size} bytes, over the limit of {limit} bytes")
+
+
+class DecodeError(RunstateError):
+    """A log record could not be decoded into a patch (not ours, corrupt, unknown writer schema)."""
+
+    def __init__(self, reason: str, *, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class MigrationRequired(RunstateError):
+    """A state document cannot be migrated safely to the current schema version.
+
+    The document is kept unchanged; it is never loaded with fields dropped.
+    """
+
+    def __init__(self, run_id: str | None, found_version: object, current: int, why: str) -> None:
+        self.run_id = run_id
+        self.found_version = found_version
+        self.current = current
+        self.why = why
+        super().__init__(
+            f"MIGRATION_REQUIRED: run {run_id!r} has schema_version {found_version!r} "
+            f"(current {current}): {why}"
+        )
+
+
+class LogError(RunstateError):
+    """The log backend failed (I/O, broker, configuration)."""
+
+
+class LogConfigError(LogError):
+    """The log is configured wrongly (bad URL, missing topic, incompatible partitions)."""
+
+
+class DeliveryError(LogError):
+    """A record was not acknowledged by the log; the caller must retry or give up."""
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(f"append for run {run_id!r} failed: {reason}")
+
+
+class StoreError(RunstateError):
+    """The projection store failed or is in use by another process."""
+
+
+class DecisionTimeout(RunstateError):
+    """No decision for a patch was seen within the timeout."""
+
+    def __init__(self, run_id: str, patch_id: str, timeout_s: float) -> None:
+        self.run_id = run_id
+        self.patch_id = patch_id
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"no decision for patch {patch_id} of run {run_id!r} within {timeout_s:g}s "
+            "(is a projector running?)"
+        )
+
+
+class RunNotFound(RunstateError):
+    """The run has no projection (never started, or not in this store)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} not found in the projection")
+
+
+class RevisionNotFound(RunstateError):
+    """A past revision was asked for that the run never had."""
+
+    def __init__(self, run_id: str, revision: int, current: int) -> None:
+        self.run_id = run_id
+        self.revision = revision
+        self.current = current
+        super().__init__(f"run {run_id!r} has revisions 0..{current}; {revision} does not exist")

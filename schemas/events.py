@@ -1,0 +1,359 @@
+"""Run events: the facts an agent appends about its run.
+
+Convention (DESIGN.md): an event that introduces an object carries it under its singular
+name (``goal``, ``fact``, ``hypothesis``, ``task``, ``question``, ``observation``,
+``constraint``, ``effect``, ``waiting``, ``workspace_ref``); an event about an existing
+object names it ``<kind>_id``.
+
+These models check *shape* (types, required fields, unknown fields). The rules that need
+the run's state or name a runtime policy (evidence required, confidence in [0, 1], task
+transitions, ...) live in ``projector.decide`` so that a violation is a rejected decision
+with the rule's name, visible to the agent, rather than a local exception only.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+
+class Model(BaseModel):
+    """Base of every contract model: immutable, unknown fields are errors."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+#: An identifier: 1-200 characters, no control characters (the store uses NUL as a separator).
+Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f]+$")]
+
+
+# --- objects introduced by events -------------------------------------------------------
+
+
+class Scope(Model):
+    """What the goal covers: path/area prefixes included and excluded."""
+
+    include: list[str] = []
+    exclude: list[str] = []
+
+
+class GoalSpec(Model):
+    """A goal as stated by RunStarted / GoalChanged."""
+
+    statement: str
+    scope: Scope = Scope()
+    acceptance: list[str] = []
+
+
+class ConstraintSpec(Model):
+    """A constraint on the run (``key`` identifies it; a later value for a key supersedes)."""
+
+    key: Id
+    value: str
+    source: str | None = None
+
+
+class FactSpec(Model):
+    """A confirmed fact. Needs ``evidence`` (a reference such as ``artifact://...``) or an
+    authoritative ``source``; ``observed_at`` defaults to the patch time."""
+
+    id: Id
+    statement: str
+    evidence: str | None = None
+    source: str | None = None
+    observed_at: AwareDatetime | None = None
+    scope: str | None = None
+
+
+class HypothesisSpec(Model):
+    """A current explanation, with a confidence in [0, 1] and a way to falsify it."""
+
+    id: Id
+    statement: str
+    confidence: float
+    falsifier: str
+
+
+class QuestionSpec(Model):
+    """An open question the run must answer or have answered."""
+
+    id: Id
+    text: str
+
+
+class TaskSpec(Model):
+    """A planned task. ``depends_on`` names existing tasks; ``scope`` lists the paths/areas
+    it touches, used to invalidate it when the goal's scope changes."""
+
+    id: Id
+    title: str
+    depends_on: list[str] = []
+    scope: list[str] = []
+
+
+class ObservationSpec(Model):
+    """What the agent saw of an external system at a time and version: never a fact about
+    the present."""
+
+    subject: str
+    observed_state: str
+    observed_version: str | None = None
+    observed_at: AwareDatetime | None = None
+    evidence: str | None = None
+
+
+class EffectSpec(Model):
+    """An external side effect, started then committed or failed (the effect ledger)."""
+
+    id: Id
+    status: Literal["started", "committed", "failed"]
+    kind: str | None = None
+    target: str | None = None
+    idempotency_key: str | None = None
+    call_id: str | None = None
+    evidence: str | None = None
+
+
+class WorkspaceRefSpec(Model):
+    """Where the run's work lives: a workspace and its versions, never its content."""
+
+    workspace_id: Id
+    base_commit: str | None = None
+    current_commit: str | None = None
+    uncommitted_changes: str | None = None
+
+
+class WaitingSpec(Model):
+    """What the run waits for."""
+
+    wait_id: Id
+    kind: Literal["user", "approval", "external_event", "timer"]
+    reason: str
+    until: AwareDatetime | None = None
+
+
+# --- events -----------------------------------------------------------------------------
+
+
+class RunStarted(Model):
+    type: Literal["RunStarted"] = "RunStarted"
+    goal: GoalSpec
+    phase: str | None = None
+
+
+class GoalChanged(Model):
+    """Control event: applies whatever revision it was based on; tasks whose scope falls
+    out of the new goal are cancelled."""
+
+    type: Literal["GoalChanged"] = "GoalChanged"
+    goal: GoalSpec
+    reason: str | None = None
+
+
+class ConstraintSet(Model):
+    """Sets a constraint; a later value for the same key supersedes (a correction)."""
+
+    type: Literal["ConstraintSet"] = "ConstraintSet"
+    constraint: ConstraintSpec
+
+
+class PhaseChanged(Model):
+    type: Literal["PhaseChanged"] = "PhaseChanged"
+    phase: str
+
+
+class FactConfirmed(Model):
+    type: Literal["FactConfirmed"] = "FactConfirmed"
+    fact: FactSpec
+    replaces_hypothesis_id: str | None = None
+
+
+class FactRetracted(Model):
+    type: Literal["FactRetracted"] = "FactRetracted"
+    fact_id: Id
+    reason: str
+
+
+class HypothesisProposed(Model):
+    type: Literal["HypothesisProposed"] = "HypothesisProposed"
+    hypothesis: HypothesisSpec
+
+
+class HypothesisRevised(Model):
+    type: Literal["HypothesisRevised"] = "HypothesisRevised"
+    hypothesis_id: Id
+    confidence: float | None = None
+    statement: str | None = None
+    falsifier: str | None = None
+
+
+class HypothesisRejected(Model):
+    type: Literal["HypothesisRejected"] = "HypothesisRejected"
+    hypothesis_id: Id
+    reason: str
+    evidence: str | None = None
+
+
+class QuestionOpened(Model):
+    type: Literal["QuestionOpened"] = "QuestionOpened"
+    question: QuestionSpec
+
+
+class QuestionResolved(Model):
+    type: Literal["QuestionResolved"] = "QuestionResolved"
+    question_id: Id
+    answer: str | None = None
+
+
+class TaskCreated(Model):
+    type: Literal["TaskCreated"] = "TaskCreated"
+    task: TaskSpec
+
+
+class TaskStarted(Model):
+    type: Literal["TaskStarted"] = "TaskStarted"
+    task_id: Id
+
+
+class TaskBlocked(Model):
+    type: Literal["TaskBlocked"] = "TaskBlocked"
+    task_id: Id
+    reason: str
+
+
+class TaskCompleted(Model):
+    type: Literal["TaskCompleted"] = "TaskCompleted"
+    task_id: Id
+    evidence: str | None = None
+
+
+class TaskFailed(Model):
+    type: Literal["TaskFailed"] = "TaskFailed"
+    task_id: Id
+    reason: str
+
+
+class TaskCancelled(Model):
+    type: Literal["TaskCancelled"] = "TaskCancelled"
+    task_id: Id
+    reason: str
+
+
+class ToolCallStarted(Model):
+    """A tool call in flight. ``side_effect``/``costly`` mark calls before which a
+    checkpoint is taken and whose outcome must be reconciled after a crash."""
+
+    type: Literal["ToolCallStarted"] = "ToolCallStarted"
+    call_id: Id
+    tool: str
+    side_effect: bool = False
+    costly: bool = False
+    input_ref: str | None = None
+
+
+class ToolSucceeded(Model):
+    type: Literal["ToolSucceeded"] = "ToolSucceeded"
+    call_id: Id
+    result_ref: str | None = None
+
+
+class ToolFailed(Model):
+    type: Literal["ToolFailed"] = "ToolFailed"
+    call_id: Id
+    error: str
+    result_ref: str | None = None
+
+
+class ObservationRecorded(Model):
+    type: Literal["ObservationRecorded"] = "ObservationRecorded"
+    observation: ObservationSpec
+
+
+class EffectRecorded(Model):
+    type: Literal["EffectRecorded"] = "EffectRecorded"
+    effect: EffectSpec
+
+
+class WorkspaceUpdated(Model):
+    type: Literal["WorkspaceUpdated"] = "WorkspaceUpdated"
+    workspace_ref: WorkspaceRefSpec
+
+
+class WaitingStarted(Model):
+    type: Literal["WaitingStarted"] = "WaitingStarted"
+    waiting: WaitingSpec
+
+
+class WaitingResolved(Model):
+    type: Literal["WaitingResolved"] = "WaitingResolved"
+    wait_id: Id
+    resolution: str | None = None
+
+
+class BudgetSet(Model):
+    type: Literal["BudgetSet"] = "BudgetSet"
+    tokens_remaining: int | None = None
+    deadline: AwareDatetime | None = None
+
+
+class BudgetConsumed(Model):
+    type: Literal["BudgetConsumed"] = "BudgetConsumed"
+    tokens: int
+
+
+class RunCompleted(Model):
+    type: Literal["RunCompleted"] = "RunCompleted"
+    summary: str | None = None
+    evidence: str | None = None
+
+
+class RunFailed(Model):
+    type: Literal["RunFailed"] = "RunFailed"
+    reason: str
+
+
+class RunCancelled(Model):
+    """Control event: applies whatever revision it was based on."""
+
+    type: Literal["RunCancelled"] = "RunCancelled"
+    reason: str
+
+
+EVENT_TYPES: tuple[type[Model], ...] = (
+    RunStarted, GoalChanged, ConstraintSet, PhaseChanged,
+    FactConfirmed, FactRetracted,
+    HypothesisProposed, HypothesisRevised, HypothesisRejected,
+    QuestionOpened, QuestionResolved,
+    TaskCreated, TaskStarted, TaskBlocked, TaskCompleted, TaskFailed, TaskCancelled,
+    ToolCallStarted, ToolSucceeded, ToolFailed,
+    ObservationRecorded, EffectRecorded, WorkspaceUpdated,
+    WaitingStarted, WaitingResolved,
+    BudgetSet, BudgetConsumed,
+    RunCompleted, RunFailed, RunCancelled,
+)  # fmt: skip
+
+#: Every event type name, in catalogue order.
+EVENT_TYPE_NAMES: tuple[str, ...] = tuple(t.__name__ for t in EVENT_TYPES)
+
+#: Events that win over the revision check (they apply whatever revision they were based on).
+CONTROL_EVENT_TYPES: frozenset[str] = frozenset({"RunCancelled", "GoalChanged"})
+
+#: Events after which no further event is accepted.
+TERMINAL_EVENT_TYPES: frozenset[str] = frozenset({"RunCompleted", "RunFailed", "RunCancelled"})
+
+Event = Annotated[
+    Union[
+        RunStarted, GoalChanged, ConstraintSet, PhaseChanged,
+        FactConfirmed, FactRetracted,
+        HypothesisProposed, HypothesisRevised, HypothesisRejected,
+        QuestionOpened, QuestionResolved,
+        TaskCreated, TaskStarted, TaskBlocked, TaskCompleted, TaskFailed, TaskCancelled,
+        ToolCallStarted, ToolSucceeded, ToolFailed,
+        ObservationRecorded, EffectRecorded, WorkspaceUpdated,
+        WaitingStarted, WaitingResolved,
+        BudgetSet, BudgetConsumed,
+        RunCompleted, RunFailed, RunCancelled,
+    ],
+    Field(discriminator="type"),
+]  # fmt: skip

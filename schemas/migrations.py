@@ -1,0 +1,99 @@
+"""Deterministic state migrations, keyed by ``schema_version``.
+
+``MIGRATIONS[v]`` turns a version-``v`` document into a version-``v+1`` document. Each
+function is pure, records where the document came from (``migrated_from``) and raises
+:class:`MigrationRequired` when it cannot carry every field over safely: a run is never
+loaded with fields dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pydantic
+
+from schemas.errors import MigrationRequired
+from schemas.state import CURRENT_SCHEMA_VERSION, RunState
+
+Doc = dict[str, Any]
+
+_WORKSPACE_URI = re.compile(r"^workspace://(?P<ws>[^@/]+)(?:@commit:(?P<commit>[0-9A-Za-z]+))?$")
+
+_V1_KEYS = frozenset({
+    "schema_version", "run_id", "revision", "goal", "phase", "status", "active_task_id",
+    "confirmed_facts", "hypotheses", "open_questions", "tasks", "last_transition", "waiting",
+    "budgets", "workspace_ref", "effect_ledger_ref", "agent_version", "updated_at",
+})  # fmt: skip
+
+
+def migrate_v1_to_v2(doc: Doc) -> Doc:
+    """v1 is the client's reference schema: questions as plain strings, the workspace as a
+    ``workspace://ID@commit:SHA`` string, the effect ledger as an external reference, and
+    no per-item revisions. v2 makes each of them a typed object.
+    """
+    run_id = doc.get("run_id")
+    unknown = set(doc) - _V1_KEYS
+    if unknown:
+        raise MigrationRequired(run_id, 1, CURRENT_SCHEMA_VERSION, f"unknown v1 fields {sorted(unknown)}")
+    rev = doc.get("revision", 0)
+    out: Doc = {k: v for k, v in doc.items() if k not in ("workspace_ref", "open_questions", "waiting")}
+    out["schema_version"] = 2
+
+    goal = dict(doc.get("goal") or {})
+    goal.setdefault("constraints", [])
+    out["goal"] = goal
+
+    facts = []
+    for f in doc.get("confirmed_facts") or []:
+        if not f.get("observed_at"):
+            raise MigrationRequired(run_id, 1, CURRENT_SCHEMA_VERSION, f"fact {f.get('id')!r} has no observed_at")
+        facts.append({**f, "confirmed_at_revision": f.get("confirmed_at_revision", rev)})
+    out["confirmed_facts"] = facts
+    out["hypotheses"] = [{**h, "proposed_at_revision": rev} for h in doc.get("hypotheses") or []]
+    out["tasks"] = [{**t, "updated_at_revision": rev} for t in doc.get("tasks") or []]
+    out["open_questions"] = [
+        {"id": f"q{i + 1}", "text": q, "opened_at_revision": rev} if isinstance(q, str) else q
+        for i, q in enumerate(doc.get("open_questions") or [])
+    ]
+
+    ws = doc.get("workspace_ref")
+    if isinstance(ws, str):
+        m = _WORKSPACE_URI.match(ws)
+        if not m:
+            raise MigrationRequired(run_id, 1, CURRENT_SCHEMA_VERSION, f"workspace_ref {ws!r} is not workspace://ID[@commit:SHA]")
+        out["workspace_ref"] = {"workspace_id": m["ws"], "current_commit": m["commit"]}
+    elif ws is not None:
+        out["workspace_ref"] = ws
+    if doc.get("waiting") is not None:
+        raise MigrationRequired(run_id, 1, CURRENT_SCHEMA_VERSION, "v1 waiting has no wait id to resolve it by")
+    out.setdefault("agent_version", "unknown(v1)")
+    return out
+
+
+MIGRATIONS: dict[int, Callable[[Doc], Doc]] = {1: migrate_v1_to_v2}
+
+
+def load_state(raw: Doc) -> RunState:
+    """Load a state document of any known version as the current :class:`RunState`.
+
+    Raises :class:`MigrationRequired` (the input is left unchanged) when the version is
+    unknown, newer than this code, or cannot be migrated without loss.
+    """
+    run_id = raw.get("run_id") if isinstance(raw, dict) else None
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    if not isinstance(version, int) or version < 1:
+        raise MigrationRequired(run_id, version, CURRENT_SCHEMA_VERSION, "schema_version missing or not a positive integer")
+    if version > CURRENT_SCHEMA_VERSION:
+        raise MigrationRequired(run_id, version, CURRENT_SCHEMA_VERSION, "written by a newer runstate")
+    doc = raw
+    while doc["schema_version"] < CURRENT_SCHEMA_VERSION:
+        step = MIGRATIONS.get(doc["schema_version"])
+        if step is None:
+            raise MigrationRequired(run_id, doc["schema_version"], CURRENT_SCHEMA_VERSION, "no migration from this version")
+        doc = step(doc)
+    try:
+        return RunState.model_validate(doc)
+    except pydantic.ValidationError as e:
+        raise MigrationRequired(run_id, version, CURRENT_SCHEMA_VERSION, f"invalid after migration: {e.errors()[0]}") from e

@@ -1,0 +1,109 @@
+"""The patch envelope (one log record) and the decision the projector takes on it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pydantic
+from pydantic import AwareDatetime, Field
+
+from schemas.errors import ContractError, UnknownEventType
+from schemas.events import EVENT_TYPE_NAMES, Event, Id, Model
+
+
+class Author(Model):
+    """Who proposed a patch: the agent and the version (prompt/skills/tools) it ran."""
+
+    agent_id: Id
+    agent_version: str = Field(min_length=1)
+
+
+class PatchDraft(Model):
+    """What an agent (or a patch file) states; the producer completes it into a :class:`Patch`.
+
+    The client's example (``{"expected_revision": 18, "events": [...]}``) is a valid draft
+    as written: ``run_id`` comes from the caller, ``patch_id``/``author``/``created_at``
+    from the producer when absent.
+    """
+
+    expected_revision: int = Field(ge=0)
+    events: list[Event] = Field(min_length=1)
+    rebase: bool = False
+    patch_id: Id | None = None
+    run_id: Id | None = None
+    author: Author | None = None
+    created_at: AwareDatetime | None = None
+
+
+class Patch(Model):
+    """One log record: events applied all or none on top of ``expected_revision``.
+
+    ``patch_id`` is the idempotency key: a patch id already decided gets the earlier
+    decision and is applied once. ``rebase`` asks the projector to re-apply the patch on the
+    current revision when all its events commute.
+    """
+
+    patch_id: Id
+    run_id: Id
+    expected_revision: int = Field(ge=0)
+    events: list[Event] = Field(min_length=1)
+    author: Author
+    created_at: AwareDatetime
+    rebase: bool = False
+
+
+Outcome = Literal["accepted", "rejected"]
+RejectReason = Literal["revision_conflict", "superseded", "invalid", "unknown_run", "run_terminal"]
+
+
+class Decision(Model):
+    """The projector's verdict on one patch. Stored with the state; awaited by producers.
+
+    ``revision`` is the run's revision after the decision: the new one when accepted, the
+    current one when rejected. ``rule`` names the failed rule and ``event_index`` the event
+    that broke it, for ``invalid``.
+    """
+
+    patch_id: str
+    run_id: str
+    outcome: Outcome
+    revision: int
+    expected_revision: int
+    reason: RejectReason | None = None
+    rule: str | None = None
+    message: str | None = None
+    event_index: int | None = None
+    rebased: bool = False
+    partition: int
+    offset: int
+    agent_id: str
+    agent_version: str
+    event_types: list[str]
+    created_at: AwareDatetime
+
+
+def _first_error(err: pydantic.ValidationError) -> tuple[str, str]:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    return loc, f"{loc}: {first['msg']}" if loc else first["msg"]
+
+
+def parse_draft(data: Any, *, where: str | None = None) -> PatchDraft:
+    """Validate a patch draft (parsed JSON).
+
+    Raises :class:`UnknownEventType` (with the catalogue) for an unknown ``type`` and
+    :class:`ContractError` naming the first bad field otherwise.
+    """
+    if not isinstance(data, dict):
+        raise ContractError(f"a patch must be a JSON object, got {type(data).__name__}", where=where)
+    events = data.get("events")
+    if isinstance(events, list):
+        for i, ev in enumerate(events):
+            t = ev.get("type") if isinstance(ev, dict) else None
+            if t is not None and t not in EVENT_TYPE_NAMES:
+                raise UnknownEventType(str(t), list(EVENT_TYPE_NAMES), where=f"{where or 'patch'} events[{i}]")
+    try:
+        return PatchDraft.model_validate(data)
+    except pydantic.ValidationError as e:
+        field, msg = _first_error(e)
+        raise ContractError(f"invalid patch: {msg}", where=where, field=field) from e

@@ -1,0 +1,218 @@
+"""The Run State: "where is this run now?", with the client's reference field names.
+
+The projection store keeps a run as a small *header* (:class:`RunHeader`: everything but
+the growing collections) plus one record per collection item, so that an event writes
+only what it changed. :class:`RunState` is the assembled, public document; its lists keep
+the order in which items were added.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import AwareDatetime
+
+from schemas.events import (
+    EffectSpec,
+    GoalSpec,
+    Model,
+    ObservationSpec,
+    Scope,
+    WaitingSpec,
+    WorkspaceRefSpec,
+)
+
+#: The state schema version this code writes. Older documents are migrated
+#: (``schemas.migrations``); newer ones are refused as MIGRATION_REQUIRED.
+CURRENT_SCHEMA_VERSION = 2
+
+RunStatus = Literal["running", "waiting", "completed", "failed", "cancelled"]
+TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+TaskStatus = Literal["pending", "running", "blocked", "completed", "failed", "cancelled"]
+
+
+class PriorValue(Model):
+    """The value a correction replaced, and where that value came from."""
+
+    value: str
+    source: str | None
+    set_at_revision: int
+    patch_id: str
+
+
+class Constraint(Model):
+    """The current value of a constraint; ``supersedes`` records what it corrected."""
+
+    key: str
+    value: str
+    source: str | None = None
+    set_at_revision: int
+    patch_id: str
+    supersedes: PriorValue | None = None
+
+
+class Goal(Model):
+    statement: str
+    scope: Scope = Scope()
+    acceptance: list[str] = []
+    constraints: list[Constraint] = []
+
+
+class Fact(Model):
+    """A confirmed fact: evidence or authoritative source, time, optional scope."""
+
+    id: str
+    statement: str
+    evidence: str | None = None
+    source: str | None = None
+    observed_at: AwareDatetime
+    scope: str | None = None
+    confirmed_at_revision: int
+    replaces_hypothesis_id: str | None = None
+
+
+class Hypothesis(Model):
+    id: str
+    statement: str
+    confidence: float
+    falsifier: str
+    proposed_at_revision: int
+    revised_at_revision: int | None = None
+
+
+class Question(Model):
+    id: str
+    text: str
+    opened_at_revision: int
+
+
+class Task(Model):
+    id: str
+    title: str
+    status: TaskStatus = "pending"
+    depends_on: list[str] = []
+    scope: list[str] = []
+    blocked_by: str | None = None
+    evidence: str | None = None
+    reason: str | None = None
+    updated_at_revision: int
+
+
+class Observation(ObservationSpec):
+    """An observation of an external subject; one current observation per subject."""
+
+    observed_at: AwareDatetime
+    recorded_at_revision: int
+
+
+class Effect(EffectSpec):
+    updated_at_revision: int
+
+
+class ToolCall(Model):
+    call_id: str
+    tool: str
+    side_effect: bool = False
+    costly: bool = False
+    input_ref: str | None = None
+    started_at: AwareDatetime
+    started_at_revision: int
+
+
+class Transition(Model):
+    """The last effective transition: what was done and where its result is."""
+
+    action: str
+    result_ref: str | None = None
+    #: absent only on documents migrated from schema v1, which did not record them.
+    revision: int | None = None
+    at: AwareDatetime | None = None
+
+
+class Waiting(WaitingSpec):
+    since: AwareDatetime
+    since_revision: int
+
+
+class Budgets(Model):
+    tokens_remaining: int | None = None
+    tokens_used: int = 0
+    deadline: AwareDatetime | None = None
+
+
+WorkspaceRef = WorkspaceRefSpec
+
+
+class RunHeader(Model):
+    """Everything of a run but its collections: the record rewritten on each accepted patch.
+
+    Its size does not grow with the number of facts/tasks/observations.
+    """
+
+    schema_version: int = CURRENT_SCHEMA_VERSION
+    run_id: str
+    revision: int
+    goal: GoalSpec
+    phase: str | None = None
+    status: RunStatus = "running"
+    active_task_id: str | None = None
+    last_transition: Transition | None = None
+    waiting: Waiting | None = None
+    budgets: Budgets = Budgets()
+    workspace_ref: WorkspaceRef | None = None
+    agent_version: str
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+    #: revision produced by the last control event (cancel, goal change): patches based on
+    #: an earlier revision are rejected as superseded.
+    last_control_revision: int = 0
+    #: next insertion sequence number for collection items (keeps "order added").
+    next_seq: int = 0
+
+
+#: Collection name in RunState -> item model. Order is the order of RunState's fields.
+COLLECTIONS: dict[str, type[Model]] = {
+    "constraints": Constraint,
+    "confirmed_facts": Fact,
+    "hypotheses": Hypothesis,
+    "open_questions": Question,
+    "tasks": Task,
+    "effect_ledger": Effect,
+    "environment_observations": Observation,
+    "pending_tool_calls": ToolCall,
+}
+
+
+class RunState(Model):
+    """The assembled Run State of one run at one revision (the public document)."""
+
+    schema_version: int = CURRENT_SCHEMA_VERSION
+    run_id: str
+    revision: int
+    goal: Goal
+    phase: str | None = None
+    status: RunStatus
+    active_task_id: str | None = None
+    confirmed_facts: list[Fact] = []
+    hypotheses: list[Hypothesis] = []
+    open_questions: list[Question] = []
+    tasks: list[Task] = []
+    last_transition: Transition | None = None
+    waiting: Waiting | None = None
+    budgets: Budgets = Budgets()
+    workspace_ref: WorkspaceRef | None = None
+    effect_ledger: list[Effect] = []
+    environment_observations: list[Observation] = []
+    pending_tool_calls: list[ToolCall] = []
+    agent_version: str
+    #: absent only on documents migrated from schema v1, which did not record them.
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    last_control_revision: int = 0
+    #: schema v1 referred to an external effect ledger; kept, never dropped, on migration.
+    effect_ledger_ref: str | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
