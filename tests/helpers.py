@@ -1,0 +1,38 @@
+"""Builders shared by the tests (not fixtures: plain functions, so hypothesis can use them)."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from schemas.patch import Author, Patch
+
+T0 = datetime(2026, 8, 11, 8, 0, tzinfo=UTC)
+_ids = itertools.count()
+
+
+def patch(run_id: str, expected: int, *events: dict[str, Any], rebase: bool = False, patch_id: str | None = None,
+          agent: str = "agent-1", version: str = "v1", minute: int = 0) -> Patch:
+    """A validated patch with deterministic ids/times unless given."""
+    return Patch.model_validate({
+        "patch_id": patch_id or f"p{next(_ids)}", "run_id": run_id, "expected_revision": expected,
+        "events": list(events), "author": Author(agent_id=agent, agent_version=version),
+        "created_at": T0 + timedelta(minutes=minute), "rebase": rebase,
+    })  # fmt: skip
+
+
+def start(goal: str = "fix login", include: list[str] | None = None, exclude: list[str] | None = None) -> dict[str, Any]:
+    return {"type": "RunStarted", "goal": {"statement": goal, "scope": {"include": include or [], "exclude": exclude or []}}}
+
+
+def fact(id_: str, evidence: str | None = "artifact://out/1", **kw: Any) -> dict[str, Any]:
+    return {"type": "FactConfirmed", "fact": {"id": id_, "statement": f"statement {id_}", "evidence": evidence, **kw}}
+
+
+def task(id_: str, deps: list[str] | None = None, scope: list[str] | None = None) -> dict[str, Any]:
+    return {"type": "TaskCreated", "task": {"id": id_, "title": f"task {id_}", "depends_on": deps or [], "scope": scope or []}}
+
+
+def ev(type_: str, **fields: Any) -> dict[str, Any]:
+    return {"type": type_, **fields}

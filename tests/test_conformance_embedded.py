@@ -1,0 +1,54 @@
+"""The log conformance suite against the embedded SQLite log, plus what only it has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conformance.log_suite import LogConformance
+
+from eventlog import open_log
+from eventlog.embedded import EmbeddedLog
+from schemas.errors import LogConfigError, LogError
+
+
+class TestEmbeddedLog(LogConformance):
+    @pytest.fixture
+    def log(self, tmp_path: Path) -> EmbeddedLog:
+        log = EmbeddedLog(tmp_path / "log.db", partitions=3)
+        yield log
+        log.close()
+
+
+def test_one_consumer_per_group_on_the_embedded_log(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log.db", partitions=2)
+    a = log.consumer("g", log.topics.events)
+    a.subscribe(lambda ps: {}, lambda ps: None)
+    b = log.consumer("g", log.topics.events)
+    with pytest.raises(LogError, match="already has a member"):
+        b.subscribe(lambda ps: {}, lambda ps: None)
+    a.close()
+    b.subscribe(lambda ps: {}, lambda ps: None)  # free again once the first member left
+    b.close()
+
+
+def test_existing_file_keeps_its_partition_count(tmp_path: Path) -> None:
+    EmbeddedLog(tmp_path / "log.db", partitions=2).close()
+    log = EmbeddedLog(tmp_path / "log.db", partitions=8)
+    assert log.partitions(log.topics.events) == 2
+
+
+def test_log_urls(tmp_path: Path) -> None:
+    assert isinstance(open_log(f"sqlite://{tmp_path}/a.db"), EmbeddedLog)
+    assert isinstance(open_log(str(tmp_path / "b.db")), EmbeddedLog)
+    with pytest.raises(LogConfigError, match="unknown log URL scheme"):
+        open_log("redis://127.0.0.1:6379")
+    with pytest.raises(LogConfigError, match="does not exist"):
+        open_log(str(tmp_path / "missing.db"), create=False)
+
+
+def test_not_a_sqlite_file_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "junk.db"
+    bad.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(LogConfigError, match="cannot open embedded log"):
+        EmbeddedLog(bad)

@@ -1,0 +1,167 @@
+"""The projector on the embedded log and a real RocksDB store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import ev, fact, patch, start, task
+from rocksdict import Options, Rdict
+
+from eventlog.embedded import EmbeddedLog
+from projector.loop import Projector
+from projector.queries import Projection, state_digest
+from projector.replay import fold, state_at, verify
+from projector.store import PendingBatch, ProjectionStore
+from schemas.codec import encode
+from schemas.errors import RevisionNotFound, RunNotFound
+from schemas.patch import Patch
+
+
+def append_all(log: EmbeddedLog, patches: list[Patch]) -> list[tuple[Patch, int, int]]:
+    prod = log.producer()
+    out = []
+    for p in patches:
+        a = prod.append(log.topics.events, p.run_id, encode(p))
+        out.append((p, a.partition, a.offset))
+    prod.close()
+    return out
+
+
+def project(log: EmbeddedLog, state_dir: Path, **kw: object) -> Projector:
+    pr = Projector(log, str(state_dir), **kw)  # type: ignore[arg-type]
+    pr.run(until_caught_up=True, poll_timeout_s=0.01)
+    return pr
+
+
+def story(run_id: str) -> list[Patch]:
+    return [
+        patch(run_id, 0, start(include=["src"])),
+        patch(run_id, 1, fact("f1"), task("t1", scope=["src/a"]), task("t2", scope=["docs"])),
+        patch(run_id, 1, fact("f2")),  # conflict
+        patch(run_id, 1, fact("f3"), rebase=True),  # rebased -> r3
+        patch(run_id, 3, fact("bad", evidence=None)),  # invalid
+        patch(run_id, 3, ev("TaskStarted", task_id="t1"), ev("ConstraintSet", constraint={"key": "k", "value": "1"})),
+        patch(run_id, 4, ev("ConstraintSet", constraint={"key": "k", "value": "2"})),
+        patch(run_id, 2, ev("GoalChanged", goal={"statement": "g2", "scope": {"include": ["src"]}})),  # control wins
+        patch(run_id, 5, fact("late")),  # superseded
+    ]
+
+
+def test_projection_equals_pure_replay_and_keeps_every_decision(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
+    patches = [p for r in ("a", "b", "c") for p in story(r)] + [patch("ghost", 0, fact("x"))]
+    placed = append_all(embedded_log, patches)
+    pr = project(embedded_log, tmp_path / "state", batch_size=4)
+    assert (pr.stats.accepted, pr.stats.rejected) == (18, 10)
+    book = fold(sorted(placed, key=lambda t: (t[1], t[2])))
+    with Projection(tmp_path / "state") as proj:
+        for r in ("a", "b", "c"):
+            expected = book.docs[r]
+            assert expected is not None
+            assert proj.state(r).model_dump_json() == expected.to_state().model_dump_json()
+            reasons = [d.reason for d in proj.history(r)]
+            assert reasons == [None, None, "revision_conflict", None, "invalid", None, None, None, "superseded"]
+        assert proj.history("ghost")[0].reason == "unknown_run"
+        with pytest.raises(RunNotFound):
+            proj.state("ghost")
+        assert [h.run_id for h in proj.runs()] == ["a", "b", "c"]
+
+
+def test_restart_continues_from_the_stored_offset_without_reapplying(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
+    append_all(embedded_log, story("a")[:4])
+    project(embedded_log, tmp_path / "s")
+    append_all(embedded_log, story("a")[4:])
+    second = project(embedded_log, tmp_path / "s")
+    assert second.stats.records == 5  # only the new records
+    with Projection(tmp_path / "s") as proj:
+        assert len(proj.history("a")) == 9
+        assert proj.state("a").revision == 6
+    assert verify(embedded_log, str(tmp_path / "s")).ok
+
+
+def test_undecodable_records_are_dead_lettered_and_the_rest_applied(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
+    prod = embedded_log.producer()
+    ev_topic = embedded_log.topics.events
+    prod.append(ev_topic, "a", b"not avro at all")
+    good = patch("a", 0, start())
+    prod.append(ev_topic, "a", encode(good)[:-2])  # truncated
+    prod.append(ev_topic, "b", encode(good))  # keyed by another run
+    prod.append(ev_topic, "a", encode(good))
+    prod.close()
+    pr = project(embedded_log, tmp_path / "s")
+    assert pr.stats.dead_letters == 3 and pr.stats.accepted == 1
+    with Projection(tmp_path / "s") as proj:
+        assert sorted(d.reason for d in proj.dead_letters()) == ["corrupt_record", "key_mismatch", "not_avro_single_object"]
+        assert proj.state("a").revision == 1
+    dlq = embedded_log.topics.deadletter
+    recs = [r for p in range(4) for r in embedded_log.scan(dlq, p, 0, embedded_log.end_offsets(dlq)[p])]
+    assert sorted(dict(r.headers)["reason"] for r in recs) == [b"corrupt_record", b"key_mismatch", b"not_avro_single_object"]
+    assert b"not avro at all" in [r.value for r in recs]
+
+
+def test_an_event_writes_only_what_it_changed(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
+    """Cost per event must not grow with the run's size: the batch for one more fact on a
+    run with 300 facts holds the header and that fact, nothing else."""
+    patches = [patch("big", 0, start())] + [patch("big", i + 1, fact(f"f{i}")) for i in range(300)]
+    append_all(embedded_log, patches)
+    project(embedded_log, tmp_path / "s")
+    append_all(embedded_log, [patch("big", 301, fact("one_more"), ev("BudgetConsumed", tokens=1))])
+    pr = Projector(embedded_log, str(tmp_path / "s"))
+    batches: list[PendingBatch] = []
+    real_write = ProjectionStore.write
+
+    def spy(self: ProjectionStore, batch: PendingBatch) -> None:
+        batches.append(batch)
+        real_write(self, batch)
+
+    ProjectionStore.write = spy  # type: ignore[method-assign]
+    try:
+        pr.run(until_caught_up=True, poll_timeout_s=0.01)
+    finally:
+        ProjectionStore.write = real_write  # type: ignore[method-assign]
+    [b] = batches
+    assert list(b.headers) == ["big"]
+    assert len(b.puts) == 1 and not b.deletes and len(b.decisions) == 1
+
+
+def test_state_at_any_past_revision(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
+    patches = story("a")
+    placed = append_all(embedded_log, patches)
+    project(embedded_log, tmp_path / "s")
+    with Projection(tmp_path / "s") as proj:
+        current = proj.state("a").revision
+        for rev in range(1, current + 1):
+            want = None
+            for k in range(1, len(placed) + 1):  # replay prefixes until the run reaches rev
+                doc = fold(placed[:k]).docs.get("a")
+                if doc is not None and doc.header.revision == rev:
+                    want = doc.to_state()
+                    break
+            assert want is not None
+            assert state_digest(state_at(embedded_log, proj, "a", rev)) == state_digest(want)
+        with pytest.raises(RevisionNotFound):
+            state_at(embedded_log, proj, "a", current + 1)
+
+
+def test_verify_finds_a_tampered_projection(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
+    append_all(embedded_log, story("a") + story("b"))
+    project(embedded_log, tmp_path / "s")
+    assert verify(embedded_log, str(tmp_path / "s")).ok
+    with Projection(tmp_path / "s") as proj:
+        part = proj.layout.partition_of("b")
+    # Tamper: delete one fact of run b straight in RocksDB.
+    db = Rdict(str(tmp_path / "s" / f"p{part:03d}"), Options(raw_mode=True))
+    db.delete(b"i:b\0confirmed_facts\0f1")
+    db.close()
+    report = verify(embedded_log, str(tmp_path / "s"))
+    assert [m.run_id for m in report.mismatches] == ["b"]
+    assert report.mismatches[0].detail == "state differs with equal histories"
+
+
+def test_store_is_exclusive_to_one_writer(tmp_path: Path) -> None:
+    from schemas.errors import StoreError
+
+    a = ProjectionStore(tmp_path / "p")
+    with pytest.raises(StoreError, match="in use"):
+        ProjectionStore(tmp_path / "p")
+    a.close()

@@ -1,0 +1,272 @@
+"""Every rule of DESIGN.md "Rules the runtime enforces", and the decide contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from helpers import ev, fact, patch, start, task
+
+from projector.book import RunBook
+from projector.doc import RunDoc
+from schemas.patch import Decision, Patch
+
+
+class Run:
+    """Feeds patches for one run through the real RunBook and keeps the decisions."""
+
+    def __init__(self, run_id: str = "r1") -> None:
+        self.run_id = run_id
+        self.book = RunBook()
+        self.offset = 0
+        self.decisions: list[Decision] = []
+
+    def send(self, expected: int | None, *events: dict[str, Any], **kw: Any) -> Decision:
+        p = patch(self.run_id, self.revision if expected is None else expected, *events, **kw)
+        return self.send_patch(p)
+
+    def send_patch(self, p: Patch) -> Decision:
+        d = self.book.apply(p, 0, self.offset).decision
+        self.offset += 1
+        self.decisions.append(d)
+        return d
+
+    def ok(self, *events: dict[str, Any], **kw: Any) -> Decision:
+        d = self.send(None, *events, **kw)
+        assert d.outcome == "accepted", d
+        return d
+
+    def bad(self, rule: str, *events: dict[str, Any]) -> Decision:
+        before = self.snapshot()
+        d = self.send(None, *events)
+        assert (d.outcome, d.reason, d.rule) == ("rejected", "invalid", rule), d
+        assert self.snapshot() == before, "a rejected patch changed the state"
+        return d
+
+    @property
+    def doc(self) -> RunDoc:
+        d = self.book.docs[self.run_id]
+        assert d is not None
+        return d
+
+    @property
+    def revision(self) -> int:
+        d = self.book.docs.get(self.run_id)
+        return 0 if d is None else d.header.revision
+
+    def snapshot(self) -> str | None:
+        d = self.book.docs.get(self.run_id)
+        return None if d is None else d.to_state().model_dump_json()
+
+    def item(self, kind: str, id_: str) -> Any:
+        return self.doc.items[kind][id_][1]
+
+
+@pytest.fixture
+def run() -> Run:
+    r = Run()
+    r.ok(start(include=["src/auth", "tests"], exclude=["public_api"]))
+    return r
+
+
+# --- facts, hypotheses, observations: different types, with their own rules ----------------
+
+
+def test_fact_needs_evidence_or_authoritative_source(run: Run) -> None:
+    d = run.bad("fact.evidence_required", fact("f1", evidence=None))
+    assert d.event_index == 0
+    run.ok(fact("f2", evidence=None, source="user://msg_3"))
+    run.ok(fact("f3"))
+
+
+def test_fact_evidence_must_be_a_reference(run: Run) -> None:
+    run.bad("fact.evidence_reference", fact("f1", evidence="I saw it in the logs"))
+
+
+def test_fact_time_defaults_to_patch_time_and_keeps_scope(run: Run) -> None:
+    run.ok(fact("f1", scope="src/auth"), minute=7)
+    f = run.item("confirmed_facts", "f1")
+    assert f.observed_at == patch("x", 0, fact("y"), minute=7).created_at
+    assert f.scope == "src/auth" and f.confirmed_at_revision == run.revision
+
+
+def test_hypothesis_needs_confidence_in_range_and_falsifier(run: Run) -> None:
+    h = {"id": "h1", "statement": "maybe", "confidence": 1.5, "falsifier": "run test"}
+    run.bad("hypothesis.confidence_range", ev("HypothesisProposed", hypothesis=h))
+    run.bad("hypothesis.falsifier_required", ev("HypothesisProposed", hypothesis={**h, "confidence": 0.5, "falsifier": " "}))
+    run.ok(ev("HypothesisProposed", hypothesis={**h, "confidence": 0.5}))
+    run.bad("hypothesis.confidence_range", ev("HypothesisRevised", hypothesis_id="h1", confidence=-0.1))
+
+
+def test_hypothesis_becomes_fact_only_through_fact_confirmed(run: Run) -> None:
+    run.ok(ev("HypothesisProposed", hypothesis={"id": "h1", "statement": "s", "confidence": 0.6, "falsifier": "f"}))
+    run.bad("fact.unknown_hypothesis", {**fact("f1"), "replaces_hypothesis_id": "h9"})
+    run.ok({**fact("f1"), "replaces_hypothesis_id": "h1"})
+    st = run.doc.to_state()
+    assert [h.id for h in st.hypotheses] == []
+    assert st.confirmed_facts[0].replaces_hypothesis_id == "h1"
+
+
+def test_observations_are_kept_apart_from_facts_one_per_subject(run: Run) -> None:
+    obs = {"subject": "order://9", "observed_state": "created", "evidence": "artifact://r/1"}
+    run.ok(ev("ObservationRecorded", observation=obs))
+    run.ok(ev("ObservationRecorded", observation={**obs, "observed_state": "paid"}))
+    st = run.doc.to_state()
+    assert st.confirmed_facts == []
+    assert [(o.subject, o.observed_state) for o in st.environment_observations] == [("order://9", "paid")]
+
+
+def test_duplicate_ids_are_rejected(run: Run) -> None:
+    run.ok(fact("f1"))
+    run.bad("fact.duplicate_id", fact("f1"))
+    run.ok(ev("QuestionOpened", question={"id": "q1", "text": "?"}))
+    run.bad("question.duplicate_id", ev("QuestionOpened", question={"id": "q1", "text": "?"}))
+    run.bad("question.unknown", ev("QuestionResolved", question_id="q9"))
+
+
+# --- tasks -------------------------------------------------------------------------------
+
+
+def test_task_state_machine(run: Run) -> None:
+    run.ok(task("t1"))
+    run.bad("task.transition", ev("TaskCompleted", task_id="t1"))  # pending -> completed
+    run.bad("task.transition", ev("TaskBlocked", task_id="t1", reason="x"))  # pending -> blocked
+    run.ok(ev("TaskStarted", task_id="t1"))
+    assert run.doc.header.active_task_id == "t1"
+    run.ok(ev("TaskBlocked", task_id="t1", reason="needs creds"))
+    assert run.item("tasks", "t1").blocked_by == "needs creds" and run.doc.header.active_task_id is None
+    run.ok(ev("TaskStarted", task_id="t1"))  # blocked -> running
+    run.ok(ev("TaskCompleted", task_id="t1", evidence="artifact://t/1"))
+    run.bad("task.transition", ev("TaskStarted", task_id="t1"))  # completed is final
+    run.bad("task.unknown", ev("TaskStarted", task_id="nope"))
+
+
+def test_task_dependencies_must_exist_be_acyclic_and_complete_first(run: Run) -> None:
+    run.bad("task.unknown_dependency", task("t2", deps=["t1"]))
+    run.bad("task.dependency_cycle", task("t1", deps=["t1"]))
+    run.ok(task("t1"))
+    run.ok(task("t2", deps=["t1"]))
+    run.bad("task.dependencies_incomplete", ev("TaskStarted", task_id="t2"))
+    run.ok(ev("TaskStarted", task_id="t1"), ev("TaskCompleted", task_id="t1"))
+    run.ok(ev("TaskStarted", task_id="t2"))
+
+
+def test_goal_change_invalidates_out_of_scope_tasks(run: Run) -> None:
+    run.ok(task("in", scope=["src/auth/jwt.py"]), task("docs", scope=["docs/auth"]), task("free"))
+    run.ok(ev("TaskStarted", task_id="docs"))
+    run.ok(ev("GoalChanged", goal={"statement": "code only", "scope": {"include": ["src/auth"], "exclude": ["docs"]}}))
+    tasks = {t.id: t for t in run.doc.to_state().tasks}
+    assert tasks["docs"].status == "cancelled" and "out of scope" in (tasks["docs"].reason or "")
+    assert tasks["in"].status == "pending" and tasks["free"].status == "pending"
+    assert run.doc.header.active_task_id is None
+    assert run.doc.header.goal.statement == "code only"
+
+
+# --- corrections, waits, budgets, tools, effects ----------------------------------------
+
+
+def test_correction_supersedes_and_records_what_it_replaced(run: Run) -> None:
+    r1 = run.ok(ev("ConstraintSet", constraint={"key": "timeout", "value": "30 min", "source": "user://m1"}))
+    run.ok(ev("ConstraintSet", constraint={"key": "timeout", "value": "15 min", "source": "user://m2"}))
+    constraints = run.doc.to_state().goal.constraints
+    assert len(constraints) == 1
+    c = constraints[0]
+    assert c.value == "15 min" and c.supersedes is not None
+    assert (c.supersedes.value, c.supersedes.source, c.supersedes.set_at_revision) == ("30 min", "user://m1", r1.revision)
+
+
+def test_waiting_and_budgets(run: Run) -> None:
+    run.ok(ev("WaitingStarted", waiting={"wait_id": "w1", "kind": "approval", "reason": "deploy"}))
+    assert run.doc.header.status == "waiting"
+    run.bad("waiting.already_waiting", ev("WaitingStarted", waiting={"wait_id": "w2", "kind": "user", "reason": "x"}))
+    run.bad("waiting.unknown", ev("WaitingResolved", wait_id="w9"))
+    run.ok(ev("WaitingResolved", wait_id="w1"))
+    assert run.doc.header.status == "running" and run.doc.header.waiting is None
+    run.ok(ev("BudgetSet", tokens_remaining=100))
+    run.bad("budget.consumed_positive", ev("BudgetConsumed", tokens=0))
+    run.ok(ev("BudgetConsumed", tokens=130))
+    assert (run.doc.header.budgets.tokens_remaining, run.doc.header.budgets.tokens_used) == (-30, 130)
+
+
+def test_tool_calls_and_effect_ledger(run: Run) -> None:
+    run.bad("tool.unknown_call", ev("ToolSucceeded", call_id="c1"))
+    run.ok(ev("ToolCallStarted", call_id="c1", tool="deploy", side_effect=True),
+           ev("EffectRecorded", effect={"id": "e1", "status": "started", "target": "prod"}))
+    run.bad("tool.duplicate_call", ev("ToolCallStarted", call_id="c1", tool="deploy"))
+    run.ok(ev("ToolSucceeded", call_id="c1", result_ref="artifact://d/1"),
+           ev("EffectRecorded", effect={"id": "e1", "status": "committed"}))
+    run.bad("effect.transition", ev("EffectRecorded", effect={"id": "e1", "status": "failed"}))
+    st = run.doc.to_state()
+    assert st.pending_tool_calls == [] and st.effect_ledger[0].status == "committed"
+    assert st.effect_ledger[0].target == "prod"  # kept from the started record
+    assert st.last_transition is not None and st.last_transition.action == "deploy"
+
+
+# --- decide: revisions, control events, idempotency, terminal ---------------------------
+
+
+def test_one_revision_per_accepted_patch(run: Run) -> None:
+    before = run.revision
+    d = run.ok(fact("f1"), fact("f2"), task("t1"))
+    assert d.revision == before + 1 == run.revision
+
+
+def test_all_or_nothing(run: Run) -> None:
+    d = run.bad("task.unknown", fact("f1"), ev("TaskStarted", task_id="zz"))
+    assert d.event_index == 1
+    assert "f1" not in run.doc.items["confirmed_facts"]
+
+
+def test_revision_conflict_then_rebase_of_commuting_events(run: Run) -> None:
+    base = run.revision
+    run.ok(fact("f1"))
+    d = run.send(base, fact("f2"))
+    assert (d.outcome, d.reason, d.revision) == ("rejected", "revision_conflict", run.revision)
+    d = run.send(base, fact("f3"), ev("BudgetConsumed", tokens=5), rebase=True)
+    assert d.outcome == "accepted" and d.rebased
+    d = run.send(base, task("t9"), rebase=True)  # a task does not commute
+    assert d.reason == "revision_conflict"
+    d = run.send(base, fact("f1"), rebase=True)  # commutes, but the id is taken: re-validated
+    assert (d.reason, d.rule) == ("invalid", "fact.duplicate_id")
+
+
+def test_control_events_win_and_supersede_older_patches(run: Run) -> None:
+    stale = run.revision
+    run.ok(fact("f1"))
+    d = run.send(stale, ev("GoalChanged", goal={"statement": "new goal"}))
+    assert d.outcome == "accepted"
+    control_rev = d.revision
+    d = run.send(stale, fact("f2"), rebase=True)
+    assert (d.reason, d.revision) == ("superseded", control_rev)
+    d = run.send(0, ev("RunCancelled", reason="user stopped it"))
+    assert d.outcome == "accepted" and run.doc.header.status == "cancelled"
+
+
+def test_nothing_after_terminal_status(run: Run) -> None:
+    run.ok(ev("RunCompleted", summary="done"))
+    d = run.send(None, fact("f9"))
+    assert (d.outcome, d.reason) == ("rejected", "run_terminal")
+    d = run.send(None, ev("RunCancelled", reason="late"))
+    assert d.reason == "run_terminal"
+    r2 = Run("r2")
+    r2.ok(start())
+    d = r2.send(None, ev("RunCompleted"), fact("f1"))
+    assert (d.reason, d.rule, d.event_index) == ("invalid", "run.terminal", 1)
+
+
+def test_duplicate_patch_id_gets_the_earlier_decision_once(run: Run) -> None:
+    p = patch(run.run_id, run.revision, fact("f1"), patch_id="same")
+    first = run.send_patch(p)
+    again = run.book.apply(p, 0, 999)
+    assert again.duplicate and again.decision == first and again.changes is None
+    assert run.revision == first.revision
+
+
+def test_unknown_run_and_double_start() -> None:
+    r = Run("never")
+    d = r.send(0, fact("f1"))
+    assert (d.outcome, d.reason) == ("rejected", "unknown_run")
+    assert r.book.docs.get("never") is None
+    r.ok(start())
+    d = r.send(None, start())
+    assert (d.reason, d.rule) == ("invalid", "run.already_started")

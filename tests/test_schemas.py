@@ -1,0 +1,152 @@
+"""The contract: models, the Avro codec and its evolution, state migrations."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from helpers import patch
+
+from schemas import codec
+from schemas.errors import ContractError, DecodeError, MigrationRequired, UnknownEventType
+from schemas.events import EVENT_TYPE_NAMES
+from schemas.migrations import load_state
+from schemas.patch import parse_draft
+from schemas.state import CURRENT_SCHEMA_VERSION
+
+CLIENT_EXAMPLE = """{"expected_revision": 18,
+ "events": [
+   {"type": "FactConfirmed", "fact": {"id": "fact_13", "statement": "...", "evidence": "artifact://test-output/48"}},
+   {"type": "TaskCompleted", "task_id": "task_3", "evidence": "artifact://test-output/48"}]}"""
+
+
+def test_client_example_patch_is_accepted_verbatim() -> None:
+    draft = parse_draft(json.loads(CLIENT_EXAMPLE))
+    assert draft.expected_revision == 18
+    assert [e.type for e in draft.events] == ["FactConfirmed", "TaskCompleted"]
+    assert draft.events[0].fact.observed_at is None  # the patch time stands in later
+
+
+def test_unknown_field_is_an_error_naming_it() -> None:
+    data = json.loads(CLIENT_EXAMPLE)
+    data["events"][0]["fact"]["confidence"] = 0.9
+    with pytest.raises(ContractError) as e:
+        parse_draft(data, where="p.json")
+    assert "confidence" in str(e.value) and "p.json" in str(e.value)
+    assert e.value.field is not None and "confidence" in e.value.field
+
+
+def test_unknown_event_type_lists_the_catalogue() -> None:
+    with pytest.raises(UnknownEventType) as e:
+        parse_draft({"expected_revision": 0, "events": [{"type": "NoteAdded", "text": "x"}]})
+    assert e.value.got == "NoteAdded"
+    assert set(e.value.known) == set(EVENT_TYPE_NAMES)
+    assert "TaskCompleted" in str(e.value)
+
+
+def test_catalogue_has_every_event_the_issue_names() -> None:
+    required = """RunStarted GoalChanged ConstraintSet PhaseChanged FactConfirmed FactRetracted
+    HypothesisProposed HypothesisRevised HypothesisRejected QuestionOpened QuestionResolved TaskCreated
+    TaskStarted TaskBlocked TaskCompleted TaskFailed TaskCancelled ToolCallStarted ToolSucceeded ToolFailed
+    ObservationRecorded EffectRecorded WorkspaceUpdated WaitingStarted WaitingResolved BudgetSet
+    BudgetConsumed RunCompleted RunFailed RunCancelled""".split()
+    assert set(required) <= set(EVENT_TYPE_NAMES)
+
+
+def test_models_match_the_latest_published_avro_schema() -> None:
+    """Changing the models without publishing a new schema version fails here.
+    Fix: `python -m schemas.codec --publish` (never edit a published .avsc)."""
+    derived = codec.derive_patch_schema()
+    assert codec._fp(derived) == codec.current_writer().fingerprint
+
+
+def test_codec_round_trip_keeps_offsets_and_values() -> None:
+    p = patch("run_1", 18, json.loads(CLIENT_EXAMPLE)["events"][0], json.loads(CLIENT_EXAMPLE)["events"][1])
+    data = codec.encode(p)
+    assert data[:2] == b"\xc3\x01"
+    assert codec.decode(data) == p
+
+
+def test_record_from_older_writer_schema_is_resolved() -> None:
+    """A writer schema without ``rebase`` (an older contract) decodes with the default."""
+    old = copy.deepcopy(codec.derive_patch_schema())
+    old["fields"] = [f for f in old["fields"] if f["name"] != "rebase"]
+    old_writer = codec._Writer(0, __import__("fastavro").parse_schema(old), codec.register_writer_schema(old, 0))
+    p = patch("run_1", 3, {"type": "PhaseChanged", "phase": "fix"}, rebase=True)
+    datum = codec._to_avro_datum(p)
+    del datum["rebase"]
+    got = codec.decode(codec.encode_datum(datum, old_writer))
+    assert got.rebase is False and got.events == p.events and got.run_id == "run_1"
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"", "not_avro_single_object"),
+        (b'{"run_id": "x"}', "not_avro_single_object"),
+        (b"\xc3\x01" + b"\x00" * 8 + b"abc", "unknown_writer_schema"),
+    ],
+)
+def test_garbage_is_a_typed_decode_error(data: bytes, reason: str) -> None:
+    with pytest.raises(DecodeError) as e:
+        codec.decode(data)
+    assert e.value.reason == reason
+
+
+def test_truncated_record_is_corrupt() -> None:
+    data = codec.encode(patch("run_1", 0, {"type": "PhaseChanged", "phase": "x"}))
+    with pytest.raises(DecodeError) as e:
+        codec.decode(data[:-3])
+    assert e.value.reason == "corrupt_record"
+
+
+V1_DOC = {  # the client's reference document, schema v1
+    "schema_version": 1, "run_id": "run_128", "revision": 18,
+    "goal": {"statement": "修复依赖升级后的登录失败", "scope": {"include": ["src/auth", "tests/login"], "exclude": ["public_api"]},
+             "acceptance": ["test_login_refresh 通过", "公开 API 无变化"]},
+    "phase": "diagnose", "status": "running", "active_task_id": "task_3",
+    "confirmed_facts": [{"id": "fact_12", "statement": "session token 实际使用 RS256",
+                         "evidence": "artifact://test-output/47", "observed_at": "2026-08-11T16:22:10+08:00"}],
+    "hypotheses": [{"id": "hyp_4", "statement": "配置覆盖顺序在依赖升级后发生变化", "confidence": 0.66, "falsifier": "运行配置解析单测"}],
+    "open_questions": ["测试 fixture 是否仍显式固定 HS256？"],
+    "tasks": [{"id": "task_3", "title": "确认算法配置来源", "status": "running", "depends_on": []}],
+    "last_transition": {"action": "run_test", "result_ref": "artifact://test-output/47"},
+    "waiting": None, "budgets": {"tokens_remaining": 84000, "deadline": "2026-08-11T18:00:00+08:00"},
+    "workspace_ref": "workspace://ws_71@commit:3bc92e", "effect_ledger_ref": "effects://run_128@rev4",
+}  # fmt: skip
+
+
+def test_v1_document_loads_as_current() -> None:
+    raw = copy.deepcopy(V1_DOC)
+    state = load_state(raw)
+    assert raw == V1_DOC  # the input is not modified
+    assert state.schema_version == CURRENT_SCHEMA_VERSION
+    assert state.revision == 18 and state.active_task_id == "task_3"
+    assert state.open_questions[0].text == V1_DOC["open_questions"][0]
+    assert state.workspace_ref is not None
+    assert (state.workspace_ref.workspace_id, state.workspace_ref.current_commit) == ("ws_71", "3bc92e")
+    assert state.effect_ledger_ref == "effects://run_128@rev4"  # kept, not dropped
+    assert state.confirmed_facts[0].observed_at.utcoffset().total_seconds() == 8 * 3600
+
+
+def test_newer_document_is_refused_unchanged() -> None:
+    raw = {**copy.deepcopy(V1_DOC), "schema_version": CURRENT_SCHEMA_VERSION + 1}
+    before = copy.deepcopy(raw)
+    with pytest.raises(MigrationRequired) as e:
+        load_state(raw)
+    assert raw == before
+    assert "MIGRATION_REQUIRED" in str(e.value) and e.value.found_version == CURRENT_SCHEMA_VERSION + 1
+
+
+@pytest.mark.parametrize("mutate, why", [
+    (lambda d: d.__setitem__("workspace_ref", "s3://bucket/x"), "workspace_ref"),
+    (lambda d: d["confirmed_facts"][0].pop("observed_at"), "observed_at"),
+    (lambda d: d.__setitem__("notes", ["free text"]), "unknown v1 fields"),
+])  # fmt: skip
+def test_v1_document_that_cannot_migrate_safely_is_refused(mutate, why: str) -> None:  # type: ignore[no-untyped-def]
+    raw = copy.deepcopy(V1_DOC)
+    mutate(raw)
+    with pytest.raises(MigrationRequired) as e:
+        load_state(raw)
+    assert why in str(e.value)
