@@ -62,10 +62,10 @@ class RunProducer:
         self.clock = clock
         self._producer = log.producer()
 
-    def build(self, run_id: str, draft: PatchDraft | dict[str, Any], *, where: str | None = None) -> Patch:
+    def build(self, run_id: str, draft: PatchDraft | Any, *, where: str | None = None) -> Patch:
         """Complete a draft into a validated :class:`Patch` (assigns ``patch_id``, author,
         time). Raises :class:`ContractError` / :class:`UnknownEventType`."""
-        if isinstance(draft, dict):
+        if not isinstance(draft, PatchDraft):
             draft = parse_draft(draft, where=where)
         if draft.run_id is not None and draft.run_id != run_id:
             raise ContractError(f"patch names run {draft.run_id!r} but is sent for {run_id!r}", where=where, field="run_id")

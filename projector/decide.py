@@ -50,7 +50,7 @@ class Verdict:
 def _decision(patch: Patch, partition: int, offset: int, revision: int, *, reason: RejectReason | None = None,
               rule: str | None = None, message: str | None = None, event_index: int | None = None,
               rebased: bool = False) -> Decision:
-    return Decision(
+    return Decision.model_construct(
         patch_id=patch.patch_id, run_id=patch.run_id,
         outcome="rejected" if reason else "accepted", revision=revision,
         expected_revision=patch.expected_revision, reason=reason, rule=rule, message=message,
@@ -99,9 +99,9 @@ def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int) -> Ver
     ctx = Ctx(new_revision, patch.created_at, patch.patch_id, patch.author.agent_id, patch.author.agent_version)
     draft = Draft(doc, header)
     for i, event in enumerate(patch.events):
-        if i > 0 and draft.header.status in ("completed", "failed", "cancelled"):
+        if i > 0 and draft.hget("status") in ("completed", "failed", "cancelled"):
             return Verdict(_decision(patch, partition, offset, current, reason="invalid", rule="run.terminal",
-                                     message=f"event {i} ({event.type}) comes after the run became {draft.header.status}",
+                                     message=f"event {i} ({event.type}) comes after the run became {draft.hget('status')}",
                                      event_index=i))  # fmt: skip
         try:
             apply_event(draft, event, ctx)
@@ -109,13 +109,13 @@ def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int) -> Ver
             return Verdict(_decision(patch, partition, offset, current, reason="invalid", rule=v.rule,
                                      message=v.message, event_index=i))  # fmt: skip
         if i == 0 and types[0] == "RunStarted":
-            draft.header = draft.header.model_copy(update={"run_id": patch.run_id})
+            draft.hset(run_id=patch.run_id)
 
     update: dict[str, object] = {
         "revision": new_revision, "updated_at": patch.created_at, "agent_version": patch.author.agent_version,
     }  # fmt: skip
     if any(t in ev.CONTROL_EVENT_TYPES for t in types):
         update["last_control_revision"] = new_revision
-    draft.header = draft.header.model_copy(update=update)
+    draft.hset(**update)
     new_doc, changes = draft.commit()
     return Verdict(_decision(patch, partition, offset, new_revision, rebased=rebased), new_doc, changes)

@@ -1,36 +1,71 @@
 """The working form of a run: a header plus keyed collections, and a copy-on-write draft.
 
 A :class:`RunDoc` is what the projector keeps in memory per run and what the store
-persists as one header record plus one record per collection item. A :class:`Draft`
-overlays a doc for the duration of one patch: events read and write the draft, a rejected
-patch throws it away, an accepted one commits it and reports exactly the keys it touched
-(:class:`Changes`), which is what the store writes. Cost per event therefore depends on
-what the event touches, not on how large the run is.
+persists as one header record plus one record per collection item. Items load lazily:
+a doc read from the store starts with its header only and fetches an item the first time
+an event touches it, so the cost of an event depends on what it touches, never on how
+large the run is (a whole collection is read only by rare events such as a goal change,
+and by queries). Deleted items stay in memory as tombstones (``None``) so that a
+lookup can never resurrect from the store an item deleted by a batch not yet written.
+
+A :class:`Draft` overlays a doc for the duration of one patch: events read and write the
+draft, a rejected patch throws it away, an accepted one commits it and reports exactly
+the keys it touched (:class:`Changes`), which is what the store writes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from schemas.events import GoalSpec, Model
 from schemas.state import COLLECTIONS, Goal, RunHeader, RunState
 
 Key = tuple[str, str]  # (collection, item id)
 Entry = tuple[int, Model]  # (insertion sequence, item)
+#: ``load_one(kind, id)`` -> entry or None; ``load_all(kind)`` -> every stored (id, entry).
+LoadOne = Callable[[str, str], Entry | None]
+LoadAll = Callable[[str], Iterable[tuple[str, Entry]]]
 
 
 class RunDoc:
     """One run's current state in working form. Owned by a single writer."""
 
-    __slots__ = ("header", "items")
+    __slots__ = ("header", "items", "_load_one", "_load_all", "_complete")
 
-    def __init__(self, header: RunHeader, items: dict[str, dict[str, Entry]] | None = None) -> None:
+    def __init__(self, header: RunHeader, items: dict[str, dict[str, Entry | None]] | None = None,
+                 load_one: LoadOne | None = None, load_all: LoadAll | None = None) -> None:  # fmt: skip
         self.header = header
-        self.items: dict[str, dict[str, Entry]] = items if items is not None else {k: {} for k in COLLECTIONS}
+        self.items: dict[str, dict[str, Entry | None]] = items if items is not None else {k: {} for k in COLLECTIONS}
+        self._load_one = load_one
+        self._load_all = load_all
+        self._complete: set[str] = set(COLLECTIONS) if load_one is None else set()
+
+    def entry(self, kind: str, id_: str) -> Entry | None:
+        """The item's entry, loading it on first use; None if absent or deleted."""
+        bucket = self.items[kind]
+        if id_ in bucket:
+            return bucket[id_]
+        if kind in self._complete or self._load_one is None:
+            return None
+        e = self._load_one(kind, id_)
+        bucket[id_] = e  # caches absence too
+        return e
+
+    def entries(self, kind: str) -> dict[str, Entry | None]:
+        """The whole collection (loaded once, then kept); deleted items are ``None``."""
+        bucket = self.items[kind]
+        if kind not in self._complete:
+            if self._load_all is not None:
+                for id_, e in self._load_all(kind):
+                    bucket.setdefault(id_, e)  # what is in memory is newer than the store
+            self._complete.add(kind)
+        return bucket
 
     def sorted_items(self, kind: str) -> list[Model]:
-        return [item for _, item in sorted(self.items[kind].values(), key=lambda e: e[0])]
+        live = [e for e in self.entries(kind).values() if e is not None]
+        return [item for _, item in sorted(live, key=lambda e: e[0])]
 
     def to_state(self) -> RunState:
         """Assemble the public document (lists in insertion order)."""
@@ -52,7 +87,7 @@ class RunDoc:
     def from_state(cls, state: RunState) -> RunDoc:
         """The working form of an assembled state (checkpoints, migrated documents)."""
         seq = 0
-        items: dict[str, dict[str, Entry]] = {k: {} for k in COLLECTIONS}
+        items: dict[str, dict[str, Entry | None]] = {k: {} for k in COLLECTIONS}
         sources: dict[str, list[Model]] = {k: getattr(state, k) for k in COLLECTIONS if k != "constraints"}
         sources["constraints"] = list(state.goal.constraints)
         for kind in COLLECTIONS:
@@ -63,7 +98,7 @@ class RunDoc:
         header = RunHeader.model_validate(
             {**header_data, "goal": GoalSpec(statement=state.goal.statement, scope=state.goal.scope,
                                              acceptance=state.goal.acceptance), "next_seq": seq}
-        )
+        )  # fmt: skip
         return cls(header, items)
 
 
@@ -89,63 +124,103 @@ class Changes:
 
 class Draft:
     """A copy-on-write view of a run for one patch. The base doc is not touched until
-    :meth:`commit`."""
+    :meth:`commit`. Header changes accumulate (:meth:`hset`) and are applied in one copy."""
 
-    __slots__ = ("base", "header", "_puts", "_dels")
+    __slots__ = ("base", "_header", "_hset", "_puts", "_dels")
 
     def __init__(self, base: RunDoc | None, header: RunHeader | None) -> None:
         self.base = base
-        self.header: RunHeader = header  # type: ignore[assignment]  # None only until RunStarted
+        self._header = header
+        self._hset: dict[str, Any] = {}
         self._puts: dict[Key, Entry] = {}
         self._dels: set[Key] = set()
+
+    # -- header ------------------------------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        return self._header is not None
+
+    def hget(self, name: str) -> Any:
+        """A header field as the draft has it now."""
+        if name in self._hset:
+            return self._hset[name]
+        return getattr(self._header, name)
+
+    def hset(self, **changes: Any) -> None:
+        self._hset.update(changes)
+
+    @property
+    def header(self) -> RunHeader:
+        """The header with every change so far applied (one copy, only when changed)."""
+        if self._hset:
+            assert self._header is not None
+            self._header = self._header.model_copy(update=self._hset)
+            self._hset = {}
+        assert self._header is not None
+        return self._header
+
+    @header.setter
+    def header(self, value: RunHeader) -> None:
+        self._header = value
+        self._hset = {}
+
+    # -- items -------------------------------------------------------------------------------
+
+    def _base_entry(self, kind: str, id_: str) -> Entry | None:
+        return None if self.base is None else self.base.entry(kind, id_)
 
     def get(self, kind: str, id_: str) -> Model | None:
         k = (kind, id_)
         if k in self._puts:
             return self._puts[k][1]
-        if k in self._dels or self.base is None:
+        if k in self._dels:
             return None
-        e = self.base.items[kind].get(id_)
+        e = self._base_entry(kind, id_)
         return None if e is None else e[1]
 
     def put(self, kind: str, id_: str, item: Model) -> None:
         k = (kind, id_)
         if k in self._puts:
             seq = self._puts[k][0]
-        elif k not in self._dels and self.base is not None and id_ in self.base.items[kind]:
-            seq = self.base.items[kind][id_][0]
         else:
-            seq = self.header.next_seq
-            self.header = self.header.model_copy(update={"next_seq": seq + 1})
+            e = None if k in self._dels else self._base_entry(kind, id_)
+            if e is not None:
+                seq = e[0]
+            else:
+                seq = self.hget("next_seq")
+                self.hset(next_seq=seq + 1)
         self._dels.discard(k)
         self._puts[k] = (seq, item)
 
     def delete(self, kind: str, id_: str) -> None:
         k = (kind, id_)
         self._puts.pop(k, None)
-        if self.base is not None and id_ in self.base.items[kind]:
+        if self._base_entry(kind, id_) is not None:
             self._dels.add(k)
 
     def values(self, kind: str) -> Iterator[Model]:
         """Current items of a collection in insertion order (reads the whole collection:
         for rare events only, such as a goal change)."""
-        entries: dict[str, Entry] = {}
+        entries: dict[str, Entry | None] = {}
         if self.base is not None:
-            entries.update(self.base.items[kind])
+            entries.update(self.base.entries(kind))
         for (k, id_), e in self._puts.items():
             if k == kind:
                 entries[id_] = e
         for k, id_ in self._dels:
             if k == kind:
                 entries.pop(id_, None)
-        return (item for _, item in sorted(entries.values(), key=lambda e: e[0]))
+        live = [e for e in entries.values() if e is not None]
+        return (item for _, item in sorted(live, key=lambda e: e[0]))
 
     def commit(self) -> tuple[RunDoc, Changes]:
         """Apply the draft to its base (or a new doc) and return it with the changes."""
-        doc = self.base if self.base is not None else RunDoc(self.header)
-        doc.header = self.header
+        header = self.header
+        doc = self.base if self.base is not None else RunDoc(header)
+        doc.header = header
         for kind, id_ in self._dels:
-            doc.items[kind].pop(id_, None)
+            doc.items[kind][id_] = None  # tombstone: see the module docstring
         for (kind, id_), e in self._puts.items():
             doc.items[kind][id_] = e
-        return doc, Changes(self.header, self._puts, self._dels)
+        return doc, Changes(header, self._puts, self._dels)

@@ -75,7 +75,7 @@ def apply_event(draft: Draft, event: ev.Model, ctx: Ctx) -> None:
 
 
 def _set(draft: Draft, **changes: Any) -> None:
-    draft.header = draft.header.model_copy(update=changes)
+    draft.hset(**changes)
 
 
 def _require(cond: bool, rule: str, message: str) -> None:
@@ -93,7 +93,7 @@ def _reference(value: str | None, rule: str, what: str) -> None:
 
 @reducer(ev.RunStarted)
 def _run_started(d: Draft, e: ev.RunStarted, ctx: Ctx) -> None:
-    _require(d.header is None, "run.already_started", "the run was already started")
+    _require(not d.started, "run.already_started", "the run was already started")
     _require(bool(e.goal.statement.strip()), "goal.statement_required", "a goal needs a statement")
     d.header = RunHeader(
         run_id="",  # set by decide, which knows the run id
@@ -271,7 +271,7 @@ def _move(d: Draft, t: Task, to: str, ctx: Ctx, **update: Any) -> None:
     d.put("tasks", t.id, t.model_copy(update={"status": to, "updated_at_revision": ctx.revision, **update}))
     if to == "running":
         _set(d, active_task_id=t.id)
-    elif d.header.active_task_id == t.id:
+    elif d.hget("active_task_id") == t.id:
         _set(d, active_task_id=None)
 
 
@@ -413,15 +413,16 @@ def _workspace_updated(d: Draft, e: ev.WorkspaceUpdated, ctx: Ctx) -> None:
 
 @reducer(ev.WaitingStarted)
 def _waiting_started(d: Draft, e: ev.WaitingStarted, ctx: Ctx) -> None:
-    _require(d.header.waiting is None, "waiting.already_waiting",
-             f"the run already waits for {d.header.waiting.wait_id if d.header.waiting else ''!r}")  # fmt: skip
+    current = d.hget("waiting")
+    _require(current is None, "waiting.already_waiting",
+             f"the run already waits for {current.wait_id if current else ''!r}")  # fmt: skip
     _set(d, status="waiting",
          waiting=Waiting(**e.waiting.model_dump(), since=ctx.at, since_revision=ctx.revision))  # fmt: skip
 
 
 @reducer(ev.WaitingResolved)
 def _waiting_resolved(d: Draft, e: ev.WaitingResolved, ctx: Ctx) -> None:
-    w = d.header.waiting
+    w = d.hget("waiting")
     _require(w is not None and w.wait_id == e.wait_id, "waiting.unknown",
              f"the run does not wait for {e.wait_id!r}")  # fmt: skip
     _set(d, status="running", waiting=None)
@@ -431,7 +432,7 @@ def _waiting_resolved(d: Draft, e: ev.WaitingResolved, ctx: Ctx) -> None:
 def _budget_set(d: Draft, e: ev.BudgetSet, ctx: Ctx) -> None:
     _require(e.tokens_remaining is None or e.tokens_remaining >= 0, "budget.non_negative",
              "tokens_remaining cannot be negative")  # fmt: skip
-    b = d.header.budgets
+    b = d.hget("budgets")
     _set(d, budgets=Budgets(
         tokens_remaining=e.tokens_remaining if e.tokens_remaining is not None else b.tokens_remaining,
         tokens_used=b.tokens_used,
@@ -442,7 +443,7 @@ def _budget_set(d: Draft, e: ev.BudgetSet, ctx: Ctx) -> None:
 @reducer(ev.BudgetConsumed)
 def _budget_consumed(d: Draft, e: ev.BudgetConsumed, ctx: Ctx) -> None:
     _require(e.tokens > 0, "budget.consumed_positive", f"consumed tokens must be > 0, got {e.tokens}")
-    b = d.header.budgets
+    b = d.hget("budgets")
     # Consumption already happened: it is recorded even past the budget (remaining < 0).
     _set(d, budgets=b.model_copy(update={
         "tokens_used": b.tokens_used + e.tokens,

@@ -57,6 +57,10 @@ def _d(run: str, patch_id: str) -> bytes:
     return b"d:" + run.encode() + b"\0" + patch_id.encode()
 
 
+def _entry(kind: str, raw: bytes) -> Entry:
+    return int.from_bytes(raw[:8], "big"), COLLECTIONS[kind].model_validate_json(raw[8:])
+
+
 def _dump(model: object) -> bytes:
     return model.__pydantic_serializer__.to_json(model)  # type: ignore[attr-defined, no-any-return]
 
@@ -165,18 +169,24 @@ class ProjectionStore:
         return None if raw is None else RunHeader.model_validate_json(raw)
 
     def load_doc(self, run_id: str) -> RunDoc | None:
-        """The run's working state, or None. Reads the header and every item once."""
+        """The run's working state, or None. Reads only the header now; items are read
+        when first touched (see :mod:`projector.doc`)."""
         header = self.header(run_id)
         if header is None:
             return None
         if header.schema_version != CURRENT_SCHEMA_VERSION:
             raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.schema_version}")
-        items: dict[str, dict[str, Entry]] = {k: {} for k in COLLECTIONS}
-        for key, value in self._prefix(_i_prefix(run_id)):
-            kind, id_ = key[len(_i_prefix(run_id)):].decode().split("\0", 1)
-            seq = int.from_bytes(value[:8], "big")
-            items[kind][id_] = (seq, COLLECTIONS[kind].model_validate_json(value[8:]))
-        return RunDoc(header, items)
+
+        def load_one(kind: str, id_: str) -> Entry | None:
+            raw = self._db.get(_i(run_id, kind, id_))
+            return None if raw is None else _entry(kind, raw)
+
+        def load_all(kind: str) -> Iterator[tuple[str, Entry]]:
+            prefix = _i_prefix(run_id) + kind.encode() + b"\0"
+            for key, value in self._prefix(prefix):
+                yield key[len(prefix):].decode(), _entry(kind, value)
+
+        return RunDoc(header, load_one=load_one, load_all=load_all)
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
         off = self._db.get(_d(run_id, patch_id))

@@ -24,7 +24,7 @@ RUNS = ["r0", "r1", "r2"]
 
 def _pick(doc: RunDoc | None, kind: str, n: int, fallback: str) -> str:
     """An id of a live object of the run (as an agent would target), or ``fallback``."""
-    ids = [] if doc is None else list(doc.items[kind])
+    ids = [] if doc is None else [k for k, e in doc.entries(kind).items() if e is not None]
     return ids[n % len(ids)] if ids else fallback
 
 

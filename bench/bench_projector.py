@@ -1,0 +1,208 @@
+"""Projector throughput on a pre-filled embedded log, at two state sizes, and query latency.
+
+    python bench/bench_projector.py            # full: 1,000 runs x (20 | 500) facts, 24,000-event tail
+    python bench/bench_projector.py --quick    # small smoke run
+
+For each state size the log is pre-filled (RunStarted + N facts per run) and projected;
+then a tail of 2-event patches (FactConfirmed + BudgetConsumed) over all runs is appended
+and timed twice, side by side:
+
+- warm: the same projector process goes on (working states cached): steady state;
+- cold: a fresh projector on a copy of the store (loads each run's state once).
+
+Then ``state`` query latency (p50/p99) on a store with 10,000 runs, through the
+:class:`Projection` API (an open read-only store; the CLI adds process start-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eventlog.embedded import EmbeddedLog  # noqa: E402
+from projector.loop import Projector  # noqa: E402
+from projector.queries import Projection  # noqa: E402
+from schemas.codec import decode, encode  # noqa: E402
+from schemas.patch import Author, Patch  # noqa: E402
+
+T0 = datetime(2026, 8, 11, tzinfo=UTC)
+AUTHOR = Author(agent_id="bench", agent_version="1")
+
+
+def mk(run: str, rev: int, events: list[dict], i: int) -> Patch:
+    return Patch.model_validate({"patch_id": f"{run}-{rev}-{i}", "run_id": run, "expected_revision": rev,
+                                 "events": events, "author": AUTHOR, "created_at": T0 + timedelta(seconds=i)})  # fmt: skip
+
+
+def fact(i: int) -> dict:
+    return {"type": "FactConfirmed", "fact": {"id": f"f{i}", "statement": f"observation number {i} about the system",
+                                              "evidence": f"artifact://test-output/{i}"}}  # fmt: skip
+
+
+def fill(log: EmbeddedLog, runs: int, facts: int, per_patch: int = 50) -> dict[str, int]:
+    """RunStarted + ``facts`` facts per run. Returns each run's revision."""
+    prod = log.producer()
+    revs = {}
+    for r in range(runs):
+        run = f"run_{r:05d}"
+        prod.append_async(log.topics.events, run, encode(mk(run, 0, [{"type": "RunStarted", "goal": {"statement": "bench"}}], 0)), _ok)
+        rev = 1
+        for start in range(0, facts, per_patch):
+            evs = [fact(i) for i in range(start, min(facts, start + per_patch))]
+            prod.append_async(log.topics.events, run, encode(mk(run, rev, evs, rev)), _ok)
+            rev += 1
+        revs[run] = rev
+    prod.flush()
+    return revs
+
+
+def tail(log: EmbeddedLog, revs: dict[str, int], events: int, seed: int = 7) -> int:
+    """2-event patches spread over every run. Returns the number of events appended."""
+    rng = random.Random(seed)
+    runs = sorted(revs)
+    prod = log.producer()
+    n = 0
+    i = 0
+    while n < events:
+        run = runs[i % len(runs)] if i < len(runs) else rng.choice(runs)
+        rev = revs[run]
+        p = mk(run, rev, [fact(100_000 + i), {"type": "BudgetConsumed", "tokens": 10}], i)
+        prod.append_async(log.topics.events, run, encode(p), _ok)
+        revs[run] = rev + 1
+        n += 2
+        i += 1
+    prod.flush()
+    return n
+
+
+def _ok(where: object, err: Exception | None) -> None:
+    if err is not None:
+        raise err
+
+
+def drain(projector: Projector) -> float:
+    """Process everything up to the log end with an already-assigned projector; seconds."""
+    log = projector.log
+    t0 = time.perf_counter()
+    for p, part in projector.parts.items():
+        end = log.end_offsets(log.topics.events)[p]
+        batch = []
+        for rec in log.scan(log.topics.events, p, part.next_offset, end, batch=projector.batch_size):
+            batch.append(rec)
+            if len(batch) >= projector.batch_size:
+                projector.process(batch)
+                batch = []
+        if batch:
+            projector.process(batch)
+    return time.perf_counter() - t0
+
+
+def bench_size(root: Path, runs: int, facts: int, tail_events: int) -> tuple[float, float]:
+    log = EmbeddedLog(root / f"log-{facts}.db", partitions=4)
+    state = root / f"state-{facts}"
+    t = time.perf_counter()
+    revs = fill(log, runs, facts)
+    proj = Projector(log, str(state), batch_size=2000, publish_dead_letters=False)
+    proj.layout.ensure(log.topics.events, 4)
+    proj._on_assign([0, 1, 2, 3])
+    fill_s = drain(proj)
+    print(f"  prefill: {runs} runs x {facts} facts: appended+projected in {time.perf_counter() - t:.1f}s "
+          f"(projection {runs * facts / fill_s:,.0f} events/s)")  # fmt: skip
+    # Copy the store for the cold run before the tail is applied.
+    proj._on_revoke([0, 1, 2, 3])
+    shutil.copytree(state, root / f"cold-{facts}")
+    n = tail(log, revs, tail_events)
+    # warm: working states loaded before timing, as in a projector that has been running.
+    proj = Projector(log, str(state), batch_size=2000, publish_dead_letters=False)
+    proj._on_assign([0, 1, 2, 3])
+    for run in revs:
+        proj.parts[proj.layout.partition_of(run)].book.doc(run)
+    warm_s = drain(proj)
+    accepted = proj.stats.accepted
+    proj._on_revoke([0, 1, 2, 3])
+    cold = Projector(log, str(root / f"cold-{facts}"), batch_size=2000, publish_dead_letters=False)
+    cold._on_assign([0, 1, 2, 3])
+    cold_s = drain(cold)
+    cold._on_revoke([0, 1, 2, 3])
+    assert cold.stats.rejected == 0 and accepted > 0, "the bench workload must be all-accepted"
+    print(f"  tail: {n:,} events in {n // 2:,} patches: warm {n / warm_s:,.0f} events/s, cold {n / cold_s:,.0f} events/s")
+    log.close()
+    return n / warm_s, n / cold_s
+
+
+def bench_decode(root: Path) -> float:
+    p = mk("r", 1, [fact(1), {"type": "BudgetConsumed", "tokens": 10}], 1)
+    data = encode(p)
+    n = 20_000
+    t = time.perf_counter()
+    for _ in range(n):
+        decode(data)
+    return 2 * n / (time.perf_counter() - t)
+
+
+def bench_queries(root: Path, runs: int, samples: int) -> tuple[float, float, float, float]:
+    log = EmbeddedLog(root / "log-q.db", partitions=4)
+    fill(log, runs, 20, per_patch=10)
+    proj = Projector(log, str(root / "state-q"), batch_size=5000, publish_dead_letters=False)
+    proj.run(until_caught_up=True, poll_timeout_s=0.01)
+    rng = random.Random(1)
+    ids = [f"run_{rng.randrange(runs):05d}" for _ in range(samples)]
+    with Projection(root / "state-q") as q:
+        q.state(ids[0])  # open the stores
+        lat = []
+        for run in ids:
+            t = time.perf_counter_ns()
+            q.state(run)
+            lat.append((time.perf_counter_ns() - t) / 1e6)
+        hl = []
+        for run in ids:
+            t = time.perf_counter_ns()
+            q.header(run)
+            hl.append((time.perf_counter_ns() - t) / 1e6)
+    lat.sort()
+    hl.sort()
+    log.close()
+
+    def pct(xs: list[float], p: float) -> float:
+        return xs[min(len(xs) - 1, int(p * len(xs)))]
+
+    return statistics.median(lat), pct(lat, 0.99), statistics.median(hl), pct(hl, 0.99)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    args = ap.parse_args()
+    runs, small, large, tail_events, qruns = (1000, 20, 500, 24_000, 10_000)
+    if args.quick:
+        runs, small, large, tail_events, qruns = (100, 20, 100, 2_000, 500)
+    root = Path(tempfile.mkdtemp(prefix="runstate-bench-"))
+    try:
+        print(f"decode+validate alone: {bench_decode(root):,.0f} events/s")
+        print(f"state size ~{small} facts/run:")
+        w_small, c_small = bench_size(root, runs, small, tail_events)
+        print(f"state size ~{large} facts/run:")
+        w_large, c_large = bench_size(root, runs, large, tail_events)
+        p50, p99, h50, h99 = bench_queries(root, qruns, 2000)
+        print()
+        print(f"RESULT projector warm: {w_small:,.0f} events/s @{small} facts, {w_large:,.0f} events/s @{large} facts, "
+              f"ratio {w_large / w_small:.2f}")  # fmt: skip
+        print(f"RESULT projector cold: {c_small:,.0f} events/s @{small} facts, {c_large:,.0f} events/s @{large} facts, "
+              f"ratio {c_large / c_small:.2f}")  # fmt: skip
+        print(f"RESULT state query on {qruns:,} runs (20 facts each): p50 {p50:.3f} ms, p99 {p99:.3f} ms; "
+              f"header only p50 {h50:.3f} ms, p99 {h99:.3f} ms")  # fmt: skip
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

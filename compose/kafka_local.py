@@ -1,0 +1,222 @@
+"""A real single-node Apache Kafka broker (KRaft) without Docker, from Maven Central jars.
+
+    python compose/kafka_local.py run            # start, print the bootstrap address, stop on Ctrl-C
+    python compose/kafka_local.py start --dir D  # start in the background, write D/broker.json
+    python compose/kafka_local.py stop --dir D   # stop the broker started there (by its PID)
+
+Needs Java 17+ and Maven. The broker jars (``org.apache.kafka:kafka_2.13`` with its runtime
+dependencies and a log4j2 binding) are resolved once into ``~/.cache/runstate/kafka-<v>``
+(``RUNSTATE_KAFKA_CACHE`` overrides). Listeners are on free loopback ports chosen at
+start, so two brokers never collide. Used by the test suite's session fixture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+KAFKA_VERSION = os.environ.get("RUNSTATE_KAFKA_VERSION", "4.1.1")
+LOG4J_VERSION = "2.24.3"
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>runstate</groupId><artifactId>kafka-broker</artifactId><version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{kafka}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>{log4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
+_LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="WARN">
+  <Appenders><Console name="err" target="SYSTEM_ERR"><PatternLayout pattern="[kafka] %d %p %c: %m%n"/></Console></Appenders>
+  <Loggers><Root level="WARN"><AppenderRef ref="err"/></Root></Loggers>
+</Configuration>
+"""
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be provisioned or started; the message says what is missing."""
+
+
+def missing_tools() -> list[str]:
+    """What this machine lacks to run a broker (empty when it can)."""
+    return [t for t in ("java", "mvn") if shutil.which(t) is None]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RUNSTATE_KAFKA_CACHE", Path.home() / ".cache" / "runstate" / f"kafka-{KAFKA_VERSION}"))
+
+
+def resolve_jars() -> Path:
+    """The directory of the broker's jars, resolved from Maven Central on first use."""
+    libs = cache_dir() / "libs"
+    done = cache_dir() / ".complete"
+    if done.exists():
+        return libs
+    if missing := missing_tools():
+        raise BrokerError(f"cannot provision Kafka: {', '.join(missing)} not found on PATH (need Java 17+ and Maven)")
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "pom.xml").write_text(_POM.format(kafka=KAFKA_VERSION, log4j=LOG4J_VERSION))
+        staging = Path(tmp) / "libs"
+        cmd = ["mvn", "-B", "-q", "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
+        out = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            raise BrokerError(f"maven could not resolve kafka_2.13:{KAFKA_VERSION}: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+        if libs.exists():
+            shutil.rmtree(libs)
+        shutil.move(str(staging), libs)
+    done.write_text(KAFKA_VERSION)
+    return libs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalKafka:
+    """One KRaft broker+controller JVM in ``workdir``. ``start()`` returns the bootstrap
+    address once the broker answers; ``stop()`` ends the JVM it started (by PID)."""
+
+    def __init__(self, workdir: str | os.PathLike[str], *, heap: str = "-Xmx1g") -> None:
+        self.workdir = Path(workdir)
+        self.heap = heap
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.controller_port = 0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _java(self, libs: Path, *args: str) -> list[str]:
+        return ["java", "-Xms512m", self.heap, "-XX:+UseG1GC",
+                f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.xml'}",
+                "-cp", f"{libs}/*", *args]  # fmt: skip
+
+    def start(self, timeout_s: float = 120.0) -> str:
+        libs = resolve_jars()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        data = self.workdir / "data"
+        self.port, self.controller_port = free_port(), free_port()
+        props = self.workdir / "server.properties"
+        props.write_text("\n".join([
+            "process.roles=broker,controller", "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "controller.listener.names=CONTROLLER", "inter.broker.listener.name=PLAINTEXT",
+            f"log.dirs={data}", "num.partitions=1",
+            "offsets.topic.replication.factor=1", "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1", "group.initial.rebalance.delay.ms=0",
+            "offsets.topic.num.partitions=4", "auto.create.topics.enable=false",
+            "log.cleaner.backoff.ms=1000",
+        ]) + "\n")  # fmt: skip
+        (self.workdir / "log4j2.xml").write_text(_LOG4J2)
+        if not (data / "meta.properties").exists():
+            cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+            fmt = subprocess.run(self._java(libs, "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)),
+                                 capture_output=True, text=True, timeout=120)  # fmt: skip
+            if fmt.returncode != 0:
+                raise BrokerError(f"kafka storage format failed: {fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
+        log = open(self.workdir / "broker.log", "ab")
+        self.proc = subprocess.Popen(self._java(libs, "kafka.Kafka", str(props)), stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # fmt: skip
+        self._wait_ready(timeout_s)
+        return self.bootstrap
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BrokerError(f"the Kafka JVM exited with {self.proc.returncode}; see {self.workdir / 'broker.log'}:\n"
+                                  + (self.workdir / "broker.log").read_text(errors="replace")[-3000:])  # fmt: skip
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    pass
+                md = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=5)
+                if md.brokers:
+                    return
+            except (OSError, Exception):  # not listening yet / metadata not ready yet
+                time.sleep(0.3)
+        self.stop()
+        raise BrokerError(f"Kafka did not become ready on {self.bootstrap} within {timeout_s:.0f}s")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the JVM this object started: SIGTERM (clean shutdown), then SIGKILL."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the broker (fault tests)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self, timeout_s: float = 120.0) -> None:
+        """Stop and start again on the same ports and data (the log survives)."""
+        self.stop()
+        libs = resolve_jars()
+        log = open(self.workdir / "broker.log", "ab")
+        self.proc = subprocess.Popen(self._java(libs, "kafka.Kafka", str(self.workdir / "server.properties")),
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        self._wait_ready(timeout_s)
+
+
+def _main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["run", "start", "stop", "jars"])
+    ap.add_argument("--dir", default=".runstate/kafka", help="broker work directory")
+    args = ap.parse_args()
+    workdir = Path(args.dir)
+    if args.command == "jars":
+        print(resolve_jars())
+        return 0
+    if args.command == "stop":
+        info = json.loads((workdir / "broker.json").read_text())
+        os.kill(int(info["pid"]), signal.SIGTERM)
+        print(f"sent SIGTERM to broker pid {info['pid']}")
+        return 0
+    broker = LocalKafka(workdir)
+    bootstrap = broker.start()
+    assert broker.proc is not None
+    (workdir / "broker.json").write_text(json.dumps({"pid": broker.proc.pid, "bootstrap": bootstrap}))
+    print(f"kafka://{bootstrap}", flush=True)
+    if args.command == "start":
+        return 0
+    try:
+        broker.proc.wait()
+    except KeyboardInterrupt:
+        broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

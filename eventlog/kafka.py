@@ -1,0 +1,324 @@
+"""The Kafka backend of the log interface (confluent-kafka / librdkafka).
+
+- Producer: ``enable.idempotence=true``, ``acks=all``, ``partitioner=murmur2_random``
+  (Java's keyed default, and the embedded log's hash). Delivery errors reach the caller:
+  ``append`` raises :class:`DeliveryError`, ``append_async`` calls back with it.
+- Consumer: auto-commit off, offsets never auto-stored. On assignment the owner says where
+  each partition starts (its position lives in its RocksDB store) and the consumer seeks
+  there; ``commit`` only mirrors positions so that ``kafka-consumer-groups`` and
+  ``runstate status`` show lag.
+- Raw librdkafka settings pass through as a dict (``config``) and win over the defaults.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from eventlog.base import (
+    Appended,
+    DeliveryCallback,
+    EventLog,
+    Headers,
+    LogConsumer,
+    LogProducer,
+    OnAssign,
+    OnRevoke,
+    Record,
+    TopicNames,
+)
+from schemas.errors import DeliveryError, LogConfigError, LogError
+
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "partitioner": "murmur2_random",
+    "linger.ms": 5,
+    "compression.type": "lz4",
+    "message.timeout.ms": 120_000,
+}
+CONSUMER_DEFAULTS: dict[str, Any] = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "auto.offset.reset": "earliest",
+    "session.timeout.ms": 10_000,
+    "heartbeat.interval.ms": 1_000,
+    "max.poll.interval.ms": 300_000,
+    "fetch.wait.max.ms": 50,
+}
+
+
+def _headers(raw: Any) -> Headers:
+    return tuple((k, v if v is not None else b"") for k, v in (raw or ()))
+
+
+class KafkaLog(EventLog):
+    """The log on an Apache Kafka cluster at ``bootstrap`` (``HOST:PORT[,HOST:PORT]``)."""
+
+    def __init__(self, bootstrap: str, topics: TopicNames | None = None, config: dict[str, Any] | None = None) -> None:
+        if not bootstrap:
+            raise LogConfigError("kafka:// URL needs HOST:PORT")
+        self.bootstrap = bootstrap
+        self.topics = topics or TopicNames()
+        self.config = dict(config or {})
+        self._admin = AdminClient({"bootstrap.servers": bootstrap, **self._common()})
+        self._parts: dict[str, int] = {}
+        self._meta: Consumer | None = None
+
+    def _common(self) -> dict[str, Any]:
+        # Settings that apply to every client (security, timeouts) pass through.
+        return {k: v for k, v in self.config.items() if not k.startswith(("producer.", "consumer."))}
+
+    def describe(self) -> str:
+        return f"kafka://{self.bootstrap}"
+
+    # -- topics ----------------------------------------------------------------------------
+
+    def partitions(self, topic: str) -> int:
+        n = self._parts.get(topic)
+        if n is None:
+            try:
+                md = self._admin.list_topics(topic=topic, timeout=15)
+            except KafkaException as e:
+                raise LogConfigError(f"cannot reach Kafka at {self.bootstrap}: {e}") from e
+            t = md.topics.get(topic)
+            if t is None or t.error is not None or not t.partitions:
+                raise LogConfigError(
+                    f"topic {topic!r} does not exist on {self.bootstrap} (create it: runstate topics create)"
+                )
+            n = len(t.partitions)
+            self._parts[topic] = n
+        return n
+
+    def create_topics(self, partitions: int, replication: int = 1) -> list[str]:
+        if partitions < 1 or replication < 1:
+            raise LogConfigError("partitions and replication must be >= 1")
+        wanted = [
+            NewTopic(self.topics.events, partitions, replication),
+            NewTopic(self.topics.checkpoints, partitions, replication,
+                     config={"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}),
+            NewTopic(self.topics.deadletter, partitions, replication),
+        ]  # fmt: skip
+        created = []
+        for name, fut in self._admin.create_topics(wanted, request_timeout=30).items():
+            try:
+                fut.result()
+                created.append(name)
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise LogConfigError(f"cannot create topic {name!r}: {e}") from e
+        self._parts.clear()
+        deadline = time.monotonic() + 30
+        while True:  # metadata propagates asynchronously after creation
+            try:
+                self.check_topics()
+                break
+            except LogConfigError:
+                if time.monotonic() > deadline:
+                    raise
+                self._parts.clear()
+                time.sleep(0.2)
+        if self.partitions(self.topics.events) != partitions and not created:
+            raise LogConfigError(
+                f"topic {self.topics.events!r} exists with {self.partitions(self.topics.events)} partitions, not {partitions}"
+            )
+        return created
+
+    def check_topics(self) -> None:
+        ev = self.partitions(self.topics.events)
+        cp = self.partitions(self.topics.checkpoints)
+        self.partitions(self.topics.deadletter)
+        if cp != ev:
+            raise LogConfigError(
+                f"{self.topics.checkpoints!r} has {cp} partitions but {self.topics.events!r} has {ev}: they must match"
+            )
+        res = ConfigResource(ConfigResource.Type.TOPIC, self.topics.checkpoints)
+        try:
+            configs = self._admin.describe_configs([res], request_timeout=15)[res].result()
+        except KafkaException as e:
+            raise LogConfigError(f"cannot read the configuration of {self.topics.checkpoints!r}: {e}") from e
+        policy = configs["cleanup.policy"].value
+        if "compact" not in (policy or ""):
+            raise LogConfigError(f"{self.topics.checkpoints!r} must have cleanup.policy=compact, has {policy!r}")
+
+    # -- clients ---------------------------------------------------------------------------
+
+    def producer(self) -> LogProducer:
+        conf = {"bootstrap.servers": self.bootstrap, **PRODUCER_DEFAULTS, **self._common(),
+                **{k[len("producer."):]: v for k, v in self.config.items() if k.startswith("producer.")}}  # fmt: skip
+        return KafkaProducer(Producer(conf))
+
+    def _consumer_conf(self, group_id: str) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap, "group.id": group_id, **CONSUMER_DEFAULTS, **self._common(),
+                **{k[len("consumer."):]: v for k, v in self.config.items() if k.startswith("consumer.")}}  # fmt: skip
+
+    def consumer(self, group_id: str, topic: str) -> LogConsumer:
+        self.partitions(topic)
+        return KafkaConsumer(Consumer(self._consumer_conf(group_id)), topic)
+
+    def _reader(self) -> Consumer:
+        # A consumer that never subscribes (assign only): it never joins a group.
+        return Consumer(self._consumer_conf(f"runstate-reader-{uuid.uuid4().hex[:8]}"))
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        if self._meta is None:
+            self._meta = self._reader()
+        out = {}
+        for p in range(self.partitions(topic)):
+            try:
+                _, high = self._meta.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+            except KafkaException as e:
+                raise LogError(f"cannot read end offsets of {topic}[{p}]: {e}") from e
+            out[p] = int(high)
+        return out
+
+    def committed(self, group_id: str, topic: str) -> dict[int, int]:
+        c = Consumer(self._consumer_conf(group_id))
+        try:
+            tps = c.committed([TopicPartition(topic, p) for p in range(self.partitions(topic))], timeout=10)
+        finally:
+            c.close()
+        return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+
+    def scan(self, topic: str, partition: int, start: int, end: int, batch: int = 1000) -> Iterator[Record]:
+        if start >= end:
+            return
+        c = self._reader()
+        try:
+            c.assign([TopicPartition(topic, partition, start)])
+            pos = start
+            idle_deadline = time.monotonic() + 30
+            while pos < end:
+                msgs = c.consume(num_messages=min(batch, end - pos), timeout=0.5)
+                if not msgs:
+                    if time.monotonic() > idle_deadline:
+                        raise LogError(f"{topic}[{partition}] returned nothing at offset {pos} (end {end}) for 30s")
+                    continue
+                idle_deadline = time.monotonic() + 30
+                for m in msgs:
+                    if m.error() is not None:
+                        if m.error().code() == KafkaError._PARTITION_EOF:
+                            continue
+                        raise LogError(f"reading {topic}[{partition}]: {m.error()}")
+                    if m.offset() >= end:
+                        return
+                    pos = m.offset() + 1
+                    yield Record(topic, partition, m.offset(), m.key(), m.value() or b"", m.timestamp()[1], _headers(m.headers()))
+        finally:
+            c.close()
+
+    def read(self, topic: str, partition: int, offsets: Sequence[int]) -> list[Record]:
+        if not offsets:
+            return []
+        wanted = set(offsets)
+        end = min(max(offsets) + 1, self.end_offsets(topic)[partition])
+        found = {r.offset: r for r in self.scan(topic, partition, min(offsets), end) if r.offset in wanted}
+        return [found[o] for o in offsets if o in found]
+
+    def close(self) -> None:
+        if self._meta is not None:
+            self._meta.close()
+            self._meta = None
+
+
+class KafkaProducer(LogProducer):
+    def __init__(self, producer: Producer) -> None:
+        self._p = producer
+
+    def append_async(self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback, headers: Headers = ()) -> None:
+        def cb(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                on_delivery(None, DeliveryError(key, f"{err.name()}: {err.str()}"))
+            else:
+                on_delivery(Appended(msg.topic(), msg.partition(), msg.offset()), None)
+
+        while True:
+            try:
+                self._p.produce(topic, value=value, key=key.encode(), headers=list(headers) or None, on_delivery=cb)
+                break
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                self._p.poll(0.1)
+            except KafkaException as e:
+                raise DeliveryError(key, str(e)) from e
+        self._p.poll(0)
+
+    def append(self, topic: str, key: str, value: bytes, headers: Headers = ()) -> Appended:
+        result: list[Appended | Exception] = []
+        self.append_async(topic, key, value, lambda a, e: result.append(e if e is not None else a), headers)  # type: ignore[arg-type]
+        deadline = time.monotonic() + 130
+        while not result and time.monotonic() < deadline:
+            self._p.poll(0.05)
+        if not result:
+            raise DeliveryError(key, "no delivery report within 130s")
+        r = result[0]
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+    def flush(self, timeout_s: float = 30.0) -> int:
+        return int(self._p.flush(timeout_s))
+
+    def close(self) -> None:
+        left = self._p.flush(60)
+        if left:
+            raise DeliveryError("*", f"{left} records not delivered when the producer closed")
+
+
+class KafkaConsumer(LogConsumer):
+    def __init__(self, consumer: Consumer, topic: str) -> None:
+        self._c = consumer
+        self._topic = topic
+        self._owned: set[int] = set()
+
+    def subscribe(self, on_assign: OnAssign, on_revoke: OnRevoke) -> None:
+        def assigned(consumer: Consumer, tps: list[TopicPartition]) -> None:
+            starts = on_assign([tp.partition for tp in tps])
+            for tp in tps:
+                tp.offset = int(starts.get(tp.partition, 0))
+            consumer.assign(tps)
+            self._owned = {tp.partition for tp in tps}
+
+        def revoked(consumer: Consumer, tps: list[TopicPartition]) -> None:
+            on_revoke([tp.partition for tp in tps])
+            self._owned -= {tp.partition for tp in tps}
+            consumer.unassign()
+
+        self._c.subscribe([self._topic], on_assign=assigned, on_revoke=revoked, on_lost=revoked)
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Record]:
+        msgs = self._c.consume(num_messages=max_records, timeout=timeout_s)
+        out = []
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal():
+                    raise LogError(f"fatal consumer error: {err}")
+                continue  # transient (broker down, rebalance): librdkafka retries by itself
+            if m.partition() not in self._owned:
+                continue
+            out.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value() or b"", m.timestamp()[1],
+                              _headers(m.headers())))  # fmt: skip
+        return out
+
+    def assignment(self) -> list[int]:
+        return sorted(self._owned)
+
+    def commit(self, positions: dict[int, int]) -> None:
+        tps = [TopicPartition(self._topic, p, o) for p, o in positions.items() if p in self._owned]
+        if tps:
+            try:
+                self._c.commit(offsets=tps, asynchronous=True)
+            except KafkaException:
+                pass  # the mirror is for monitoring only; the next batch commits again
+
+    def close(self) -> None:
+        self._c.close()

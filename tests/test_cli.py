@@ -1,0 +1,161 @@
+"""The CLI through click's runner (same process) and as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from helpers import fact, start
+
+from eventlog.embedded import EmbeddedLog
+from runstate.cli import main
+from test_schemas import CLIENT_EXAMPLE
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+
+
+def cli(env: dict[str, str], *args: str, input: str | None = None) -> Result:
+    return CliRunner().invoke(main, list(args), env=env, input=input, catch_exceptions=False)
+
+
+def write(tmp_path: Path, name: str, body: object) -> str:
+    p = tmp_path / name
+    p.write_text(body if isinstance(body, str) else json.dumps(body))
+    return str(p)
+
+
+def ends(env: dict[str, str]) -> dict[int, int]:
+    log = EmbeddedLog(env["RUNSTATE_LOG"])
+    try:
+        return log.end_offsets(log.topics.events)
+    finally:
+        log.close()
+
+
+def test_publish_project_and_query(tmp_path: Path, env: dict[str, str]) -> None:
+    s = write(tmp_path, "start.json", {"expected_revision": 0, "events": [start("fix login")]})
+    r = cli(env, "publish", "run_128", s)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["run_id"] == "run_128"
+    for i in range(16):  # revisions 2..17
+        cli(env, "publish", "run_128", "-", input=json.dumps({"expected_revision": i + 1, "events": [fact(f"f_{i}")]}))
+    cli(env, "publish", "run_128", "-", input=json.dumps(
+        {"expected_revision": 17, "events": [{"type": "TaskCreated", "task": {"id": "task_3", "title": "x"}},
+                                              {"type": "TaskStarted", "task_id": "task_3"}]}))  # fmt: skip
+    # The client's example, verbatim, on top of revision 18 -> 19.
+    cli(env, "publish", "run_128", write(tmp_path, "client.json", CLIENT_EXAMPLE), "--agent-version", "agent-2.1")
+    r = cli(env, "project", "--until-caught-up", "--quiet")
+    assert r.exit_code == 0 and json.loads(r.output.splitlines()[-1])["accepted"] == 19
+
+    st = json.loads(cli(env, "state", "run_128", "--json").output)
+    assert st["revision"] == 19 and st["agent_version"] == "agent-2.1"
+    assert [t["status"] for t in st["tasks"]] == ["completed"]
+    assert st["confirmed_facts"][-1]["id"] == "fact_13" and st["confirmed_facts"][-1]["observed_at"]
+    assert [f["id"] for f in st["confirmed_facts"]][:3] == ["f_0", "f_1", "f_2"]  # order added
+
+    past = json.loads(cli(env, "state", "run_128", "--json", "--revision", "5").output)
+    assert past["revision"] == 5 and len(past["confirmed_facts"]) == 4
+
+    ctx = cli(env, "context", "run_128").output
+    assert "CONFIRMED FACTS" in ctx and "[fact_13]" in ctx and "artifact://test-output/48" in ctx
+    assert ctx.index("CONFIRMED FACTS") < ctx.index("PLAN / TASKS")
+
+    assert "run_128\trunning" in cli(env, "runs").output
+    assert cli(env, "runs", "--status", "completed").output == ""
+    hist = cli(env, "history", "run_128").output.splitlines()
+    assert len(hist) == 19 and "agent-2.1" in hist[-1] and "accepted" in hist[-1]
+    r = cli(env, "verify")
+    assert r.exit_code == 0 and "projection equals replay" in r.output
+
+
+def test_publish_wait_prints_the_decision(tmp_path: Path, env: dict[str, str]) -> None:
+    cli(env, "publish", "r", "-", input=json.dumps({"expected_revision": 0, "events": [start()]}))
+    stop = threading.Event()
+    from runstate.app import project
+    from runstate.settings import Settings
+
+    settings = Settings(log=env["RUNSTATE_LOG"], state_dir=env["RUNSTATE_STATE_DIR"])
+    from eventlog import open_log
+    from projector.loop import Projector
+
+    log = open_log(settings.log)
+    t = threading.Thread(target=Projector(log, settings.state_dir).run, kwargs={"stop": stop, "poll_timeout_s": 0.02})
+    t.start()
+    try:
+        r = cli(env, "publish", "r", "-", "--wait", input=json.dumps({"expected_revision": 1, "events": [fact("f1")]}))
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["outcome"] == "accepted" and json.loads(r.output)["revision"] == 2
+        r = cli(env, "publish", "r", "-", "--wait", input=json.dumps({"expected_revision": 1, "events": [fact("f2")]}))
+        assert r.exit_code == 3
+        d = json.loads(r.output)
+        assert (d["outcome"], d["reason"], d["revision"]) == ("rejected", "revision_conflict", 2)
+        r = cli(env, "publish", "nobody", "-", "--wait", input=json.dumps({"expected_revision": 0, "events": [fact("f")]}))
+        assert r.exit_code == 3 and json.loads(r.output)["reason"] == "unknown_run"
+    finally:
+        stop.set()
+        t.join()
+        log.close()
+    assert project  # the library function the CLI calls is importable for direct use
+
+
+@pytest.mark.parametrize("body, message", [
+    ("{not json", "not JSON"),
+    ('["a list"]', "must be a JSON object"),
+    ('{"events": []}', "expected_revision"),
+    ('{"expected_revision": 0, "events": [{"type": "TaskStarted"}]}', "task_id"),
+    ('{"expected_revision": 0, "events": [{"type": "NoteAdded", "text": "x"}]}', "known types: RunStarted"),
+])  # fmt: skip
+def test_bad_patch_files_exit_2_naming_file_and_field(tmp_path: Path, env: dict[str, str], body: str, message: str) -> None:
+    cli(env, "publish", "r", "-", input=json.dumps({"expected_revision": 0, "events": [start()]}))
+    before = ends(env)
+    f = write(tmp_path, "bad.json", body)
+    r = CliRunner().invoke(main, ["publish", "r", f], env=env)
+    assert r.exit_code == 2
+    assert message in r.output and "bad.json" in r.output
+    assert ends(env) == before  # nothing appended
+
+
+def test_oversized_patch_is_refused_by_the_producer(tmp_path: Path, env: dict[str, str]) -> None:
+    cli(env, "publish", "r", "-", input=json.dumps({"expected_revision": 0, "events": [start()]}))
+    before = ends(env)
+    big = {"expected_revision": 1, "events": [fact("f", statement="x" * 5000)]}
+    r = CliRunner().invoke(main, ["publish", "r", "-"], env={**env, "RUNSTATE_MAX_PATCH_BYTES": "4096"}, input=json.dumps(big))
+    assert r.exit_code == 2 and "over the limit of 4096 bytes" in r.output
+    assert ends(env) == before
+
+
+def test_missing_file_and_unknown_run_queries(tmp_path: Path, env: dict[str, str]) -> None:
+    r = CliRunner().invoke(main, ["publish", "r", str(tmp_path / "nope.json")], env=env)
+    assert r.exit_code == 2 and "nope.json" in r.output
+    cli(env, "publish", "r", "-", input=json.dumps({"expected_revision": 0, "events": [start()]}))
+    cli(env, "project", "--until-caught-up", "--quiet")
+    r = CliRunner().invoke(main, ["state", "zzz"], env=env)
+    assert r.exit_code == 1 and "run 'zzz' not found" in r.output
+    r = CliRunner().invoke(main, ["state", "r", "--revision", "7"], env=env)
+    assert r.exit_code == 1 and "revisions 0..1" in r.output
+    r = CliRunner().invoke(main, ["--log", "bogus://x", "publish", "r", "-"], env=env, input="{}")
+    assert r.exit_code != 0 and "unknown log URL scheme" in r.output
+
+
+def test_real_subprocess_demo(tmp_path: Path) -> None:
+    """`runstate demo` as a user runs it: separate worker processes, the projector, contexts."""
+    out = subprocess.run([sys.executable, "-m", "runstate.cli", "demo", "--dir", str(tmp_path / "demo")],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    assert "rejected: revision_conflict" in text and "(rebased)" in text
+    assert "[fact.evidence_required]" in text and "rejected: run_terminal" in text
+    assert "constraint session_timeout = 15 min (corrects '30 min'" in text
+    assert "WAITING for approval" in text and "1 cancelled" in text
+    env = {**os.environ, "RUNSTATE_LOG": str(tmp_path / "demo/log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "demo/state")}
+    v = subprocess.run([sys.executable, "-m", "runstate.cli", "verify"], capture_output=True, text=True, env=env, timeout=120)
+    assert v.returncode == 0 and "projection equals replay" in v.stdout

@@ -1,0 +1,114 @@
+"""Fault tests with real processes: SIGKILL the projector at any moment, restart, compare."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ev, fact, patch, start, task
+
+from eventlog.embedded import EmbeddedLog
+from projector.book import RunBook
+from projector.queries import Projection
+from projector.replay import verify
+from schemas.codec import encode
+from schemas.patch import Patch
+
+pytestmark = pytest.mark.slow
+
+
+def workload(runs: int, per_run: int, rng: random.Random) -> list[Patch]:
+    """Interleaved patches for many runs: valid chains, stale and invalid patches, resends."""
+    book = RunBook()
+    out: list[Patch] = []
+    for r in range(runs):
+        out.append(patch(f"run_{r}", 0, start()))
+        book.apply(out[-1], 0, len(out))
+    for i in range(runs * per_run):
+        run = f"run_{rng.randrange(runs)}"
+        doc = book.docs[run]
+        assert doc is not None
+        rev = doc.header.revision
+        roll = rng.random()
+        if roll < 0.05 and out:
+            p = out[rng.randrange(len(out))]  # a resend: must be decided once
+        elif roll < 0.15:
+            p = patch(run, max(0, rev - 1), fact(f"s{i}"), rebase=rng.random() < 0.5)
+        elif roll < 0.2:
+            p = patch(run, rev, fact(f"x{i}", evidence=None))
+        elif roll < 0.3:
+            p = patch(run, rev, task(f"t{i}"), ev("ConstraintSet", constraint={"key": "k", "value": str(i)}))
+        else:
+            p = patch(run, rev, fact(f"f{i}"), ev("BudgetConsumed", tokens=1))
+        book.apply(p, 0, len(out))
+        out.append(p)
+    return out
+
+
+def test_sigkill_at_any_moment_then_restart_equals_full_replay(tmp_path: Path) -> None:
+    seed = int(os.environ.get("RUNSTATE_FAULT_SEED", time.time_ns() % 10_000))
+    rng = random.Random(seed)
+    log = EmbeddedLog(tmp_path / "log.db", partitions=4)
+    patches = workload(runs=20, per_run=60, rng=rng)
+    env = {**os.environ, "RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+
+    def produce() -> None:
+        prod = log.producer()
+        for i in range(0, len(patches), 40):
+            for p in patches[i : i + 40]:
+                prod.append_async(log.topics.events, p.run_id, encode(p), lambda a, e: None)
+            prod.flush()
+            time.sleep(0.08)  # keep appending while the projector is killed and restarted
+        prod.close()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    kills = 0
+    progress = []
+    cmd = [sys.executable, "-m", "runstate.cli", "project", "--batch-size", "37", "--quiet"]
+    while producer.is_alive() or kills < 4:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.4, 1.2))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert proc.returncode == -signal.SIGKILL, proc.stderr.read() if proc.stderr else ""
+        kills += 1
+        if (tmp_path / "state" / "layout.json").exists():
+            with Projection(tmp_path / "state") as proj:
+                progress.append(sum(proj.positions().values()))
+        if kills > 30:
+            break
+    producer.join()
+    print('progress between kills', progress, 'of', len(patches), 'seed', seed)
+    final = subprocess.run([*cmd, "--until-caught-up"], env=env, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr
+    # Kills must land while there was work in hand: progress grew between kills, not all at once.
+    assert len({x for x in progress if 0 < x < len(patches)}) >= 2, (progress, seed)
+
+    report = verify(log, str(tmp_path / "state"))
+    assert report.ok, (seed, report.mismatches[:3])
+    assert report.records == len(patches)
+
+    # Every distinct patch decided exactly once, with the decision a clean replay gives.
+    book = RunBook()
+    for p_ in range(4):
+        for rec in log.scan(log.topics.events, p_, 0, log.end_offsets(log.topics.events)[p_]):
+            from schemas.codec import decode
+
+            book.apply(decode(rec.value), rec.partition, rec.offset)
+    with Projection(tmp_path / "state") as proj:
+        for r in range(20):
+            hist = proj.history(f"run_{r}")
+            ids = [d.patch_id for d in hist]
+            assert len(ids) == len(set(ids)), f"a patch was decided twice (seed {seed})"
+            assert hist == sorted((d for (run, _), d in book.decided.items() if run == f"run_{r}"), key=lambda d: d.offset)
+            doc = book.docs[f"run_{r}"]
+            assert doc is not None and proj.state(f"run_{r}") == doc.to_state()
+    log.close()
