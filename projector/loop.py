@@ -30,7 +30,7 @@ from projector.book import RunBook
 from projector.layout import Layout
 from projector.store import DeadLetter, PendingBatch, ProjectionStore
 from schemas.codec import decode
-from schemas.errors import DecodeError
+from schemas.errors import DecodeError, LogError, StoreError
 
 log = logging.getLogger("runstate.projector")
 
@@ -97,10 +97,22 @@ class Projector:
         starts = {}
         for p in partitions:
             if p not in self.parts:
-                self.parts[p] = _Partition(ProjectionStore(self.layout.store_path(p)), self.cache_runs)
+                self.parts[p] = _Partition(self._open_store(p), self.cache_runs)
             starts[p] = self.parts[p].next_offset
         log.info("assigned partitions %s at %s", partitions, starts)
         return starts
+
+    def _open_store(self, partition: int, wait_s: float = 30.0) -> ProjectionStore:
+        """Open a partition's store; when another local projector is still handing it over
+        (it finishes and stores its batch before releasing), wait for its lock."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return ProjectionStore(self.layout.store_path(partition))
+            except StoreError as e:
+                if "in use" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def _on_revoke(self, partitions: list[int]) -> None:
         # Every poll batch is stored before the next poll, so nothing is in hand here.
@@ -131,9 +143,15 @@ class Projector:
                 now = time.monotonic()
                 caught_up = False
                 if not records or (self.on_progress and now - last_progress >= self.progress_every_s):
-                    lag = self.lag()
+                    try:
+                        lag: int | None = self.lag()
+                    except LogError as e:
+                        # Lag is monitoring: a broker that is restarting must not stop the
+                        # projector, which resumes consuming by itself when it is back.
+                        log.warning("cannot read the log end to compute lag: %s", e)
+                        lag = None
                     caught_up = not records and lag == 0 and bool(consumer.assignment())
-                    if self.on_progress and (now - last_progress >= self.progress_every_s or caught_up):
+                    if self.on_progress and lag is not None and (now - last_progress >= self.progress_every_s or caught_up):
                         self.on_progress(self.stats, lag)
                         last_progress = now
                 if until_caught_up and caught_up:

@@ -7,7 +7,10 @@ queries), so producers and the projector stay independent of each other.
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -25,7 +28,47 @@ from runstate.settings import Settings
 
 
 def open_settings_log(settings: Settings, *, create: bool = True) -> EventLog:
-    return open_log(settings.log, partitions=settings.partitions, create=create)
+    """The configured log. The embedded log creates its file and topics on first use;
+    Kafka topics are created explicitly (:func:`create_topics`) and checked at start-up."""
+    return open_log(settings.log, partitions=settings.partitions, create=create, topics=settings.topics(),
+                    kafka_config={k: str(v) if not isinstance(v, bool) else str(v).lower() for k, v in settings.kafka_config.items()})  # fmt: skip
+
+
+def create_topics(settings: Settings, partitions: int | None = None, replication: int | None = None) -> list[str]:
+    log = open_settings_log(settings)
+    try:
+        return log.create_topics(partitions or settings.partitions, replication or settings.replication)
+    finally:
+        log.close()
+
+
+@dataclass
+class PartitionStatus:
+    partition: int
+    end_offset: int
+    projected: int | None  # next offset in the local projection store
+    committed: int | None  # the group's mirrored position in the log
+    lag: int | None
+
+
+def status(settings: Settings) -> list[PartitionStatus]:
+    """Consumer lag per partition: log end vs the local projection and the group's mirror."""
+    log = open_settings_log(settings, create=False)
+    try:
+        log.check_topics()
+        ends = log.end_offsets(log.topics.events)
+        committed = log.committed(settings.group_id, log.topics.events)
+    finally:
+        log.close()
+    positions: dict[int, int] = {}
+    if (Path(settings.state_dir) / "layout.json").exists():
+        with Projection(settings.state_dir) as proj:
+            positions = proj.positions()
+    out = []
+    for p, end in sorted(ends.items()):
+        pos = positions.get(p, committed.get(p))
+        out.append(PartitionStatus(p, end, positions.get(p), committed.get(p), None if pos is None else end - pos))
+    return out
 
 
 def decisions_from(state_dir: str) -> Callable[[str, str], Decision | None]:
@@ -83,12 +126,21 @@ def publish(settings: Settings, run_id: str, data: Any, *, where: str, wait: boo
 
 def project(settings: Settings, *, until_caught_up: bool = False,
             on_progress: Callable[[ProjectorStats, int], None] | None = None) -> ProjectorStats:
+    """Run the projector until caught up (optional) or until SIGTERM/SIGINT, which finish
+    the batch in hand, store it and leave the consumer group before returning."""
     log = open_settings_log(settings)
+    stop = threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
         projector = Projector(log, settings.state_dir, group_id=settings.group_id, batch_size=settings.batch_size,
                               cache_runs=settings.cache_runs, on_progress=on_progress)  # fmt: skip
-        return projector.run(until_caught_up=until_caught_up)
+        return projector.run(until_caught_up=until_caught_up, stop=stop)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         log.close()
 
 

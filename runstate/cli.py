@@ -206,6 +206,56 @@ def verify(ctx: click.Context) -> None:
         ctx.exit(1)
 
 
+@main.group()
+def topics() -> None:
+    """Create or check the events, checkpoints (compacted) and dead-letter topics."""
+
+
+@topics.command("create")
+@click.option("--partitions", type=click.IntRange(1, 1024), help="partitions (the scale-out unit) [settings]")
+@click.option("--replication", type=click.IntRange(1, 16), help="replication factor [1]")
+@click.pass_context
+@handle_errors
+def topics_create(ctx: click.Context, partitions: int | None, replication: int | None) -> None:
+    """Create the topics that are missing (existing ones are checked, not changed)."""
+    created = app.create_topics(ctx.obj, partitions, replication)
+    names = ctx.obj.topics().all()
+    for name in names:
+        click.echo(f"{name}: {'created' if name in created else 'exists'}")
+
+
+@topics.command("check")
+@click.pass_context
+@handle_errors
+def topics_check(ctx: click.Context) -> None:
+    """Check that the topics exist with compatible settings (exit 1 naming what is wrong)."""
+    log = app.open_settings_log(ctx.obj, create=False)
+    try:
+        log.check_topics()
+        click.echo(f"topics ok on {log.describe()}: {log.partitions(log.topics.events)} partitions")
+    finally:
+        log.close()
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handle_errors
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Consumer lag per partition (log end vs projected position)."""
+    rows = app.status(ctx.obj)
+    if as_json:
+        click.echo(_dump([r.__dict__ for r in rows]))
+        return
+    click.echo("partition\tend\tprojected\tcommitted\tlag")
+    for r in rows:
+        dash = "-"
+        click.echo(f"{r.partition}\t{r.end_offset}\t{dash if r.projected is None else r.projected}\t"
+                   f"{dash if r.committed is None else r.committed}\t{dash if r.lag is None else r.lag}")  # fmt: skip
+    total = sum(r.lag or 0 for r in rows)
+    click.echo(f"total lag {total}")
+
+
 @main.command()
 @click.pass_context
 @handle_errors

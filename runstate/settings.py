@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from eventlog.base import TopicNames
 from producers.run_producer import DEFAULT_MAX_PATCH_BYTES
 
 
@@ -36,3 +37,12 @@ class Settings(BaseSettings):
     cache_runs: int = Field(10_000, ge=1)
     #: Consumer group of the projector.
     group_id: str = Field("runstate-projector", min_length=1)
+    #: Topic names are ``<prefix>.events``, ``<prefix>.checkpoints``, ``<prefix>.deadletter``.
+    topic_prefix: str = Field("runstate", min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
+    #: Raw librdkafka settings (JSON object in the env var); ``producer.``/``consumer.``
+    #: prefixed keys apply to one client kind only. They win over runstate's defaults.
+    kafka_config: dict[str, str | int | bool] = {}
+
+    def topics(self) -> TopicNames:
+        return TopicNames(f"{self.topic_prefix}.events", f"{self.topic_prefix}.checkpoints",
+                          f"{self.topic_prefix}.deadletter")  # fmt: skip

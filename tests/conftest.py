@@ -1,17 +1,60 @@
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compose"))
 
+from eventlog.base import TopicNames  # noqa: E402
 from eventlog.embedded import EmbeddedLog  # noqa: E402
 
 
 @pytest.fixture
-def embedded_log(tmp_path: Path) -> EmbeddedLog:
+def embedded_log(tmp_path: Path) -> Iterator[EmbeddedLog]:
     log = EmbeddedLog(tmp_path / "log.db", partitions=4)
     yield log
     log.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """A real Kafka broker for the session: ``RUNSTATE_TEST_KAFKA=host:port`` if set, else a
+    single-node KRaft broker started from Maven Central jars (compose/kafka_local.py).
+
+    Without Java/Maven the Kafka tests are skipped with what is missing, except in CI
+    (``CI=true``), where a broker that cannot start fails the run.
+    """
+    given = os.environ.get("RUNSTATE_TEST_KAFKA")
+    if given:
+        yield given
+        return
+    from kafka_local import BrokerError, LocalKafka, missing_tools
+
+    missing = missing_tools()
+    if missing:
+        msg = (f"Kafka tests need Java 17+ and Maven to start a broker ({', '.join(missing)} not on PATH), "
+               "or RUNSTATE_TEST_KAFKA=host:port of a running broker")  # fmt: skip
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    broker = LocalKafka(tempfile.mkdtemp(prefix="runstate-kafka-"))
+    try:
+        bootstrap = broker.start()
+    except BrokerError as e:
+        pytest.fail(f"the Kafka broker did not start: {e}")
+    yield bootstrap
+    broker.stop()
+
+
+@pytest.fixture
+def kafka_topics() -> TopicNames:
+    """Topic names unique to one test, so tests share the broker but not data."""
+    t = f"t{uuid.uuid4().hex[:10]}"
+    return TopicNames(events=f"{t}.events", checkpoints=f"{t}.checkpoints", deadletter=f"{t}.deadletter")

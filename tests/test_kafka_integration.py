@@ -1,0 +1,240 @@
+"""runstate on a real Kafka broker: CLI end to end, dead letters, scale-out with SIGKILL,
+broker restart under load. Real processes, no mocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from helpers import ev, fact, patch, start
+from kafka_local import LocalKafka
+
+from eventlog.base import TopicNames
+from eventlog.kafka import KafkaLog
+from producers.run_producer import Receipt, RunProducer
+from projector.book import RunBook
+from projector.queries import Projection
+from projector.replay import verify
+from runstate.cli import main
+from schemas.codec import decode, encode
+from schemas.patch import Author, Patch
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def kenv(bootstrap: str, topics: TopicNames, state: Path) -> dict[str, str]:
+    return {**os.environ, "RUNSTATE_LOG": f"kafka://{bootstrap}", "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
+            "RUNSTATE_STATE_DIR": str(state)}  # fmt: skip
+
+
+def cli(env: dict[str, str], *args: str, input: str | None = None) -> Result:
+    return CliRunner().invoke(main, list(args), env=env, input=input, catch_exceptions=False)
+
+
+def wait_drained(log: KafkaLog, state: Path, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ends = log.end_offsets(log.topics.events)
+        if (state / "layout.json").exists():
+            with Projection(state) as proj:
+                pos = proj.positions()
+            if all(pos.get(p, 0) >= e for p, e in ends.items()):
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"projection did not catch up: ends {ends}")
+
+
+def test_cli_end_to_end_on_kafka_with_dead_letters_and_lag(kafka_bootstrap: str, kafka_topics: TopicNames, tmp_path: Path) -> None:
+    env = kenv(kafka_bootstrap, kafka_topics, tmp_path / "state")
+    r = cli(env, "project", "--until-caught-up")
+    assert r.exit_code == 1 and "does not exist" in r.output and "runstate topics create" in r.output
+    r = cli(env, "topics", "create", "--partitions", "3")
+    assert r.exit_code == 0 and r.output.count("created") == 3
+    assert "exists" in cli(env, "topics", "create", "--partitions", "3").output
+    assert cli(env, "topics", "check").exit_code == 0
+
+    cli(env, "publish", "run_a", "-", input=json.dumps({"expected_revision": 0, "events": [start()]}))
+    # A garbage record straight on the events topic, between two patches of run_a.
+    from confluent_kafka import Producer
+
+    raw = Producer({"bootstrap.servers": kafka_bootstrap, "partitioner": "murmur2_random"})
+    raw.produce(kafka_topics.events, key=b"run_a", value=b"\x00garbage, not a patch")
+    raw.flush(10)
+    cli(env, "publish", "run_a", "-", input=json.dumps({"expected_revision": 1, "events": [fact("f1")]}))
+    cli(env, "publish", "run_a", "-", input=json.dumps({"expected_revision": 1, "events": [fact("f2")]}))
+    lag_before = json.loads(cli(env, "status", "--json").output)
+    assert sum(row["end_offset"] for row in lag_before) == 4
+
+    r = cli(env, "project", "--until-caught-up", "--quiet")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output.splitlines()[-1]) == {"records": 4, "accepted": 2, "rejected": 1, "duplicates": 0,
+                                                     "dead_letters": 1, "events": 2}  # fmt: skip
+    st = json.loads(cli(env, "state", "run_a", "--json").output)
+    assert st["revision"] == 2 and [f["id"] for f in st["confirmed_facts"]] == ["f1"]
+    assert json.loads(cli(env, "state", "run_a", "--json", "--revision", "1").output)["confirmed_facts"] == []
+    assert "revision_conflict" in cli(env, "history", "run_a").output
+    assert "not_avro_single_object" in cli(env, "deadletters").output
+    assert "run_a" in cli(env, "context", "run_a").output
+    assert cli(env, "runs").output.startswith("run_a\trunning")
+    v = cli(env, "verify")
+    assert v.exit_code == 0 and "projection equals replay" in v.output
+    rows = json.loads(cli(env, "status", "--json").output)
+    assert all(row["lag"] == 0 for row in rows)
+    deadline = time.monotonic() + 10  # the group's mirror is committed asynchronously
+    while any(row["committed"] != row["end_offset"] for row in rows if row["end_offset"]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        rows = json.loads(cli(env, "status", "--json").output)
+    assert all(row["committed"] == row["end_offset"] for row in rows if row["end_offset"])
+
+    log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
+    dead = [r for p in range(3) for r in log.scan(kafka_topics.deadletter, p, 0, log.end_offsets(kafka_topics.deadletter)[p])]
+    assert len(dead) == 1 and dict(dead[0].headers)["reason"] == b"not_avro_single_object"
+    assert dead[0].value == b"\x00garbage, not a patch"
+    log.close()
+
+
+def chains(runs: int, per_run: int) -> list[Patch]:
+    """Valid chains interleaved across runs, with a resend of every 10th patch."""
+    out: list[Patch] = []
+    for r in range(runs):
+        out.append(patch(f"run_{r}", 0, start()))
+    for i in range(per_run):
+        for r in range(runs):
+            out.append(patch(f"run_{r}", i + 1, fact(f"f{i}"), ev("BudgetConsumed", tokens=1)))
+            if i % 10 == 0:
+                out.append(out[-1])
+    return out
+
+
+def spawn_projector(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "runstate.cli", "-v", "project", "--batch-size", "50", "--quiet"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=open(log_path, "ab"))  # fmt: skip
+
+
+def check_decided_once(log: KafkaLog, state: Path, runs: int) -> None:
+    book = RunBook()
+    for p in range(log.partitions(log.topics.events)):
+        for rec in log.scan(log.topics.events, p, 0, log.end_offsets(log.topics.events)[p]):
+            book.apply(decode(rec.value), rec.partition, rec.offset)
+    with Projection(state) as proj:
+        for r in range(runs):
+            hist = proj.history(f"run_{r}")
+            assert len({d.patch_id for d in hist}) == len(hist), "a patch was decided twice"
+            assert hist == sorted((d for (run, _), d in book.decided.items() if run == f"run_{r}"), key=lambda d: d.offset)
+
+
+def test_two_projectors_share_partitions_and_survive_sigkill(kafka_bootstrap: str, kafka_topics: TopicNames, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    env = kenv(kafka_bootstrap, kafka_topics, state)
+    log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
+    log.create_topics(6)
+    patches = chains(runs=24, per_run=40)
+    a = spawn_projector(env, tmp_path / "a.log")
+    b = spawn_projector(env, tmp_path / "b.log")
+    sent = threading.Event()
+
+    def agents() -> None:
+        prod = log.producer()
+        for i, p in enumerate(patches):
+            prod.append_async(log.topics.events, p.run_id, encode(p), lambda w, e: None if e is None else sent.set())
+            if i % 50 == 0:
+                prod.flush()
+                time.sleep(0.1)
+        assert prod.flush(60) == 0
+        prod.close()
+
+    agent = threading.Thread(target=agents)
+    agent.start()
+    try:
+        # Both members own partitions before one dies.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if (state / "layout.json").exists():
+                with Projection(state) as proj:
+                    if len([p for p, o in proj.positions().items() if o > 0]) == 6:
+                        break
+            time.sleep(0.3)
+        else:
+            raise AssertionError("the two projectors did not both start projecting")
+        os.kill(a.pid, signal.SIGKILL)
+        a.wait()
+        agent.join()
+        assert not sent.is_set(), "an append was not acknowledged"
+        wait_drained(log, state, timeout_s=120)  # the survivor took the dead member's partitions
+        assert b.poll() is None
+    finally:
+        for p_ in (a, b):
+            if p_.poll() is None:
+                p_.send_signal(signal.SIGTERM)
+                p_.wait(30)
+    report = verify(log, str(state))
+    assert report.ok, report.mismatches[:3]
+    assert report.records == len(patches)
+    check_decided_once(log, state, 24)
+    with Projection(state) as proj:
+        assert all(proj.state(f"run_{r}").revision == 41 for r in range(24))
+    log.close()
+
+
+@pytest.fixture
+def own_broker() -> Iterator[LocalKafka]:
+    """A broker of this test's own: it is restarted under load."""
+    broker = LocalKafka(tempfile.mkdtemp(prefix="runstate-kafka-restart-"))
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+def test_broker_restart_while_producing_loses_and_duplicates_nothing(own_broker: LocalKafka, tmp_path: Path,
+                                                                     kafka_bootstrap: str) -> None:  # fmt: skip
+    topics = TopicNames()
+    log = KafkaLog(own_broker.bootstrap, topics=topics)
+    log.create_topics(3)
+    state = tmp_path / "state"
+    env = {**os.environ, "RUNSTATE_LOG": f"kafka://{own_broker.bootstrap}", "RUNSTATE_STATE_DIR": str(state)}
+    projector = spawn_projector(env, tmp_path / "p.log")
+    producer = RunProducer(log, Author(agent_id="a", agent_version="1"))
+    patches = chains(runs=10, per_run=60)
+    receipts: list[Receipt] = []
+    errors: list[Exception] = []
+    try:
+        for i, p in enumerate(patches):
+            producer.append_async(p, lambda r, e: errors.append(e) if e else receipts.append(r))  # type: ignore[arg-type]
+            if i == len(patches) // 3:
+                producer.flush(30)
+                own_broker.restart()  # in-flight and queued records must be retried, not lost or doubled
+            if i % 25 == 0:
+                time.sleep(0.02)
+        assert producer.flush(120) == 0
+        assert not errors, errors[:3]
+        wait_drained(log, state, timeout_s=120)  # the projector resumed by itself
+        assert projector.poll() is None
+    finally:
+        projector.send_signal(signal.SIGTERM)
+        projector.wait(30)
+        producer.close()
+    ends = log.end_offsets(topics.events)
+    assert sum(ends.values()) == len(patches)  # resends are separate appends; the broker added none
+    assert len(receipts) == len(patches)
+    seen: dict[str, int] = {}
+    for p in range(3):
+        for rec in log.scan(topics.events, p, 0, ends[p]):
+            pid = decode(rec.value).patch_id
+            seen[pid] = seen.get(pid, 0) + 1
+    expected: dict[str, int] = {}
+    for p in patches:
+        expected[p.patch_id] = expected.get(p.patch_id, 0) + 1
+    assert seen == expected
+    assert verify(log, str(state)).ok
+    check_decided_once(log, state, 10)
+    log.close()

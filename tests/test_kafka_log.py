@@ -1,0 +1,58 @@
+"""The log conformance suite against a real Apache Kafka broker, plus Kafka-only checks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Producer
+from conformance.log_suite import LogConformance
+
+from eventlog.base import TopicNames
+from eventlog.kafka import KafkaLog
+from eventlog.partitioner import partition_for
+from schemas.errors import LogConfigError
+
+pytestmark = pytest.mark.kafka
+
+
+class TestKafkaLog(LogConformance):
+    @pytest.fixture
+    def log(self, kafka_bootstrap: str, kafka_topics: TopicNames) -> Iterator[KafkaLog]:
+        log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
+        log.create_topics(3)
+        yield log
+        log.close()
+
+
+def test_java_default_partitioner_agrees_with_ours(kafka_bootstrap: str, kafka_topics: TopicNames) -> None:
+    """A plain librdkafka producer with Java's partitioner (murmur2_random) places keys where
+    partition_for says, for a prime partition count."""
+    log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
+    log.create_topics(7)
+    got: dict[str, int] = {}
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "partitioner": "murmur2_random"})
+    keys = [f"run_{i}" for i in range(50)] + ["", "运行-7", "a" * 300]
+    for k in keys:
+        p.produce(kafka_topics.events, key=k.encode(), value=b"x",
+                  on_delivery=lambda err, msg, k=k: got.__setitem__(k, msg.partition()))  # fmt: skip
+    p.flush(30)
+    assert got == {k: partition_for(k, 7) for k in keys}
+    log.close()
+
+
+def test_missing_and_incompatible_topics_are_clear_errors(kafka_bootstrap: str, kafka_topics: TopicNames) -> None:
+    log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
+    with pytest.raises(LogConfigError, match="does not exist.*runstate topics create"):
+        log.check_topics()
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for f in admin.create_topics([NewTopic(kafka_topics.events, 3, 1), NewTopic(kafka_topics.checkpoints, 3, 1),
+                                  NewTopic(kafka_topics.deadletter, 3, 1)]).values():  # fmt: skip
+        f.result()
+    log2 = KafkaLog(kafka_bootstrap, topics=kafka_topics)
+    with pytest.raises(LogConfigError, match="cleanup.policy=compact"):
+        log2.check_topics()
+    log.close()
+    log2.close()
