@@ -83,6 +83,15 @@ class RunDoc:
                 data[kind] = self.sorted_items(kind)
         return RunState.model_construct(**data)  # fields are already validated models
 
+    def as_changes(self) -> Changes:
+        """Everything of the run as one change set (to write a restored run)."""
+        puts: dict[Key, Entry] = {}
+        for kind in COLLECTIONS:
+            for id_, e in self.entries(kind).items():
+                if e is not None:
+                    puts[(kind, id_)] = e
+        return Changes(self.header, puts, set())
+
     @classmethod
     def from_state(cls, state: RunState) -> RunDoc:
         """The working form of an assembled state (checkpoints, migrated documents)."""

@@ -24,13 +24,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from threading import Event
+from typing import Protocol
 
 from eventlog.base import EventLog, LogConsumer, Record
 from projector.book import RunBook
+from projector.doc import RunDoc
 from projector.layout import Layout
 from projector.store import DeadLetter, PendingBatch, ProjectionStore
 from schemas.codec import decode
 from schemas.errors import DecodeError, LogError, StoreError
+from schemas.patch import Decision, Patch
 
 log = logging.getLogger("runstate.projector")
 
@@ -59,6 +62,26 @@ class _Partition:
         self.store = store
         self.book = RunBook(store.load_doc, store.decision, max_cached=cache_runs)
         self.next_offset = store.next_offset()
+        # Runs restored from checkpoints: their records up to this offset are already in
+        # the restored state and are skipped (by key, without decoding).
+        self.skip: dict[bytes, int] = {k.encode(): v for k, v in store.restored().items() if v >= self.next_offset}
+
+
+class ProjectorHooks(Protocol):
+    """Extension points used by the snapshotter (same loop, same pure core)."""
+
+    def on_assign(self, partition: int, store: ProjectionStore) -> None:
+        """A partition's store was opened."""
+
+    def on_accepted(self, partition: int, patch: Patch, decision: Decision, doc: RunDoc, batch: PendingBatch) -> None:
+        """A patch was accepted; ``doc`` is the run after it. May add to ``batch``."""
+
+    def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
+        """``batch`` is stored (called before the next poll)."""
+
+
+#: ``restore(partition, store)``: fill a partition's brand-new store from checkpoints.
+Restorer = Callable[[int, ProjectionStore], None]
 
 
 class Projector:
@@ -78,6 +101,8 @@ class Projector:
         on_progress: Callable[[ProjectorStats, int], None] | None = None,
         progress_every_s: float = 1.0,
         publish_dead_letters: bool = True,
+        hooks: ProjectorHooks | None = None,
+        restore: Restorer | None = None,
     ) -> None:
         self.log = log_
         self.layout = Layout(state_dir)
@@ -90,6 +115,8 @@ class Projector:
         self.parts: dict[int, _Partition] = {}
         self._consumer: LogConsumer | None = None
         self._dlq = log_.producer() if publish_dead_letters else None
+        self.hooks = hooks
+        self.restore = restore
 
     # -- assignment --------------------------------------------------------------------------
 
@@ -97,7 +124,14 @@ class Projector:
         starts = {}
         for p in partitions:
             if p not in self.parts:
-                self.parts[p] = _Partition(self._open_store(p), self.cache_runs)
+                fresh = not (self.layout.store_path(p) / "CURRENT").exists()
+                store = self._open_store(p)
+                if fresh and self.restore is not None:
+                    # New machine, lost disk or moved partition: checkpoints + tail, not offset 0.
+                    self.restore(p, store)
+                self.parts[p] = _Partition(store, self.cache_runs)
+                if self.hooks is not None:
+                    self.hooks.on_assign(p, store)
             starts[p] = self.parts[p].next_offset
         log.info("assigned partitions %s at %s", partitions, starts)
         return starts
@@ -183,6 +217,8 @@ class Projector:
                 batch = batches[rec.partition] = PendingBatch(next_offset=part.next_offset)
             batch.next_offset = rec.offset + 1
             self.stats.records += 1
+            if part.skip and rec.key is not None and rec.offset <= part.skip.get(rec.key, -1):
+                continue
             try:
                 patch = decode(rec.value)
                 key = rec.key.decode() if rec.key is not None else None
@@ -201,6 +237,10 @@ class Projector:
                 batch.add_changes(patch.run_id, applied.changes)
                 self.stats.accepted += 1
                 self.stats.events += len(patch.events)
+                if self.hooks is not None:
+                    doc = part.book.docs[patch.run_id]
+                    assert doc is not None
+                    self.hooks.on_accepted(rec.partition, patch, applied.decision, doc, batch)
             else:
                 self.stats.rejected += 1
         for p, batch in batches.items():
@@ -212,6 +252,10 @@ class Projector:
                 raise
             part.next_offset = batch.next_offset
             part.book.settle()
+            if part.skip and part.next_offset > max(part.skip.values()):
+                part.skip = {}
+            if self.hooks is not None:
+                self.hooks.after_write(p, batch, part.store)
             self.stats.dead_letters += len(batch.dead)
             if self._dlq is not None:
                 for dl in batch.dead:

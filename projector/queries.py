@@ -8,19 +8,15 @@ writes. Opening read-only never blocks or disturbs the projector.
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 from projector.layout import Layout
 from projector.store import DeadLetter, ProjectionStore
 from schemas.errors import RunNotFound, StoreError
 from schemas.patch import Decision
-from schemas.state import RunHeader, RunState
+from schemas.state import RunHeader, RunState, state_digest
 
-
-def state_digest(state: RunState) -> str:
-    """sha256 of the state's canonical JSON: equal states have equal digests."""
-    return hashlib.sha256(state.model_dump_json().encode()).hexdigest()
+__all__ = ["Projection", "state_digest"]
 
 
 class Projection:
@@ -83,6 +79,15 @@ class Projection:
             st = self._store(p)
             if st is not None:
                 out[p] = st.next_offset()
+        return out
+
+    def restored(self) -> dict[str, int]:
+        """Runs restored from checkpoints -> offset covered (their earlier history is absent)."""
+        out: dict[str, int] = {}
+        for p in range(self.partitions()):
+            st = self._store(p)
+            if st is not None:
+                out.update(st.restored())
         return out
 
     def dead_letters(self) -> list[DeadLetter]:

@@ -428,6 +428,11 @@ def _waiting_resolved(d: Draft, e: ev.WaitingResolved, ctx: Ctx) -> None:
     _set(d, status="running", waiting=None)
 
 
+@reducer(ev.LeaseReleased)
+def _lease_released(d: Draft, e: ev.LeaseReleased, ctx: Ctx) -> None:
+    _set(d, last_transition=Transition(action=f"lease released by {e.worker_id}", revision=ctx.revision, at=ctx.at))
+
+
 @reducer(ev.BudgetSet)
 def _budget_set(d: Draft, e: ev.BudgetSet, ctx: Ctx) -> None:
     _require(e.tokens_remaining is None or e.tokens_remaining >= 0, "budget.non_negative",

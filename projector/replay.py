@@ -14,6 +14,7 @@ from pathlib import Path
 
 from eventlog.base import EventLog
 from projector.book import RunBook
+from projector.doc import RunDoc
 from projector.loop import Projector
 from projector.queries import Projection, state_digest
 from schemas.codec import decode
@@ -30,28 +31,42 @@ def fold(patches: Iterable[tuple[Patch, int, int]]) -> RunBook:
     return book
 
 
-def state_at(log: EventLog, projection: Projection, run_id: str, revision: int) -> RunState:
+#: ``nearest(run_id, revision)`` -> a trusted state at the newest checkpoint <= revision, or None.
+NearestCheckpoint = Callable[[str, int], RunState | None]
+
+
+def state_at(log: EventLog, projection: Projection, run_id: str, revision: int,
+             nearest: NearestCheckpoint | None = None) -> RunState:  # fmt: skip
     """The run's state as it was at ``revision``, rebuilt from the log.
 
-    Only the run's accepted patches up to ``revision`` are read back (their offsets come
-    from the projection's history), then decided again by the pure core. Raises
-    :class:`RunNotFound` / :class:`RevisionNotFound`.
+    Starts from the nearest checkpoint at or below ``revision`` when ``nearest`` gives one
+    (else from nothing), reads back only the run's accepted patches after it (their
+    offsets come from the projection's history) and decides them again with the pure
+    core. Raises :class:`RunNotFound` / :class:`RevisionNotFound`.
     """
     history = projection.history(run_id)
-    accepted = [d for d in history if d.outcome == "accepted"]
-    if not accepted:
+    header = projection.header(run_id)
+    if header is None:
         raise RunNotFound(run_id)
-    current = accepted[-1].revision
+    current = header.revision
     if not 1 <= revision <= current:
         raise RevisionNotFound(run_id, revision, current)
-    wanted = [d for d in accepted if d.revision <= revision]
-    partition = wanted[0].partition
-    records = log.read(log.topics.events, partition, [d.offset for d in wanted])
-    book = fold((decode(r.value), r.partition, r.offset) for r in records)
-    doc = book.docs.get(run_id)
+    base = nearest(run_id, revision) if nearest is not None else None
+    if base is not None and base.revision == revision:
+        return base
+    after = base.revision if base is not None else 0
+    wanted = [d for d in history if d.outcome == "accepted" and after < d.revision <= revision]
+    if len(wanted) != revision - after:
+        raise RevisionNotFound(run_id, revision, current)  # history before a restore is not local
+    start = None if base is None else RunDoc.from_state(base)
+    book = RunBook(load_doc=lambda r: start if r == run_id else None)
+    if wanted:
+        records = log.read(log.topics.events, wanted[0].partition, [d.offset for d in wanted])
+        for r in records:
+            book.apply(decode(r.value), r.partition, r.offset)
+    doc = book.doc(run_id)
     if doc is None or doc.header.revision != revision:
-        got = None if doc is None else doc.header.revision
-        raise RevisionNotFound(run_id, revision, got if got is not None else current)
+        raise RevisionNotFound(run_id, revision, current)
     return doc.to_state()
 
 
@@ -121,9 +136,13 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
         replayer._on_revoke(sorted(positions))
         replay = Projection(str(scratch))
         live_digests, replay_digests = live.digests(), replay.digests()
+        restored = live.restored()
         report.runs = len(set(live_digests) | set(replay_digests))
         for run_id in sorted(set(live_digests) | set(replay_digests)):
             lh, rh = live.history(run_id), replay.history(run_id)
+            if run_id in restored:  # restored from a checkpoint: compare the history after it
+                lh = [d for d in lh if d.offset > restored[run_id]]
+                rh = [d for d in rh if d.offset > restored[run_id]]
             if live_digests.get(run_id) == replay_digests.get(run_id) and lh == rh:
                 continue
             lhead, rhead = live.header(run_id), replay.header(run_id)

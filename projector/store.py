@@ -87,6 +87,8 @@ class PendingBatch:
     deletes: set[bytes] = field(default_factory=set)
     decisions: list[Decision] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
+    #: runs restored from checkpoints -> the offset their checkpoint covers
+    restored: dict[str, int] = field(default_factory=dict)
 
     def add_changes(self, run_id: str, changes: Changes) -> None:
         self.headers[run_id] = changes.header
@@ -152,6 +154,8 @@ class ProjectionStore:
             wb.put(_d(dec.run_id, dec.patch_id), dec.offset.to_bytes(8, "big"))
         for dl in batch.dead:
             wb.put(b"x:" + f"{dl.offset:016x}".encode(), orjson.dumps(dl.__dict__))
+        for run_id, covers in batch.restored.items():
+            wb.put(b"k:" + run_id.encode(), covers.to_bytes(8, "big"))
         wb.put(_NEXT, batch.next_offset.to_bytes(8, "big"))
         try:
             self._db.write(wb, self._wopts)
@@ -203,6 +207,38 @@ class ProjectionStore:
     def headers(self) -> Iterator[RunHeader]:
         for _, v in self._prefix(b"h:"):
             yield RunHeader.model_validate_json(v)
+
+    def restored(self) -> dict[str, int]:
+        """Runs restored from checkpoints -> the last offset their checkpoint covered. Their
+        decisions before that offset are not in this store (only the checkpoint's recent ones)."""
+        return {k[2:].decode(): int.from_bytes(v, "big") for k, v in self._prefix(b"k:")}
+
+    def recent_history(self, run_id: str, n: int) -> list[Decision]:
+        """The run's last ``n`` decisions in log order (reads only those)."""
+        it = self._db.iter()
+        prefix = b"l:" + run_id.encode() + b"\0"
+        it.seek_for_prev(prefix + b"\xff")
+        out = []
+        while it.valid() and len(out) < n:
+            k = it.key()
+            if not k.startswith(prefix):
+                break
+            out.append(Decision.model_validate_json(it.value()))
+            it.prev()
+        return out[::-1]
+
+    def put_raw(self, items: dict[bytes, bytes]) -> None:
+        """Write extra keys owned by an extension (the snapshotter's checkpoint history)."""
+        wb = WriteBatch(raw_mode=True)
+        for k, v in items.items():
+            wb.put(k, v)
+        self._db.write(wb, self._wopts)
+
+    def scan_raw(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return self._prefix(prefix)
+
+    def get_raw(self, key: bytes) -> bytes | None:
+        return self._db.get(key)  # type: ignore[no-any-return]
 
     def dead_letters(self) -> list[DeadLetter]:
         return [DeadLetter(**orjson.loads(v)) for _, v in self._prefix(b"x:")]

@@ -21,7 +21,13 @@ from projector.context import render_context
 from projector.loop import Projector, ProjectorStats
 from projector.queries import Projection
 from projector.replay import VerifyReport, state_at, verify
-from schemas.errors import ContractError, StoreError
+from schemas.errors import ContractError, RunNotFound, StoreError
+from snapshotter.checkpoint import Checkpoint, CheckpointInvalid, validate
+from snapshotter.checkpoint import encode as encode_checkpoint
+from snapshotter.history import CheckpointHistory
+from snapshotter.policy import CheckpointPolicy
+from snapshotter.process import Snapshotter, snapshotter_dir
+from snapshotter.recovery import restore_partition
 from schemas.patch import Author, Decision
 from schemas.state import RunState
 from runstate.settings import Settings
@@ -136,12 +142,41 @@ def project(settings: Settings, *, until_caught_up: bool = False,
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
         projector = Projector(log, settings.state_dir, group_id=settings.group_id, batch_size=settings.batch_size,
-                              cache_runs=settings.cache_runs, on_progress=on_progress)  # fmt: skip
+                              cache_runs=settings.cache_runs, on_progress=on_progress,
+                              restore=lambda p, store: restore_partition(log, p, store))  # fmt: skip
         return projector.run(until_caught_up=until_caught_up, stop=stop)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         log.close()
+
+
+def snapshot(settings: Settings, *, until_caught_up: bool = False, every: int | None = None,
+             on_progress: Callable[[ProjectorStats, int], None] | None = None) -> tuple[ProjectorStats, int]:
+    """Run the snapshotter; returns its stats and how many checkpoints it wrote."""
+    log = open_settings_log(settings)
+    try:
+        policy = CheckpointPolicy(every=every or settings.checkpoint_every, max_age=settings.checkpoint_max_age)
+        snap = Snapshotter(log, settings.state_dir, policy=policy, batch_size=settings.batch_size)
+        snap.projector.on_progress = on_progress
+        stats = snap.run(until_caught_up=until_caught_up)
+        return stats, snap.writer.written
+    finally:
+        log.close()
+
+
+def _nearest_checkpoint(settings: Settings) -> Callable[[str, int], RunState | None]:
+    def nearest(run_id: str, revision: int) -> RunState | None:
+        with CheckpointHistory(snapshotter_dir(settings.state_dir)) as hist:
+            cp = hist.nearest(run_id, revision)
+        if cp is None:
+            return None
+        try:  # trusted only after validation (digest, versions)
+            return validate(encode_checkpoint(cp)).state
+        except CheckpointInvalid:
+            return None
+
+    return nearest
 
 
 def get_state(settings: Settings, run_id: str, revision: int | None = None) -> RunState:
@@ -150,9 +185,40 @@ def get_state(settings: Settings, run_id: str, revision: int | None = None) -> R
             return proj.state(run_id)
         log = open_settings_log(settings, create=False)
         try:
-            return state_at(log, proj, run_id, revision)
+            return state_at(log, proj, run_id, revision, nearest=_nearest_checkpoint(settings))
         finally:
             log.close()
+
+
+def checkpoints(settings: Settings, run_id: str) -> list[Checkpoint]:
+    with CheckpointHistory(snapshotter_dir(settings.state_dir)) as hist:
+        return hist.of(run_id)
+
+
+@dataclass
+class ResumePlan:
+    """What to do to resume a run from its latest checkpoint."""
+
+    checkpoint: Checkpoint
+    current_revision: int | None
+    tail: list[Decision]  # accepted patches after the checkpoint, in log order
+
+
+def resume_plan(settings: Settings, run_id: str) -> ResumePlan:
+    """The latest checkpoint's verdict and the plan to resume from it. Raises
+    :class:`RunNotFound` when the run has no checkpoint."""
+    with CheckpointHistory(snapshotter_dir(settings.state_dir)) as hist:
+        cp = hist.latest(run_id)
+    if cp is None:
+        raise RunNotFound(run_id)
+    current = None
+    tail: list[Decision] = []
+    if (Path(settings.state_dir) / "layout.json").exists():
+        with Projection(settings.state_dir) as proj:
+            header = proj.header(run_id)
+            current = None if header is None else header.revision
+            tail = [d for d in proj.history(run_id) if d.outcome == "accepted" and d.revision > cp.revision]
+    return ResumePlan(cp, current, tail)
 
 
 def get_context(settings: Settings, run_id: str, now: datetime | None = None) -> str:

@@ -83,7 +83,7 @@ def publish(ctx: click.Context, run_id: str, file: str, wait: bool, timeout: flo
             agent_id: str | None, agent_version: str | None) -> None:
     """Append the patch in FILE (JSON; - for stdin) to RUN_ID."""
     settings = _settings(ctx, agent_id=agent_id, agent_version=agent_version)
-    data = app.read_patch_file(file, click.get_text_stream("stdin"))
+    data = app.read_patch_file(file, sys.stdin)
     receipt, decision = app.publish(settings, run_id, data, where="<stdin>" if file == "-" else file,
                                     wait=wait, timeout_s=timeout, rebase=rebase)  # fmt: skip
     if decision is None:
@@ -204,6 +204,70 @@ def verify(ctx: click.Context) -> None:
                + ("projection equals replay" if report.ok else f"{len(report.mismatches)} mismatches"))  # fmt: skip
     if not report.ok:
         ctx.exit(1)
+
+
+@main.command()
+@click.option("--until-caught-up", is_flag=True, help="exit when the log is drained")
+@click.option("--every", type=click.IntRange(1), help="checkpoint every K revisions per run [50]")
+@click.option("--quiet", is_flag=True, help="no progress lines")
+@click.pass_context
+@handle_errors
+def snapshot(ctx: click.Context, until_caught_up: bool, every: int | None, quiet: bool) -> None:
+    """Run the snapshotter: checkpoints every K revisions and at safe boundaries."""
+    stats, written = app.snapshot(ctx.obj, until_caught_up=until_caught_up, every=every,
+                                  on_progress=None if quiet else _progress)  # fmt: skip
+    click.echo(json.dumps({"records": stats.records, "accepted": stats.accepted, "checkpoints": written}))
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handle_errors
+def checkpoints(ctx: click.Context, run_id: str, as_json: bool) -> None:
+    """List RUN_ID's checkpoints: revision, log position, trigger, verdict."""
+    cps = app.checkpoints(ctx.obj, run_id)
+    if not cps:
+        raise click.ClickException(f"no checkpoints for run {run_id!r} (is `runstate snapshot` running?)")
+    if as_json:
+        click.echo(_dump([{k: v for k, v in cp.model_dump(mode="json").items() if k != "state"} for cp in cps]))
+        return
+    click.echo("revision\tcovers\ttriggers\tverdict")
+    for cp in cps:
+        click.echo(f"{cp.revision}\tp{cp.partition}@{cp.covers_offset}\t{','.join(cp.triggers)}\t{cp.verdict}")
+
+
+@main.command()
+@click.argument("run_id")
+@click.pass_context
+@handle_errors
+def resume(ctx: click.Context, run_id: str) -> None:
+    """Is it safe to resume RUN_ID from its latest checkpoint, and how."""
+    plan = app.resume_plan(ctx.obj, run_id)
+    cp = plan.checkpoint
+    click.echo(f"run {run_id}: latest checkpoint at revision {cp.revision} (p{cp.partition}@{cp.covers_offset}, "
+               f"triggers {', '.join(cp.triggers)}, agent {cp.agent_version})")  # fmt: skip
+    click.echo(f"verdict: {cp.verdict.upper()}")
+    click.echo(f"1. load the state at revision {cp.revision} (digest {cp.digest[:16]}…)")
+    if plan.tail:
+        click.echo(f"2. replay {len(plan.tail)} patches since (to revision {plan.tail[-1].revision}):")
+        for d in plan.tail:
+            click.echo(f"   r{d.revision} @{d.offset} {','.join(d.event_types)}")
+    else:
+        click.echo("2. no patches since: the checkpoint is the current state"
+                   + (f" (revision {plan.current_revision})" if plan.current_revision is not None else ""))  # fmt: skip
+    for e in cp.reconcile.effects:
+        click.echo(f"3. reconcile effect {e.id}: {e.kind or 'effect'} on {e.target or '?'} started, outcome unknown"
+                   + (f" (idempotency key {e.idempotency_key})" if e.idempotency_key else ""))  # fmt: skip
+    for c in cp.reconcile.tool_calls:
+        click.echo(f"3. reconcile tool call {c.call_id} ({c.tool}) in flight since r{c.started_at_revision}")
+    for o in cp.reconcile.observations:
+        click.echo(f"4. re-read {o.subject} before a risky write (seen {o.observed_state!r}"
+                   + (f" @ {o.observed_version}" if o.observed_version else "") + f" at {o.observed_at.isoformat()})")  # fmt: skip
+    if cp.workspace_ref:
+        ws = cp.workspace_ref
+        click.echo(f"5. verify workspace {ws.workspace_id}: base {ws.base_commit or '?'}, current {ws.current_commit or '?'}"
+                   + (f", uncommitted {ws.uncommitted_changes}" if ws.uncommitted_changes else ""))  # fmt: skip
 
 
 @main.group()

@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     cache_runs: int = Field(10_000, ge=1)
     #: Consumer group of the projector.
     group_id: str = Field("runstate-projector", min_length=1)
+    #: The snapshotter checkpoints each run every this many revisions (and at safe boundaries).
+    checkpoint_every: int = Field(50, ge=1, le=1_000_000)
+    #: ... and re-checkpoints a run whose newest checkpoint is this many records behind.
+    checkpoint_max_age: int = Field(100_000, ge=1)
     #: Topic names are ``<prefix>.events``, ``<prefix>.checkpoints``, ``<prefix>.deadletter``.
     topic_prefix: str = Field("runstate", min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     #: Raw librdkafka settings (JSON object in the env var); ``producer.``/``consumer.``

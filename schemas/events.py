@@ -291,6 +291,14 @@ class WaitingResolved(Model):
     resolution: str | None = None
 
 
+class LeaseReleased(Model):
+    """A worker gives up the run (end of its lease): a safe point to checkpoint."""
+
+    type: Literal["LeaseReleased"] = "LeaseReleased"
+    worker_id: Id
+    lease_id: str | None = None
+
+
 class BudgetSet(Model):
     type: Literal["BudgetSet"] = "BudgetSet"
     tokens_remaining: int | None = None
@@ -328,7 +336,7 @@ EVENT_TYPES: tuple[type[Model], ...] = (
     TaskCreated, TaskStarted, TaskBlocked, TaskCompleted, TaskFailed, TaskCancelled,
     ToolCallStarted, ToolSucceeded, ToolFailed,
     ObservationRecorded, EffectRecorded, WorkspaceUpdated,
-    WaitingStarted, WaitingResolved,
+    WaitingStarted, WaitingResolved, LeaseReleased,
     BudgetSet, BudgetConsumed,
     RunCompleted, RunFailed, RunCancelled,
 )  # fmt: skip
@@ -351,7 +359,7 @@ Event = Annotated[
         TaskCreated, TaskStarted, TaskBlocked, TaskCompleted, TaskFailed, TaskCancelled,
         ToolCallStarted, ToolSucceeded, ToolFailed,
         ObservationRecorded, EffectRecorded, WorkspaceUpdated,
-        WaitingStarted, WaitingResolved,
+        WaitingStarted, WaitingResolved, LeaseReleased,
         BudgetSet, BudgetConsumed,
         RunCompleted, RunFailed, RunCancelled,
     ],

@@ -8,8 +8,11 @@ the order in which items were added.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
+
+import orjson
 
 from pydantic import AwareDatetime
 
@@ -216,3 +219,14 @@ class RunState(Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+
+def raw_state_digest(doc: dict[str, Any]) -> str:
+    """sha256 of a state document's canonical JSON (sorted keys). Works on any schema
+    version, so a checkpoint's digest is checked before the state is migrated."""
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def state_digest(state: RunState) -> str:
+    """The digest of a Run State: equal states have equal digests."""
+    return raw_state_digest(state.model_dump(mode="json"))

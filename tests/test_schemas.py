@@ -150,3 +150,13 @@ def test_v1_document_that_cannot_migrate_safely_is_refused(mutate, why: str) -> 
     with pytest.raises(MigrationRequired) as e:
         load_state(raw)
     assert why in str(e.value)
+
+
+def test_records_written_with_published_v1_decode_under_the_current_schema() -> None:
+    """v2 added LeaseReleased to the events union; the log still holds v1 records."""
+    v1 = next(w for w in codec.published().values() if w.version == 1)
+    assert codec.current_writer().version >= 2
+    p = patch("run_1", 4, json.loads(CLIENT_EXAMPLE)["events"][0], {"type": "WaitingResolved", "wait_id": "w"})
+    data = codec.encode(p, writer=v1)
+    assert data[2:10] == v1.fingerprint
+    assert codec.decode(data) == p

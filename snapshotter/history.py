@@ -1,0 +1,67 @@
+"""The local checkpoint history (in the snapshotter's stores): list, latest, nearest <= N."""
+
+from __future__ import annotations
+
+import os
+
+from eventlog.partitioner import partition_for
+from projector.layout import Layout
+from projector.store import ProjectionStore
+from snapshotter.checkpoint import Checkpoint
+
+
+def checkpoint_key(run_id: str, revision: int) -> bytes:
+    return b"c:" + run_id.encode() + b"\0" + f"{revision:016x}".encode()
+
+
+class CheckpointHistory:
+    """Read-only view of the checkpoints the snapshotter wrote under ``<state_dir>/snapshotter``."""
+
+    def __init__(self, snapshotter_dir: str | os.PathLike[str]) -> None:
+        self.layout = Layout(snapshotter_dir)
+        self._stores: dict[int, ProjectionStore] = {}
+
+    def available(self) -> bool:
+        return self.layout.file.exists()
+
+    def _store(self, run_id: str) -> ProjectionStore | None:
+        if not self.available():
+            return None
+        p = partition_for(run_id, self.layout.read()[1])
+        if p not in self._stores:
+            path = self.layout.store_path(p)
+            if not (path / "CURRENT").exists():
+                return None
+            self._stores[p] = ProjectionStore(path, read_only=True)
+        return self._stores[p]
+
+    def of(self, run_id: str) -> list[Checkpoint]:
+        """The run's checkpoints, oldest first."""
+        st = self._store(run_id)
+        if st is None:
+            return []
+        prefix = b"c:" + run_id.encode() + b"\0"
+        return [Checkpoint.model_validate_json(v) for _, v in st.scan_raw(prefix)]
+
+    def nearest(self, run_id: str, revision: int) -> Checkpoint | None:
+        """The newest checkpoint at or below ``revision``."""
+        best = None
+        for cp in self.of(run_id):
+            if cp.revision <= revision:
+                best = cp
+        return best
+
+    def latest(self, run_id: str) -> Checkpoint | None:
+        cps = self.of(run_id)
+        return cps[-1] if cps else None
+
+    def close(self) -> None:
+        for st in self._stores.values():
+            st.close()
+        self._stores.clear()
+
+    def __enter__(self) -> CheckpointHistory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,324 @@
+"""Checkpoints: format and validation, triggers, verdict, checkpoint + tail == replay,
+recovery of a lost projection, corrupted checkpoints."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from helpers import ev, fact, patch, start, task
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_properties import build, op
+
+from eventlog.embedded import EmbeddedLog
+from projector.book import RunBook
+from projector.doc import RunDoc
+from projector.loop import Projector
+from projector.queries import Projection
+from projector.replay import state_at, verify
+from schemas.codec import encode
+from schemas.patch import Patch
+from schemas.state import state_digest
+from snapshotter.checkpoint import CheckpointInvalid, encode as encode_cp, make_checkpoint, validate, verdict_of
+from snapshotter.history import CheckpointHistory
+from snapshotter.policy import CheckpointPolicy
+from snapshotter.process import Snapshotter, snapshotter_dir
+from snapshotter.recovery import restore_partition
+
+
+def fold(patches: list[Patch], book: RunBook | None = None) -> RunBook:
+    book = book or RunBook()
+    for i, p in enumerate(patches):
+        book.apply(p, 0, i)
+    return book
+
+
+def append(log: EmbeddedLog, patches: list[Patch]) -> None:
+    prod = log.producer()
+    for p in patches:
+        prod.append_async(log.topics.events, p.run_id, encode(p), lambda a, e: None)
+    prod.close()
+
+
+# --- checkpoint + tail == full replay ---------------------------------------------------
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(op, min_size=5, max_size=80), st.data())
+def test_checkpoint_plus_tail_equals_full_replay(ops: list[Any], data: st.DataObject) -> None:
+    """Restore every run from a checkpoint at a random cut, decide the tail: same states
+    and same decisions as a full replay. A checkpoint carries each run's last
+    RECENT_DECISIONS decisions, so resends of older patches are outside its dedupe window
+    and left out of the tail (in a full replay they are no-ops)."""
+    patches = build(ops)
+    cut = data.draw(st.integers(0, len(patches)))
+    full = fold(patches)
+    head = fold(patches[:cut])
+    restored: dict[str, RunDoc] = {}
+    recent: dict[str, list[Any]] = {}
+    for run, doc in head.docs.items():
+        if doc is None:
+            continue
+        decided = sorted((d for (r, _), d in head.decided.items() if r == run), key=lambda d: d.offset)
+        cp = validate(encode_cp(make_checkpoint(doc.to_state(), partition=0, covers_offset=cut - 1,
+                                                triggers=["test"], recent=decided)))  # fmt: skip
+        restored[run] = RunDoc.from_state(cp.state)
+        recent[run] = cp.recent_decisions
+    book = RunBook(load_doc=lambda r: restored.get(r),
+                   load_decision=lambda r, p: next((d for d in recent.get(r, []) if d.patch_id == p), None))  # fmt: skip
+    window = {run: {d.patch_id for d in ds} for run, ds in recent.items()}
+    for i, p in enumerate(patches[cut:], start=cut):
+        if (p.run_id, p.patch_id) in head.decided and p.patch_id not in window.get(p.run_id, set()):
+            continue  # an old resend, outside the window (see the docstring)
+        got = book.apply(p, 0, i).decision
+        if p.run_id in restored or (p.run_id, p.patch_id) not in head.decided:
+            assert got == full.decided[(p.run_id, p.patch_id)]
+    for run, doc in full.docs.items():
+        if doc is None:
+            continue
+        mine = book.doc(run)
+        assert mine is not None
+        assert mine.to_state().model_dump_json() == doc.to_state().model_dump_json()
+
+
+# --- verdict ------------------------------------------------------------------------------
+
+
+def side_effect_ops() -> st.SearchStrategy[list[tuple[str, int]]]:
+    return st.lists(st.tuples(st.sampled_from(["start_eff", "commit_eff", "fail_eff", "call", "call_fx", "done"]),
+                              st.integers(0, 3)), max_size=25)  # fmt: skip
+
+
+@settings(max_examples=80, deadline=None)
+@given(side_effect_ops())
+def test_verdict_needs_reconciliation_exactly_when_an_effect_is_unresolved(steps: list[tuple[str, int]]) -> None:
+    """Oracle: walk the accepted events independently of the reducer."""
+    book = RunBook()
+    book.apply(patch("r", 0, start()), 0, 0)
+    effects: dict[str, str] = {}
+    calls: dict[str, bool] = {}
+    for i, (kind, n) in enumerate(steps, start=1):
+        events = {
+            "start_eff": [ev("EffectRecorded", effect={"id": f"e{n}", "status": "started"})],
+            "commit_eff": [ev("EffectRecorded", effect={"id": f"e{n}", "status": "committed"})],
+            "fail_eff": [ev("EffectRecorded", effect={"id": f"e{n}", "status": "failed"})],
+            "call": [ev("ToolCallStarted", call_id=f"c{n}", tool="read")],
+            "call_fx": [ev("ToolCallStarted", call_id=f"c{n}", tool="write", side_effect=True)],
+            "done": [ev("ToolSucceeded", call_id=f"c{n}")],
+        }[kind]
+        doc = book.docs["r"]
+        assert doc is not None
+        d = book.apply(patch("r", doc.header.revision, *events), 0, i).decision
+        if d.outcome != "accepted":
+            continue
+        e = events[0]
+        if e["type"] == "EffectRecorded":
+            effects[e["effect"]["id"]] = e["effect"]["status"]
+        elif e["type"] == "ToolCallStarted":
+            calls[e["call_id"]] = e.get("side_effect", False)
+        else:
+            calls.pop(e["call_id"], None)
+    doc = book.docs["r"]
+    assert doc is not None
+    verdict, rec = verdict_of(doc.to_state())
+    unresolved = "started" in effects.values() or any(calls.values())
+    assert verdict == ("needs_reconciliation" if unresolved else "safe")
+    assert sorted(x.id for x in rec.effects) == sorted(k for k, v in effects.items() if v == "started")
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+def a_checkpoint() -> bytes:
+    book = fold([patch("r", 0, start()), patch("r", 1, fact("f1"), ev("BudgetSet", tokens_remaining=5))])
+    doc = book.docs["r"]
+    assert doc is not None
+    return encode_cp(make_checkpoint(doc.to_state(), partition=0, covers_offset=1, triggers=["t"], recent=[]))
+
+
+@pytest.mark.parametrize("mutate, reason", [
+    (lambda d: d["state"]["confirmed_facts"][0].__setitem__("statement", "edited"), "digest does not match"),
+    (lambda d: d.__setitem__("reducer_version", 0), "reducer_version"),
+    (lambda d: d.__setitem__("format_version", 99), "format_version"),
+    (lambda d: (d["state"].__setitem__("schema_version", 99), d.__setitem__("digest", None)), "digest"),
+])  # fmt: skip
+def test_untrustworthy_checkpoints_are_rejected(mutate: Any, reason: str) -> None:
+    doc = orjson.loads(a_checkpoint())
+    mutate(doc)
+    with pytest.raises(CheckpointInvalid, match=reason):
+        validate(orjson.dumps(doc))
+    with pytest.raises(CheckpointInvalid, match="not JSON"):
+        validate(b"\x00\x01")
+
+
+def test_checkpoint_with_an_older_state_schema_is_migrated() -> None:
+    from schemas.state import raw_state_digest
+    from test_schemas import V1_DOC
+
+    doc = orjson.loads(a_checkpoint())
+    v1 = {**V1_DOC, "run_id": "r", "revision": 2}
+    doc["state"] = v1
+    doc["revision"] = 2
+    doc["digest"] = raw_state_digest(v1)
+    cp = validate(orjson.dumps(doc))
+    assert cp.state.schema_version == 2 and cp.state.open_questions[0].text == V1_DOC["open_questions"][0]
+
+
+# --- triggers ---------------------------------------------------------------------------
+
+
+def test_triggers_at_safe_boundaries() -> None:
+    policy = CheckpointPolicy(every=4)
+    history = [
+        (patch("r", 0, start()), ["run_started"]),
+        (patch("r", 1, task("t1"), task("t2"), ev("TaskStarted", task_id="t1"), ev("TaskStarted", task_id="t2")), []),
+        (patch("r", 2, ev("TaskCompleted", task_id="t1")), []),  # t2 still running
+        (patch("r", 3, ev("TaskCompleted", task_id="t2")), ["every_4", "tasks_done"]),
+        (patch("r", 4, ev("ToolCallStarted", call_id="c", tool="pay", costly=True)), ["before_side_effect"]),
+        (patch("r", 5, ev("ToolSucceeded", call_id="c"), ev("WorkspaceUpdated", workspace_ref={"workspace_id": "w"})), ["workspace"]),
+        (patch("r", 6, ev("WaitingStarted", waiting={"wait_id": "w", "kind": "user", "reason": "?"})), ["waiting"]),
+        (patch("r", 7, ev("LeaseReleased", worker_id="worker-3")), ["every_4", "lease_released"]),
+        (patch("r", 8, ev("RunCancelled", reason="stop")), ["terminal"]),
+    ]  # fmt: skip
+    book = RunBook()
+    for i, (p, want) in enumerate(history):
+        d = book.apply(p, 0, i).decision
+        assert d.outcome == "accepted", d
+        doc = book.docs["r"]
+        assert doc is not None
+        assert policy.triggers(p, d.revision, doc) == want, (i, p.events)
+
+
+# --- the snapshotter process and recovery (embedded log, real RocksDB) -------------------
+
+
+def workload(runs: int = 6, per_run: int = 30) -> list[Patch]:
+    """Chains for ``runs`` runs; run_0 has a side-effecting call in flight."""
+    out = [patch(f"run_{r}", 0, start()) for r in range(runs)]
+    for i in range(per_run):
+        for r in range(runs):
+            evs = [fact(f"f{i}")] if i % 3 else [ev("BudgetConsumed", tokens=1), ev("ObservationRecorded",
+                   observation={"subject": "file://x", "observed_state": str(i)})]  # fmt: skip
+            if i == 10 and r == 0:
+                evs = [ev("ToolCallStarted", call_id="deploy", tool="deploy", side_effect=True)]
+            out.append(patch(f"run_{r}", i + 1, *evs))
+    return out
+
+
+def test_lost_projection_recovers_from_checkpoints_plus_tail(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log.db", partitions=2)
+    patches = workload()
+    # A control patch that a checkpoint covers ("workspace" trigger); resent after the restore.
+    covered = patch("run_5", 31, ev("WorkspaceUpdated", workspace_ref={"workspace_id": "w1"}),
+                    ev("GoalChanged", goal={"statement": "narrower"}))  # fmt: skip
+    append(log, [*patches, covered])
+    state = tmp_path / "state"
+    Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
+    Snapshotter(log, str(state), policy=CheckpointPolicy(every=7)).run(until_caught_up=True, poll_timeout_s=0.01)
+    with Projection(state) as proj:
+        before = {h.run_id: state_digest(proj.state(h.run_id)) for h in proj.runs()}
+    total = sum(log.end_offsets(log.topics.events).values())
+
+    # Lose the projector's stores (keep the snapshotter's): a new machine for these partitions.
+    for p in (0, 1):
+        shutil.rmtree(state / f"p{p:03d}")
+    append(log, [covered])  # an agent's retry of a patch decided before the checkpoint
+    reports = []
+    pr = Projector(log, str(state), restore=lambda p, s: reports.append(restore_partition(log, p, s)))
+    pr.run(until_caught_up=True, poll_timeout_s=0.01)
+    assert sum(r.runs for r in reports) == 6
+    assert pr.stats.records < total / 3, "recovery must read the tail, not the whole log"
+    assert pr.stats.duplicates == 1  # the retry got its earlier decision, carried by the checkpoint
+    with Projection(state) as proj:
+        assert {h.run_id: state_digest(proj.state(h.run_id)) for h in proj.runs()} == before
+        hist = proj.history("run_5")
+        assert [d.patch_id for d in hist].count(covered.patch_id) == 1
+    assert verify(log, str(state)).ok
+
+    # More patches after the restore are applied normally and still verify.
+    append(log, [patch("run_1", 31, fact("after"))])
+    Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
+    assert verify(log, str(state)).ok
+    log.close()
+
+
+def test_corrupted_newest_checkpoint_is_skipped_for_an_older_valid_one(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append(log, workload(runs=2, per_run=20))
+    state = tmp_path / "state"
+    Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
+    Snapshotter(log, str(state), policy=CheckpointPolicy(every=5)).run(until_caught_up=True, poll_timeout_s=0.01)
+    ck = log.topics.checkpoints
+    newest = [r for r in log.scan(ck, 0, 0, log.end_offsets(ck)[0]) if r.key == b"run_0"][-1]
+    doc = orjson.loads(newest.value)
+    doc["state"]["budgets"]["tokens_used"] += 1000  # a bit flip in transit, say
+    log.producer().append(ck, "run_0", orjson.dumps(doc))
+    log.producer().append(ck, "run_1", b"garbage")  # run_1 keeps its valid ones
+    shutil.rmtree(state / "p000")
+    reports = []
+    Projector(log, str(state), restore=lambda p, s: reports.append(restore_partition(log, p, s))).run(
+        until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+    [rep] = reports
+    assert sorted(reason.split(" (")[0].split(":")[0] for _, reason in rep.rejected) == [
+        "digest does not match the state", "not JSON"]
+    assert rep.runs == 2 and rep.start_offset > 0
+    assert verify(log, str(state)).ok
+    log.close()
+
+
+def test_a_run_with_no_valid_checkpoint_forces_replay_from_zero(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append(log, workload(runs=2, per_run=6))
+    state = tmp_path / "state"
+    Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
+    log.producer().append(log.topics.checkpoints, "run_1", b"{}")  # run_1: only an invalid one
+    Snapshotter(log, str(state), policy=CheckpointPolicy(every=1000)).run(until_caught_up=True, poll_timeout_s=0.01)
+    ck = log.topics.checkpoints
+    # keep run_0's checkpoints, drop run_1's valid ones by rebuilding the topic in a new log
+    log2 = EmbeddedLog(tmp_path / "log2.db", partitions=1)
+    prod = log2.producer()
+    for r in log.scan(log.topics.events, 0, 0, 10**9):
+        prod.append(log2.topics.events, r.key.decode() if r.key else "", r.value)
+    for r in log.scan(ck, 0, 0, 10**9):
+        if r.key == b"run_0" or r.value == b"{}":
+            prod.append(ck, r.key.decode() if r.key else "", r.value)
+    shutil.rmtree(state / "p000")
+    reports = []
+    pr = Projector(log2, str(state), restore=lambda p, s: reports.append(restore_partition(log2, p, s)))
+    pr.run(until_caught_up=True, poll_timeout_s=0.01)
+    assert reports[0].start_offset == 0 and reports[0].runs == 1
+    assert verify(log2, str(state)).ok
+    log.close()
+    log2.close()
+
+
+def test_time_travel_starts_from_the_nearest_checkpoint(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    patches = workload(runs=1, per_run=25)
+    append(log, patches)
+    state = tmp_path / "state"
+    Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
+    Snapshotter(log, str(state), policy=CheckpointPolicy(every=10)).run(until_caught_up=True, poll_timeout_s=0.01)
+    with CheckpointHistory(snapshotter_dir(state)) as hist:
+        revs = [cp.revision for cp in hist.of("run_0")]
+        assert {1, 10, 20} <= set(revs)
+
+        def nearest(run: str, n: int) -> Any:
+            cp = hist.nearest(run, n)
+            return None if cp is None else validate(encode_cp(cp)).state
+
+        with Projection(state) as proj:
+            for n in (1, 9, 10, 15, 26):
+                want = None
+                for k in range(len(patches) + 1):
+                    d = fold(patches[:k]).docs.get("run_0")
+                    if d is not None and d.header.revision == n:
+                        want = d.to_state()
+                        break
+                assert want is not None
+                assert state_digest(state_at(log, proj, "run_0", n, nearest=nearest)) == state_digest(want)
+    log.close()
