@@ -85,6 +85,19 @@ def resolve_jars() -> Path:
     return libs
 
 
+def _own_session_and_die_with_parent() -> None:
+    """preexec for the JVM: its own session (a terminal's Ctrl-C goes to the owner, which
+    stops it cleanly) and SIGTERM when the owning process dies, even by SIGKILL, so a
+    broker never outlives the test run or tool that started it (Linux prctl)."""
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -139,7 +152,7 @@ class LocalKafka:
                 raise BrokerError(f"kafka storage format failed: {fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
         log = open(self.workdir / "broker.log", "ab")
         self.proc = subprocess.Popen(self._java(libs, "kafka.Kafka", str(props)), stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # fmt: skip
+                                     preexec_fn=_own_session_and_die_with_parent)  # fmt: skip
         self._wait_ready(timeout_s)
         return self.bootstrap
 
@@ -186,7 +199,7 @@ class LocalKafka:
         libs = resolve_jars()
         log = open(self.workdir / "broker.log", "ab")
         self.proc = subprocess.Popen(self._java(libs, "kafka.Kafka", str(self.workdir / "server.properties")),
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                                     stdout=log, stderr=subprocess.STDOUT, preexec_fn=_own_session_and_die_with_parent)  # fmt: skip
         self._wait_ready(timeout_s)
 
 

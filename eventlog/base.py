@@ -107,6 +107,11 @@ class LogConsumer(ABC):
         """Partitions currently owned."""
 
     @abstractmethod
+    def end_offsets(self) -> dict[int, int | None]:
+        """Log end per owned partition as this consumer last saw it: cheap (no round trip
+        to a broker), may trail the log slightly; None where not known yet."""
+
+    @abstractmethod
     def commit(self, positions: dict[int, int]) -> None:
         """Mirror the owner's positions (next offset per partition) for lag monitoring."""
 

@@ -5,6 +5,11 @@ standard library, one file. Durability comes from group commit: ``append_async``
 are written in one transaction at ``flush`` (or every ``linger_records``), like Kafka's
 ``linger.ms``; ``synchronous=FULL`` means an acknowledged append is on disk.
 
+A compacted topic (the checkpoints) is cleaned like Kafka's log cleaner: every
+``COMPACT_EVERY`` appends, records older than the newest ``COMPACTION_LAG`` offsets of a
+partition are deleted when a newer record with the same key exists. Offsets are never
+reused; readers see gaps, as on Kafka.
+
 A consumer group on the embedded log has exactly one member: ``subscribe`` takes an
 exclusive ``flock`` on ``<file>.<group>.lock`` (released by the kernel if the process dies,
 even by SIGKILL) and gets every partition. Scale-out is Kafka's job.
@@ -50,6 +55,10 @@ CREATE TABLE IF NOT EXISTS commits(
 """
 
 
+COMPACT_EVERY = 1000
+COMPACTION_LAG = 1000
+
+
 def _pack_headers(headers: Headers) -> bytes | None:
     if not headers:
         return None
@@ -88,6 +97,8 @@ class EmbeddedLog(EventLog):
             raise LogConfigError(f"embedded log {self.path} does not exist")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._parts: dict[str, int] = {}
+        self._compacted: set[str] | None = None
+        self._since_compaction = 0
         self._db = self._connect()
         if create:
             self.create_topics(partitions)
@@ -205,9 +216,32 @@ class EmbeddedLog(EventLog):
                     "UPDATE heads SET next_offset=? WHERE topic=? AND partition=?",
                     [(o, t, p) for (t, p), o in heads.items()],
                 )
+                compacted = self._compacted_topics()
+                n = sum(1 for t, *_ in items if t in compacted)
+                if n:
+                    self._since_compaction += n
+                    if self._since_compaction >= COMPACT_EVERY:
+                        self._since_compaction = 0
+                        for (t, p), end in heads.items():
+                            if t in compacted:
+                                self._compact(t, p, end)
         except sqlite3.Error as e:
             raise LogError(f"append to {self.path} failed: {e}") from e
         return out
+
+    def _compacted_topics(self) -> set[str]:
+        if self._compacted is None:
+            rows = self._db.execute("SELECT name FROM topics WHERE compacted=1").fetchall()
+            self._compacted = {r[0] for r in rows}
+        return self._compacted
+
+    def _compact(self, topic: str, partition: int, end: int) -> None:
+        """Keep the newest record per key; records within the lag window are not cleaned."""
+        self._db.execute(
+            "DELETE FROM records WHERE topic=?1 AND partition=?2 AND offset < ?3 AND offset NOT IN "
+            "(SELECT MAX(offset) FROM records WHERE topic=?1 AND partition=?2 GROUP BY key)",
+            (topic, partition, end - COMPACTION_LAG),
+        )
 
     def _commit(self, group_id: str, topic: str, positions: dict[int, int]) -> None:
         with _txn(self._db):
@@ -314,6 +348,10 @@ class EmbeddedConsumer(LogConsumer):
 
     def assignment(self) -> list[int]:
         return sorted(self._positions)
+
+    def end_offsets(self) -> dict[int, int | None]:
+        ends = self._log.end_offsets(self._topic)
+        return {p: ends.get(p) for p in self._positions}
 
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
         deadline = time.monotonic() + timeout_s

@@ -41,6 +41,8 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "linger.ms": 5,
     "compression.type": "lz4",
     "message.timeout.ms": 120_000,
+    # librdkafka leaves Nagle's algorithm on; with delayed ACKs it stalls small requests.
+    "socket.nagle.disable": True,
 }
 CONSUMER_DEFAULTS: dict[str, Any] = {
     "enable.auto.commit": False,
@@ -50,6 +52,7 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "heartbeat.interval.ms": 1_000,
     "max.poll.interval.ms": 300_000,
     "fetch.wait.max.ms": 50,
+    "socket.nagle.disable": True,
 }
 
 
@@ -293,7 +296,14 @@ class KafkaConsumer(LogConsumer):
         self._c.subscribe([self._topic], on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
-        msgs = self._c.consume(num_messages=max_records, timeout=timeout_s)
+        # Return as soon as anything is there (latency), then take what else is already
+        # fetched without waiting (throughput): consume(n, timeout) alone would wait for n.
+        msgs = self._c.consume(num_messages=max_records, timeout=0)
+        if not msgs:
+            first = self._c.poll(timeout_s)
+            if first is None:
+                return []
+            msgs = [first, *self._c.consume(num_messages=max_records - 1, timeout=0)] if max_records > 1 else [first]
         out = []
         for m in msgs:
             err = m.error()
@@ -311,6 +321,14 @@ class KafkaConsumer(LogConsumer):
 
     def assignment(self) -> list[int]:
         return sorted(self._owned)
+
+    def end_offsets(self) -> dict[int, int | None]:
+        out: dict[int, int | None] = {}
+        for p in self._owned:
+            # cached=True: the high watermark of the last fetch response, no broker request.
+            _, high = self._c.get_watermark_offsets(TopicPartition(self._topic, p), cached=True)
+            out[p] = int(high) if high >= 0 else None
+        return out
 
     def commit(self, positions: dict[int, int]) -> None:
         tps = [TopicPartition(self._topic, p, o) for p, o in positions.items() if p in self._owned]

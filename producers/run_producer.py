@@ -8,8 +8,8 @@ validation uses the same models as the projector, so a malformed patch fails her
 
 from __future__ import annotations
 
+import secrets
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -71,10 +71,10 @@ class RunProducer:
             raise ContractError(f"patch names run {draft.run_id!r} but is sent for {run_id!r}", where=where, field="run_id")
         try:
             return Patch(
-                patch_id=draft.patch_id or uuid.uuid4().hex,
+                patch_id=draft.patch_id or secrets.token_hex(16),
                 run_id=run_id,
                 expected_revision=draft.expected_revision,
-                events=draft.events,
+                events=draft.events,  # validated models: pydantic does not validate them again
                 author=draft.author or self.author,
                 created_at=draft.created_at or self.clock(),
                 rebase=draft.rebase,

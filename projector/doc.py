@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.events import GoalSpec, Model
-from schemas.state import COLLECTIONS, Goal, RunHeader, RunState
+from schemas.state import COLLECTIONS, ITEM_KEY, Goal, RunHeader, RunState
 
 Key = tuple[str, str]  # (collection, item id)
 Entry = tuple[int, Model]  # (insertion sequence, item)
@@ -113,13 +113,7 @@ class RunDoc:
 
 def item_id(kind: str, item: Model) -> str:
     """The key of an item within its collection."""
-    if kind == "constraints":
-        return item.key  # type: ignore[attr-defined, no-any-return]
-    if kind == "environment_observations":
-        return item.subject  # type: ignore[attr-defined, no-any-return]
-    if kind == "pending_tool_calls":
-        return item.call_id  # type: ignore[attr-defined, no-any-return]
-    return item.id  # type: ignore[attr-defined, no-any-return]
+    return getattr(item, ITEM_KEY.get(kind, "id"))  # type: ignore[no-any-return]
 
 
 @dataclass(slots=True)

@@ -52,9 +52,15 @@ class ProjectorStats:
     events: int = 0
     batches: int = 0
     started: float = field(default_factory=time.monotonic)
+    #: when the first batch was processed (after the group join / restore)
+    first_batch_at: float | None = None
+    last_batch_at: float | None = None
 
     def rate(self) -> float:
-        return self.events / max(1e-9, time.monotonic() - self.started)
+        """Events per second since the first batch."""
+        if self.first_batch_at is None or self.last_batch_at is None:
+            return 0.0
+        return self.events / max(1e-9, self.last_batch_at - self.first_batch_at)
 
 
 class _Partition:
@@ -100,6 +106,7 @@ class Projector:
         cache_runs: int = 10_000,
         on_progress: Callable[[ProjectorStats, int], None] | None = None,
         progress_every_s: float = 1.0,
+        lag_every_s: float = 0.2,
         publish_dead_letters: bool = True,
         hooks: ProjectorHooks | None = None,
         restore: Restorer | None = None,
@@ -111,6 +118,7 @@ class Projector:
         self.cache_runs = cache_runs
         self.on_progress = on_progress
         self.progress_every_s = progress_every_s
+        self.lag_every_s = lag_every_s
         self.stats = ProjectorStats()
         self.parts: dict[int, _Partition] = {}
         self._consumer: LogConsumer | None = None
@@ -168,6 +176,7 @@ class Projector:
         self._consumer = consumer
         consumer.subscribe(self._on_assign, self._on_revoke)
         last_progress = 0.0
+        last_lag = 0.0
         try:
             while stop is None or not stop.is_set():
                 records = consumer.poll(self.batch_size, poll_timeout_s)
@@ -175,23 +184,27 @@ class Projector:
                     self.process(records)
                     consumer.commit({p: part.next_offset for p, part in self.parts.items()})
                 now = time.monotonic()
-                caught_up = False
-                if not records or (self.on_progress and now - last_progress >= self.progress_every_s):
+                # Reading the log end costs broker round trips: at most every lag_every_s,
+                # and only when idle or when progress is due (never between busy batches).
+                want_progress = self.on_progress is not None and now - last_progress >= self.progress_every_s
+                if (not records and now - last_lag >= self.lag_every_s) or want_progress:
+                    last_lag = now
                     try:
-                        lag: int | None = self.lag()
+                        lag = self.lag()
                     except LogError as e:
                         # Lag is monitoring: a broker that is restarting must not stop the
                         # projector, which resumes consuming by itself when it is back.
                         log.warning("cannot read the log end to compute lag: %s", e)
                         lag = None
                     caught_up = not records and lag == 0 and bool(consumer.assignment())
-                    if self.on_progress and lag is not None and (now - last_progress >= self.progress_every_s or caught_up):
+                    if self.on_progress and lag is not None and (want_progress or caught_up):
                         self.on_progress(self.stats, lag)
                         last_progress = now
-                if until_caught_up and caught_up:
-                    break
+                    if until_caught_up and caught_up:
+                        break
         finally:
             consumer.close()
+            self._consumer = None
             if self._dlq is not None:
                 self._dlq.close()
             for part in self.parts.values():
@@ -199,12 +212,25 @@ class Projector:
             self.parts.clear()
         return self.stats
 
-    def lag(self) -> int:
-        ends = self.log.end_offsets(self.log.topics.events)
-        return sum(max(0, ends.get(p, 0) - part.next_offset) for p, part in self.parts.items())
+    def lag(self) -> int | None:
+        """Records behind the log end over the owned partitions (the consumer's view; None
+        while a partition's end is not known yet)."""
+        if self._consumer is None:
+            ends: dict[int, int | None] = dict(self.log.end_offsets(self.log.topics.events))
+        else:
+            ends = self._consumer.end_offsets()
+        total = 0
+        for p, part in self.parts.items():
+            end = ends.get(p)
+            if end is None:
+                return None
+            total += max(0, end - part.next_offset)
+        return total
 
     def process(self, records: list[Record]) -> None:
         """Decide and store one poll batch (see the module docstring for the order)."""
+        if self.stats.first_batch_at is None:
+            self.stats.first_batch_at = time.monotonic()
         batches: dict[int, PendingBatch] = {}
         for rec in records:
             part = self.parts.get(rec.partition)
@@ -261,6 +287,7 @@ class Projector:
                 for dl in batch.dead:
                     self._publish_dead_letter(dl, records)
         self.stats.batches += 1
+        self.stats.last_batch_at = time.monotonic()
 
     def _publish_dead_letter(self, dl: DeadLetter, records: list[Record]) -> None:
         assert self._dlq is not None

@@ -37,16 +37,22 @@ _NEXT = b"m:next_offset"
 _FORMAT = b"m:format"
 
 
-def _h(run: str) -> bytes:
+def header_key(run: str) -> bytes:
     return b"h:" + run.encode()
+
+
+_h = header_key
 
 
 def _i_prefix(run: str) -> bytes:
     return b"i:" + run.encode() + b"\0"
 
 
-def _i(run: str, kind: str, id_: str) -> bytes:
+def item_key(run: str, kind: str, id_: str) -> bytes:
     return b"i:" + run.encode() + b"\0" + kind.encode() + b"\0" + id_.encode()
+
+
+_i = item_key
 
 
 def _l(run: str, offset: int) -> bytes:
@@ -55,6 +61,11 @@ def _l(run: str, offset: int) -> bytes:
 
 def _d(run: str, patch_id: str) -> bytes:
     return b"d:" + run.encode() + b"\0" + patch_id.encode()
+
+
+def decision_puts(run: str, patch_id: str, offset: int, decision_json: bytes) -> dict[bytes, bytes]:
+    """The keys that record one decision (history + idempotency index)."""
+    return {_l(run, offset): decision_json, _d(run, patch_id): offset.to_bytes(8, "big")}
 
 
 def _entry(kind: str, raw: bytes) -> Entry:

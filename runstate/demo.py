@@ -227,7 +227,7 @@ def run_demo(workdir: str, n_runs: int = 3, echo: Callable[[str], None] = print)
     for t in relays:
         t.join(timeout=5)
     deadline = time.monotonic() + 30
-    while projector.lag() and time.monotonic() < deadline:
+    while projector.lag() != 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     stop.set()
     thread.join(timeout=30)

@@ -130,8 +130,15 @@ def published() -> dict[bytes, _Writer]:
     return out
 
 
+_current: _Writer | None = None
+
+
 def current_writer() -> _Writer:
-    return max(published().values(), key=lambda w: w.version)
+    """The newest published writer schema (what this code writes)."""
+    global _current
+    if _current is None:
+        _current = max(published().values(), key=lambda w: w.version)
+    return _current
 
 
 #: Upcasters for changes of meaning: ``UPCASTERS[v]`` turns a decoded version-``v`` record
@@ -142,8 +149,10 @@ UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 def register_writer_schema(schema: dict[str, Any], version: int) -> bytes:
     """Register an extra writer schema (tests, tools reading foreign versions). Returns its
     fingerprint."""
+    global _current
     fp = _fp(schema)
     published()[fp] = _Writer(version, fastavro.parse_schema(schema), fp)
+    _current = None
     return fp
 
 

@@ -165,13 +165,16 @@ class RunHeader(Model):
     budgets: Budgets = Budgets()
     workspace_ref: WorkspaceRef | None = None
     agent_version: str
-    created_at: AwareDatetime
-    updated_at: AwareDatetime
+    #: None only for documents migrated from schema v1, which did not record them.
+    created_at: AwareDatetime | None = None
+    updated_at: AwareDatetime | None = None
     #: revision produced by the last control event (cancel, goal change): patches based on
     #: an earlier revision are rejected as superseded.
     last_control_revision: int = 0
     #: next insertion sequence number for collection items (keeps "order added").
     next_seq: int = 0
+    #: schema v1 referred to an external effect ledger; kept, never dropped, on migration.
+    effect_ledger_ref: str | None = None
 
 
 #: Collection name in RunState -> item model. Order is the order of RunState's fields.
@@ -184,6 +187,14 @@ COLLECTIONS: dict[str, type[Model]] = {
     "effect_ledger": Effect,
     "environment_observations": Observation,
     "pending_tool_calls": ToolCall,
+}
+
+
+#: The field that identifies an item within its collection (default ``id``).
+ITEM_KEY: dict[str, str] = {
+    "constraints": "key",
+    "environment_observations": "subject",
+    "pending_tool_calls": "call_id",
 }
 
 

@@ -9,7 +9,9 @@ state it carries.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
+
+import orjson
 
 import pydantic
 from pydantic import AwareDatetime
@@ -37,7 +39,7 @@ FORMAT_VERSION = 1
 REDUCER_VERSION = 1
 #: Recent decisions carried by a checkpoint, so that a restored projector still answers a
 #: producer's retry of a recent patch with its decision (older resends meet the revision check).
-RECENT_DECISIONS = 32
+RECENT_DECISIONS = 8
 
 VerdictKind = Literal["safe", "needs_reconciliation", "migration_required"]
 
@@ -74,8 +76,9 @@ class Checkpoint(Model):
     verdict: VerdictKind
     reconcile: Reconciliation
     recent_decisions: list[Decision] = []
-    #: the patch time of the revision (never the snapshotter's clock).
-    at: AwareDatetime
+    #: the patch time of the revision (never the snapshotter's clock); None for states
+    #: migrated from schema v1, which did not record it.
+    at: AwareDatetime | None
     state: RunState
 
 
@@ -119,12 +122,11 @@ def encode(cp: Checkpoint) -> bytes:
     return cp.model_dump_json().encode()
 
 
-def validate(raw: bytes) -> Checkpoint:
-    """Parse and check a checkpoint. Raises :class:`CheckpointInvalid` when it is not
-    JSON/not a checkpoint, from another format or reducer version, cannot be migrated, or
-    its digest does not match its state."""
-    import orjson
-
+def validate_raw(raw: bytes) -> dict[str, Any]:
+    """Check a checkpoint record and return it as a JSON document with a current-schema
+    state. Raises :class:`CheckpointInvalid` when it is not JSON/not a checkpoint, from
+    another format or reducer version, cannot be migrated, or its digest does not match
+    its state. Cheap: the state is parsed into models only when it must be migrated."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -142,6 +144,8 @@ def validate(raw: bytes) -> Checkpoint:
         raise CheckpointInvalid(run_id, "no state")
     if raw_state_digest(state_doc) != doc.get("digest"):
         raise CheckpointInvalid(run_id, "digest does not match the state (corrupted or edited)")
+    if state_doc.get("run_id") != run_id or state_doc.get("revision") != doc.get("revision"):
+        raise CheckpointInvalid(run_id, "state does not belong to this checkpoint's run/revision")
     if state_doc.get("schema_version") != CURRENT_SCHEMA_VERSION:
         try:
             migrated = load_state(state_doc)  # deterministic, or MIGRATION_REQUIRED
@@ -149,14 +153,17 @@ def validate(raw: bytes) -> Checkpoint:
             raise CheckpointInvalid(run_id, str(e)) from e
         state_json = migrated.model_dump(mode="json")
         doc = {**doc, "state": state_json, "schema_version": CURRENT_SCHEMA_VERSION, "digest": raw_state_digest(state_json)}
+    return doc  # type: ignore[no-any-return]
+
+
+def validate(raw: bytes) -> Checkpoint:
+    """:func:`validate_raw`, then the whole checkpoint as models."""
+    doc = validate_raw(raw)
     try:
-        cp = Checkpoint.model_validate(doc)
+        return Checkpoint.model_validate(doc)
     except pydantic.ValidationError as e:
         first = e.errors()[0]
-        raise CheckpointInvalid(run_id, f"not a checkpoint: {'.'.join(map(str, first['loc']))}: {first['msg']}") from e
-    if cp.state.run_id != cp.run_id or cp.state.revision != cp.revision:
-        raise CheckpointInvalid(run_id, "state does not belong to this checkpoint's run/revision")
-    return cp
+        raise CheckpointInvalid(doc.get("run_id"), f"not a checkpoint: {'.'.join(map(str, first['loc']))}: {first['msg']}") from e
 
 
 def doc_of(cp: Checkpoint) -> RunDoc:

@@ -165,3 +165,13 @@ def test_store_is_exclusive_to_one_writer(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="in use"):
         ProjectionStore(tmp_path / "p")
     a.close()
+
+
+def test_progress_figures_count_from_the_first_batch(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
+    append_all(embedded_log, story("a") + story("b"))
+    seen: list[tuple[int, int]] = []
+    pr = Projector(embedded_log, str(tmp_path / "s"), batch_size=3,
+                   on_progress=lambda st, lag: seen.append((st.records, lag)))  # fmt: skip
+    pr.run(until_caught_up=True, poll_timeout_s=0.01)
+    assert pr.stats.batches >= 6 and pr.stats.rate() > 0
+    assert seen and seen[-1] == (18, 0)  # the last progress line says: all read, lag 0
