@@ -1,7 +1,7 @@
 """Recovery: rebuild every projection by full replay vs from checkpoints + tail, side by
 side, at two history lengths (embedded log, real RocksDB).
 
-    python bench/bench_recovery.py                    # 10,000 runs; 1,000,000 and 2,000,000 events
+    python bench/bench_recovery.py                    # 10,000 runs; 1,020,000 and 2,020,000 events
     python bench/bench_recovery.py --quick            # small smoke run
 
 Each run starts with a goal, a budget, 10 facts and 3 tasks, then appends 4-event patches
@@ -102,7 +102,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--every", type=int, default=5, help="checkpoint every K revisions [5]")
     args = ap.parse_args()
-    runs, lengths = (500, (20, 45)) if args.quick else (10_000, (20, 45))
+    runs, lengths = (500, (21, 46)) if args.quick else (10_000, (21, 46))
     root = Path(tempfile.mkdtemp(prefix="runstate-bench-recovery-"))
     rows = []
     try:

@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from eventlog.base import EventLog
 from projector.book import RunBook
@@ -68,6 +69,62 @@ def state_at(log: EventLog, projection: Projection, run_id: str, revision: int,
     if doc is None or doc.header.revision != revision:
         raise RevisionNotFound(run_id, revision, current)
     return doc.to_state()
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """One accepted patch that changed the explained field."""
+
+    revision: int
+    offset: int
+    agent_id: str
+    agent_version: str
+    event_types: list[str]
+    before: Any
+    after: Any
+
+
+_ABSENT = object()
+
+
+def field_value(state_json: dict[str, Any], path: str) -> Any:
+    """The value at a dotted ``path`` of a state document; list items are addressed by
+    their id (``tasks.task_3.status``, ``goal.constraints.timeout.value``)."""
+    cur: Any = state_json
+    for part in path.split("."):
+        if isinstance(cur, dict):
+            cur = cur.get(part, _ABSENT)
+        elif isinstance(cur, list):
+            cur = next((x for x in cur if isinstance(x, dict) and part in
+                        (x.get("id"), x.get("key"), x.get("subject"), x.get("call_id"))), _ABSENT)  # fmt: skip
+        else:
+            cur = _ABSENT
+        if cur is _ABSENT:
+            return None
+    return cur
+
+
+def explain(log: EventLog, projection: Projection, run_id: str, path: str) -> list[FieldChange]:
+    """Why ``path`` has its value: every accepted patch that changed it, with its author,
+    agent version and events, replayed from the log. Raises :class:`RunNotFound`."""
+    history = [d for d in projection.history(run_id) if d.outcome == "accepted"]
+    if not history:
+        raise RunNotFound(run_id)
+    if history[0].revision != 1:
+        raise RevisionNotFound(run_id, 1, history[-1].revision)  # restored: early history is not local
+    records = log.read(log.topics.events, history[0].partition, [d.offset for d in history])
+    book = RunBook()
+    changes: list[FieldChange] = []
+    before: Any = None
+    for rec, dec in zip(records, history):
+        book.apply(decode(rec.value), rec.partition, rec.offset)
+        doc = book.docs.get(run_id)
+        after = None if doc is None else field_value(doc.to_state().model_dump(mode="json"), path)
+        if after != before:
+            changes.append(FieldChange(dec.revision, dec.offset, dec.agent_id, dec.agent_version, dec.event_types,
+                                       before, after))  # fmt: skip
+        before = after
+    return changes
 
 
 @dataclass
@@ -161,4 +218,4 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
     return report
 
 
-__all__ = ["DecodeError", "Mismatch", "VerifyReport", "fold", "state_at", "state_digest", "verify"]
+__all__ = ["DecodeError", "FieldChange", "Mismatch", "VerifyReport", "explain", "fold", "state_at", "state_digest", "verify"]

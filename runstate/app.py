@@ -20,7 +20,7 @@ from producers.run_producer import Receipt, RunProducer
 from projector.context import render_context
 from projector.loop import Projector, ProjectorStats
 from projector.queries import Projection
-from projector.replay import VerifyReport, state_at, verify
+from projector.replay import FieldChange, VerifyReport, explain, state_at, verify
 from schemas.errors import ContractError, RunNotFound, StoreError
 from snapshotter.checkpoint import Checkpoint, CheckpointInvalid, validate
 from snapshotter.checkpoint import encode as encode_checkpoint
@@ -54,7 +54,7 @@ class PartitionStatus:
     end_offset: int
     projected: int | None  # next offset in the local projection store
     committed: int | None  # the group's mirrored position in the log
-    lag: int | None
+    lag: int
 
 
 def status(settings: Settings) -> list[PartitionStatus]:
@@ -72,8 +72,10 @@ def status(settings: Settings) -> list[PartitionStatus]:
             positions = proj.positions()
     out = []
     for p, end in sorted(ends.items()):
-        pos = positions.get(p, committed.get(p))
-        out.append(PartitionStatus(p, end, positions.get(p), committed.get(p), None if pos is None else end - pos))
+        # The local projection's position is authoritative; else the group's mirror; else
+        # nothing has been projected yet and the whole partition is lag.
+        pos = positions.get(p, committed.get(p, 0))
+        out.append(PartitionStatus(p, end, positions.get(p), committed.get(p), end - pos))
     return out
 
 
@@ -186,6 +188,15 @@ def get_state(settings: Settings, run_id: str, revision: int | None = None) -> R
         log = open_settings_log(settings, create=False)
         try:
             return state_at(log, proj, run_id, revision, nearest=_nearest_checkpoint(settings))
+        finally:
+            log.close()
+
+
+def explain_field(settings: Settings, run_id: str, path: str) -> list[FieldChange]:
+    with Projection(settings.state_dir) as proj:
+        log = open_settings_log(settings, create=False)
+        try:
+            return explain(log, proj, run_id, path)
         finally:
             log.close()
 

@@ -188,6 +188,25 @@ def history(ctx: click.Context, run_id: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("run_id")
+@click.argument("path")
+@click.pass_context
+@handle_errors
+def explain(ctx: click.Context, run_id: str, path: str) -> None:
+    """Why PATH of RUN_ID's state has its value: every patch that changed it.
+
+    PATH is dotted; list items are addressed by id, e.g. goal.constraints.session_timeout.value,
+    tasks.task_3.status, budgets.tokens_remaining, status.
+    """
+    changes = app.explain_field(ctx.obj, run_id, path)
+    if not changes:
+        raise click.ClickException(f"{path} of run {run_id!r} was never set (check the path: list items by id)")
+    for c in changes:
+        click.echo(f"r{c.revision} @{c.offset}\t{json.dumps(c.before, ensure_ascii=False)} -> "
+                   f"{json.dumps(c.after, ensure_ascii=False)}\t{c.agent_id}@{c.agent_version}\t{','.join(c.event_types)}")  # fmt: skip
+
+
+@main.command()
 @click.pass_context
 @handle_errors
 def verify(ctx: click.Context) -> None:
@@ -315,8 +334,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     for r in rows:
         dash = "-"
         click.echo(f"{r.partition}\t{r.end_offset}\t{dash if r.projected is None else r.projected}\t"
-                   f"{dash if r.committed is None else r.committed}\t{dash if r.lag is None else r.lag}")  # fmt: skip
-    total = sum(r.lag or 0 for r in rows)
+                   f"{dash if r.committed is None else r.committed}\t{r.lag}")  # fmt: skip
+    total = sum(r.lag for r in rows)
     click.echo(f"total lag {total}")
 
 

@@ -74,6 +74,7 @@ def test_cli_end_to_end_on_kafka_with_dead_letters_and_lag(kafka_bootstrap: str,
     cli(env, "publish", "run_a", "-", input=json.dumps({"expected_revision": 1, "events": [fact("f2")]}))
     lag_before = json.loads(cli(env, "status", "--json").output)
     assert sum(row["end_offset"] for row in lag_before) == 4
+    assert sum(row["lag"] for row in lag_before) == 4  # nothing projected yet
 
     r = cli(env, "project", "--until-caught-up", "--quiet")
     assert r.exit_code == 0, r.output
@@ -88,6 +89,27 @@ def test_cli_end_to_end_on_kafka_with_dead_letters_and_lag(kafka_bootstrap: str,
     assert cli(env, "runs").output.startswith("run_a\trunning")
     v = cli(env, "verify")
     assert v.exit_code == 0 and "projection equals replay" in v.output
+    snap = cli(env, "snapshot", "--until-caught-up", "--quiet")
+    assert snap.exit_code == 0 and json.loads(snap.output.splitlines()[-1])["checkpoints"] >= 1
+    assert "run_started" in cli(env, "checkpoints", "run_a").output
+    assert "verdict: SAFE" in cli(env, "resume", "run_a").output
+
+    # publish --wait against a projector consuming from Kafka.
+    from eventlog import open_log
+    from projector.loop import Projector
+
+    klog = open_log(f"kafka://{kafka_bootstrap}", topics=kafka_topics)
+    stop = threading.Event()
+    t = threading.Thread(target=Projector(klog, str(tmp_path / "state")).run, kwargs={"stop": stop, "poll_timeout_s": 0.05})
+    t.start()
+    try:
+        r = cli(env, "publish", "run_a", "-", "--wait", "--timeout", "30",
+                input=json.dumps({"expected_revision": 2, "events": [fact("f3")]}))  # fmt: skip
+        assert r.exit_code == 0 and json.loads(r.output)["revision"] == 3, r.output
+    finally:
+        stop.set()
+        t.join()
+        klog.close()
     rows = json.loads(cli(env, "status", "--json").output)
     assert all(row["lag"] == 0 for row in rows)
     deadline = time.monotonic() + 10  # the group's mirror is committed asynchronously

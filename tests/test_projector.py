@@ -175,3 +175,18 @@ def test_progress_figures_count_from_the_first_batch(tmp_path: Path, embedded_lo
     pr.run(until_caught_up=True, poll_timeout_s=0.01)
     assert pr.stats.batches >= 6 and pr.stats.rate() > 0
     assert seen and seen[-1] == (18, 0)  # the last progress line says: all read, lag 0
+
+
+def test_explain_lists_every_patch_that_changed_a_field(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
+    from projector.replay import explain
+
+    append_all(embedded_log, story("a"))
+    project(embedded_log, tmp_path / "s")
+    with Projection(tmp_path / "s") as proj:
+        changes = explain(embedded_log, proj, "a", "goal.constraints.k.value")
+        assert [(c.revision, c.before, c.after) for c in changes] == [(4, None, "1"), (5, "1", "2")]
+        assert changes[1].event_types == ["ConstraintSet"] and changes[1].agent_version == "v1"
+        t2 = explain(embedded_log, proj, "a", "tasks.t2.status")
+        assert [(c.revision, c.after) for c in t2] == [(2, "pending"), (6, "cancelled")]  # the goal change
+        assert t2[-1].event_types == ["GoalChanged"]
+        assert explain(embedded_log, proj, "a", "no.such.field") == []

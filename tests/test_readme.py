@@ -22,18 +22,22 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNSTATE_")}
     [tour] = blocks("console")
-    outputs = []
+    outputs: dict[str, str] = {}
     for line in tour.splitlines():
         assert line.startswith("$ runstate "), line
         args = shlex.split(line[2:])
         out = subprocess.run([sys.executable, "-m", "runstate.cli", *args[1:]], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         assert out.returncode == 0, f"{line}\n{out.stdout}\n{out.stderr}"
-        outputs.append(out.stdout)
-    history = outputs[6]
+        outputs[line[2:]] = out.stdout
+    history = outputs["runstate history run_128"]
     assert "invalid [fact.evidence_required]" in history and "coder-2.1" in history
-    assert "fact_13" in outputs[5] and "projection equals replay" in outputs[-1]
-    assert '"revision": 1' in outputs[7]
+    assert "[fact_13]" in outputs["runstate context run_128"]
+    assert "projection equals replay" in outputs["runstate verify"]
+    assert '"revision": 1' in outputs["runstate state run_128 --json --revision 1"]
+    assert '"running" -> "completed"' in outputs["runstate explain run_128 tasks.task_3.status"]
+    assert "run_started" in outputs["runstate checkpoints run_128"]
+    assert "verdict: SAFE" in outputs["runstate resume run_128"]
 
     python_blocks = [b for b in blocks("python") if "RunProducer" in b]
     [api] = python_blocks
