@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from threading import Event
-from typing import Protocol
+from typing import Literal, Protocol
 
 from eventlog.base import EventLog, LogConsumer, Record
 from projector.book import RunBook
@@ -110,6 +110,7 @@ class Projector:
         publish_dead_letters: bool = True,
         hooks: ProjectorHooks | None = None,
         restore: Restorer | None = None,
+        on_internal_error: Literal["dead_letter", "fail"] = "dead_letter",
     ) -> None:
         self.log = log_
         self.layout = Layout(state_dir)
@@ -125,6 +126,10 @@ class Projector:
         self._dlq = log_.producer() if publish_dead_letters else None
         self.hooks = hooks
         self.restore = restore
+        #: what to do when deciding a well-formed patch raises (a bug): dead-letter the
+        #: record and go on (the decision is all-or-nothing, so no state is half-applied;
+        #: a replay dead-letters it the same way), or stop the projector.
+        self.on_internal_error = on_internal_error
 
     # -- assignment --------------------------------------------------------------------------
 
@@ -254,7 +259,15 @@ class Projector:
                 batch.dead.append(DeadLetter(rec.partition, rec.offset, e.reason, e.detail,
                                              rec.key.decode(errors="replace") if rec.key else None, len(rec.value)))  # fmt: skip
                 continue
-            applied = part.book.apply(patch, rec.partition, rec.offset)
+            try:
+                applied = part.book.apply(patch, rec.partition, rec.offset)
+            except Exception as e:  # a bug in the pure core, not bad input: see on_internal_error
+                if self.on_internal_error == "fail":
+                    raise
+                log.exception("internal error deciding p%d@%d (run %r); dead-lettered", rec.partition, rec.offset, patch.run_id)
+                batch.dead.append(DeadLetter(rec.partition, rec.offset, "internal_error", f"{type(e).__name__}: {e}",
+                                             patch.run_id, len(rec.value)))  # fmt: skip
+                continue
             if applied.duplicate:
                 self.stats.duplicates += 1
                 continue

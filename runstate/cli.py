@@ -267,26 +267,27 @@ def resume(ctx: click.Context, run_id: str) -> None:
     click.echo(f"run {run_id}: latest checkpoint at revision {cp.revision} (p{cp.partition}@{cp.covers_offset}, "
                f"triggers {', '.join(cp.triggers)}, agent {cp.agent_version})")  # fmt: skip
     click.echo(f"verdict: {cp.verdict.upper()}")
-    click.echo(f"1. load the state at revision {cp.revision} (digest {cp.digest[:16]}…)")
+    steps = [f"load the state at revision {cp.revision} (digest {cp.digest[:16]}…)"]
     if plan.tail:
-        click.echo(f"2. replay {len(plan.tail)} patches since (to revision {plan.tail[-1].revision}):")
-        for d in plan.tail:
-            click.echo(f"   r{d.revision} @{d.offset} {','.join(d.event_types)}")
+        steps.append(f"replay {len(plan.tail)} patches since (to revision {plan.tail[-1].revision}): "
+                     + ", ".join(f"r{d.revision} @{d.offset} {'+'.join(d.event_types)}" for d in plan.tail))  # fmt: skip
     else:
-        click.echo("2. no patches since: the checkpoint is the current state"
-                   + (f" (revision {plan.current_revision})" if plan.current_revision is not None else ""))  # fmt: skip
+        steps.append("no patches since: the checkpoint is the current state"
+                     + (f" (revision {plan.current_revision})" if plan.current_revision is not None else ""))  # fmt: skip
     for e in cp.reconcile.effects:
-        click.echo(f"3. reconcile effect {e.id}: {e.kind or 'effect'} on {e.target or '?'} started, outcome unknown"
-                   + (f" (idempotency key {e.idempotency_key})" if e.idempotency_key else ""))  # fmt: skip
+        steps.append(f"reconcile effect {e.id}: {e.kind or 'effect'} on {e.target or '?'} started, outcome unknown"
+                     + (f" (idempotency key {e.idempotency_key})" if e.idempotency_key else ""))  # fmt: skip
     for c in cp.reconcile.tool_calls:
-        click.echo(f"3. reconcile tool call {c.call_id} ({c.tool}) in flight since r{c.started_at_revision}")
+        steps.append(f"reconcile tool call {c.call_id} ({c.tool}) in flight since r{c.started_at_revision}")
     for o in cp.reconcile.observations:
-        click.echo(f"4. re-read {o.subject} before a risky write (seen {o.observed_state!r}"
-                   + (f" @ {o.observed_version}" if o.observed_version else "") + f" at {o.observed_at.isoformat()})")  # fmt: skip
+        steps.append(f"re-read {o.subject} before a risky write (seen {o.observed_state!r}"
+                     + (f" @ {o.observed_version}" if o.observed_version else "") + f" at {o.observed_at.isoformat()})")  # fmt: skip
     if cp.workspace_ref:
         ws = cp.workspace_ref
-        click.echo(f"5. verify workspace {ws.workspace_id}: base {ws.base_commit or '?'}, current {ws.current_commit or '?'}"
-                   + (f", uncommitted {ws.uncommitted_changes}" if ws.uncommitted_changes else ""))  # fmt: skip
+        steps.append(f"verify workspace {ws.workspace_id}: base {ws.base_commit or '?'}, current {ws.current_commit or '?'}"
+                     + (f", uncommitted {ws.uncommitted_changes}" if ws.uncommitted_changes else ""))  # fmt: skip
+    for i, step in enumerate(steps, start=1):
+        click.echo(f"{i}. {step}")
 
 
 @main.group()

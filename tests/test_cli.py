@@ -159,3 +159,24 @@ def test_real_subprocess_demo(tmp_path: Path) -> None:
     env = {**os.environ, "RUNSTATE_LOG": str(tmp_path / "demo/log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "demo/state")}
     v = subprocess.run([sys.executable, "-m", "runstate.cli", "verify"], capture_output=True, text=True, env=env, timeout=120)
     assert v.returncode == 0 and "projection equals replay" in v.stdout
+
+
+def test_resume_plan_names_what_to_reconcile(tmp_path: Path, env: dict[str, str]) -> None:
+    cli(env, "publish", "pay", "-", input=json.dumps({"expected_revision": 0, "events": [start()]}))
+    cli(env, "publish", "pay", "-", input=json.dumps({"expected_revision": 1, "events": [
+        {"type": "ObservationRecorded", "observation": {"subject": "order://9", "observed_state": "unpaid", "observed_version": "v3"}},
+        {"type": "ToolCallStarted", "call_id": "c1", "tool": "charge_card", "side_effect": True},
+        {"type": "EffectRecorded", "effect": {"id": "e1", "status": "started", "kind": "charge", "target": "card://42",
+                                              "idempotency_key": "order-9"}}]}))  # fmt: skip
+    cli(env, "publish", "pay", "-", input=json.dumps({"expected_revision": 2, "events": [fact("f1")]}))
+    assert cli(env, "project", "--until-caught-up", "--quiet").exit_code == 0
+    r = cli(env, "snapshot", "--until-caught-up", "--quiet")
+    assert r.exit_code == 0 and json.loads(r.output.splitlines()[-1])["checkpoints"] == 2
+    assert "2\tp" in cli(env, "checkpoints", "pay").output  # revision 2: before_side_effect
+    out = cli(env, "resume", "pay").output
+    assert "verdict: NEEDS_RECONCILIATION" in out
+    assert "replay 1 patches since (to revision 3)" in out
+    assert "reconcile effect e1: charge on card://42 started, outcome unknown (idempotency key order-9)" in out
+    assert "reconcile tool call c1 (charge_card)" in out and "re-read order://9" in out
+    r = CliRunner().invoke(main, ["resume", "nobody"], env=env)
+    assert r.exit_code == 1 and "not found" in r.output

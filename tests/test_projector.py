@@ -190,3 +190,25 @@ def test_explain_lists_every_patch_that_changed_a_field(tmp_path: Path, embedded
         assert [(c.revision, c.after) for c in t2] == [(2, "pending"), (6, "cancelled")]  # the goal change
         assert t2[-1].event_types == ["GoalChanged"]
         assert explain(embedded_log, proj, "a", "no.such.field") == []
+
+
+def test_a_record_that_breaks_the_core_is_dead_lettered_not_fatal(tmp_path: Path, embedded_log: EmbeddedLog,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A reducer bug must not make one record a poison pill: the projector goes on."""
+    from projector import reducer
+
+    def broken(d: object, e: object, ctx: object) -> None:
+        raise ZeroDivisionError("reducer bug")
+
+    monkeypatch.setitem(reducer.REDUCERS, "PhaseChanged", broken)
+    append_all(embedded_log, [patch("a", 0, start()), patch("a", 1, ev("PhaseChanged", phase="x")),
+                              patch("a", 1, fact("f1"))])  # fmt: skip
+    pr = project(embedded_log, tmp_path / "s")
+    assert (pr.stats.accepted, pr.stats.dead_letters) == (2, 1)
+    with Projection(tmp_path / "s") as proj:
+        [dl] = proj.dead_letters()
+        assert dl.reason == "internal_error" and "reducer bug" in dl.detail
+        assert proj.state("a").revision == 2 and proj.state("a").phase is None
+    strict = Projector(embedded_log, str(tmp_path / "s2"), on_internal_error="fail")
+    with pytest.raises(ZeroDivisionError):
+        strict.run(until_caught_up=True, poll_timeout_s=0.01)
