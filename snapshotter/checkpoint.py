@@ -39,7 +39,7 @@ FORMAT_VERSION = 1
 REDUCER_VERSION = 1
 #: Recent decisions carried by a checkpoint, so that a restored projector still answers a
 #: producer's retry of a recent patch with its decision (older resends meet the revision check).
-RECENT_DECISIONS = 8
+RECENT_DECISIONS = 4
 
 VerdictKind = Literal["safe", "needs_reconciliation", "migration_required"]
 

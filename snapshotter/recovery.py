@@ -45,26 +45,31 @@ def latest_valid_checkpoints(log_: EventLog, partition: int) -> tuple[dict[str, 
     report = RestoreReport(partition)
     topic = log_.topics.checkpoints
     end = log_.end_offsets(topic).get(partition, 0)
-    latest: dict[str, dict[str, Any]] = {}
-    seen_runs: set[str] = set()
+    by_run: dict[str, list[tuple[int, bytes]]] = {}
     for rec in log_.scan(topic, partition, 0, end):
         report.checkpoints_read += 1
         run = rec.key.decode(errors="replace") if rec.key is not None else "?"
-        seen_runs.add(run)
-        try:
-            cp = validate_raw(rec.value)
-            if cp["run_id"] != run or cp.get("partition") != partition:
-                raise CheckpointInvalid(cp["run_id"], f"keyed {run!r} on partition {partition}, "
-                                                      f"but is for {cp['run_id']!r} p{cp.get('partition')}")  # fmt: skip
-            covers = int(cp["covers_offset"])
-        except (CheckpointInvalid, KeyError, TypeError, ValueError) as e:
-            reason = e.reason if isinstance(e, CheckpointInvalid) else f"not a checkpoint: {e!r}"
-            report.rejected.append((rec.offset, reason))
-            log.warning("checkpoint p%d@%d of %r skipped: %s", partition, rec.offset, run, reason)
-            continue
-        cur = latest.get(run)
-        if cur is None or covers > cur["covers_offset"]:
-            latest[run] = cp
+        by_run.setdefault(run, []).append((rec.offset, rec.value))
+    latest: dict[str, dict[str, Any]] = {}
+    # Newest first: an older checkpoint is parsed only when every newer one is invalid.
+    for run, records in by_run.items():
+        for offset, value in reversed(records):
+            try:
+                cp = validate_raw(value)
+                if cp["run_id"] != run or cp.get("partition") != partition:
+                    raise CheckpointInvalid(cp["run_id"], f"keyed {run!r} on partition {partition}, "
+                                                          f"but is for {cp['run_id']!r} p{cp.get('partition')}")  # fmt: skip
+                covers = int(cp["covers_offset"])
+            except (CheckpointInvalid, KeyError, TypeError, ValueError) as e:
+                reason = e.reason if isinstance(e, CheckpointInvalid) else f"not a checkpoint: {e!r}"
+                report.rejected.append((offset, reason))
+                log.warning("checkpoint p%d@%d of %r skipped: %s", partition, offset, run, reason)
+                continue
+            cur = latest.get(run)
+            if cur is None or covers > cur["covers_offset"]:
+                latest[run] = cp
+            break
+    seen_runs = set(by_run)
     return latest, seen_runs - set(latest), report
 
 
