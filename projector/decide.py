@@ -50,7 +50,7 @@ class Verdict:
 def _decision(patch: Patch, partition: int, offset: int, revision: int, *, reason: RejectReason | None = None,
               rule: str | None = None, message: str | None = None, event_index: int | None = None,
               rebased: bool = False) -> Decision:
-    return Decision.model_construct(
+    return Decision(
         patch_id=patch.patch_id, run_id=patch.run_id,
         outcome="rejected" if reason else "accepted", revision=revision,
         expected_revision=patch.expected_revision, reason=reason, rule=rule, message=message,
