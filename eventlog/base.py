@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 Headers = tuple[tuple[str, bytes], ...]
 
@@ -167,21 +167,3 @@ class EventLog(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""
-
-
-@dataclass
-class PartitionLag:
-    partition: int
-    end_offset: int
-    committed: int | None
-    lag: int | None = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.lag = None if self.committed is None else self.end_offset - self.committed
-
-
-def lag(log: EventLog, group_id: str) -> list[PartitionLag]:
-    """Lag per partition of the events topic for a consumer group (from mirrored commits)."""
-    ends = log.end_offsets(log.topics.events)
-    done = log.committed(group_id, log.topics.events)
-    return [PartitionLag(p, ends[p], done.get(p)) for p in sorted(ends)]

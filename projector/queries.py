@@ -2,8 +2,7 @@
 
 A :class:`Projection` opens each partition's store read-only on first use and keeps it
 open: the view is consistent as of that open (RocksDB read-only instances include the
-writer's WAL), and a long-lived reader calls :meth:`Projection.refresh` to see newer
-writes. Opening read-only never blocks or disturbs the projector.
+writer's WAL); a long-lived reader closes and reopens it to see newer writes. Opening read-only never blocks or disturbs the projector.
 """
 
 from __future__ import annotations
@@ -37,10 +36,6 @@ class Projection:
 
     def partitions(self) -> int:
         return self.layout.read()[1]
-
-    def refresh(self) -> None:
-        """Reopen stores so that writes made since the first read become visible."""
-        self.close()
 
     def header(self, run_id: str) -> RunHeader | None:
         st = self._store(self.layout.partition_of(run_id))

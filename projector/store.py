@@ -248,9 +248,6 @@ class ProjectionStore:
     def scan_raw(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return self._prefix(prefix)
 
-    def get_raw(self, key: bytes) -> bytes | None:
-        return self._db.get(key)  # type: ignore[no-any-return]
-
     def dead_letters(self) -> list[DeadLetter]:
         return [DeadLetter(**orjson.loads(v)) for _, v in self._prefix(b"x:")]
 

@@ -16,7 +16,6 @@ import orjson
 import pydantic
 from pydantic import AwareDatetime
 
-from projector.doc import RunDoc
 from schemas.errors import MigrationRequired, RunstateError
 from schemas.events import Model
 from schemas.migrations import load_state
@@ -164,8 +163,3 @@ def validate(raw: bytes) -> Checkpoint:
     except pydantic.ValidationError as e:
         first = e.errors()[0]
         raise CheckpointInvalid(doc.get("run_id"), f"not a checkpoint: {'.'.join(map(str, first['loc']))}: {first['msg']}") from e
-
-
-def doc_of(cp: Checkpoint) -> RunDoc:
-    """The working state to resume projecting from."""
-    return RunDoc.from_state(cp.state)

@@ -45,6 +45,7 @@ class CheckpointWriter:
         self.stores: dict[int, ProjectionStore] = {}
         #: newest covered offset per run, per partition (for the ``age`` trigger)
         self.covered: dict[int, dict[str, int]] = {}
+        self._age_checked: dict[int, int] = {}
         self.written = 0
 
     def on_assign(self, partition: int, store: ProjectionStore) -> None:
@@ -85,7 +86,11 @@ class CheckpointWriter:
             self.written += len(cps)
 
     def _age(self, partition: int, next_offset: int, store: ProjectionStore) -> None:
-        """Checkpoint runs whose newest checkpoint is older than ``max_age`` records."""
+        """Checkpoint runs whose newest checkpoint is older than ``max_age`` records. The
+        walk over the partition's runs is done every ``max_age / 10`` records, not per batch."""
+        if next_offset - self._age_checked.get(partition, 0) < max(1, self.policy.max_age // 10):
+            return
+        self._age_checked[partition] = next_offset
         covered = self.covered.setdefault(partition, {})
         stale = [r for r, c in covered.items() if next_offset - 1 - c > self.policy.max_age]
         extra = {}

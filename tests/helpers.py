@@ -6,6 +6,8 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from eventlog.base import EventLog
+from schemas.codec import encode
 from schemas.patch import Author, Patch
 
 T0 = datetime(2026, 8, 11, 8, 0, tzinfo=UTC)
@@ -36,3 +38,14 @@ def task(id_: str, deps: list[str] | None = None, scope: list[str] | None = None
 
 def ev(type_: str, **fields: Any) -> dict[str, Any]:
     return {"type": type_, **fields}
+
+
+def append_all(log: EventLog, patches: list[Patch]) -> list[tuple[Patch, int, int]]:
+    """Append patches keyed by run; returns (patch, partition, offset) in append order."""
+    prod = log.producer()
+    out = []
+    for p in patches:
+        a = prod.append(log.topics.events, p.run_id, encode(p))
+        out.append((p, a.partition, a.offset))
+    prod.close()
+    return out

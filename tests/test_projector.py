@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import ev, fact, patch, start, task
+from helpers import append_all, ev, fact, patch, start, task
 from rocksdict import Options, Rdict
 
 from eventlog.embedded import EmbeddedLog
@@ -16,16 +16,6 @@ from projector.store import PendingBatch, ProjectionStore
 from schemas.codec import encode
 from schemas.errors import RevisionNotFound, RunNotFound
 from schemas.patch import Patch
-
-
-def append_all(log: EmbeddedLog, patches: list[Patch]) -> list[tuple[Patch, int, int]]:
-    prod = log.producer()
-    out = []
-    for p in patches:
-        a = prod.append(log.topics.events, p.run_id, encode(p))
-        out.append((p, a.partition, a.offset))
-    prod.close()
-    return out
 
 
 def project(log: EmbeddedLog, state_dir: Path, **kw: object) -> Projector:

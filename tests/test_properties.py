@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from helpers import ev, fact, patch, start, task
+from helpers import append_all, ev, fact, patch, start, task
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +16,6 @@ from projector.book import RunBook
 from projector.doc import RunDoc
 from projector.loop import Projector
 from projector.queries import Projection
-from schemas.codec import encode
 from schemas.patch import Patch
 
 RUNS = ["r0", "r1", "r2"]
@@ -114,12 +113,7 @@ def test_projection_equals_replay_for_any_interleaving(ops: list[tuple[str, str,
     patches = build(ops)
     with tempfile.TemporaryDirectory() as d:
         log = EmbeddedLog(Path(d) / "log.db", partitions=2)
-        prod = log.producer()
-        placed = []
-        for p in patches:
-            a = prod.append(log.topics.events, p.run_id, encode(p))
-            placed.append((p, a.partition, a.offset))
-        prod.close()
+        placed = append_all(log, patches)
         # Project in two runs of the projector (a restart in the middle), small batches.
         half = len(patches) // 2
         pr = Projector(log, str(Path(d) / "s"), batch_size=batch)

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from helpers import ev, fact, patch, start, task
+from helpers import append_all, ev, fact, patch, start, task
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_properties import build, op
@@ -20,7 +20,6 @@ from projector.doc import RunDoc
 from projector.loop import Projector
 from projector.queries import Projection
 from projector.replay import state_at, verify
-from schemas.codec import encode
 from schemas.patch import Patch
 from schemas.state import state_digest
 from snapshotter.checkpoint import CheckpointInvalid, encode as encode_cp, make_checkpoint, validate, verdict_of
@@ -35,13 +34,6 @@ def fold(patches: list[Patch], book: RunBook | None = None) -> RunBook:
     for i, p in enumerate(patches):
         book.apply(p, 0, i)
     return book
-
-
-def append(log: EmbeddedLog, patches: list[Patch]) -> None:
-    prod = log.producer()
-    for p in patches:
-        prod.append_async(log.topics.events, p.run_id, encode(p), lambda a, e: None)
-    prod.close()
 
 
 # --- checkpoint + tail == full replay ---------------------------------------------------
@@ -215,7 +207,7 @@ def test_lost_projection_recovers_from_checkpoints_plus_tail(tmp_path: Path) -> 
     # A control patch that a checkpoint covers ("workspace" trigger); resent after the restore.
     covered = patch("run_5", 31, ev("WorkspaceUpdated", workspace_ref={"workspace_id": "w1"}),
                     ev("GoalChanged", goal={"statement": "narrower"}))  # fmt: skip
-    append(log, [*patches, covered])
+    append_all(log, [*patches, covered])
     state = tmp_path / "state"
     Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
     Snapshotter(log, str(state), policy=CheckpointPolicy(every=7)).run(until_caught_up=True, poll_timeout_s=0.01)
@@ -226,7 +218,7 @@ def test_lost_projection_recovers_from_checkpoints_plus_tail(tmp_path: Path) -> 
     # Lose the projector's stores (keep the snapshotter's): a new machine for these partitions.
     for p in (0, 1):
         shutil.rmtree(state / f"p{p:03d}")
-    append(log, [covered])  # an agent's retry of a patch decided before the checkpoint
+    append_all(log, [covered])  # an agent's retry of a patch decided before the checkpoint
     reports = []
     pr = Projector(log, str(state), restore=lambda p, s: reports.append(restore_partition(log, p, s)))
     pr.run(until_caught_up=True, poll_timeout_s=0.01)
@@ -240,7 +232,7 @@ def test_lost_projection_recovers_from_checkpoints_plus_tail(tmp_path: Path) -> 
     assert verify(log, str(state)).ok
 
     # More patches after the restore are applied normally and still verify.
-    append(log, [patch("run_1", 31, fact("after"))])
+    append_all(log, [patch("run_1", 31, fact("after"))])
     Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
     assert verify(log, str(state)).ok
     log.close()
@@ -248,7 +240,7 @@ def test_lost_projection_recovers_from_checkpoints_plus_tail(tmp_path: Path) -> 
 
 def test_corrupted_newest_checkpoint_is_skipped_for_an_older_valid_one(tmp_path: Path) -> None:
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
-    append(log, workload(runs=2, per_run=20))
+    append_all(log, workload(runs=2, per_run=20))
     state = tmp_path / "state"
     Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
     Snapshotter(log, str(state), policy=CheckpointPolicy(every=5)).run(until_caught_up=True, poll_timeout_s=0.01)
@@ -272,7 +264,7 @@ def test_corrupted_newest_checkpoint_is_skipped_for_an_older_valid_one(tmp_path:
 
 def test_a_run_with_no_valid_checkpoint_forces_replay_from_zero(tmp_path: Path) -> None:
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
-    append(log, workload(runs=2, per_run=6))
+    append_all(log, workload(runs=2, per_run=6))
     state = tmp_path / "state"
     Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
     log.producer().append(log.topics.checkpoints, "run_1", b"{}")  # run_1: only an invalid one
@@ -299,7 +291,7 @@ def test_a_run_with_no_valid_checkpoint_forces_replay_from_zero(tmp_path: Path) 
 def test_time_travel_starts_from_the_nearest_checkpoint(tmp_path: Path) -> None:
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     patches = workload(runs=1, per_run=25)
-    append(log, patches)
+    append_all(log, patches)
     state = tmp_path / "state"
     Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
     Snapshotter(log, str(state), policy=CheckpointPolicy(every=10)).run(until_caught_up=True, poll_timeout_s=0.01)
@@ -321,4 +313,24 @@ def test_time_travel_starts_from_the_nearest_checkpoint(tmp_path: Path) -> None:
                         break
                 assert want is not None
                 assert state_digest(state_at(log, proj, "run_0", n, nearest=nearest)) == state_digest(want)
+    log.close()
+
+
+def test_idle_runs_are_checkpointed_again_so_recovery_does_not_read_far_back(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    busy = [patch("busy", 0, start())] + [patch("busy", i + 1, fact(f"f{i}")) for i in range(200)]
+    append_all(log, [patch("idle", 0, start()), *busy])
+    state = tmp_path / "state"
+    Snapshotter(log, str(state), policy=CheckpointPolicy(every=1000, max_age=50), batch_size=10).run(
+        until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+    with CheckpointHistory(snapshotter_dir(state)) as hist:
+        idle = hist.of("idle")
+    # One entry per revision: the age checkpoint replaced run_started's (same state, newer coverage).
+    assert [(cp.revision, cp.triggers) for cp in idle] == [(1, ["age"])]
+    assert idle[-1].covers_offset >= 201 - 50 - 10  # advanced with the log, same state
+    reports = []
+    Projector(log, str(tmp_path / "new"), restore=lambda p, s: reports.append(restore_partition(log, p, s))).run(
+        until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+    assert reports[0].start_offset > 100  # not back at the idle run's start
+    assert verify(log, str(tmp_path / "new")).ok
     log.close()
