@@ -56,6 +56,12 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: Group-coordinator errors that clear by themselves (coordinator moving or loading).
+_COORDINATOR_RETRY = frozenset({
+    KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+})  # fmt: skip
+
+
 def _headers(raw: Any) -> Headers:
     return tuple((k, v if v is not None else b"") for k, v in (raw or ()))
 
@@ -182,13 +188,23 @@ class KafkaLog(EventLog):
             out[p] = int(high)
         return out
 
-    def committed(self, group_id: str, topic: str) -> dict[int, int]:
+    def committed(self, group_id: str, topic: str, timeout_s: float = 15.0) -> dict[int, int]:
+        """Raises :class:`LogError` when the group coordinator does not answer in time
+        (transient coordinator errors, e.g. on a young broker, are retried until then)."""
+        wanted = [TopicPartition(topic, p) for p in range(self.partitions(topic))]
+        deadline = time.monotonic() + timeout_s
         c = Consumer(self._consumer_conf(group_id))
         try:
-            tps = c.committed([TopicPartition(topic, p) for p in range(self.partitions(topic))], timeout=10)
+            while True:
+                try:
+                    tps = c.committed(wanted, timeout=max(1.0, deadline - time.monotonic()))
+                    return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+                except KafkaException as e:
+                    if e.args[0].code() not in _COORDINATOR_RETRY or time.monotonic() > deadline:
+                        raise LogError(f"cannot read committed offsets of group {group_id!r}: {e}") from e
+                    time.sleep(0.2)
         finally:
             c.close()
-        return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
 
     def scan(self, topic: str, partition: int, start: int, end: int, batch: int = 1000) -> Iterator[Record]:
         if start >= end:

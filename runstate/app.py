@@ -21,7 +21,7 @@ from projector.context import render_context
 from projector.loop import Projector, ProjectorStats
 from projector.queries import Projection
 from projector.replay import FieldChange, VerifyReport, explain, state_at, verify
-from schemas.errors import ContractError, RunNotFound, StoreError
+from schemas.errors import ContractError, LogError, RunNotFound, StoreError
 from snapshotter.checkpoint import Checkpoint, CheckpointInvalid, validate
 from snapshotter.checkpoint import encode as encode_checkpoint
 from snapshotter.history import CheckpointHistory
@@ -63,7 +63,10 @@ def status(settings: Settings) -> list[PartitionStatus]:
     try:
         log.check_topics()
         ends = log.end_offsets(log.topics.events)
-        committed = log.committed(settings.group_id, log.topics.events)
+        try:
+            committed = log.committed(settings.group_id, log.topics.events)
+        except LogError:  # the mirror is for monitoring; the projected positions still tell
+            committed = {}
     finally:
         log.close()
     positions: dict[int, int] = {}
