@@ -41,8 +41,6 @@ def header_key(run: str) -> bytes:
     return b"h:" + run.encode()
 
 
-_h = header_key
-
 
 def _i_prefix(run: str) -> bytes:
     return b"i:" + run.encode() + b"\0"
@@ -51,8 +49,6 @@ def _i_prefix(run: str) -> bytes:
 def item_key(run: str, kind: str, id_: str) -> bytes:
     return b"i:" + run.encode() + b"\0" + kind.encode() + b"\0" + id_.encode()
 
-
-_i = item_key
 
 
 def _l(run: str, offset: int) -> bytes:
@@ -104,11 +100,11 @@ class PendingBatch:
     def add_changes(self, run_id: str, changes: Changes) -> None:
         self.headers[run_id] = changes.header
         for (kind, id_), (seq, item) in changes.puts.items():
-            k = _i(run_id, kind, id_)
+            k = item_key(run_id, kind, id_)
             self.deletes.discard(k)
             self.puts[k] = seq.to_bytes(8, "big") + _dump(item)
         for kind, id_ in changes.deletes:
-            k = _i(run_id, kind, id_)
+            k = item_key(run_id, kind, id_)
             self.puts.pop(k, None)
             self.deletes.add(k)
 
@@ -155,7 +151,7 @@ class ProjectionStore:
         """Apply ``batch`` atomically (state changes, decisions, dead letters, offset)."""
         wb = WriteBatch(raw_mode=True)
         for run_id, header in batch.headers.items():
-            wb.put(_h(run_id), _dump(header))
+            wb.put(header_key(run_id), _dump(header))
         for k in batch.deletes:
             wb.delete(k)
         for k, v in batch.puts.items():
@@ -180,7 +176,7 @@ class ProjectionStore:
         return 0 if raw is None else int.from_bytes(raw, "big")
 
     def header(self, run_id: str) -> RunHeader | None:
-        raw = self._db.get(_h(run_id))
+        raw = self._db.get(header_key(run_id))
         return None if raw is None else RunHeader.model_validate_json(raw)
 
     def load_doc(self, run_id: str) -> RunDoc | None:
@@ -193,7 +189,7 @@ class ProjectionStore:
             raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.schema_version}")
 
         def load_one(kind: str, id_: str) -> Entry | None:
-            raw = self._db.get(_i(run_id, kind, id_))
+            raw = self._db.get(item_key(run_id, kind, id_))
             return None if raw is None else _entry(kind, raw)
 
         def load_all(kind: str) -> Iterator[tuple[str, Entry]]:
