@@ -31,13 +31,13 @@ sys.path.insert(0, str(ROOT / "compose"))
 
 from confluent_kafka import Producer  # noqa: E402
 
-from eventlog.base import TopicNames  # noqa: E402
-from eventlog.kafka import PRODUCER_DEFAULTS, KafkaLog  # noqa: E402
-from producers.run_producer import RunProducer  # noqa: E402
-from projector.doc import RunDoc  # noqa: E402
-from projector.loop import Projector  # noqa: E402
-from projector.store import PendingBatch, ProjectionStore  # noqa: E402
-from schemas.patch import Author, Decision, Patch  # noqa: E402
+from runstate.eventlog.base import TopicNames  # noqa: E402
+from runstate.eventlog.kafka import PRODUCER_DEFAULTS, KafkaLog  # noqa: E402
+from runstate.producers.run_producer import RunProducer  # noqa: E402
+from runstate.projector.working import RunDoc  # noqa: E402
+from runstate.projector.loop import Projector  # noqa: E402
+from runstate.projector.store import PendingBatch, ProjectionStore  # noqa: E402
+from runstate.schemas.patch import Author, Decision, Patch  # noqa: E402
 
 AUTHOR = Author(agent_id="bench", agent_version="1")
 
@@ -200,7 +200,7 @@ def main() -> None:
     bootstrap = os.environ.get("RUNSTATE_BENCH_KAFKA")
     broker = None
     if not bootstrap:
-        from kafka_local import LocalKafka
+        from runstate.compose.kafka_local import LocalKafka
 
         broker = LocalKafka(tempfile.mkdtemp(prefix="runstate-bench-kafka-"))
         bootstrap = broker.start()

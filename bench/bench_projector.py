@@ -28,11 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eventlog.embedded import EmbeddedLog  # noqa: E402
-from projector.loop import Projector  # noqa: E402
-from projector.queries import Projection  # noqa: E402
-from schemas.codec import decode, encode  # noqa: E402
-from schemas.patch import Author, Patch  # noqa: E402
+from runstate.eventlog.embedded import EmbeddedLog  # noqa: E402
+from runstate.projector.loop import Projector  # noqa: E402
+from runstate.projector.queries import Projection  # noqa: E402
+from runstate.schemas.codec import decode, encode  # noqa: E402
+from runstate.schemas.patch import Author, Patch  # noqa: E402
 
 T0 = datetime(2026, 8, 11, tzinfo=UTC)
 AUTHOR = Author(agent_id="bench", agent_version="1")
@@ -113,26 +113,26 @@ def bench_size(root: Path, runs: int, facts: int, tail_events: int) -> tuple[flo
     revs = fill(log, runs, facts)
     proj = Projector(log, str(state), batch_size=2000, publish_dead_letters=False)
     proj.layout.ensure(log.topics.events, 4)
-    proj._on_assign([0, 1, 2, 3])
+    proj.assign([0, 1, 2, 3])
     fill_s = drain(proj)
     print(f"  prefill: {runs} runs x {facts} facts: appended+projected in {time.perf_counter() - t:.1f}s "
           f"(projection {runs * facts / fill_s:,.0f} events/s)")  # fmt: skip
     # Copy the store for the cold run before the tail is applied.
-    proj._on_revoke([0, 1, 2, 3])
+    proj.release([0, 1, 2, 3])
     shutil.copytree(state, root / f"cold-{facts}")
     n = tail(log, revs, tail_events)
     # warm: working states loaded before timing, as in a projector that has been running.
     proj = Projector(log, str(state), batch_size=2000, publish_dead_letters=False)
-    proj._on_assign([0, 1, 2, 3])
+    proj.assign([0, 1, 2, 3])
     for run in revs:
         proj.parts[proj.layout.partition_of(run)].book.doc(run)
     warm_s = drain(proj)
     accepted = proj.stats.accepted
-    proj._on_revoke([0, 1, 2, 3])
+    proj.release([0, 1, 2, 3])
     cold = Projector(log, str(root / f"cold-{facts}"), batch_size=2000, publish_dead_letters=False)
-    cold._on_assign([0, 1, 2, 3])
+    cold.assign([0, 1, 2, 3])
     cold_s = drain(cold)
-    cold._on_revoke([0, 1, 2, 3])
+    cold.release([0, 1, 2, 3])
     assert cold.stats.rejected == 0 and accepted > 0, "the bench workload must be all-accepted"
     print(f"  tail: {n:,} events in {n // 2:,} patches: warm {n / warm_s:,.0f} events/s, cold {n / cold_s:,.0f} events/s")
     log.close()

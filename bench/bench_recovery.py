@@ -28,14 +28,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eventlog.embedded import EmbeddedLog  # noqa: E402
-from projector.loop import Projector  # noqa: E402
-from projector.queries import Projection  # noqa: E402
-from schemas.codec import encode  # noqa: E402
-from schemas.patch import Author, Patch  # noqa: E402
-from snapshotter.policy import CheckpointPolicy  # noqa: E402
-from snapshotter.process import Snapshotter  # noqa: E402
-from snapshotter.recovery import RestoreReport, restore_partition  # noqa: E402
+from runstate.eventlog.embedded import EmbeddedLog  # noqa: E402
+from runstate.projector.loop import Projector  # noqa: E402
+from runstate.projector.queries import Projection  # noqa: E402
+from runstate.schemas.codec import encode  # noqa: E402
+from runstate.schemas.patch import Author, Patch  # noqa: E402
+from runstate.snapshotter.policy import CheckpointPolicy  # noqa: E402
+from runstate.snapshotter.service import Snapshotter  # noqa: E402
+from runstate.snapshotter.recovery import RestoreReport, restore_partition  # noqa: E402
 
 T0 = datetime(2026, 8, 11, tzinfo=UTC)
 AUTHOR = Author(agent_id="bench", agent_version="1")

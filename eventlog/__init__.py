@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eventlog.base import Appended, EventLog, LogConsumer, LogProducer, Record, TopicNames
-from eventlog.partitioner import murmur2, partition_for
-from schemas.errors import LogConfigError
+from runstate.eventlog.base import Appended, EventLog, LogConsumer, LogProducer, Record, TopicNames
+from runstate.eventlog.partitioner import murmur2, partition_for
+from runstate.schemas.errors import LogConfigError
 
 __all__ = [
     "Appended", "EventLog", "LogConsumer", "LogProducer", "Record", "TopicNames",
@@ -24,7 +24,7 @@ def open_log(url: str, *, partitions: int = 4, topics: TopicNames | None = None,
     ``create``). Raises :class:`LogConfigError` for any other scheme.
     """
     if url.startswith("kafka://"):
-        from eventlog.kafka import KafkaLog  # confluent-kafka loads only when used
+        from runstate.eventlog.kafka import KafkaLog  # confluent-kafka loads only when used
 
         return KafkaLog(url[len("kafka://"):], topics=topics, config=kafka_config or {})
     if "://" in url:
@@ -32,6 +32,6 @@ def open_log(url: str, *, partitions: int = 4, topics: TopicNames | None = None,
         if scheme not in ("sqlite", "file"):
             raise LogConfigError(f"unknown log URL scheme {scheme!r} in {url!r}; use kafka://HOST:PORT or a file path")
         url = rest
-    from eventlog.embedded import EmbeddedLog
+    from runstate.eventlog.embedded import EmbeddedLog
 
     return EmbeddedLog(Path(url), partitions=partitions, topics=topics, create=create)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from eventlog.base import (
+from runstate.eventlog.base import (
     Appended,
     DeliveryCallback,
     EventLog,
@@ -36,8 +36,8 @@ from eventlog.base import (
     Record,
     TopicNames,
 )
-from eventlog.partitioner import partition_for
-from schemas.errors import DeliveryError, LogConfigError, LogError
+from runstate.eventlog.partitioner import partition_for
+from runstate.schemas.errors import DeliveryError, LogConfigError, LogError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics(

@@ -20,7 +20,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from eventlog.base import (
+from runstate.eventlog.base import (
     Appended,
     DeliveryCallback,
     EventLog,
@@ -32,7 +32,7 @@ from eventlog.base import (
     Record,
     TopicNames,
 )
-from schemas.errors import DeliveryError, LogConfigError, LogError
+from runstate.schemas.errors import DeliveryError, LogConfigError, LogError
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,

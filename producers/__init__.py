@@ -1,5 +1,5 @@
 """What an agent worker uses to append: :class:`RunProducer`."""
 
-from producers.run_producer import Receipt, RunProducer
+from runstate.producers.run_producer import Receipt, RunProducer
 
 __all__ = ["Receipt", "RunProducer"]

@@ -17,10 +17,10 @@ from typing import Any
 
 import pydantic
 
-from eventlog.base import Appended, EventLog
-from schemas.codec import encode
-from schemas.errors import ContractError, DecisionTimeout, PatchTooLarge
-from schemas.patch import Author, Decision, Patch, PatchDraft, parse_draft
+from runstate.eventlog.base import Appended, EventLog
+from runstate.schemas.codec import encode
+from runstate.schemas.errors import ContractError, DecisionTimeout, PatchTooLarge, describe_validation_error
+from runstate.schemas.patch import Author, Decision, Patch, PatchDraft, parse_draft
 
 DEFAULT_MAX_PATCH_BYTES = 1024 * 1024
 
@@ -80,9 +80,8 @@ class RunProducer:
                 rebase=draft.rebase,
             )
         except pydantic.ValidationError as e:
-            first = e.errors()[0]
-            loc = ".".join(map(str, first["loc"]))
-            raise ContractError(f"invalid patch: {loc}: {first['msg']}", where=where, field=loc) from e
+            field, msg = describe_validation_error(e)
+            raise ContractError(f"invalid patch: {msg}", where=where, field=field) from e
 
     def events(self, run_id: str, expected_revision: int, events: Sequence[Any], *, rebase: bool = False) -> Patch:
         """Build a patch from event models or dicts."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from schemas.state import RunState, Task
+from runstate.schemas.state import RunState, Task
 
 
 def _when(t: datetime | None) -> str:

@@ -12,18 +12,21 @@ Order of checks (first that fails decides):
 4. every event, in order, against the draft → ``invalid`` with the rule and event index.
 5. accepted: revision + 1 (one revision per patch), ``agent_version`` from the author.
 
-Duplicate ``patch_id`` handling needs the decision store, so it is the caller's first
-step (see :class:`projector.core.RunBook`).
+Rules of individual events are not here: each event's reducer checks its own rules while
+it applies the event to a draft (:mod:`runstate.projector.reducer`); decide runs them in
+order and turns the first :class:`RuleViolation` into ``invalid``. Duplicate ``patch_id``
+handling needs the decision store, so it is the caller's first step
+(:class:`runstate.projector.runbook.RunBook`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from projector.doc import Changes, Draft, RunDoc
-from projector.reducer import Ctx, RuleViolation, apply_event
-from schemas import events as ev
-from schemas.patch import Decision, Patch, RejectReason
+from runstate.projector.working import Changes, Draft, RunDoc
+from runstate.projector.reducer import Ctx, RuleViolation, apply_event
+from runstate.schemas import events as ev
+from runstate.schemas.patch import Decision, Patch, RejectReason
 
 #: Events that commute with any concurrent patch (fresh ids are still checked).
 COMMUTING: frozenset[str] = frozenset(
@@ -39,8 +42,10 @@ def commutes(event: ev.Model) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
-    """A decision and, when accepted, the run's new working state and what changed."""
+class Decided:
+    """What :func:`decide` returns: the decision and, when accepted, the run's new
+    working state and what changed. (Not to be confused with a checkpoint's resume
+    verdict, :data:`runstate.snapshotter.checkpoint.ResumeVerdict`.)"""
 
     decision: Decision
     doc: RunDoc | None = None
@@ -60,17 +65,19 @@ def _decision(patch: Patch, partition: int, offset: int, revision: int, *, reaso
     )  # fmt: skip
 
 
-def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int) -> Verdict:
+def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int) -> Decided:
     """Decide ``patch`` against the run's current working state ``doc`` (None: no state).
 
-    Pure: ``doc`` is not modified unless the patch is accepted, in which case the returned
-    ``doc`` is ``doc`` updated in place (or a new doc for RunStarted) and ``changes`` lists
-    what to persist.
+    Deterministic (no clock, randomness or I/O: the same ``doc`` and ``patch`` give the
+    same decision and changes), but not side-effect free: a rejected patch leaves ``doc``
+    untouched; an accepted one moves ``doc`` forward *in place* (the working state is owned
+    by its single writer, and copying it per patch would cost its size) and returns it, or
+    a new doc for ``RunStarted``, with ``changes`` listing what to persist.
     """
     types = [e.type for e in patch.events]
     if doc is None:
         if types[0] != "RunStarted" or patch.expected_revision != 0:
-            return Verdict(_decision(patch, partition, offset, 0, reason="unknown_run",
+            return Decided(_decision(patch, partition, offset, 0, reason="unknown_run",
                                      message=f"run {patch.run_id!r} was never started (first event must be RunStarted at revision 0)"))  # fmt: skip
         header = None
         current = 0
@@ -78,21 +85,21 @@ def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int) -> Ver
         header = doc.header
         current = header.revision
         if header.status in ("completed", "failed", "cancelled"):
-            return Verdict(_decision(patch, partition, offset, current, reason="run_terminal",
+            return Decided(_decision(patch, partition, offset, current, reason="run_terminal",
                                      message=f"run {patch.run_id!r} is {header.status}; nothing is accepted after a terminal status"))  # fmt: skip
 
     rebased = False
     if patch.expected_revision != current:
         control_only = all(t in ev.CONTROL_EVENT_TYPES for t in types)
         if header is not None and patch.expected_revision < header.last_control_revision and not control_only:
-            return Verdict(_decision(patch, partition, offset, current, reason="superseded",
+            return Decided(_decision(patch, partition, offset, current, reason="superseded",
                                      message=f"based on revision {patch.expected_revision}, before the control event at revision {header.last_control_revision}"))  # fmt: skip
         if control_only:
             pass  # control events win over the revision check
         elif patch.rebase and patch.expected_revision < current and all(commutes(e) for e in patch.events):
             rebased = True
         else:
-            return Verdict(_decision(patch, partition, offset, current, reason="revision_conflict",
+            return Decided(_decision(patch, partition, offset, current, reason="revision_conflict",
                                      message=f"expected revision {patch.expected_revision}, run is at {current}"))  # fmt: skip
 
     new_revision = current + 1
@@ -100,13 +107,13 @@ def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int) -> Ver
     draft = Draft(doc, header)
     for i, event in enumerate(patch.events):
         if i > 0 and draft.hget("status") in ("completed", "failed", "cancelled"):
-            return Verdict(_decision(patch, partition, offset, current, reason="invalid", rule="run.terminal",
+            return Decided(_decision(patch, partition, offset, current, reason="invalid", rule="run.terminal",
                                      message=f"event {i} ({event.type}) comes after the run became {draft.hget('status')}",
                                      event_index=i))  # fmt: skip
         try:
             apply_event(draft, event, ctx)
         except RuleViolation as v:
-            return Verdict(_decision(patch, partition, offset, current, reason="invalid", rule=v.rule,
+            return Decided(_decision(patch, partition, offset, current, reason="invalid", rule=v.rule,
                                      message=v.message, event_index=i))  # fmt: skip
         if i == 0 and types[0] == "RunStarted":
             draft.hset(run_id=patch.run_id)
@@ -118,4 +125,4 @@ def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int) -> Ver
         update["last_control_revision"] = new_revision
     draft.hset(**update)
     new_doc, changes = draft.commit()
-    return Verdict(_decision(patch, partition, offset, new_revision, rebased=rebased), new_doc, changes)
+    return Decided(_decision(patch, partition, offset, new_revision, rebased=rebased), new_doc, changes)

@@ -24,16 +24,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from threading import Event
-from typing import Literal, Protocol
+from typing import Protocol
 
-from eventlog.base import EventLog, LogConsumer, Record
-from projector.book import RunBook
-from projector.doc import RunDoc
-from projector.layout import Layout
-from projector.store import DeadLetter, PendingBatch, ProjectionStore
-from schemas.codec import decode
-from schemas.errors import DecodeError, LogError, StoreError
-from schemas.patch import Decision, Patch
+from runstate.eventlog.base import EventLog, LogConsumer, Record
+from runstate.projector.runbook import DeadLetter, InternalErrorPolicy, RunBook
+from runstate.projector.statedir import Layout
+from runstate.projector.store import PendingBatch, ProjectionStore
+from runstate.projector.working import RunDoc
+from runstate.schemas.errors import LogError, StoreLocked
+from runstate.schemas.patch import Decision, Patch
 
 log = logging.getLogger("runstate.projector")
 
@@ -87,7 +86,9 @@ class ProjectorHooks(Protocol):
 
 
 #: ``restore(partition, store)``: fill a partition's brand-new store from checkpoints.
-Restorer = Callable[[int, ProjectionStore], None]
+Restorer = Callable[[int, ProjectionStore], object]
+#: ``on_replay_progress(records done, records total)``
+ReplayProgress = Callable[[int, int], None]
 
 
 class Projector:
@@ -110,7 +111,7 @@ class Projector:
         publish_dead_letters: bool = True,
         hooks: ProjectorHooks | None = None,
         restore: Restorer | None = None,
-        on_internal_error: Literal["dead_letter", "fail"] = "dead_letter",
+        on_internal_error: InternalErrorPolicy = "dead_letter",
     ) -> None:
         self.log = log_
         self.layout = Layout(state_dir)
@@ -126,14 +127,14 @@ class Projector:
         self._dlq = log_.producer() if publish_dead_letters else None
         self.hooks = hooks
         self.restore = restore
-        #: what to do when deciding a well-formed patch raises (a bug): dead-letter the
-        #: record and go on (the decision is all-or-nothing, so no state is half-applied;
-        #: a replay dead-letters it the same way), or stop the projector.
         self.on_internal_error = on_internal_error
 
     # -- assignment --------------------------------------------------------------------------
 
-    def _on_assign(self, partitions: list[int]) -> dict[int, int]:
+    def assign(self, partitions: list[int]) -> dict[int, int]:
+        """Open (restoring from checkpoints when new) the stores of ``partitions`` and
+        return where each one resumes. The consumer calls this on assignment; a replay
+        calls it directly."""
         starts = {}
         for p in partitions:
             if p not in self.parts:
@@ -156,12 +157,13 @@ class Projector:
         while True:
             try:
                 return ProjectionStore(self.layout.store_path(partition))
-            except StoreError as e:
-                if "in use" not in str(e) or time.monotonic() > deadline:
+            except StoreLocked:
+                if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
 
-    def _on_revoke(self, partitions: list[int]) -> None:
+    def release(self, partitions: list[int]) -> None:
+        """Close the stores of ``partitions`` (revocation, end of a replay)."""
         # Every poll batch is stored before the next poll, so nothing is in hand here.
         for p in partitions:
             part = self.parts.pop(p, None)
@@ -179,7 +181,7 @@ class Projector:
         self.layout.ensure(topic, self.log.partitions(topic))
         consumer = self.log.consumer(self.group_id, topic)
         self._consumer = consumer
-        consumer.subscribe(self._on_assign, self._on_revoke)
+        consumer.subscribe(self.assign, self.release)
         last_progress = 0.0
         last_lag = 0.0
         try:
@@ -232,6 +234,38 @@ class Projector:
             total += max(0, end - part.next_offset)
         return total
 
+    def replay(self, until: dict[int, int], *, chunk: int = 2000, on_progress: ReplayProgress | None = None) -> int:
+        """Project partitions straight from the log, without a consumer group: for each
+        ``partition: end`` of ``until``, the records from the store's position up to
+        ``end`` (exclusive), in chunks of ``chunk`` records, each stored like a poll batch.
+        Used by ``verify`` (into a scratch directory) and the benchmarks. Returns the
+        number of records read; ``on_progress(done, total)`` after each chunk."""
+        topic = self.log.topics.events
+        self.layout.ensure(topic, self.log.partitions(topic))
+        parts = sorted(until)
+        starts = self.assign(parts)
+        total = sum(max(0, until[p] - starts[p]) for p in parts)
+        done = 0
+        try:
+            for p in parts:
+                pending: list[Record] = []
+                for rec in self.log.scan(topic, p, starts[p], until[p]):
+                    pending.append(rec)
+                    if len(pending) >= chunk:
+                        self.process(pending)
+                        done += len(pending)
+                        pending = []
+                        if on_progress is not None:
+                            on_progress(done, total)
+                if pending:
+                    self.process(pending)
+                    done += len(pending)
+                    if on_progress is not None:
+                        on_progress(done, total)
+        finally:
+            self.release(parts)
+        return done
+
     def process(self, records: list[Record]) -> None:
         """Decide and store one poll batch (see the module docstring for the order)."""
         if self.stats.first_batch_at is None:
@@ -250,29 +284,16 @@ class Projector:
             self.stats.records += 1
             if part.skip and rec.key is not None and rec.offset <= part.skip.get(rec.key, -1):
                 continue
-            try:
-                patch = decode(rec.value)
-                key = rec.key.decode() if rec.key is not None else None
-                if key != patch.run_id:
-                    raise DecodeError("key_mismatch", detail=f"record key {key!r} is not the patch's run_id {patch.run_id!r}")
-            except DecodeError as e:
-                batch.dead.append(DeadLetter(rec.partition, rec.offset, e.reason, e.detail,
-                                             rec.key.decode(errors="replace") if rec.key else None, len(rec.value)))  # fmt: skip
-                continue
-            try:
-                applied = part.book.apply(patch, rec.partition, rec.offset)
-            except Exception as e:  # a bug in the pure core, not bad input: see on_internal_error
-                if self.on_internal_error == "fail":
-                    raise
-                log.exception("internal error deciding p%d@%d (run %r); dead-lettered", rec.partition, rec.offset, patch.run_id)
-                batch.dead.append(DeadLetter(rec.partition, rec.offset, "internal_error", f"{type(e).__name__}: {e}",
-                                             patch.run_id, len(rec.value)))  # fmt: skip
+            applied = part.book.apply_record(rec, self.on_internal_error)
+            if isinstance(applied, DeadLetter):
+                batch.dead.append(applied)
                 continue
             if applied.duplicate:
                 self.stats.duplicates += 1
                 continue
             batch.decisions.append(applied.decision)
             if applied.changes is not None:
+                patch = applied.patch
                 batch.add_changes(patch.run_id, applied.changes)
                 self.stats.accepted += 1
                 self.stats.events += len(patch.events)

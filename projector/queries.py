@@ -8,14 +8,17 @@ writer's WAL); a long-lived reader closes and reopens it to see newer writes. Op
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import Path
 
-from projector.layout import Layout
-from projector.store import DeadLetter, ProjectionStore
-from schemas.errors import RunNotFound, StoreError
-from schemas.patch import Decision
-from schemas.state import RunHeader, RunState, state_digest
+from runstate.projector.runbook import DeadLetter
+from runstate.projector.statedir import Layout
+from runstate.projector.store import ProjectionStore
+from runstate.schemas.errors import RunNotFound, StoreError
+from runstate.schemas.patch import Decision
+from runstate.schemas.state import RunHeader, RunState, state_digest
 
-__all__ = ["Projection", "state_digest"]
+__all__ = ["Projection", "decision_reader", "state_digest"]
 
 
 class Projection:
@@ -117,3 +120,21 @@ class Projection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def decision_reader(state_dir: str | os.PathLike[str]) -> Callable[[str, str], Decision | None]:
+    """A decision source for :class:`runstate.producers.RunProducer` (``decisions=``): reads
+    the decision on ``(run_id, patch_id)`` from the projection in ``state_dir``, or None
+    while there is none (no projector has started, or it has not decided yet)."""
+
+    def read(run_id: str, patch_id: str) -> Decision | None:
+        if not (Path(state_dir) / "layout.json").exists():
+            return None  # no projector has started yet
+        # A read-only RocksDB view is fixed at open: reopen on each poll to see new writes.
+        try:
+            with Projection(state_dir) as proj:
+                return proj.decision(run_id, patch_id)
+        except StoreError:
+            return None  # the partition's store is not created yet
+
+    return read

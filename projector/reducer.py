@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from projector.doc import Draft
-from schemas import events as ev
-from schemas.state import (
+from runstate.projector.working import Draft
+from runstate.schemas import events as ev
+from runstate.schemas.state import (
     Budgets,
     Constraint,
     Effect,

@@ -1,7 +1,9 @@
-"""Replay tooling: state at any revision, and proof that the projection equals a replay.
+"""Replay tooling: state at any revision, why a field changed, and proof that the
+projection equals a replay.
 
-Both go back to the log, the source of truth, and run the same pure core (RunBook ->
-decide -> reducers) that the projector runs.
+All of it goes back to the log, the source of truth, and folds records through the one
+driver of the pure core, :meth:`RunBook.apply_record` — in memory here (:func:`replay`),
+or into a scratch store for ``verify`` (:meth:`Projector.replay`).
 """
 
 from __future__ import annotations
@@ -13,27 +15,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eventlog.base import EventLog
-from projector.book import RunBook
-from projector.doc import RunDoc
-from projector.loop import Projector
-from projector.queries import Projection, state_digest
-from schemas.codec import decode
-from schemas.errors import DecodeError, RevisionNotFound, RunNotFound
-from schemas.patch import Decision, Patch
-from schemas.state import RunState
+from runstate.eventlog.base import EventLog, Record
+from runstate.projector.loop import Projector
+from runstate.projector.queries import Projection
+from runstate.projector.runbook import Applied, DeadLetter, RunBook
+from runstate.projector.working import RunDoc
+from runstate.schemas.errors import RevisionNotFound, RunNotFound
+from runstate.schemas.patch import Decision
+from runstate.schemas.state import COLLECTIONS, Goal, RunState, state_digest
+
+#: ``on_record(record, outcome, book)`` after each record of a replay.
+OnRecord = Callable[[Record, Applied | DeadLetter, RunBook], None]
 
 
-def fold(patches: Iterable[tuple[Patch, int, int]]) -> RunBook:
-    """Decide ``(patch, partition, offset)`` in order from empty state (pure, in memory)."""
-    book = RunBook()
-    for patch, partition, offset in patches:
-        book.apply(patch, partition, offset)
+def replay(records: Iterable[Record], book: RunBook | None = None, *, on_record: OnRecord | None = None) -> RunBook:
+    """Fold log records in order through the pure core, in memory, starting from ``book``
+    (default: empty). Returns the book: its working states and decisions."""
+    book = book if book is not None else RunBook()
+    for rec in records:
+        outcome = book.apply_record(rec)
+        if on_record is not None:
+            on_record(rec, outcome, book)
     return book
 
 
 #: ``nearest(run_id, revision)`` -> a trusted state at the newest checkpoint <= revision, or None.
 NearestCheckpoint = Callable[[str, int], RunState | None]
+
+
+def _accepted_records(log: EventLog, decisions: list[Decision]) -> list[Record]:
+    if not decisions:
+        return []
+    return log.read(log.topics.events, decisions[0].partition, [d.offset for d in decisions])
 
 
 def state_at(log: EventLog, projection: Projection, run_id: str, revision: int,
@@ -45,7 +58,6 @@ def state_at(log: EventLog, projection: Projection, run_id: str, revision: int,
     offsets come from the projection's history) and decides them again with the pure
     core. Raises :class:`RunNotFound` / :class:`RevisionNotFound`.
     """
-    history = projection.history(run_id)
     header = projection.header(run_id)
     if header is None:
         raise RunNotFound(run_id)
@@ -56,15 +68,11 @@ def state_at(log: EventLog, projection: Projection, run_id: str, revision: int,
     if base is not None and base.revision == revision:
         return base
     after = base.revision if base is not None else 0
-    wanted = [d for d in history if d.outcome == "accepted" and after < d.revision <= revision]
+    wanted = [d for d in projection.history(run_id) if d.outcome == "accepted" and after < d.revision <= revision]
     if len(wanted) != revision - after:
         raise RevisionNotFound(run_id, revision, current)  # history before a restore is not local
     start = None if base is None else RunDoc.from_state(base)
-    book = RunBook(load_doc=lambda r: start if r == run_id else None)
-    if wanted:
-        records = log.read(log.topics.events, wanted[0].partition, [d.offset for d in wanted])
-        for r in records:
-            book.apply(decode(r.value), r.partition, r.offset)
+    book = replay(_accepted_records(log, wanted), RunBook(load_doc=lambda r: start if r == run_id else None))
     doc = book.doc(run_id)
     if doc is None or doc.header.revision != revision:
         raise RevisionNotFound(run_id, revision, current)
@@ -87,11 +95,10 @@ class FieldChange:
 _ABSENT = object()
 
 
-def field_value(state_json: dict[str, Any], path: str) -> Any:
-    """The value at a dotted ``path`` of a state document; list items are addressed by
-    their id (``tasks.task_3.status``, ``goal.constraints.timeout.value``)."""
-    cur: Any = state_json
-    for part in path.split("."):
+def _walk(value: Any, parts: list[str]) -> Any:
+    """Follow ``parts`` into a JSON value; list items are addressed by their id."""
+    cur = value
+    for part in parts:
         if isinstance(cur, dict):
             cur = cur.get(part, _ABSENT)
         elif isinstance(cur, list):
@@ -104,6 +111,30 @@ def field_value(state_json: dict[str, Any], path: str) -> Any:
     return cur
 
 
+def field_value(doc: RunDoc, path: str) -> Any:
+    """The JSON value at a dotted ``path`` of a run's state, read from its working form:
+    only the header field or the one item the path names is serialised, so the cost does
+    not grow with the size of the run. List items are addressed by their id
+    (``tasks.task_3.status``, ``goal.constraints.timeout.value``); a whole collection
+    (``tasks``) is assembled when asked for."""
+    parts = path.split(".")
+    head, rest = parts[0], parts[1:]
+    if head == "goal" and rest[:1] == ["constraints"]:
+        head, rest = "constraints", rest[1:]
+    if head in COLLECTIONS:
+        if not rest:
+            return [item.model_dump(mode="json") for item in doc.sorted_items(head)]
+        entry = doc.entry(head, rest[0])
+        return None if entry is None else _walk(entry[1].model_dump(mode="json"), rest[1:])
+    if head == "goal" and not rest:
+        g = doc.header.goal
+        return Goal(statement=g.statement, scope=g.scope, acceptance=g.acceptance,
+                    constraints=doc.sorted_items("constraints")).model_dump(mode="json")  # type: ignore[arg-type]
+    if head not in type(doc.header).model_fields:
+        return None
+    return _walk(doc.header.model_dump(mode="json", include={head}).get(head), rest)
+
+
 def explain(log: EventLog, projection: Projection, run_id: str, path: str) -> list[FieldChange]:
     """Why ``path`` has its value: every accepted patch that changed it, with its author,
     agent version and events, replayed from the log. Raises :class:`RunNotFound`."""
@@ -112,18 +143,20 @@ def explain(log: EventLog, projection: Projection, run_id: str, path: str) -> li
         raise RunNotFound(run_id)
     if history[0].revision != 1:
         raise RevisionNotFound(run_id, 1, history[-1].revision)  # restored: early history is not local
-    records = log.read(log.topics.events, history[0].partition, [d.offset for d in history])
-    book = RunBook()
+    by_offset = {d.offset: d for d in history}
     changes: list[FieldChange] = []
-    before: Any = None
-    for rec, dec in zip(records, history):
-        book.apply(decode(rec.value), rec.partition, rec.offset)
+    before: list[Any] = [None]
+
+    def look(rec: Record, _outcome: Applied | DeadLetter, book: RunBook) -> None:
         doc = book.docs.get(run_id)
-        after = None if doc is None else field_value(doc.to_state().model_dump(mode="json"), path)
-        if after != before:
+        after = None if doc is None else field_value(doc, path)
+        if after != before[0]:
+            dec = by_offset[rec.offset]
             changes.append(FieldChange(dec.revision, dec.offset, dec.agent_id, dec.agent_version, dec.event_types,
-                                       before, after))  # fmt: skip
-        before = after
+                                       before[0], after))  # fmt: skip
+        before[0] = after
+
+    replay(_accepted_records(log, history), on_record=look)
     return changes
 
 
@@ -172,37 +205,19 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
     scratch = Path(scratch_dir or tempfile.mkdtemp(prefix="runstate-verify-"))
     try:
         replayer = Projector(log, str(scratch), group_id="runstate-verify", publish_dead_letters=False)
-        replayer.layout.ensure(log.topics.events, log.partitions(log.topics.events))
-        replayer._on_assign(sorted(positions))
-        total = sum(positions.values())
-        done = 0
-        for p, end in sorted(positions.items()):
-            chunk = []
-            for rec in log.scan(log.topics.events, p, 0, end):
-                chunk.append(rec)
-                if len(chunk) >= 2000:
-                    replayer.process(chunk)
-                    done += len(chunk)
-                    chunk = []
-                    if on_progress:
-                        on_progress(done, total)
-            if chunk:
-                replayer.process(chunk)
-                done += len(chunk)
-        report.records = done
-        replayer._on_revoke(sorted(positions))
-        replay = Projection(str(scratch))
-        live_digests, replay_digests = live.digests(), replay.digests()
+        report.records = replayer.replay(positions, on_progress=on_progress)
+        rebuilt = Projection(str(scratch))
+        live_digests, replay_digests = live.digests(), rebuilt.digests()
         restored = live.restored()
         report.runs = len(set(live_digests) | set(replay_digests))
         for run_id in sorted(set(live_digests) | set(replay_digests)):
-            lh, rh = live.history(run_id), replay.history(run_id)
+            lh, rh = live.history(run_id), rebuilt.history(run_id)
             if run_id in restored:  # restored from a checkpoint: compare the history after it
                 lh = [d for d in lh if d.offset > restored[run_id]]
                 rh = [d for d in rh if d.offset > restored[run_id]]
             if live_digests.get(run_id) == replay_digests.get(run_id) and lh == rh:
                 continue
-            lhead, rhead = live.header(run_id), replay.header(run_id)
+            lhead, rhead = live.header(run_id), rebuilt.header(run_id)
             report.mismatches.append(Mismatch(
                 run_id,
                 None if lhead is None else lhead.revision,
@@ -210,7 +225,7 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
                 _first_difference(lh, rh),
                 "decision histories differ" if lh != rh else "state differs with equal histories",
             ))  # fmt: skip
-        replay.close()
+        rebuilt.close()
     finally:
         live.close()
         if scratch_dir is None:
@@ -218,4 +233,4 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
     return report
 
 
-__all__ = ["DecodeError", "FieldChange", "Mismatch", "VerifyReport", "explain", "fold", "state_at", "state_digest", "verify"]
+__all__ = ["FieldChange", "Mismatch", "VerifyReport", "explain", "field_value", "replay", "state_at", "state_digest", "verify"]

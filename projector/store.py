@@ -1,87 +1,48 @@
 """The projection store: one RocksDB per partition of the events topic.
 
-Key layout (bytes; ``\\0`` separates parts, ids cannot contain control characters)::
-
-    m:format                      store format version
-    m:next_offset                 next log offset to apply (8 bytes, big-endian)
-    h:<run>                       run header (RunHeader JSON)
-    i:<run>\\0<collection>\\0<id>  one collection item: 8-byte insertion seq + item JSON
-    l:<run>\\0<offset 16 hex>     decision of the patch at that offset (history, log order)
-    d:<run>\\0<patch_id>          offset of the patch's decision (idempotency index)
-    x:<offset 16 hex>             a dead-lettered record: reason and detail
+Its keys and value encodings are defined in one place, :mod:`runstate.projector.keys`;
+nothing else touches them. What the store holds per partition: run headers and items
+(the working state, written per change), every decision (history + idempotency index),
+dead letters, the runs restored from checkpoints, the snapshotter's checkpoint history
+(opaque blobs), and the next log offset to apply.
 
 Write contract: :meth:`ProjectionStore.write` applies one :class:`PendingBatch` (state
-changes, decisions, dead letters and the new ``next_offset``) as one RocksDB WriteBatch, so
-a crash leaves either all of a poll batch or none of it, never the state without its
-offset. Read-only instances (:func:`open_read_only`) see the DB as of their open,
-including the primary's WAL; secondary instances are not used (stale reads, DESIGN.md).
+changes, decisions, dead letters, checkpoints and the new ``next_offset``) as one RocksDB
+WriteBatch, so a crash leaves either all of a poll batch or none of it, never the state
+without its offset. Read-only instances see the DB as of their open, including the
+primary's WAL; secondary instances are not used (stale reads, DESIGN.md).
+
+Failure modes: opening raises :class:`StoreLocked` when another process has the store
+open read-write and :class:`StoreError` for anything else (missing, corrupt, another
+format); :meth:`write` raises :class:`StoreError` and then nothing of the batch is stored.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
-from projector.doc import Changes, Entry, RunDoc
-from schemas.errors import StoreError
-from schemas.patch import Decision
-from schemas.state import COLLECTIONS, CURRENT_SCHEMA_VERSION, RunHeader
-
-STORE_FORMAT = b"1"
-_NEXT = b"m:next_offset"
-_FORMAT = b"m:format"
+from runstate.projector import keys
+from runstate.projector.runbook import DeadLetter
+from runstate.projector.working import Changes, Entry, RunDoc
+from runstate.schemas.errors import StoreError, StoreLocked
+from runstate.schemas.patch import Decision
+from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState
 
 
-def header_key(run: str) -> bytes:
-    return b"h:" + run.encode()
+@dataclass(frozen=True)
+class RestoredRun:
+    """One run to restore from a checkpoint: its state, the last log offset the state
+    covers, and the decisions the checkpoint carries (for idempotent retries)."""
 
-
-
-def _i_prefix(run: str) -> bytes:
-    return b"i:" + run.encode() + b"\0"
-
-
-def item_key(run: str, kind: str, id_: str) -> bytes:
-    return b"i:" + run.encode() + b"\0" + kind.encode() + b"\0" + id_.encode()
-
-
-
-def _l(run: str, offset: int) -> bytes:
-    return b"l:" + run.encode() + b"\0" + f"{offset:016x}".encode()
-
-
-def _d(run: str, patch_id: str) -> bytes:
-    return b"d:" + run.encode() + b"\0" + patch_id.encode()
-
-
-def decision_puts(run: str, patch_id: str, offset: int, decision_json: bytes) -> dict[bytes, bytes]:
-    """The keys that record one decision (history + idempotency index)."""
-    return {_l(run, offset): decision_json, _d(run, patch_id): offset.to_bytes(8, "big")}
-
-
-def _entry(kind: str, raw: bytes) -> Entry:
-    return int.from_bytes(raw[:8], "big"), COLLECTIONS[kind].model_validate_json(raw[8:])
-
-
-def _dump(model: object) -> bytes:
-    return model.__pydantic_serializer__.to_json(model)  # type: ignore[attr-defined, no-any-return]
-
-
-@dataclass
-class DeadLetter:
-    """A record the projector could not turn into a patch."""
-
-    partition: int
-    offset: int
-    reason: str
-    detail: str
-    key: str | None
-    size: int
+    state: RunState
+    covers_offset: int
+    decisions: list[Decision] = field(default_factory=list)
 
 
 @dataclass
@@ -96,15 +57,18 @@ class PendingBatch:
     dead: list[DeadLetter] = field(default_factory=list)
     #: runs restored from checkpoints -> the offset their checkpoint covers
     restored: dict[str, int] = field(default_factory=dict)
+    #: (run_id, revision) -> an encoded checkpoint (the snapshotter's local history)
+    checkpoints: dict[tuple[str, int], bytes] = field(default_factory=dict)
 
     def add_changes(self, run_id: str, changes: Changes) -> None:
+        """Stage what one accepted patch (or a restore) changed in a run."""
         self.headers[run_id] = changes.header
-        for (kind, id_), (seq, item) in changes.puts.items():
-            k = item_key(run_id, kind, id_)
+        for (kind, id_), entry in changes.puts.items():
+            k = keys.item_key(run_id, kind, id_)
             self.deletes.discard(k)
-            self.puts[k] = seq.to_bytes(8, "big") + _dump(item)
+            self.puts[k] = keys.encode_item(entry)
         for kind, id_ in changes.deletes:
-            k = item_key(run_id, kind, id_)
+            k = keys.item_key(run_id, kind, id_)
             self.puts.pop(k, None)
             self.deletes.add(k)
 
@@ -113,6 +77,13 @@ def _options() -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     return opts
+
+
+def _is_lock_error(e: Exception) -> bool:
+    # rocksdict raises a plain Exception carrying RocksDB's status text; the LOCK file's
+    # status is the one way to tell "in use" apart. This is the only place that looks.
+    text = str(e).lower()
+    return "lock" in text and ("resource temporarily unavailable" in text or "lock hold" in text or "no locks" in text)
 
 
 class ProjectionStore:
@@ -132,16 +103,16 @@ class ProjectionStore:
         except StoreError:
             raise
         except Exception as e:  # rocksdict raises plain Exception for RocksDB status errors
-            if "lock" in str(e).lower():
-                raise StoreError(f"projection store {self.path} is in use by another process: {e}") from e
+            if _is_lock_error(e):
+                raise StoreLocked(str(self.path), str(e)) from e
             raise StoreError(f"cannot open projection store {self.path}: {e}") from e
-        fmt = self._db.get(_FORMAT)
+        fmt = self._db.get(keys.FORMAT)
         if fmt is None and not read_only:
-            self._db[_FORMAT] = STORE_FORMAT
-        elif fmt is not None and fmt != STORE_FORMAT:
+            self._db[keys.FORMAT] = keys.STORE_FORMAT
+        elif fmt is not None and fmt != keys.STORE_FORMAT:
             raise StoreError(
                 f"projection store {self.path} has format {fmt.decode()!r}, this runstate writes "
-                f"{STORE_FORMAT.decode()!r}: rebuild it from the log (runstate verify --rebuild)"
+                f"{keys.STORE_FORMAT.decode()!r}: delete the state directory to rebuild it from the log"
             )
         self._wopts = WriteOptions()
 
@@ -151,37 +122,58 @@ class ProjectionStore:
         """Apply ``batch`` atomically (state changes, decisions, dead letters, offset)."""
         wb = WriteBatch(raw_mode=True)
         for run_id, header in batch.headers.items():
-            wb.put(header_key(run_id), _dump(header))
+            wb.put(keys.header_key(run_id), keys.dump(header))
         for k in batch.deletes:
             wb.delete(k)
         for k, v in batch.puts.items():
             wb.put(k, v)
         for dec in batch.decisions:
-            wb.put(_l(dec.run_id, dec.offset), _dump(dec))
-            wb.put(_d(dec.run_id, dec.patch_id), dec.offset.to_bytes(8, "big"))
+            for k, v in keys.decision_puts(dec).items():
+                wb.put(k, v)
         for dl in batch.dead:
-            wb.put(b"x:" + f"{dl.offset:016x}".encode(), orjson.dumps(dl.__dict__))
+            wb.put(keys.dead_letter_key(dl.offset), orjson.dumps(dl.__dict__))
         for run_id, covers in batch.restored.items():
-            wb.put(b"k:" + run_id.encode(), covers.to_bytes(8, "big"))
-        wb.put(_NEXT, batch.next_offset.to_bytes(8, "big"))
+            wb.put(keys.restored_key(run_id), keys.encode_int(covers))
+        for (run_id, revision), blob in batch.checkpoints.items():
+            wb.put(keys.checkpoint_key(run_id, revision), blob)
+        wb.put(keys.NEXT_OFFSET, keys.encode_int(batch.next_offset))
         try:
             self._db.write(wb, self._wopts)
         except Exception as e:
             raise StoreError(f"write to {self.path} failed: {e}") from e
 
+    def restore(self, runs: Iterable[RestoredRun], next_offset: int) -> int:
+        """Write runs restored from checkpoints into this (new) store in one WriteBatch, and
+        set the position to ``next_offset``. Each run is written exactly as a live patch
+        writes it (same encoder), and remembered as restored up to its covered offset.
+        Returns the number of runs written."""
+        batch = PendingBatch(next_offset=next_offset)
+        n = 0
+        for run in runs:
+            batch.add_changes(run.state.run_id, RunDoc.from_state(run.state).as_changes())
+            batch.decisions.extend(run.decisions)
+            batch.restored[run.state.run_id] = run.covers_offset
+            n += 1
+        self.write(batch)
+        return n
+
+    def put_checkpoints(self, checkpoints: dict[tuple[str, int], bytes]) -> None:
+        """Add checkpoints to the local history outside a poll batch (the age trigger)."""
+        self.write(PendingBatch(next_offset=self.next_offset(), checkpoints=checkpoints))
+
     # -- reading -----------------------------------------------------------------------------
 
     def next_offset(self) -> int:
-        raw = self._db.get(_NEXT)
-        return 0 if raw is None else int.from_bytes(raw, "big")
+        raw = self._db.get(keys.NEXT_OFFSET)
+        return 0 if raw is None else keys.decode_int(raw)
 
     def header(self, run_id: str) -> RunHeader | None:
-        raw = self._db.get(header_key(run_id))
-        return None if raw is None else RunHeader.model_validate_json(raw)
+        raw = self._db.get(keys.header_key(run_id))
+        return None if raw is None else keys.decode_header(raw)
 
     def load_doc(self, run_id: str) -> RunDoc | None:
         """The run's working state, or None. Reads only the header now; items are read
-        when first touched (see :mod:`projector.doc`)."""
+        when first touched (see :mod:`runstate.projector.working`)."""
         header = self.header(run_id)
         if header is None:
             return None
@@ -189,63 +181,60 @@ class ProjectionStore:
             raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.schema_version}")
 
         def load_one(kind: str, id_: str) -> Entry | None:
-            raw = self._db.get(item_key(run_id, kind, id_))
-            return None if raw is None else _entry(kind, raw)
+            raw = self._db.get(keys.item_key(run_id, kind, id_))
+            return None if raw is None else keys.decode_item(kind, raw)
 
         def load_all(kind: str) -> Iterator[tuple[str, Entry]]:
-            prefix = _i_prefix(run_id) + kind.encode() + b"\0"
+            prefix = keys.items_prefix(run_id, kind)
             for key, value in self._prefix(prefix):
-                yield key[len(prefix):].decode(), _entry(kind, value)
+                yield key[len(prefix):].decode(), keys.decode_item(kind, value)
 
         return RunDoc(header, load_one=load_one, load_all=load_all)
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
-        off = self._db.get(_d(run_id, patch_id))
+        off = self._db.get(keys.dedupe_key(run_id, patch_id))
         if off is None:
             return None
-        raw = self._db.get(_l(run_id, int.from_bytes(off, "big")))
-        return None if raw is None else Decision.model_validate_json(raw)
+        raw = self._db.get(keys.history_key(run_id, keys.decode_int(off)))
+        return None if raw is None else keys.decode_decision(raw)
 
     def history(self, run_id: str) -> list[Decision]:
         """Every decided patch of the run, in log order."""
-        prefix = b"l:" + run_id.encode() + b"\0"
-        return [Decision.model_validate_json(v) for _, v in self._prefix(prefix)]
-
-    def headers(self) -> Iterator[RunHeader]:
-        for _, v in self._prefix(b"h:"):
-            yield RunHeader.model_validate_json(v)
-
-    def restored(self) -> dict[str, int]:
-        """Runs restored from checkpoints -> the last offset their checkpoint covered. Their
-        decisions before that offset are not in this store (only the checkpoint's recent ones)."""
-        return {k[2:].decode(): int.from_bytes(v, "big") for k, v in self._prefix(b"k:")}
+        return [keys.decode_decision(v) for _, v in self._prefix(keys.history_prefix(run_id))]
 
     def recent_history(self, run_id: str, n: int) -> list[Decision]:
         """The run's last ``n`` decisions in log order (reads only those)."""
         it = self._db.iter()
-        prefix = b"l:" + run_id.encode() + b"\0"
+        prefix = keys.history_prefix(run_id)
         it.seek_for_prev(prefix + b"\xff")
         out = []
         while it.valid() and len(out) < n:
-            k = it.key()
-            if not k.startswith(prefix):
+            if not it.key().startswith(prefix):
                 break
-            out.append(Decision.model_validate_json(it.value()))
+            out.append(keys.decode_decision(it.value()))
             it.prev()
         return out[::-1]
 
-    def put_raw(self, items: dict[bytes, bytes]) -> None:
-        """Write extra keys owned by an extension (the snapshotter's checkpoint history)."""
-        wb = WriteBatch(raw_mode=True)
-        for k, v in items.items():
-            wb.put(k, v)
-        self._db.write(wb, self._wopts)
+    def headers(self) -> Iterator[RunHeader]:
+        for _, v in self._prefix(keys.HEADERS):
+            yield keys.decode_header(v)
 
-    def scan_raw(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        return self._prefix(prefix)
+    def restored(self) -> dict[str, int]:
+        """Runs restored from checkpoints -> the last offset their checkpoint covered. Their
+        decisions before that offset are not in this store (only the checkpoint's)."""
+        return {keys.run_of(k, keys.RESTORED): keys.decode_int(v) for k, v in self._prefix(keys.RESTORED)}
+
+    def checkpoints(self, run_id: str) -> list[bytes]:
+        """The run's stored checkpoints (encoded), oldest revision first."""
+        return [v for _, v in self._prefix(keys.checkpoints_prefix(run_id))]
+
+    def all_checkpoints(self) -> Iterator[tuple[str, bytes]]:
+        """Every stored checkpoint as ``(run_id, encoded)``, by run then revision."""
+        for k, v in self._prefix(keys.CHECKPOINTS):
+            yield keys.run_of(k, keys.CHECKPOINTS), v
 
     def dead_letters(self) -> list[DeadLetter]:
-        return [DeadLetter(**orjson.loads(v)) for _, v in self._prefix(b"x:")]
+        return [DeadLetter(**orjson.loads(v)) for _, v in self._prefix(keys.DEAD_LETTERS)]
 
     def _prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         it = self._db.iter()

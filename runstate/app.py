@@ -15,21 +15,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from eventlog import EventLog, open_log
-from producers.run_producer import Receipt, RunProducer
-from projector.context import render_context
-from projector.loop import Projector, ProjectorStats
-from projector.queries import Projection
-from projector.replay import FieldChange, VerifyReport, explain, state_at, verify
-from schemas.errors import ContractError, LogError, RunNotFound, StoreError
-from snapshotter.checkpoint import Checkpoint, CheckpointInvalid, validate
-from snapshotter.checkpoint import encode as encode_checkpoint
-from snapshotter.history import CheckpointHistory
-from snapshotter.policy import CheckpointPolicy
-from snapshotter.process import Snapshotter, snapshotter_dir
-from snapshotter.recovery import restore_partition
-from schemas.patch import Author, Decision
-from schemas.state import RunState
+from runstate.eventlog import EventLog, open_log
+from runstate.producers.run_producer import Receipt, RunProducer
+from runstate.projector.context import render_context
+from runstate.projector.loop import Projector, ProjectorStats
+from runstate.projector.queries import Projection, decision_reader
+from runstate.projector.runbook import DeadLetter
+from runstate.projector.replay import FieldChange, VerifyReport, explain, state_at, verify
+from runstate.schemas.errors import ContractError, LogError, RunNotFound, StoreError
+from runstate.snapshotter.checkpoint import Checkpoint, CheckpointInvalid, validate
+from runstate.snapshotter.checkpoint import encode as encode_checkpoint
+from runstate.snapshotter.history import CheckpointHistory
+from runstate.snapshotter.policy import CheckpointPolicy
+from runstate.snapshotter.service import Snapshotter, snapshotter_dir
+from runstate.snapshotter.recovery import restore_partition
+from runstate.schemas.patch import Author, Decision
+from runstate.schemas.state import RunHeader, RunState
 from runstate.settings import Settings
 
 
@@ -38,6 +39,17 @@ def open_settings_log(settings: Settings, *, create: bool = True) -> EventLog:
     Kafka topics are created explicitly (:func:`create_topics`) and checked at start-up."""
     return open_log(settings.log, partitions=settings.partitions, create=create, topics=settings.topics(),
                     kafka_config={k: str(v) if not isinstance(v, bool) else str(v).lower() for k, v in settings.kafka_config.items()})  # fmt: skip
+
+
+def check_topics(settings: Settings) -> tuple[str, int]:
+    """Check the configured topics; returns where they are and the events partition count.
+    Raises :class:`LogConfigError` naming what is missing or incompatible."""
+    log = open_settings_log(settings, create=False)
+    try:
+        log.check_topics()
+        return log.describe(), log.partitions(log.topics.events)
+    finally:
+        log.close()
 
 
 def create_topics(settings: Settings, partitions: int | None = None, replication: int | None = None) -> list[str]:
@@ -82,27 +94,11 @@ def status(settings: Settings) -> list[PartitionStatus]:
     return out
 
 
-def decisions_from(state_dir: str) -> Callable[[str, str], Decision | None]:
-    """A decision source for :class:`RunProducer` that reads the projection."""
-
-    def read(run_id: str, patch_id: str) -> Decision | None:
-        if not (Path(state_dir) / "layout.json").exists():
-            return None  # no projector has started yet
-        # A read-only RocksDB view is fixed at open: reopen on each poll to see new writes.
-        try:
-            with Projection(state_dir) as proj:
-                return proj.decision(run_id, patch_id)
-        except StoreError:
-            return None  # the partition's store is not created yet
-
-    return read
-
-
 def make_producer(settings: Settings, log: EventLog | None = None) -> RunProducer:
     return RunProducer(
         log or open_settings_log(settings),
         Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
-        decisions=decisions_from(settings.state_dir),
+        decisions=decision_reader(settings.state_dir),
         max_patch_bytes=settings.max_patch_bytes,
     )
 
@@ -233,6 +229,25 @@ def resume_plan(settings: Settings, run_id: str) -> ResumePlan:
             current = None if header is None else header.revision
             tail = [d for d in proj.history(run_id) if d.outcome == "accepted" and d.revision > cp.revision]
     return ResumePlan(cp, current, tail)
+
+
+def list_runs(settings: Settings, status: str | None = None) -> list[RunHeader]:
+    with Projection(settings.state_dir) as proj:
+        return proj.runs(status)
+
+
+def history(settings: Settings, run_id: str) -> list[Decision]:
+    """Every decision on the run's patches in log order. Raises :class:`RunNotFound`."""
+    with Projection(settings.state_dir) as proj:
+        decisions = proj.history(run_id)
+    if not decisions:
+        raise RunNotFound(run_id)
+    return decisions
+
+
+def dead_letters(settings: Settings) -> list[DeadLetter]:
+    with Projection(settings.state_dir) as proj:
+        return proj.dead_letters()
 
 
 def get_context(settings: Settings, run_id: str, now: datetime | None = None) -> str:

@@ -1,4 +1,5 @@
-"""The ``runstate`` command. Thin: each command calls one function of :mod:`runstate.app`.
+"""The ``runstate`` command. Thin: each command calls one function of :mod:`runstate.app`
+and prints its result; :func:`handle_errors` is the one place errors become messages.
 
 Exit codes: 0 success; 1 an operation failed (run not found, verify mismatch, log/store
 error); 2 bad input (a patch file that is not JSON or not a patch, bad options); 3 a
@@ -16,12 +17,12 @@ from typing import Any, TypeVar
 
 import click
 import orjson
+import pydantic
 
-from projector.loop import ProjectorStats
-from projector.queries import Projection
 from runstate import app
+from runstate.projector.loop import ProjectorStats
+from runstate.schemas.errors import ContractError, RunstateError, describe_validation_error
 from runstate.settings import Settings
-from schemas.errors import ContractError, RunstateError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,7 +34,9 @@ def _dump(obj: Any) -> str:
 
 
 def handle_errors(fn: F) -> F:
-    """Turn runstate errors into clear messages and exit codes (no tracebacks)."""
+    """The CLI's one error translator: bad input (a patch, a setting) is a usage error
+    (exit 2) naming the file or setting and the field; any other runstate error is a
+    one-line message (exit 1). No tracebacks for either."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -41,6 +44,8 @@ def handle_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except ContractError as e:
             raise click.UsageError(str(e)) from e
+        except pydantic.ValidationError as e:  # settings (flags and RUNSTATE_* variables)
+            raise click.UsageError(f"bad setting {describe_validation_error(e)[1]}") from e
         except RunstateError as e:
             raise click.ClickException(str(e)) from e
 
@@ -53,20 +58,19 @@ def handle_errors(fn: F) -> F:
 @click.option("--partitions", type=int, envvar="RUNSTATE_PARTITIONS", help="partitions when creating the log [4]")
 @click.option("-v", "--verbose", is_flag=True, help="log what the projector does")
 @click.pass_context
+@handle_errors
 def main(ctx: click.Context, log_url: str | None, state_dir: str | None, partitions: int | None, verbose: bool) -> None:
     """runstate: where is each agent run now? Patches on a log, a projector, queries."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     overrides = {k: v for k, v in {"log": log_url, "state_dir": state_dir, "partitions": partitions}.items() if v is not None}
-    try:
-        ctx.obj = Settings(**overrides)
-    except Exception as e:  # pydantic ValidationError: name the bad setting
-        raise click.UsageError(f"bad settings: {e}") from e
+    ctx.obj = Settings(**overrides)
 
 
 def _settings(ctx: click.Context, **overrides: Any) -> Settings:
+    """The global settings with a command's own flags applied (validated like the rest)."""
     base: Settings = ctx.obj
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    return base.model_copy(update=overrides) if overrides else base
+    return Settings(**{**base.model_dump(), **overrides}) if overrides else base
 
 
 @main.command()
@@ -157,8 +161,7 @@ def context(ctx: click.Context, run_id: str) -> None:
 @handle_errors
 def runs(ctx: click.Context, status: str | None, as_json: bool) -> None:
     """List runs (optionally of one status)."""
-    with Projection(ctx.obj.state_dir) as proj:
-        headers = proj.runs(status)
+    headers = app.list_runs(ctx.obj, status)
     if as_json:
         click.echo(_dump([{"run_id": h.run_id, "revision": h.revision, "status": h.status, "phase": h.phase,
                            "agent_version": h.agent_version, "updated_at": h.updated_at.isoformat()} for h in headers]))  # fmt: skip
@@ -174,10 +177,7 @@ def runs(ctx: click.Context, status: str | None, as_json: bool) -> None:
 @handle_errors
 def history(ctx: click.Context, run_id: str, as_json: bool) -> None:
     """Every patch of RUN_ID: author, agent version, decision and reason."""
-    with Projection(ctx.obj.state_dir) as proj:
-        decisions = proj.history(run_id)
-    if not decisions:
-        raise click.ClickException(f"no patches for run {run_id!r}")
+    decisions = app.history(ctx.obj, run_id)
     if as_json:
         click.echo(_dump([d.model_dump(mode="json") for d in decisions]))
         return
@@ -313,12 +313,8 @@ def topics_create(ctx: click.Context, partitions: int | None, replication: int |
 @handle_errors
 def topics_check(ctx: click.Context) -> None:
     """Check that the topics exist with compatible settings (exit 1 naming what is wrong)."""
-    log = app.open_settings_log(ctx.obj, create=False)
-    try:
-        log.check_topics()
-        click.echo(f"topics ok on {log.describe()}: {log.partitions(log.topics.events)} partitions")
-    finally:
-        log.close()
+    where, partitions = app.check_topics(ctx.obj)
+    click.echo(f"topics ok on {where}: {partitions} partitions")
 
 
 @main.command()
@@ -345,9 +341,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
 @handle_errors
 def deadletters(ctx: click.Context) -> None:
     """Records the projector could not decode, with the reason."""
-    with Projection(ctx.obj.state_dir) as proj:
-        for d in proj.dead_letters():
-            click.echo(f"p{d.partition}@{d.offset}\t{d.reason}\t{d.detail}\tkey={d.key}\t{d.size} bytes")
+    for d in app.dead_letters(ctx.obj):
+        click.echo(f"p{d.partition}@{d.offset}\t{d.reason}\t{d.detail}\tkey={d.key}\t{d.size} bytes")
 
 
 @main.command()

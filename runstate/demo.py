@@ -19,13 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eventlog import open_log
-from projector.context import render_context
-from projector.loop import Projector
-from projector.queries import Projection
-from runstate.app import decisions_from
-from producers.run_producer import RunProducer
-from schemas.patch import Author
+from runstate.eventlog import open_log
+from runstate.projector.context import render_context
+from runstate.projector.loop import Projector
+from runstate.projector.queries import Projection, decision_reader
+from runstate.producers.run_producer import RunProducer
+from runstate.schemas.patch import Author
 
 T0 = "2026-08-11T16:20:00+08:00"
 
@@ -153,7 +152,7 @@ def worker(run_id: str, log_url: str, state_dir: str) -> int:
     """One agent worker: play the run's script, waiting for each decision."""
     log = open_log(log_url, create=False)
     producer = RunProducer(log, Author(agent_id=f"agent-{run_id}", agent_version="demo-1.0"),
-                           decisions=decisions_from(state_dir))  # fmt: skip
+                           decisions=decision_reader(state_dir))  # fmt: skip
     revision = 0
     for step in SCRIPTS[run_id]():
         _say(run_id, step["say"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from eventlog.base import TopicNames
-from producers.run_producer import DEFAULT_MAX_PATCH_BYTES
+from runstate.eventlog.base import TopicNames
+from runstate.producers.run_producer import DEFAULT_MAX_PATCH_BYTES
 
 
 class Settings(BaseSettings):

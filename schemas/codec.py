@@ -33,8 +33,8 @@ import pydantic
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 from pydantic import BaseModel
 
-from schemas.errors import DecodeError
-from schemas.patch import Patch
+from runstate.schemas.errors import DecodeError, describe_validation_error
+from runstate.schemas.patch import Patch
 
 AVRO_DIR = Path(__file__).parent / "avro"
 NAMESPACE = "runstate.v"
@@ -223,8 +223,7 @@ def decode(data: bytes) -> Patch:
     try:
         return Patch.model_validate(datum)
     except pydantic.ValidationError as e:
-        first = e.errors()[0]
-        raise DecodeError("invalid_patch", detail=f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from e
+        raise DecodeError("invalid_patch", detail=describe_validation_error(e)[1]) from e
 
 
 def _publish() -> None:

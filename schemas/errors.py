@@ -8,6 +8,17 @@ boundary with ``raise ... from e``.
 
 from __future__ import annotations
 
+import pydantic
+
+
+def describe_validation_error(err: pydantic.ValidationError) -> tuple[str, str]:
+    """``(field, message)`` for the first error of a pydantic validation: the field as a
+    dotted path (``events.1.fact.evidence``; empty for the whole object) and a message
+    that starts with it. The one translation of pydantic's errors used everywhere."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    return loc, f"{loc}: {first['msg']}" if loc else str(first["msg"])
+
 
 class RunstateError(Exception):
     """Root of every error runstate raises on purpose."""
@@ -91,7 +102,25 @@ class DeliveryError(LogError):
 
 
 class StoreError(RunstateError):
-    """The projection store failed or is in use by another process."""
+    """The projection store failed (I/O, corruption, an incompatible format)."""
+
+
+class StoreLocked(StoreError):
+    """The store is open read-write in another process (or another handle of this one)."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        self.path = path
+        self.detail = detail
+        super().__init__(f"projection store {path} is in use by another process: {detail}")
+
+
+class CheckpointInvalid(RunstateError):
+    """A checkpoint that must not be trusted; ``reason`` says why."""
+
+    def __init__(self, run_id: str | None, reason: str) -> None:
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(f"checkpoint of run {run_id!r} rejected: {reason}")
 
 
 class DecisionTimeout(RunstateError):

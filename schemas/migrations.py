@@ -14,8 +14,8 @@ from typing import Any
 
 import pydantic
 
-from schemas.errors import MigrationRequired
-from schemas.state import CURRENT_SCHEMA_VERSION, RunState
+from runstate.schemas.errors import MigrationRequired, describe_validation_error
+from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunState
 
 Doc = dict[str, Any]
 
@@ -96,4 +96,4 @@ def load_state(raw: Doc) -> RunState:
     try:
         return RunState.model_validate(doc)
     except pydantic.ValidationError as e:
-        raise MigrationRequired(run_id, version, CURRENT_SCHEMA_VERSION, f"invalid after migration: {e.errors()[0]}") from e
+        raise MigrationRequired(run_id, version, CURRENT_SCHEMA_VERSION, f"invalid after migration: {describe_validation_error(e)[1]}") from e

@@ -7,8 +7,8 @@ from typing import Any, Literal
 import pydantic
 from pydantic import AwareDatetime, Field
 
-from schemas.errors import ContractError, UnknownEventType
-from schemas.events import EVENT_TYPE_NAMES, Event, Id, Model
+from runstate.schemas.errors import ContractError, UnknownEventType, describe_validation_error
+from runstate.schemas.events import EVENT_TYPE_NAMES, Event, Id, Model
 
 
 class Author(Model):
@@ -82,12 +82,6 @@ class Decision(Model):
     created_at: AwareDatetime
 
 
-def _first_error(err: pydantic.ValidationError) -> tuple[str, str]:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
-    return loc, f"{loc}: {first['msg']}" if loc else first["msg"]
-
-
 def parse_draft(data: Any, *, where: str | None = None) -> PatchDraft:
     """Validate a patch draft (parsed JSON).
 
@@ -105,5 +99,5 @@ def parse_draft(data: Any, *, where: str | None = None) -> PatchDraft:
     try:
         return PatchDraft.model_validate(data)
     except pydantic.ValidationError as e:
-        field, msg = _first_error(e)
+        field, msg = describe_validation_error(e)
         raise ContractError(f"invalid patch: {msg}", where=where, field=field) from e

@@ -16,7 +16,7 @@ import orjson
 
 from pydantic import AwareDatetime
 
-from schemas.events import (
+from runstate.schemas.events import (
     EffectSpec,
     GoalSpec,
     Model,

@@ -1,10 +1,10 @@
 """Checkpoints at safe boundaries, their format and verdict, and recovery (checkpoint + tail)."""
 
-from snapshotter.checkpoint import Checkpoint, CheckpointInvalid, validate
-from snapshotter.history import CheckpointHistory
-from snapshotter.policy import CheckpointPolicy
-from snapshotter.process import Snapshotter, snapshotter_dir
-from snapshotter.recovery import restore_partition
+from runstate.snapshotter.checkpoint import Checkpoint, CheckpointInvalid, validate
+from runstate.snapshotter.history import CheckpointHistory
+from runstate.snapshotter.policy import CheckpointPolicy
+from runstate.snapshotter.service import Snapshotter, snapshotter_dir
+from runstate.snapshotter.recovery import restore_partition
 
 __all__ = [
     "Checkpoint", "CheckpointHistory", "CheckpointInvalid", "CheckpointPolicy", "Snapshotter",

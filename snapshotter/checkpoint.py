@@ -16,11 +16,11 @@ import orjson
 import pydantic
 from pydantic import AwareDatetime
 
-from schemas.errors import MigrationRequired, RunstateError
-from schemas.events import Model
-from schemas.migrations import load_state
-from schemas.patch import Decision
-from schemas.state import (
+from runstate.schemas.errors import CheckpointInvalid, MigrationRequired, describe_validation_error
+from runstate.schemas.events import Model
+from runstate.schemas.migrations import load_state
+from runstate.schemas.patch import Decision
+from runstate.schemas.state import (
     CURRENT_SCHEMA_VERSION,
     Effect,
     Observation,
@@ -40,7 +40,8 @@ REDUCER_VERSION = 1
 #: producer's retry of a recent patch with its decision (older resends meet the revision check).
 RECENT_DECISIONS = 4
 
-VerdictKind = Literal["safe", "needs_reconciliation", "migration_required"]
+#: A checkpoint's answer to "is it safe to resume from here?" (the ``verdict`` field).
+ResumeVerdict = Literal["safe", "needs_reconciliation", "migration_required"]
 
 
 class Reconciliation(Model):
@@ -72,7 +73,7 @@ class Checkpoint(Model):
     pending_tool_calls: list[ToolCall]
     digest: str
     triggers: list[str]
-    verdict: VerdictKind
+    verdict: ResumeVerdict
     reconcile: Reconciliation
     recent_decisions: list[Decision] = []
     #: the patch time of the revision (never the snapshotter's clock); None for states
@@ -81,7 +82,7 @@ class Checkpoint(Model):
     state: RunState
 
 
-def verdict_of(state: RunState) -> tuple[VerdictKind, Reconciliation]:
+def verdict_of(state: RunState) -> tuple[ResumeVerdict, Reconciliation]:
     """``needs_reconciliation`` exactly when an effect was started and not recorded as
     committed/failed, or a side-effecting call is still in flight; else ``safe``."""
     if state.schema_version != CURRENT_SCHEMA_VERSION:
@@ -106,15 +107,6 @@ def make_checkpoint(state: RunState, *, partition: int, covers_offset: int, trig
         verdict=verdict, reconcile=reconcile, recent_decisions=recent[-RECENT_DECISIONS:],
         at=state.updated_at or state.created_at, state=state,
     )  # fmt: skip
-
-
-class CheckpointInvalid(RunstateError):
-    """A checkpoint that must not be trusted; ``reason`` says why."""
-
-    def __init__(self, run_id: str | None, reason: str) -> None:
-        self.run_id = run_id
-        self.reason = reason
-        super().__init__(f"checkpoint of run {run_id!r} rejected: {reason}")
 
 
 def encode(cp: Checkpoint) -> bytes:
@@ -161,5 +153,4 @@ def validate(raw: bytes) -> Checkpoint:
     try:
         return Checkpoint.model_validate(doc)
     except pydantic.ValidationError as e:
-        first = e.errors()[0]
-        raise CheckpointInvalid(doc.get("run_id"), f"not a checkpoint: {'.'.join(map(str, first['loc']))}: {first['msg']}") from e
+        raise CheckpointInvalid(doc.get("run_id"), f"not a checkpoint: {describe_validation_error(e)[1]}") from e

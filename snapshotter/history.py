@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import os
 
-from eventlog.partitioner import partition_for
-from projector.layout import Layout
-from projector.store import ProjectionStore
-from snapshotter.checkpoint import Checkpoint
-
-
-def checkpoint_key(run_id: str, revision: int) -> bytes:
-    return b"c:" + run_id.encode() + b"\0" + f"{revision:016x}".encode()
+from runstate.eventlog.partitioner import partition_for
+from runstate.projector.statedir import Layout
+from runstate.projector.store import ProjectionStore
+from runstate.snapshotter.checkpoint import Checkpoint
 
 
 class CheckpointHistory:
@@ -40,8 +36,7 @@ class CheckpointHistory:
         st = self._store(run_id)
         if st is None:
             return []
-        prefix = b"c:" + run_id.encode() + b"\0"
-        return [Checkpoint.model_validate_json(v) for _, v in st.scan_raw(prefix)]
+        return [Checkpoint.model_validate_json(v) for v in st.checkpoints(run_id)]
 
     def nearest(self, run_id: str, revision: int) -> Checkpoint | None:
         """The newest checkpoint at or below ``revision``."""

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from projector.doc import RunDoc
-from schemas.patch import Patch
-from schemas.state import TERMINAL_STATUSES, Task
+from runstate.projector.working import RunDoc
+from runstate.schemas.patch import Patch
+from runstate.schemas.state import TERMINAL_STATUSES, Task
 
 _TASK_ENDS = frozenset({"TaskCompleted", "TaskFailed", "TaskCancelled"})
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -9,11 +8,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compose"))
-
-from eventlog.base import TopicNames  # noqa: E402
-from eventlog.embedded import EmbeddedLog  # noqa: E402
+from runstate.eventlog.base import TopicNames
+from runstate.eventlog.embedded import EmbeddedLog
 
 
 @pytest.fixture
@@ -26,7 +22,7 @@ def embedded_log(tmp_path: Path) -> Iterator[EmbeddedLog]:
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """A real Kafka broker for the session: ``RUNSTATE_TEST_KAFKA=host:port`` if set, else a
-    single-node KRaft broker started from Maven Central jars (compose/kafka_local.py).
+    single-node KRaft broker started from Maven Central jars (runstate.compose.kafka_local).
 
     Without Java/Maven the Kafka tests are skipped with what is missing, except in CI
     (``CI=true``), where a broker that cannot start fails the run.
@@ -35,7 +31,7 @@ def kafka_bootstrap() -> Iterator[str]:
     if given:
         yield given
         return
-    from kafka_local import BrokerError, LocalKafka, missing_tools
+    from runstate.compose.kafka_local import BrokerError, LocalKafka, missing_tools
 
     missing = missing_tools()
     if missing:

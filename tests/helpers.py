@@ -6,11 +6,18 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from eventlog.base import EventLog
-from schemas.codec import encode
-from schemas.patch import Author, Patch
+from runstate.eventlog.base import EventLog
+from runstate.projector.runbook import RunBook
+from runstate.schemas.codec import encode
+from runstate.schemas.patch import Author, Patch
 
 T0 = datetime(2026, 8, 11, 8, 0, tzinfo=UTC)
+
+#: The client's example patch (its document, chapter Run State), verbatim.
+CLIENT_EXAMPLE = """{"expected_revision": 18,
+ "events": [
+   {"type": "FactConfirmed", "fact": {"id": "fact_13", "statement": "...", "evidence": "artifact://test-output/48"}},
+   {"type": "TaskCompleted", "task_id": "task_3", "evidence": "artifact://test-output/48"}]}"""
 _ids = itertools.count()
 
 
@@ -49,3 +56,12 @@ def append_all(log: EventLog, patches: list[Patch]) -> list[tuple[Patch, int, in
         out.append((p, a.partition, a.offset))
     prod.close()
     return out
+
+
+def fold(placed: list[tuple[Patch, int, int]]) -> RunBook:
+    """The pure core over ``(patch, partition, offset)`` in the given order, in memory: the
+    oracle the tests compare the projector (log -> store) against."""
+    book = RunBook()
+    for p, partition, offset in placed:
+        book.apply(p, partition, offset)
+    return book

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from helpers import fact, start
+from helpers import CLIENT_EXAMPLE, fact, start
 
-from eventlog.embedded import EmbeddedLog
+from runstate.eventlog.embedded import EmbeddedLog
 from runstate.cli import main
-from test_schemas import CLIENT_EXAMPLE
 
 
 @pytest.fixture
@@ -84,8 +83,8 @@ def test_publish_wait_prints_the_decision(tmp_path: Path, env: dict[str, str]) -
     from runstate.settings import Settings
 
     settings = Settings(log=env["RUNSTATE_LOG"], state_dir=env["RUNSTATE_STATE_DIR"])
-    from eventlog import open_log
-    from projector.loop import Projector
+    from runstate.eventlog import open_log
+    from runstate.projector.loop import Projector
 
     log = open_log(settings.log)
     t = threading.Thread(target=Projector(log, settings.state_dir).run, kwargs={"stop": stop, "poll_timeout_s": 0.02})

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conformance.log_suite import LogConformance
+from runstate.testing import LogConformance
 
-from eventlog import open_log
-from eventlog.embedded import EmbeddedLog
-from schemas.errors import LogConfigError, LogError
+from runstate.eventlog import open_log
+from runstate.eventlog.embedded import EmbeddedLog
+from runstate.schemas.errors import LogConfigError, LogError
 
 
 class TestEmbeddedLog(LogConformance):
@@ -55,7 +55,7 @@ def test_not_a_sqlite_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_compacted_topic_keeps_the_newest_record_per_key(tmp_path: Path) -> None:
-    from eventlog import embedded
+    from runstate.eventlog import embedded
 
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     prod = log.producer()

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from helpers import ev, fact, patch, start, task
 
-from eventlog.embedded import EmbeddedLog
-from projector.book import RunBook
-from projector.queries import Projection
-from projector.replay import verify
-from schemas.codec import encode
-from schemas.patch import Patch
+from runstate.eventlog.embedded import EmbeddedLog
+from runstate.projector.runbook import RunBook
+from runstate.projector.queries import Projection
+from runstate.projector.replay import verify
+from runstate.schemas.codec import encode
+from runstate.schemas.patch import Patch
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +100,7 @@ def test_sigkill_at_any_moment_then_restart_equals_full_replay(tmp_path: Path) -
     book = RunBook()
     for p_ in range(4):
         for rec in log.scan(log.topics.events, p_, 0, log.end_offsets(log.topics.events)[p_]):
-            from schemas.codec import decode
+            from runstate.schemas.codec import decode
 
             book.apply(decode(rec.value), rec.partition, rec.offset)
     with Projection(tmp_path / "state") as proj:

@@ -17,17 +17,17 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 from helpers import ev, fact, patch, start
-from kafka_local import LocalKafka
+from runstate.compose.kafka_local import LocalKafka
 
-from eventlog.base import TopicNames
-from eventlog.kafka import KafkaLog
-from producers.run_producer import Receipt, RunProducer
-from projector.book import RunBook
-from projector.queries import Projection
-from projector.replay import verify
+from runstate.eventlog.base import TopicNames
+from runstate.eventlog.kafka import KafkaLog
+from runstate.producers.run_producer import Receipt, RunProducer
+from runstate.projector.runbook import RunBook
+from runstate.projector.queries import Projection
+from runstate.projector.replay import verify
 from runstate.cli import main
-from schemas.codec import decode, encode
-from schemas.patch import Author, Patch
+from runstate.schemas.codec import decode, encode
+from runstate.schemas.patch import Author, Patch
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -95,8 +95,8 @@ def test_cli_end_to_end_on_kafka_with_dead_letters_and_lag(kafka_bootstrap: str,
     assert "verdict: SAFE" in cli(env, "resume", "run_a").output
 
     # publish --wait against a projector consuming from Kafka.
-    from eventlog import open_log
-    from projector.loop import Projector
+    from runstate.eventlog import open_log
+    from runstate.projector.loop import Projector
 
     klog = open_log(f"kafka://{kafka_bootstrap}", topics=kafka_topics)
     stop = threading.Event()
@@ -264,9 +264,9 @@ def test_broker_restart_while_producing_loses_and_duplicates_nothing(own_broker:
 
 def test_new_machine_restores_from_the_compacted_checkpoints_topic(kafka_bootstrap: str, kafka_topics: TopicNames,
                                                                    tmp_path: Path) -> None:  # fmt: skip
-    from snapshotter.policy import CheckpointPolicy
-    from snapshotter.process import Snapshotter
-    from snapshotter.recovery import restore_partition
+    from runstate.snapshotter.policy import CheckpointPolicy
+    from runstate.snapshotter.service import Snapshotter
+    from runstate.snapshotter.recovery import restore_partition
 
     log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
     log.create_topics(3)
@@ -279,7 +279,7 @@ def test_new_machine_restores_from_the_compacted_checkpoints_topic(kafka_bootstr
     Snapshotter(log, str(tmp_path / "a"), policy=CheckpointPolicy(every=8)).run(until_caught_up=True, poll_timeout_s=0.05)
     # Machine B has no local state at all: it restores from Kafka, then reads the tail.
     reports = []
-    from projector.loop import Projector
+    from runstate.projector.loop import Projector
 
     b = Projector(log, str(tmp_path / "b"), restore=lambda p, s: reports.append(restore_partition(log, p, s)))
     b.run(until_caught_up=True, poll_timeout_s=0.05)

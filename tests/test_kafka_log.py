@@ -6,12 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
-from conformance.log_suite import LogConformance
+from runstate.testing import LogConformance
 
-from eventlog.base import TopicNames
-from eventlog.kafka import KafkaLog
-from eventlog.partitioner import partition_for
-from schemas.errors import LogConfigError
+from runstate.eventlog.base import TopicNames
+from runstate.eventlog.kafka import KafkaLog
+from runstate.eventlog.partitioner import partition_for
+from runstate.schemas.errors import LogConfigError
 
 pytestmark = pytest.mark.kafka
 

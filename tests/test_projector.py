@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import append_all, ev, fact, patch, start, task
+from helpers import append_all, ev, fact, fold, patch, start, task
 from rocksdict import Options, Rdict
 
-from eventlog.embedded import EmbeddedLog
-from projector.loop import Projector
-from projector.queries import Projection, state_digest
-from projector.replay import fold, state_at, verify
-from projector.store import PendingBatch, ProjectionStore
-from schemas.codec import encode
-from schemas.errors import RevisionNotFound, RunNotFound
-from schemas.patch import Patch
+from runstate.eventlog.embedded import EmbeddedLog
+from runstate.projector.loop import Projector
+from runstate.projector.queries import Projection, state_digest
+from runstate.projector.replay import state_at, verify
+from runstate.projector.store import PendingBatch, ProjectionStore
+from runstate.schemas.codec import encode
+from runstate.schemas.errors import RevisionNotFound, RunNotFound
+from runstate.schemas.patch import Patch
 
 
 def project(log: EmbeddedLog, state_dir: Path, **kw: object) -> Projector:
@@ -149,10 +149,10 @@ def test_verify_finds_a_tampered_projection(tmp_path: Path, embedded_log: Embedd
 
 
 def test_store_is_exclusive_to_one_writer(tmp_path: Path) -> None:
-    from schemas.errors import StoreError
+    from runstate.schemas.errors import StoreLocked
 
     a = ProjectionStore(tmp_path / "p")
-    with pytest.raises(StoreError, match="in use"):
+    with pytest.raises(StoreLocked, match="in use"):
         ProjectionStore(tmp_path / "p")
     a.close()
 
@@ -168,7 +168,7 @@ def test_progress_figures_count_from_the_first_batch(tmp_path: Path, embedded_lo
 
 
 def test_explain_lists_every_patch_that_changed_a_field(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
-    from projector.replay import explain
+    from runstate.projector.replay import explain
 
     append_all(embedded_log, story("a"))
     project(embedded_log, tmp_path / "s")
@@ -185,7 +185,7 @@ def test_explain_lists_every_patch_that_changed_a_field(tmp_path: Path, embedded
 def test_a_record_that_breaks_the_core_is_dead_lettered_not_fatal(tmp_path: Path, embedded_log: EmbeddedLog,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """A reducer bug must not make one record a poison pill: the projector goes on."""
-    from projector import reducer
+    from runstate.projector import reducer
 
     def broken(d: object, e: object, ctx: object) -> None:
         raise ZeroDivisionError("reducer bug")

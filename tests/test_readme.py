@@ -42,7 +42,7 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
     python_blocks = [b for b in blocks("python") if "RunProducer" in b]
     [api] = python_blocks
     # A projector must be running for submit() to get its decision, as the README implies.
-    script = ("import threading\nfrom eventlog import open_log\nfrom projector.loop import Projector\n"
+    script = ("import threading\nfrom runstate import Projector, open_log\n"
               "stop = threading.Event()\nt = threading.Thread(target=Projector(open_log('.runstate/log.db'), "
               "'.runstate/state').run, kwargs={'stop': stop, 'poll_timeout_s': 0.02})\nt.start()\ntry:\n"
               + "".join(f"    {line}\n" for line in api.splitlines())

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from helpers import ev, fact, patch, start, task
 
-from projector.book import RunBook
-from projector.doc import RunDoc
-from schemas.patch import Decision, Patch
+from runstate.projector.runbook import RunBook
+from runstate.projector.working import RunDoc
+from runstate.schemas.patch import Decision, Patch
 
 
 class Run:

@@ -6,19 +6,14 @@ import copy
 import json
 
 import pytest
-from helpers import patch
+from helpers import CLIENT_EXAMPLE, patch
 
-from schemas import codec
-from schemas.errors import ContractError, DecodeError, MigrationRequired, UnknownEventType
-from schemas.events import EVENT_TYPE_NAMES
-from schemas.migrations import load_state
-from schemas.patch import parse_draft
-from schemas.state import CURRENT_SCHEMA_VERSION
-
-CLIENT_EXAMPLE = """{"expected_revision": 18,
- "events": [
-   {"type": "FactConfirmed", "fact": {"id": "fact_13", "statement": "...", "evidence": "artifact://test-output/48"}},
-   {"type": "TaskCompleted", "task_id": "task_3", "evidence": "artifact://test-output/48"}]}"""
+from runstate.schemas import codec
+from runstate.schemas.errors import ContractError, DecodeError, MigrationRequired, UnknownEventType
+from runstate.schemas.events import EVENT_TYPE_NAMES
+from runstate.schemas.migrations import load_state
+from runstate.schemas.patch import parse_draft
+from runstate.schemas.state import CURRENT_SCHEMA_VERSION
 
 
 def test_client_example_patch_is_accepted_verbatim() -> None:

@@ -12,21 +12,21 @@ import pytest
 from helpers import append_all, ev, fact, patch, start, task
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_properties import build, op
+from workloads import build, op
 
-from eventlog.embedded import EmbeddedLog
-from projector.book import RunBook
-from projector.doc import RunDoc
-from projector.loop import Projector
-from projector.queries import Projection
-from projector.replay import state_at, verify
-from schemas.patch import Patch
-from schemas.state import state_digest
-from snapshotter.checkpoint import CheckpointInvalid, encode as encode_cp, make_checkpoint, validate, verdict_of
-from snapshotter.history import CheckpointHistory
-from snapshotter.policy import CheckpointPolicy
-from snapshotter.process import Snapshotter, snapshotter_dir
-from snapshotter.recovery import restore_partition
+from runstate.eventlog.embedded import EmbeddedLog
+from runstate.projector.runbook import RunBook
+from runstate.projector.working import RunDoc
+from runstate.projector.loop import Projector
+from runstate.projector.queries import Projection
+from runstate.projector.replay import state_at, verify
+from runstate.schemas.patch import Patch
+from runstate.schemas.state import state_digest
+from runstate.snapshotter.checkpoint import CheckpointInvalid, encode as encode_cp, make_checkpoint, validate, verdict_of
+from runstate.snapshotter.history import CheckpointHistory
+from runstate.snapshotter.policy import CheckpointPolicy
+from runstate.snapshotter.service import Snapshotter, snapshotter_dir
+from runstate.snapshotter.recovery import restore_partition
 
 
 def fold(patches: list[Patch], book: RunBook | None = None) -> RunBook:
@@ -148,7 +148,7 @@ def test_untrustworthy_checkpoints_are_rejected(mutate: Any, reason: str) -> Non
 
 
 def test_checkpoint_with_an_older_state_schema_is_migrated() -> None:
-    from schemas.state import raw_state_digest
+    from runstate.schemas.state import raw_state_digest
     from test_schemas import V1_DOC
 
     doc = orjson.loads(a_checkpoint())

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
-from eventlog.base import Appended, EventLog, LogConsumer, Record
-from eventlog.partitioner import partition_for
-from schemas.errors import LogConfigError
+from runstate.eventlog.base import Appended, EventLog, LogConsumer, Record
+from runstate.eventlog.partitioner import partition_for
+from runstate.schemas.errors import LogConfigError
 
 
 def drain(consumer: LogConsumer, n: int, timeout_s: float = 30.0) -> list[Record]:

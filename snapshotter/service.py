@@ -14,15 +14,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from eventlog.base import EventLog
-from projector.doc import RunDoc
-from projector.loop import Projector, ProjectorStats
-from projector.store import PendingBatch, ProjectionStore
-from schemas.errors import DeliveryError
-from schemas.patch import Decision, Patch
-from snapshotter.checkpoint import RECENT_DECISIONS, Checkpoint, encode, make_checkpoint
-from snapshotter.history import checkpoint_key
-from snapshotter.policy import CheckpointPolicy
+from runstate.eventlog.base import EventLog
+from runstate.projector.working import RunDoc
+from runstate.projector.loop import Projector, ProjectorStats
+from runstate.projector.store import PendingBatch, ProjectionStore
+from runstate.schemas.errors import DeliveryError
+from runstate.schemas.patch import Decision, Patch
+from runstate.snapshotter.checkpoint import RECENT_DECISIONS, Checkpoint, encode, make_checkpoint
+from runstate.snapshotter.policy import CheckpointPolicy
 
 log = logging.getLogger("runstate.snapshotter")
 
@@ -51,8 +50,7 @@ class CheckpointWriter:
     def on_assign(self, partition: int, store: ProjectionStore) -> None:
         self.stores[partition] = store
         covered: dict[str, int] = {}
-        for key, value in store.scan_raw(b"c:"):
-            run = key[2:].split(b"\0", 1)[0].decode()
+        for run, value in store.all_checkpoints():
             covers = Checkpoint.model_validate_json(value).covers_offset
             covered[run] = max(covers, covered.get(run, -1))
         self.covered[partition] = covered
@@ -71,7 +69,7 @@ class CheckpointWriter:
             recent = self.stores[partition].recent_history(run, RECENT_DECISIONS) + recent
         cp = make_checkpoint(doc.to_state(), partition=partition, covers_offset=covers, triggers=triggers, recent=recent)
         if batch is not None:
-            batch.puts[checkpoint_key(run, cp.revision)] = encode(cp)
+            batch.checkpoints[(run, cp.revision)] = encode(cp)
         self.pending.setdefault(partition, []).append(cp)
         self.covered.setdefault(partition, {})[run] = covers
         return cp
@@ -99,9 +97,9 @@ class CheckpointWriter:
             if doc is None:
                 continue
             cp = self._checkpoint(partition, doc, next_offset - 1, ["age"], None)
-            extra[checkpoint_key(run, cp.revision)] = encode(cp)
+            extra[(run, cp.revision)] = encode(cp)
         if extra:
-            store.put_raw(extra)
+            store.put_checkpoints(extra)
 
     def _delivered(self, where: object, err: Exception | None) -> None:
         if err is not None:

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.events import GoalSpec, Model
-from schemas.state import COLLECTIONS, ITEM_KEY, Goal, RunHeader, RunState
+from runstate.schemas.events import GoalSpec, Model
+from runstate.schemas.state import COLLECTIONS, ITEM_KEY, Goal, RunHeader, RunState
 
 Key = tuple[str, str]  # (collection, item id)
 Entry = tuple[int, Model]  # (insertion sequence, item)

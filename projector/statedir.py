@@ -7,8 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from eventlog.partitioner import partition_for
-from schemas.errors import StoreError
+from runstate.eventlog.partitioner import partition_for
+from runstate.schemas.errors import StoreError
 
 LAYOUT_VERSION = 1
 

@@ -1,0 +1,131 @@
+"""The keyspace of a partition's projection store: every key and every value encoding.
+
+Only :mod:`runstate.projector.store` reads and writes these keys; everything else (the
+snapshotter's checkpoint history, recovery) goes through the store's methods. Keys are
+bytes; ``\\0`` separates parts (ids cannot contain control characters, see
+``schemas.events.Id``), and offsets/revisions are fixed-width hex so that keys sort in
+log/revision order::
+
+    m:format                          store format version
+    m:next_offset                     next log offset to apply (8 bytes, big-endian)
+    h:<run>                           run header (RunHeader JSON)
+    i:<run>\\0<collection>\\0<id>       one collection item: 8-byte insertion seq + item JSON
+    l:<run>\\0<offset 16 hex>          decision of the patch at that offset (history, log order)
+    d:<run>\\0<patch_id>               offset of the patch's decision (idempotency index)
+    x:<offset 16 hex>                 a dead-lettered record: reason and detail (JSON)
+    k:<run>                           the run was restored from a checkpoint covering the log
+                                      up to this offset (8 bytes); its earlier history is not here
+    c:<run>\\0<revision 16 hex>        a checkpoint of the run (the snapshotter's stores: local
+                                      history; the value is opaque to the store)
+
+Values are JSON written by pydantic's serializer (one encoder for runs, whichever path
+writes them: live patches or a restore from checkpoints).
+"""
+
+from __future__ import annotations
+
+from runstate.projector.working import Entry
+from runstate.schemas.events import Model
+from runstate.schemas.patch import Decision
+from runstate.schemas.state import COLLECTIONS, RunHeader
+
+STORE_FORMAT = b"1"
+FORMAT = b"m:format"
+NEXT_OFFSET = b"m:next_offset"
+HEADERS = b"h:"
+DEAD_LETTERS = b"x:"
+RESTORED = b"k:"
+CHECKPOINTS = b"c:"
+
+
+
+
+def _run(run_id: str) -> bytes:
+    return run_id.encode()
+
+
+def header_key(run_id: str) -> bytes:
+    return HEADERS + _run(run_id)
+
+
+def items_prefix(run_id: str, kind: str) -> bytes:
+    """Every item of one collection of one run."""
+    return b"i:" + _run(run_id) + b"\0" + kind.encode() + b"\0"
+
+
+def item_key(run_id: str, kind: str, id_: str) -> bytes:
+    return items_prefix(run_id, kind) + id_.encode()
+
+
+def history_prefix(run_id: str) -> bytes:
+    return b"l:" + _run(run_id) + b"\0"
+
+
+def history_key(run_id: str, offset: int) -> bytes:
+    return history_prefix(run_id) + f"{offset:016x}".encode()
+
+
+def dedupe_key(run_id: str, patch_id: str) -> bytes:
+    return b"d:" + _run(run_id) + b"\0" + patch_id.encode()
+
+
+def dead_letter_key(offset: int) -> bytes:
+    return DEAD_LETTERS + f"{offset:016x}".encode()
+
+
+def restored_key(run_id: str) -> bytes:
+    return RESTORED + _run(run_id)
+
+
+def checkpoints_prefix(run_id: str) -> bytes:
+    return CHECKPOINTS + _run(run_id) + b"\0"
+
+
+def checkpoint_key(run_id: str, revision: int) -> bytes:
+    return checkpoints_prefix(run_id) + f"{revision:016x}".encode()
+
+
+def run_of(key: bytes, prefix: bytes) -> str:
+    """The run id of a ``h:``/``k:``/``c:`` key."""
+    return key[len(prefix):].split(b"\0", 1)[0].decode()
+
+
+# --- values -------------------------------------------------------------------------------
+
+
+def dump(model: Model) -> bytes:
+    """A contract model as JSON bytes (pydantic's serializer: no intermediate dict)."""
+    return model.__pydantic_serializer__.to_json(model)  # type: ignore[no-any-return]
+
+
+def encode_int(n: int) -> bytes:
+    return n.to_bytes(8, "big")
+
+
+def decode_int(raw: bytes) -> int:
+    return int.from_bytes(raw, "big")
+
+
+def encode_item(entry: Entry) -> bytes:
+    seq, item = entry
+    return encode_int(seq) + dump(item)
+
+
+def decode_item(kind: str, raw: bytes) -> Entry:
+    return decode_int(raw[:8]), COLLECTIONS[kind].model_validate_json(raw[8:])
+
+
+def decode_header(raw: bytes) -> RunHeader:
+    return RunHeader.model_validate_json(raw)
+
+
+def decode_decision(raw: bytes) -> Decision:
+    return Decision.model_validate_json(raw)
+
+
+def decision_puts(decision: Decision) -> dict[bytes, bytes]:
+    """The keys that record one decision: history and idempotency index."""
+    return {
+        history_key(decision.run_id, decision.offset): dump(decision),
+        dedupe_key(decision.run_id, decision.patch_id): encode_int(decision.offset),
+    }

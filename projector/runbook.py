@@ -1,0 +1,136 @@
+"""RunBook: the one way records are folded through the pure core, for many runs at once.
+
+A book holds the working state of the runs it has seen (a cache over the store for the
+live projector, everything in memory for a replay) and the decisions taken, and turns
+each log record into an outcome with :meth:`RunBook.apply_record`: decode → key check →
+idempotency (a ``patch_id`` already decided) → :func:`decide`. The live projector, the
+snapshotter, recovery's tail, ``verify``, ``state --revision`` and ``explain`` all go
+through it, so the projection and a replay can only differ if the store loses or invents
+something — which is what ``verify`` checks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from runstate.eventlog.base import Record
+from runstate.projector.decide import decide
+from runstate.projector.working import Changes, RunDoc
+from runstate.schemas.codec import decode
+from runstate.schemas.errors import DecodeError
+from runstate.schemas.patch import Decision, Patch
+
+log = logging.getLogger("runstate.projector")
+
+#: What to do when deciding a well-formed patch raises (a bug in the core, not bad input):
+#: dead-letter the record and go on (decisions are all-or-nothing, so no state is
+#: half-applied, and a replay dead-letters it the same way), or raise.
+InternalErrorPolicy = Literal["dead_letter", "fail"]
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """The outcome of one patch: its decision, and what changed (None unless accepted now)."""
+
+    patch: Patch
+    decision: Decision
+    changes: Changes | None
+    duplicate: bool = False
+
+
+@dataclass
+class DeadLetter:
+    """A record that could not be turned into a decision, and why."""
+
+    partition: int
+    offset: int
+    reason: str
+    detail: str
+    key: str | None
+    size: int
+
+
+class RunBook:
+    """Working states and decisions for the runs of one partition (or one replay).
+
+    ``load_doc(run_id)`` and ``load_decision(run_id, patch_id)`` reach persisted state on a
+    cache miss; ``max_cached`` bounds the number of runs kept in memory (None: unbounded,
+    for replays). Eviction happens only in :meth:`settle`, after the caller has persisted
+    the batch, so an evicted run never loses unwritten changes.
+    """
+
+    def __init__(
+        self,
+        load_doc: Callable[[str], RunDoc | None] = lambda _r: None,
+        load_decision: Callable[[str, str], Decision | None] = lambda _r, _p: None,
+        max_cached: int | None = None,
+    ) -> None:
+        self._load_doc = load_doc
+        self._load_decision = load_decision
+        self._max = max_cached
+        self.docs: OrderedDict[str, RunDoc | None] = OrderedDict()
+        self._unsettled: dict[tuple[str, str], Decision] = {}
+        self._keep_decisions = max_cached is None
+        self.decided: dict[tuple[str, str], Decision] = {}
+
+    def doc(self, run_id: str) -> RunDoc | None:
+        if run_id in self.docs:
+            self.docs.move_to_end(run_id)
+            return self.docs[run_id]
+        d = self._load_doc(run_id)
+        self.docs[run_id] = d
+        return d
+
+    def apply(self, patch: Patch, partition: int, offset: int) -> Applied:
+        """Decide one patch; a ``patch_id`` already decided returns the earlier decision."""
+        key = (patch.run_id, patch.patch_id)
+        prior = self._unsettled.get(key) or self.decided.get(key) or self._load_decision(*key)
+        if prior is not None:
+            return Applied(patch, prior, None, duplicate=True)
+        decided = decide(self.doc(patch.run_id), patch, partition, offset)
+        if decided.doc is not None:
+            self.docs[patch.run_id] = decided.doc
+        if self._keep_decisions:
+            self.decided[key] = decided.decision
+        else:
+            self._unsettled[key] = decided.decision
+        return Applied(patch, decided.decision, decided.changes)
+
+    def apply_record(self, rec: Record, on_internal_error: InternalErrorPolicy = "dead_letter") -> Applied | DeadLetter:
+        """Decide one log record. A record that is not a patch of the run it is keyed by is
+        a :class:`DeadLetter` with the reason; so is a patch whose decision raised, unless
+        ``on_internal_error`` is ``"fail"`` (then the error propagates)."""
+        try:
+            patch = decode(rec.value)
+            key = rec.key.decode() if rec.key is not None else None
+            if key != patch.run_id:
+                raise DecodeError("key_mismatch", detail=f"record key {key!r} is not the patch's run_id {patch.run_id!r}")
+        except DecodeError as e:
+            return DeadLetter(rec.partition, rec.offset, e.reason, e.detail,
+                              rec.key.decode(errors="replace") if rec.key else None, len(rec.value))  # fmt: skip
+        try:
+            return self.apply(patch, rec.partition, rec.offset)
+        except Exception as e:  # a bug in the pure core, not bad input: see InternalErrorPolicy
+            if on_internal_error == "fail":
+                raise
+            log.exception("internal error deciding p%d@%d (run %r); dead-lettered", rec.partition, rec.offset, patch.run_id)
+            return DeadLetter(rec.partition, rec.offset, "internal_error", f"{type(e).__name__}: {e}",
+                              patch.run_id, len(rec.value))  # fmt: skip
+
+    def settle(self) -> None:
+        """The caller persisted everything applied so far: forget in-flight decisions and
+        evict least recently used runs beyond ``max_cached``."""
+        self._unsettled.clear()
+        if self._max is not None:
+            while len(self.docs) > self._max:
+                self.docs.popitem(last=False)
+
+    def discard(self) -> None:
+        """The caller failed to persist: drop every cached state (they may hold unwritten
+        changes) so that the next batch reloads from the store."""
+        self._unsettled.clear()
+        self.docs.clear()
