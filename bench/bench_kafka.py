@@ -26,18 +26,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "compose"))
 
-from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka import Producer
 
-from runstate.eventlog.base import TopicNames  # noqa: E402
-from runstate.eventlog.kafka import PRODUCER_DEFAULTS, KafkaLog  # noqa: E402
-from runstate.producers.run_producer import RunProducer  # noqa: E402
-from runstate.projector.working import RunDoc  # noqa: E402
-from runstate.projector.loop import Projector  # noqa: E402
-from runstate.projector.store import PendingBatch, ProjectionStore  # noqa: E402
-from runstate.schemas.patch import Author, Decision, Patch  # noqa: E402
+from runstate.eventlog.base import TopicNames
+from runstate.eventlog.kafka import PRODUCER_DEFAULTS, KafkaLog
+from runstate.producers.run_producer import RunProducer
+from runstate.projector.working import RunDoc
+from runstate.projector.loop import Projector
+from runstate.projector.store import PendingBatch, ProjectionStore
+from runstate.schemas.patch import Author, Decision, Patch
 
 AUTHOR = Author(agent_id="bench", agent_version="1")
 

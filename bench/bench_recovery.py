@@ -26,16 +26,15 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runstate.eventlog.embedded import EmbeddedLog  # noqa: E402
-from runstate.projector.loop import Projector  # noqa: E402
-from runstate.projector.queries import Projection  # noqa: E402
-from runstate.schemas.codec import encode  # noqa: E402
-from runstate.schemas.patch import Author, Patch  # noqa: E402
-from runstate.snapshotter.policy import CheckpointPolicy  # noqa: E402
-from runstate.snapshotter.service import Snapshotter  # noqa: E402
-from runstate.snapshotter.recovery import RestoreReport, restore_partition  # noqa: E402
+from runstate.eventlog.embedded import EmbeddedLog
+from runstate.projector.loop import Projector
+from runstate.projector.queries import Projection
+from runstate.schemas.codec import encode
+from runstate.schemas.patch import Author, Patch
+from runstate.snapshotter.policy import CheckpointPolicy
+from runstate.snapshotter.service import Snapshotter
+from runstate.snapshotter.recovery import RestoreReport, restore_partition
 
 T0 = datetime(2026, 8, 11, tzinfo=UTC)
 AUTHOR = Author(agent_id="bench", agent_version="1")
