@@ -132,9 +132,12 @@ def publish(settings: Settings, run_id: str, data: Any, *, where: str, wait: boo
 
 
 def project(settings: Settings, *, until_caught_up: bool = False,
-            on_progress: Callable[[ProjectorStats, int], None] | None = None) -> ProjectorStats:
+            on_progress: Callable[[ProjectorStats, int], None] | None = None,
+            on_restore_progress: Callable[[int, int, int], None] | None = None) -> ProjectorStats:
     """Run the projector until caught up (optional) or until SIGTERM/SIGINT, which finish
-    the batch in hand, store it and leave the consumer group before returning."""
+    the batch in hand, store it and leave the consumer group before returning. A partition
+    without a local store is restored from checkpoints first
+    (``on_restore_progress(partition, checkpoint records read, total)``)."""
     log = open_settings_log(settings)
     stop = threading.Event()
     previous = {}
@@ -144,7 +147,9 @@ def project(settings: Settings, *, until_caught_up: bool = False,
     try:
         projector = Projector(log, settings.state_dir, group_id=settings.group_id, batch_size=settings.batch_size,
                               cache_runs=settings.cache_runs, on_progress=on_progress,
-                              restore=lambda p, store: restore_partition(log, p, store))  # fmt: skip
+                              restore=lambda p, store: restore_partition(
+                                  log, p, store, None if on_restore_progress is None else
+                                  lambda done, total: on_restore_progress(p, done, total)))  # fmt: skip
         return projector.run(until_caught_up=until_caught_up, stop=stop)
     finally:
         for sig, handler in previous.items():

@@ -20,6 +20,7 @@ import orjson
 import pydantic
 
 from runstate import app
+from runstate.progress import Progress
 from runstate.projector.loop import ProjectorStats
 from runstate.schemas.errors import ContractError, RunstateError, describe_validation_error
 from runstate.settings import Settings
@@ -99,12 +100,27 @@ def publish(ctx: click.Context, run_id: str, file: str, wait: bool, timeout: flo
         ctx.exit(3)
 
 
-def _progress(stats: ProjectorStats, lag: int) -> None:
-    click.echo(
-        f"projector: {stats.records} records, {stats.accepted} accepted, {stats.rejected} rejected, "
-        f"{stats.dead_letters} dead letters, {stats.events} events ({stats.rate():,.0f}/s), lag {lag}",
-        err=True,
-    )
+def _loop_progress(label: str, quiet: bool) -> tuple[Callable[[ProjectorStats, int], None], Progress]:
+    """Progress of a consume loop (records read, + lag = where the log ends now)."""
+    bar = Progress(label, quiet=quiet)
+
+    def show(stats: ProjectorStats, lag: int) -> None:
+        bar.update(stats.records, stats.records + lag, f"{stats.accepted:,} accepted, {stats.rejected:,} rejected, "
+                   f"{stats.dead_letters:,} dead letters, lag {lag:,}", force=lag == 0)  # fmt: skip
+
+    return show, bar
+
+
+def _restore_progress(quiet: bool) -> Callable[[int, int, int], None]:
+    bars: dict[int, Progress] = {}
+
+    def show(partition: int, done: int, total: int) -> None:
+        bar = bars.setdefault(partition, Progress(f"restoring p{partition} from checkpoints", quiet=quiet))
+        bar.update(done, total, force=done == total)
+        if done == total:
+            bar.finish()
+
+    return show
 
 
 @main.command()
@@ -115,8 +131,10 @@ def _progress(stats: ProjectorStats, lag: int) -> None:
 @handle_errors
 def project(ctx: click.Context, until_caught_up: bool, batch_size: int | None, quiet: bool) -> None:
     """Run the projector: consume the log into the projection stores."""
+    show, bar = _loop_progress("projector", quiet)
     stats = app.project(_settings(ctx, batch_size=batch_size), until_caught_up=until_caught_up,
-                        on_progress=None if quiet else _progress)  # fmt: skip
+                        on_progress=show, on_restore_progress=_restore_progress(quiet))  # fmt: skip
+    bar.finish()
     click.echo(json.dumps({"records": stats.records, "accepted": stats.accepted, "rejected": stats.rejected,
                            "duplicates": stats.duplicates, "dead_letters": stats.dead_letters, "events": stats.events}))  # fmt: skip
 
@@ -207,15 +225,14 @@ def explain(ctx: click.Context, run_id: str, path: str) -> None:
 
 
 @main.command()
+@click.option("--quiet", is_flag=True, help="no progress line")
 @click.pass_context
 @handle_errors
-def verify(ctx: click.Context) -> None:
+def verify(ctx: click.Context, quiet: bool) -> None:
     """Replay the log into a scratch store and compare every run with the projection."""
-
-    def progress(done: int, total: int) -> None:
-        click.echo(f"verify: replayed {done}/{total} records", err=True)
-
-    report = app.run_verify(ctx.obj, on_progress=progress)
+    bar = Progress("verify: replayed", quiet=quiet)
+    report = app.run_verify(ctx.obj, on_progress=lambda done, total: bar.update(done, total, force=done == total))
+    bar.finish()
     for m in report.mismatches:
         click.echo(f"MISMATCH run {m.run_id}: projection revision {m.projection_revision}, replay revision "
                    f"{m.replay_revision}, first differing offset {m.first_differing_offset} ({m.detail})")  # fmt: skip
@@ -233,8 +250,9 @@ def verify(ctx: click.Context) -> None:
 @handle_errors
 def snapshot(ctx: click.Context, until_caught_up: bool, every: int | None, quiet: bool) -> None:
     """Run the snapshotter: checkpoints every K revisions and at safe boundaries."""
-    stats, written = app.snapshot(ctx.obj, until_caught_up=until_caught_up, every=every,
-                                  on_progress=None if quiet else _progress)  # fmt: skip
+    show, bar = _loop_progress("snapshotter", quiet)
+    stats, written = app.snapshot(ctx.obj, until_caught_up=until_caught_up, every=every, on_progress=show)
+    bar.finish()
     click.echo(json.dumps({"records": stats.records, "accepted": stats.accepted, "checkpoints": written}))
 
 
@@ -348,12 +366,14 @@ def deadletters(ctx: click.Context) -> None:
 @main.command()
 @click.option("--runs", "n_runs", default=3, show_default=True, type=click.IntRange(1, 3), help="simulated agent runs")
 @click.option("--dir", "workdir", default=".runstate/demo", show_default=True, help="where the demo's log and state go")
+@click.option("--quiet", is_flag=True, help="no projector progress lines")
 @handle_errors
-def demo(n_runs: int, workdir: str) -> None:
+def demo(n_runs: int, workdir: str, quiet: bool) -> None:
     """Simulated agent workers append patches while the projector runs; then each run's context."""
     from runstate.demo import run_demo
 
-    sys.exit(run_demo(workdir, n_runs=n_runs, echo=click.echo))
+    sys.exit(run_demo(workdir, n_runs=n_runs, echo=click.echo,
+                      progress=Progress("projector", quiet=quiet, inline=False, every_s=2.0, unit="patches")))  # fmt: skip
 
 
 if __name__ == "__main__":

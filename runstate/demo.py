@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from runstate.eventlog import open_log
+from runstate.progress import Progress
 from runstate.projector.context import render_context
 from runstate.projector.loop import Projector
 from runstate.projector.queries import Projection, decision_reader
@@ -183,8 +184,10 @@ def worker(run_id: str, log_url: str, state_dir: str) -> int:
     return 0
 
 
-def run_demo(workdir: str, n_runs: int = 3, echo: Callable[[str], None] = print) -> int:
-    """Run the demo in ``workdir`` (recreated). Returns the exit code."""
+def run_demo(workdir: str, n_runs: int = 3, echo: Callable[[str], None] = print,
+             progress: Progress | None = None) -> int:
+    """Run the demo in ``workdir`` (recreated). Returns the exit code. ``progress`` shows
+    the projector's counts while the workers run (on a terminal)."""
     root = Path(workdir)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -192,9 +195,10 @@ def run_demo(workdir: str, n_runs: int = 3, echo: Callable[[str], None] = print)
     log = open_log(log_url, partitions=4)
     echo(f"demo: embedded log {log_url}, projections {state_dir}")
     stop = threading.Event()
+    bar = progress or Progress("projector", quiet=True)
     projector = Projector(log, state_dir, batch_size=500, progress_every_s=2.0,
-                          on_progress=lambda s, lag: echo(f"projector: {s.records} patches decided "
-                                                          f"({s.accepted} accepted, {s.rejected} rejected), lag {lag}"))  # fmt: skip
+                          on_progress=lambda s, lag: bar.update(s.records, s.records + lag,
+                                                                f"{s.accepted} accepted, {s.rejected} rejected"))  # fmt: skip
     thread = threading.Thread(target=projector.run, kwargs={"stop": stop, "poll_timeout_s": 0.05}, daemon=True)
     thread.start()
     runs = list(SCRIPTS)[:n_runs]

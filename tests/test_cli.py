@@ -179,3 +179,40 @@ def test_resume_plan_names_what_to_reconcile(tmp_path: Path, env: dict[str, str]
     assert "reconcile tool call c1 (charge_card)" in out and "re-read order://9" in out
     r = CliRunner().invoke(main, ["resume", "nobody"], env=env)
     assert r.exit_code == 1 and "not found" in r.output
+
+
+def test_progress_is_shown_on_a_terminal_only(tmp_path: Path, env: dict[str, str]) -> None:
+    """Long work (here verify, and the projector's restore) reports records done / total and
+    the rate on a terminal; piped, or with --quiet, it prints its result and nothing else."""
+    import pty
+
+    cli(env, "publish", "r", "-", input=json.dumps({"expected_revision": 0, "events": [start()]}))
+    for i in range(5):
+        cli(env, "publish", "r", "-", input=json.dumps({"expected_revision": i + 1, "events": [fact(f"f{i}")]}))
+    assert cli(env, "project", "--until-caught-up").exit_code == 0
+
+    def verify_stderr(*flags: str) -> str:
+        master, slave = pty.openpty()
+        try:
+            out = subprocess.run([sys.executable, "-m", "runstate.cli", "verify", *flags], env={**os.environ, **env},
+                                 stdout=subprocess.PIPE, stderr=slave, text=True, timeout=60)  # fmt: skip
+            os.close(slave)
+            chunks = []
+            while True:
+                try:
+                    data = os.read(master, 4096)
+                except OSError:  # EIO: the terminal's other side is closed
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            assert out.returncode == 0 and "projection equals replay" in out.stdout
+            return b"".join(chunks).decode()
+        finally:
+            os.close(master)
+
+    shown = verify_stderr()
+    assert "verify: replayed: 6/6 records (100%)" in shown and "/s" in shown
+    assert verify_stderr("--quiet") == ""
+    piped = cli(env, "verify")  # CliRunner's streams are not terminals
+    assert "replayed" not in piped.output and "projection equals replay" in piped.output

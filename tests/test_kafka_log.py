@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 from runstate.testing import LogConformance
 
 from runstate.eventlog.base import TopicNames
@@ -17,10 +18,22 @@ pytestmark = pytest.mark.kafka
 
 
 class TestKafkaLog(LogConformance):
+    """Kafka never cleans the active segment: the checkpoints topic of these tests rolls
+    segments every 100 ms and is cleanable at once (the broker's cleaner backs off 1 s)."""
+
+    compaction_timeout_s = 60.0
+
     @pytest.fixture
     def log(self, kafka_bootstrap: str, kafka_topics: TopicNames) -> Iterator[KafkaLog]:
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        compact = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.ms": "100",
+                   "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "100"}  # fmt: skip
+        topics = [NewTopic(kafka_topics.events, 3, 1), NewTopic(kafka_topics.checkpoints, 3, 1, config=compact),
+                  NewTopic(kafka_topics.deadletter, 3, 1)]  # fmt: skip
+        for f in admin.create_topics(topics).values():
+            f.result()
         log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
-        log.create_topics(3)
+        log.create_topics(3)  # they exist: checked, not changed
         yield log
         log.close()
 

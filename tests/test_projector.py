@@ -202,3 +202,22 @@ def test_a_record_that_breaks_the_core_is_dead_lettered_not_fatal(tmp_path: Path
     strict = Projector(embedded_log, str(tmp_path / "s2"), on_internal_error="fail")
     with pytest.raises(ZeroDivisionError):
         strict.run(until_caught_up=True, poll_timeout_s=0.01)
+
+
+def test_explain_never_assembles_the_whole_state(tmp_path: Path, embedded_log: EmbeddedLog,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """explain reads the explained field per revision, not the run's state (which would cost
+    revisions x state size)."""
+    from runstate.projector.replay import explain
+    from runstate.projector.working import RunDoc
+
+    append_all(embedded_log, story("a"))
+    project(embedded_log, tmp_path / "s")
+
+    def whole_state(self: RunDoc) -> None:
+        raise AssertionError("explain assembled the whole state")
+
+    monkeypatch.setattr(RunDoc, "to_state", whole_state)
+    with Projection(tmp_path / "s") as proj:
+        changes = explain(embedded_log, proj, "a", "tasks.t2.status")
+    assert [(c.revision, c.after) for c in changes] == [(2, "pending"), (6, "cancelled")]
