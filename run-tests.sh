@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs runstate with its test dependencies in
 # .venv and runs pytest. The Kafka tests start a real single-node broker themselves
-# (compose/kafka_local.py: jars from Maven Central, cached in ~/.cache/runstate); without
+# (runstate.compose.kafka_local: jars from Maven Central, cached in ~/.cache/runstate); without
 # Java and Maven they are skipped, except under CI=true where that is a failure.
 # Extra arguments go to pytest, e.g. ./run-tests.sh -k projector
 set -euo pipefail

@@ -1,7 +1,7 @@
 """runstate on a real Kafka broker (loopback), measured side by side in one run.
 
-    python bench/bench_kafka.py                 # starts its own broker (compose/kafka_local.py)
-    RUNSTATE_BENCH_KAFKA=127.0.0.1:9092 python bench/bench_kafka.py
+    .venv/bin/python bench/bench_kafka.py                 # starts its own broker (runstate.compose.kafka_local)
+    RUNSTATE_BENCH_KAFKA=127.0.0.1:9092 .venv/bin/python bench/bench_kafka.py
 
 1. produce: raw confluent-kafka produce of pre-encoded patches vs RunProducer (build +
    validate + Avro encode + send) of the same patches, events/s and their ratio;

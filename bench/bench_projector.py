@@ -1,7 +1,7 @@
 """Projector throughput on a pre-filled embedded log, at two state sizes, and query latency.
 
-    python bench/bench_projector.py            # full: 1,000 runs x (20 | 500) facts, 24,000-event tail
-    python bench/bench_projector.py --quick    # small smoke run
+    .venv/bin/python bench/bench_projector.py            # full: 1,000 runs x (20 | 500) facts, 24,000-event tail
+    .venv/bin/python bench/bench_projector.py --quick    # small smoke run
 
 For each state size the log is pre-filled (RunStarted + N facts per run) and projected;
 then a tail of 2-event patches (FactConfirmed + BudgetConsumed) over all runs is appended

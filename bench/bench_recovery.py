@@ -1,8 +1,8 @@
 """Recovery: rebuild every projection by full replay vs from checkpoints + tail, side by
 side, at two history lengths (embedded log, real RocksDB).
 
-    python bench/bench_recovery.py                    # 10,000 runs; 1,020,000 and 2,020,000 events
-    python bench/bench_recovery.py --quick            # small smoke run
+    .venv/bin/python bench/bench_recovery.py                    # 10,000 runs; 1,020,000 and 2,020,000 events
+    .venv/bin/python bench/bench_recovery.py --quick            # small smoke run
 
 Each run starts with a goal, a budget, 10 facts and 3 tasks, then appends 4-event patches
 that update bounded state (budget use, a re-observation of one of 3 subjects, a revised

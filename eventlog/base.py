@@ -1,6 +1,6 @@
 """The log interface: the same small contract over Kafka and over the embedded log.
 
-Semantics every backend keeps (pinned by ``tests/conformance``):
+Semantics every backend keeps (pinned by the conformance suite, ``runstate.testing``):
 
 - a topic has N partitions; a record's partition is ``partition_for(key, N)``;
 - offsets are dense per partition, start at 0 and only grow; a record, once

@@ -8,7 +8,7 @@ The fingerprint names the *writer* schema; the reader decodes with Avro schema
 resolution from that writer schema to the current one, then applies upcasters for
 changes of meaning. Every published version lives in ``schemas/avro/patch.vN.avsc`` and
 is never edited: a change to the models is published as a new version
-(``python -m schemas.codec --publish``), and a test fails while the models and the latest
+(``python -m runstate.schemas.codec --publish``), and a test fails while the models and the latest
 published schema differ.
 
 The Avro schema is derived from the pydantic models (one source of truth); datetimes are

@@ -51,7 +51,7 @@ def test_catalogue_has_every_event_the_issue_names() -> None:
 
 def test_models_match_the_latest_published_avro_schema() -> None:
     """Changing the models without publishing a new schema version fails here.
-    Fix: `python -m schemas.codec --publish` (never edit a published .avsc)."""
+    Fix: `python -m runstate.schemas.codec --publish` (never edit a published .avsc)."""
     derived = codec.derive_patch_schema()
     assert codec._fp(derived) == codec.current_writer().fingerprint
 
