@@ -54,18 +54,18 @@ class Decided:
 
 def _decision(patch: Patch, partition: int, offset: int, revision: int, *, reason: RejectReason | None = None,
               rule: str | None = None, message: str | None = None, event_index: int | None = None,
-              rebased: bool = False) -> Decision:
+              rebased: bool = False, digest: str | None = None) -> Decision:
     return Decision(
         patch_id=patch.patch_id, run_id=patch.run_id,
         outcome="rejected" if reason else "accepted", revision=revision,
         expected_revision=patch.expected_revision, reason=reason, rule=rule, message=message,
         event_index=event_index, rebased=rebased, partition=partition, offset=offset,
         agent_id=patch.author.agent_id, agent_version=patch.author.agent_version,
-        event_types=[e.type for e in patch.events], created_at=patch.created_at,
+        event_types=[e.type for e in patch.events], created_at=patch.created_at, content_digest=digest,
     )  # fmt: skip
 
 
-def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int) -> Decided:
+def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int, digest: str | None = None) -> Decided:
     """Decide ``patch`` against the run's current working state ``doc`` (None: no state).
 
     Deterministic (no clock, randomness or I/O: the same ``doc`` and ``patch`` give the
@@ -77,7 +77,7 @@ def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int) -> Dec
     types = [e.type for e in patch.events]
     if doc is None:
         if types[0] != "RunStarted" or patch.expected_revision != 0:
-            return Decided(_decision(patch, partition, offset, 0, reason="unknown_run",
+            return Decided(_decision(patch, partition, offset, digest=digest, revision=0, reason="unknown_run",
                                      message=f"run {patch.run_id!r} was never started (first event must be RunStarted at revision 0)"))  # fmt: skip
         header = None
         current = 0
@@ -85,21 +85,21 @@ def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int) -> Dec
         header = doc.header
         current = header.revision
         if header.status in ("completed", "failed", "cancelled"):
-            return Decided(_decision(patch, partition, offset, current, reason="run_terminal",
+            return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="run_terminal",
                                      message=f"run {patch.run_id!r} is {header.status}; nothing is accepted after a terminal status"))  # fmt: skip
 
     rebased = False
     if patch.expected_revision != current:
         control_only = all(t in ev.CONTROL_EVENT_TYPES for t in types)
         if header is not None and patch.expected_revision < header.last_control_revision and not control_only:
-            return Decided(_decision(patch, partition, offset, current, reason="superseded",
+            return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="superseded",
                                      message=f"based on revision {patch.expected_revision}, before the control event at revision {header.last_control_revision}"))  # fmt: skip
         if control_only:
             pass  # control events win over the revision check
         elif patch.rebase and patch.expected_revision < current and all(commutes(e) for e in patch.events):
             rebased = True
         else:
-            return Decided(_decision(patch, partition, offset, current, reason="revision_conflict",
+            return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="revision_conflict",
                                      message=f"expected revision {patch.expected_revision}, run is at {current}"))  # fmt: skip
 
     new_revision = current + 1
@@ -107,13 +107,13 @@ def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int) -> Dec
     draft = Draft(doc, header)
     for i, event in enumerate(patch.events):
         if i > 0 and draft.hget("status") in ("completed", "failed", "cancelled"):
-            return Decided(_decision(patch, partition, offset, current, reason="invalid", rule="run.terminal",
+            return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="invalid", rule="run.terminal",
                                      message=f"event {i} ({event.type}) comes after the run became {draft.hget('status')}",
                                      event_index=i))  # fmt: skip
         try:
             apply_event(draft, event, ctx)
         except RuleViolation as v:
-            return Decided(_decision(patch, partition, offset, current, reason="invalid", rule=v.rule,
+            return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="invalid", rule=v.rule,
                                      message=v.message, event_index=i))  # fmt: skip
         if i == 0 and types[0] == "RunStarted":
             draft.hset(run_id=patch.run_id)
@@ -125,4 +125,4 @@ def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int) -> Dec
         update["last_control_revision"] = new_revision
     draft.hset(**update)
     new_doc, changes = draft.commit()
-    return Decided(_decision(patch, partition, offset, new_revision, rebased=rebased), new_doc, changes)
+    return Decided(_decision(patch, partition, offset, digest=digest, revision=new_revision, rebased=rebased), new_doc, changes)

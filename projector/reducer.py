@@ -449,11 +449,13 @@ def _budget_set(d: Draft, e: ev.BudgetSet, ctx: Ctx) -> None:
 def _budget_consumed(d: Draft, e: ev.BudgetConsumed, ctx: Ctx) -> None:
     _require(e.tokens > 0, "budget.consumed_positive", f"consumed tokens must be > 0, got {e.tokens}")
     b = d.hget("budgets")
+    used = b.tokens_used + e.tokens
+    remaining = None if b.tokens_remaining is None else b.tokens_remaining - e.tokens
+    _require(used <= ev.MAX_LONG and (remaining is None or remaining >= ev.MIN_LONG), "budget.overflow",
+             f"consuming {e.tokens} tokens would take the budget past what can be stored "
+             f"(used {b.tokens_used}, remaining {b.tokens_remaining})")  # fmt: skip
     # Consumption already happened: it is recorded even past the budget (remaining < 0).
-    _set(d, budgets=b.model_copy(update={
-        "tokens_used": b.tokens_used + e.tokens,
-        "tokens_remaining": None if b.tokens_remaining is None else b.tokens_remaining - e.tokens,
-    }))  # fmt: skip
+    _set(d, budgets=b.model_copy(update={"tokens_used": used, "tokens_remaining": remaining}))
 
 
 missing = set(ev.EVENT_TYPE_NAMES) - set(REDUCERS)

@@ -11,6 +11,7 @@ something — which is what ``verify`` checks.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -25,6 +26,11 @@ from runstate.schemas.errors import DecodeError
 from runstate.schemas.patch import Decision, Patch
 
 log = logging.getLogger("runstate.projector")
+
+
+def content_digest(value: bytes) -> str:
+    """What identifies a patch's content: blake2b-128 of its log record."""
+    return hashlib.blake2b(value, digest_size=16).hexdigest()
 
 #: What to do when deciding a well-formed patch raises (a bug in the core, not bad input):
 #: dead-letter the record and go on (decisions are all-or-nothing, so no state is
@@ -85,13 +91,27 @@ class RunBook:
         self.docs[run_id] = d
         return d
 
-    def apply(self, patch: Patch, partition: int, offset: int) -> Applied:
-        """Decide one patch; a ``patch_id`` already decided returns the earlier decision."""
+    def apply(self, patch: Patch, partition: int, offset: int, digest: str | None = None) -> Applied:
+        """Decide one patch; a ``patch_id`` already decided returns the earlier decision
+        (``duplicate``), unless both have a content ``digest`` and they differ: then the
+        patch is rejected as ``patch_id_reused`` and the id keeps its first decision."""
         key = (patch.run_id, patch.patch_id)
         prior = self._unsettled.get(key) or self.decided.get(key) or self._load_decision(*key)
         if prior is not None:
-            return Applied(patch, prior, None, duplicate=True)
-        decided = decide(self.doc(patch.run_id), patch, partition, offset)
+            if digest is None or prior.content_digest is None or digest == prior.content_digest:
+                return Applied(patch, prior, None, duplicate=True)
+            doc = self.doc(patch.run_id)
+            current = 0 if doc is None else doc.header.revision
+            reused = prior.model_copy(update={
+                "outcome": "rejected", "revision": current, "expected_revision": patch.expected_revision,
+                "reason": "patch_id_reused", "rule": None, "event_index": None, "rebased": False,
+                "message": f"patch_id {patch.patch_id!r} was decided at offset {prior.offset} for other content",
+                "partition": partition, "offset": offset, "agent_id": patch.author.agent_id,
+                "agent_version": patch.author.agent_version, "event_types": [e.type for e in patch.events],
+                "created_at": patch.created_at, "content_digest": digest,
+            })  # fmt: skip
+            return Applied(patch, reused, None)
+        decided = decide(self.doc(patch.run_id), patch, partition, offset, digest)
         if decided.doc is not None:
             self.docs[patch.run_id] = decided.doc
         if self._keep_decisions:
@@ -105,15 +125,18 @@ class RunBook:
         a :class:`DeadLetter` with the reason; so is a patch whose decision raised, unless
         ``on_internal_error`` is ``"fail"`` (then the error propagates)."""
         try:
+            try:
+                key = rec.key.decode() if rec.key is not None else None
+            except UnicodeDecodeError as e:
+                raise DecodeError("key_not_utf8", detail=f"record key {rec.key!r}: {e.reason} at byte {e.start}") from e
             patch = decode(rec.value)
-            key = rec.key.decode() if rec.key is not None else None
             if key != patch.run_id:
                 raise DecodeError("key_mismatch", detail=f"record key {key!r} is not the patch's run_id {patch.run_id!r}")
         except DecodeError as e:
             return DeadLetter(rec.partition, rec.offset, e.reason, e.detail,
                               rec.key.decode(errors="replace") if rec.key else None, len(rec.value))  # fmt: skip
         try:
-            return self.apply(patch, rec.partition, rec.offset)
+            return self.apply(patch, rec.partition, rec.offset, content_digest(rec.value))
         except Exception as e:  # a bug in the pure core, not bad input: see InternalErrorPolicy
             if on_internal_error == "fail":
                 raise

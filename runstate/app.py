@@ -103,17 +103,52 @@ def make_producer(settings: Settings, log: EventLog | None = None) -> RunProduce
     )
 
 
+def _unencodable(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first string that UTF-8 cannot encode (a lone surrogate
+    from a ``\\udXXX`` escape), or None."""
+    stack: list[tuple[str, Any]] = [(path, value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "(the whole document)"
+        elif isinstance(v, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), x) for k, x in reversed(list(v.items())))
+        elif isinstance(v, list):
+            stack.extend((f"{where}.{i}" if where else str(i), x) for i, x in reversed(list(enumerate(v))))
+    return None
+
+
 def read_patch_file(source: str, stream: IO[str] | None = None) -> Any:
-    """Parse a patch file (``-`` is ``stream``). Raises :class:`ContractError` naming the file."""
+    """Parse a patch file (``-`` is ``stream``). Raises :class:`ContractError` naming the
+    file (and the field, for a string that cannot be encoded): unreadable, not UTF-8, not
+    JSON, nested too deeply."""
     where = "<stdin>" if source == "-" else source
     try:
-        text = stream.read() if source == "-" and stream is not None else Path(source).read_text()
+        if source == "-" and stream is not None:
+            buffer = getattr(stream, "buffer", None)
+            raw = buffer.read() if buffer is not None else stream.read().encode("utf-8", "surrogateescape")
+        else:
+            raw = Path(source).read_bytes()
     except OSError as e:
         raise ContractError(f"cannot read patch file: {e.strerror}", where=where) from e
     try:
-        return json.loads(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ContractError(f"not UTF-8: {e.reason} at byte {e.start}", where=where) from e
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ContractError(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}", where=where) from e
+    except RecursionError as e:
+        raise ContractError("not a patch: JSON nested too deeply", where=where) from e
+    bad = _unencodable(data)
+    if bad is not None:
+        raise ContractError(f"invalid patch: {bad}: a string that UTF-8 cannot encode (lone surrogate)",
+                            where=where, field=bad)  # fmt: skip
+    return data
 
 
 def publish(settings: Settings, run_id: str, data: Any, *, where: str, wait: bool = False,

@@ -33,7 +33,7 @@ import pydantic
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 from pydantic import BaseModel
 
-from runstate.schemas.errors import DecodeError, describe_validation_error
+from runstate.schemas.errors import ContractError, DecodeError, describe_validation_error
 from runstate.schemas.patch import Patch
 
 AVRO_DIR = Path(__file__).parent / "avro"
@@ -167,12 +167,18 @@ def _to_avro_datum(patch: Patch) -> dict[str, Any]:
 
 
 def encode(patch: Patch, writer: _Writer | None = None) -> bytes:
-    """Encode a validated patch as one single-object Avro record with the current schema."""
+    """Encode a validated patch as one single-object Avro record with the current schema.
+
+    Raises :class:`ContractError` for a string that UTF-8 cannot encode (a lone surrogate)."""
     w = writer or current_writer()
     buf = io.BytesIO()
     buf.write(MAGIC)
     buf.write(w.fingerprint)
-    fastavro.schemaless_writer(buf, w.parsed, _to_avro_datum(patch))
+    try:
+        fastavro.schemaless_writer(buf, w.parsed, _to_avro_datum(patch))
+    except UnicodeEncodeError as e:
+        raise ContractError(f"patch {patch.patch_id} of run {patch.run_id!r} holds a string that UTF-8 cannot encode: "
+                            f"{e.reason} at {e.start}", field=None) from e  # fmt: skip
     return buf.getvalue()
 
 

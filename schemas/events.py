@@ -28,6 +28,13 @@ class Model(BaseModel):
 #: An identifier: 1-200 characters, no control characters (the store uses NUL as a separator).
 Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f]+$")]
 
+#: The range of an Avro ``long`` (and of the store's JSON): every integer of the contract is
+#: bounded by it when validated, and the reducer's arithmetic never leaves it.
+MIN_LONG = -(2**63)
+MAX_LONG = 2**63 - 1
+Long = Annotated[int, Field(ge=MIN_LONG, le=MAX_LONG)]
+Revision = Annotated[int, Field(ge=0, le=MAX_LONG)]
+
 
 # --- objects introduced by events -------------------------------------------------------
 
@@ -302,13 +309,13 @@ class LeaseReleased(Model):
 
 class BudgetSet(Model):
     type: Literal["BudgetSet"] = "BudgetSet"
-    tokens_remaining: int | None = None
+    tokens_remaining: Long | None = None
     deadline: AwareDatetime | None = None
 
 
 class BudgetConsumed(Model):
     type: Literal["BudgetConsumed"] = "BudgetConsumed"
-    tokens: int
+    tokens: Long
 
 
 class RunCompleted(Model):

@@ -8,7 +8,7 @@ import pydantic
 from pydantic import AwareDatetime, Field
 
 from runstate.schemas.errors import ContractError, UnknownEventType, describe_validation_error
-from runstate.schemas.events import EVENT_TYPE_NAMES, Event, Id, Model
+from runstate.schemas.events import EVENT_TYPE_NAMES, Event, Id, Model, Revision
 
 
 class Author(Model):
@@ -26,7 +26,7 @@ class PatchDraft(Model):
     from the producer when absent.
     """
 
-    expected_revision: int = Field(ge=0)
+    expected_revision: Revision
     events: list[Event] = Field(min_length=1)
     rebase: bool = False
     patch_id: Id | None = None
@@ -45,7 +45,7 @@ class Patch(Model):
 
     patch_id: Id
     run_id: Id
-    expected_revision: int = Field(ge=0)
+    expected_revision: Revision
     events: list[Event] = Field(min_length=1)
     author: Author
     created_at: AwareDatetime
@@ -53,7 +53,7 @@ class Patch(Model):
 
 
 Outcome = Literal["accepted", "rejected"]
-RejectReason = Literal["revision_conflict", "superseded", "invalid", "unknown_run", "run_terminal"]
+RejectReason = Literal["revision_conflict", "superseded", "invalid", "unknown_run", "run_terminal", "patch_id_reused"]
 
 
 class Decision(Model):
@@ -80,6 +80,10 @@ class Decision(Model):
     agent_version: str
     event_types: list[str]
     created_at: AwareDatetime
+    #: blake2b-128 of the patch's log record: the same ``patch_id`` with other content is
+    #: rejected as ``patch_id_reused``, not answered with this decision. None when the
+    #: patch was decided without its record (in-memory tools).
+    content_digest: str | None = None
 
 
 def parse_draft(data: Any, *, where: str | None = None) -> PatchDraft:

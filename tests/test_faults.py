@@ -17,7 +17,7 @@ from helpers import ev, fact, patch, start, task
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.runbook import RunBook
 from runstate.projector.queries import Projection
-from runstate.projector.replay import verify
+from runstate.projector.replay import replay, verify
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Patch
 
@@ -97,12 +97,8 @@ def test_sigkill_at_any_moment_then_restart_equals_full_replay(tmp_path: Path) -
     assert report.records == len(patches)
 
     # Every distinct patch decided exactly once, with the decision a clean replay gives.
-    book = RunBook()
-    for p_ in range(4):
-        for rec in log.scan(log.topics.events, p_, 0, log.end_offsets(log.topics.events)[p_]):
-            from runstate.schemas.codec import decode
-
-            book.apply(decode(rec.value), rec.partition, rec.offset)
+    ends = log.end_offsets(log.topics.events)
+    book = replay(rec for p_ in range(4) for rec in log.scan(log.topics.events, p_, 0, ends[p_]))
     with Projection(tmp_path / "state") as proj:
         for r in range(20):
             hist = proj.history(f"run_{r}")

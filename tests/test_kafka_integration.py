@@ -22,9 +22,8 @@ from runstate.compose.kafka_local import LocalKafka
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import KafkaLog
 from runstate.producers.run_producer import Receipt, RunProducer
-from runstate.projector.runbook import RunBook
 from runstate.projector.queries import Projection
-from runstate.projector.replay import verify
+from runstate.projector.replay import replay, verify
 from runstate.cli import main
 from runstate.schemas.codec import decode, encode
 from runstate.schemas.patch import Author, Patch
@@ -144,10 +143,8 @@ def spawn_projector(env: dict[str, str], log_path: Path) -> subprocess.Popen[byt
 
 
 def check_decided_once(log: KafkaLog, state: Path, runs: int) -> None:
-    book = RunBook()
-    for p in range(log.partitions(log.topics.events)):
-        for rec in log.scan(log.topics.events, p, 0, log.end_offsets(log.topics.events)[p]):
-            book.apply(decode(rec.value), rec.partition, rec.offset)
+    ends = log.end_offsets(log.topics.events)
+    book = replay(rec for p in range(log.partitions(log.topics.events)) for rec in log.scan(log.topics.events, p, 0, ends[p]))
     with Projection(state) as proj:
         for r in range(runs):
             hist = proj.history(f"run_{r}")

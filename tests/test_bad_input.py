@@ -1,0 +1,148 @@
+"""Bad input is a typed error or a rejected decision, never a crash, and never stored.
+
+Each case here broke something before it had a test: a record key that is not UTF-8
+stopped the partition on every restart, numbers the codec cannot carry made verify and the
+snapshotter fail forever, strings and files that cannot be encoded gave tracebacks, and a
+reused patch_id with other content was reported as the earlier patch's decision.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import ev, patch, start
+
+from runstate.cli import main
+from runstate.eventlog.base import Record
+from runstate.eventlog.embedded import EmbeddedLog
+from runstate.projector.loop import Projector
+from runstate.projector.queries import Projection
+from runstate.projector.replay import verify
+from runstate.projector.runbook import DeadLetter, RunBook
+from runstate.schemas.codec import encode
+from runstate.schemas.errors import ContractError
+from runstate.schemas.patch import parse_draft
+
+MAX_LONG = 2**63 - 1
+
+
+def _record(value: bytes, key: bytes | None, offset: int = 0) -> Record:
+    return Record("runstate.events", 0, offset, key, value, 1)
+
+
+def test_a_key_that_is_not_utf8_is_a_dead_letter_not_a_crash() -> None:
+    book = RunBook()
+    out = book.apply_record(_record(encode(patch("r", 0, start())), b"\xff\xfe"))
+    assert isinstance(out, DeadLetter) and out.reason == "key_not_utf8"
+    assert book.docs == {}
+
+
+def test_a_partition_moves_on_past_a_key_that_is_not_utf8(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    # The embedded producer only takes str keys; another client can write any bytes.
+    log._db.execute("INSERT INTO records VALUES (?,?,?,?,?,?,?)",
+                    ("runstate.events", 0, 0, b"\xff\xfe", encode(patch("r", 0, start())), 1, None))  # fmt: skip
+    log._db.execute("UPDATE heads SET next_offset=1 WHERE topic='runstate.events' AND partition=0")
+    prod = log.producer()
+    prod.append(log.topics.events, "r", encode(patch("r", 0, start())))
+    prod.close()
+    for _ in range(2):  # and again after a restart
+        Projector(log, str(tmp_path / "s"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    with Projection(tmp_path / "s") as proj:
+        assert [d.reason for d in proj.dead_letters()] == ["key_not_utf8"]
+        assert proj.state("r").revision == 1
+
+
+@pytest.mark.parametrize("field,value", [
+    ("expected_revision", 2**63), ("expected_revision", 2**70), ("tokens", 2**63), ("tokens", -(2**63) - 1),
+])  # fmt: skip
+def test_numbers_the_codec_cannot_carry_are_refused_when_validated(field: str, value: int) -> None:
+    body = {"expected_revision": 1, "events": [{"type": "BudgetConsumed", "tokens": 5}]}
+    if field == "expected_revision":
+        body["expected_revision"] = value
+    else:
+        body["events"][0]["tokens"] = value  # type: ignore[index]
+    with pytest.raises(ContractError) as e:
+        parse_draft(body, where="p.json")
+    assert e.value.field is not None and field in e.value.field
+
+
+def test_budget_arithmetic_cannot_overflow_what_the_codec_carries(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    prod = log.producer()
+    for p in [patch("r", 0, start()), patch("r", 1, ev("BudgetSet", tokens_remaining=MAX_LONG)),
+              patch("r", 2, ev("BudgetConsumed", tokens=MAX_LONG)),
+              patch("r", 3, ev("BudgetConsumed", tokens=MAX_LONG))]:  # fmt: skip
+        prod.append(log.topics.events, p.run_id, encode(p))
+    prod.close()
+    Projector(log, str(tmp_path / "s"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    with Projection(tmp_path / "s") as proj:
+        last = proj.history("r")[-1]
+        assert (last.outcome, last.rule) == ("rejected", "budget.overflow")
+        st = proj.state("r")
+        assert st.budgets.tokens_used == MAX_LONG
+        st.model_dump_json()  # the state stays serialisable
+    assert verify(log, str(tmp_path / "s")).ok
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+
+
+def _publish_file(env: dict[str, str], path: Path) -> tuple[int, str]:
+    r = CliRunner().invoke(main, ["publish", "r", str(path)], env=env)
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return r.exit_code, r.output
+
+
+def _appended(env: dict[str, str]) -> int:
+    if not Path(env["RUNSTATE_LOG"]).exists():
+        return 0
+    log = EmbeddedLog(env["RUNSTATE_LOG"])
+    try:
+        return sum(log.end_offsets(log.topics.events).values())
+    finally:
+        log.close()
+
+
+@pytest.mark.parametrize("name,body,says", [
+    ("surrogate", b'{"expected_revision": 0, "events": [{"type": "RunStarted", "goal": {"statement": "\\ud800"}}]}',
+     "events.0.goal.statement"),
+    ("bigint", b'{"expected_revision": 123456789012345678901234567890, "events": [{"type": "RunStarted", '
+               b'"goal": {"statement": "x"}}]}', "expected_revision"),
+    ("not_utf8", b'{"expected_revision": 0, "events": [{"type": "RunStarted", "goal": {"statement": "\xff\xfe"}}]}',
+     "not UTF-8"),
+    ("deep", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+])  # fmt: skip
+def test_bad_patch_files_exit_2_naming_file_and_field_and_append_nothing(
+    tmp_path: Path, env: dict[str, str], name: str, body: bytes, says: str
+) -> None:
+    f = tmp_path / f"{name}.json"
+    f.write_bytes(body)
+    code, out = _publish_file(env, f)
+    assert code == 2, out
+    assert str(f) in out and says in out and "Traceback" not in out
+    assert _appended(env) == 0
+
+
+def test_a_reused_patch_id_with_other_content_is_rejected(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    first = patch("r", 1, ev("PhaseChanged", phase="a"), patch_id="same")
+    again = patch("r", 1, ev("PhaseChanged", phase="b"), patch_id="same")
+    prod = log.producer()
+    for p in [patch("r", 0, start()), first, first, again]:
+        prod.append(log.topics.events, p.run_id, encode(p))
+    prod.close()
+    Projector(log, str(tmp_path / "s"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    with Projection(tmp_path / "s") as proj:
+        hist = proj.history("r")
+        assert [(d.outcome, d.reason) for d in hist] == [("accepted", None), ("accepted", None),
+                                                         ("rejected", "patch_id_reused")]  # fmt: skip
+        assert hist[-1].offset == 3 and proj.state("r").phase == "a"
+        assert proj.decision("r", "same") == hist[1]  # the id still answers with its own patch's decision
+    assert verify(log, str(tmp_path / "s")).ok
+    json.dumps([d.model_dump(mode="json") for d in hist])
