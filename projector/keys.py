@@ -15,14 +15,19 @@ log/revision order::
     x:<offset 16 hex>                 a dead-lettered record: reason and detail (JSON)
     k:<run>                           the run was restored from a checkpoint covering the log
                                       up to this offset (8 bytes); its earlier history is not here
+    s:<run>                           the patch ids decided before that restore (concatenated
+                                      16-byte digests): old resends are duplicates, exactly
     c:<run>\\0<revision 16 hex>        a checkpoint of the run (the snapshotter's stores: local
                                       history; the value is opaque to the store)
+    o:<run>\\0<revision 16 hex>        outbox: that checkpoint is stored but not yet published
 
 Values are JSON written by pydantic's serializer (one encoder for runs, whichever path
 writes them: live patches or a restore from checkpoints).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from runstate.projector.working import Entry
 from runstate.schemas.events import Model
@@ -35,7 +40,10 @@ NEXT_OFFSET = b"m:next_offset"
 HEADERS = b"h:"
 DEAD_LETTERS = b"x:"
 RESTORED = b"k:"
+RESTORED_IDS = b"s:"
 CHECKPOINTS = b"c:"
+OUTBOX = b"o:"
+DEDUPE = b"d:"
 
 
 
@@ -65,8 +73,12 @@ def history_key(run_id: str, offset: int) -> bytes:
     return history_prefix(run_id) + f"{offset:016x}".encode()
 
 
+def dedupe_prefix(run_id: str) -> bytes:
+    return DEDUPE + _run(run_id) + b"\0"
+
+
 def dedupe_key(run_id: str, patch_id: str) -> bytes:
-    return b"d:" + _run(run_id) + b"\0" + patch_id.encode()
+    return dedupe_prefix(run_id) + patch_id.encode()
 
 
 def dead_letter_key(offset: int) -> bytes:
@@ -75,6 +87,20 @@ def dead_letter_key(offset: int) -> bytes:
 
 def restored_key(run_id: str) -> bytes:
     return RESTORED + _run(run_id)
+
+
+def restored_ids_key(run_id: str) -> bytes:
+    return RESTORED_IDS + _run(run_id)
+
+
+def outbox_key(run_id: str, revision: int) -> bytes:
+    return OUTBOX + _run(run_id) + b"\0" + f"{revision:016x}".encode()
+
+
+def run_and_revision(key: bytes, prefix: bytes) -> tuple[str, int]:
+    """``(run_id, revision)`` of a ``c:``/``o:`` key."""
+    run, rev = key[len(prefix):].rsplit(b"\0", 1)
+    return run.decode(), int(rev, 16)
 
 
 def checkpoints_prefix(run_id: str) -> bytes:
@@ -96,6 +122,14 @@ def run_of(key: bytes, prefix: bytes) -> str:
 def dump(model: Model) -> bytes:
     """A contract model as JSON bytes (pydantic's serializer: no intermediate dict)."""
     return model.__pydantic_serializer__.to_json(model)  # type: ignore[no-any-return]
+
+
+#: Size of a patch id's digest where ids are kept by digest (restored runs, checkpoints).
+PATCH_ID_DIGEST = 16
+
+
+def patch_id_digest(patch_id: str) -> bytes:
+    return hashlib.blake2b(patch_id.encode(), digest_size=PATCH_ID_DIGEST).digest()
 
 
 def encode_int(n: int) -> bytes:

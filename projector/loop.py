@@ -27,6 +27,7 @@ from threading import Event
 from typing import Protocol
 
 from runstate.eventlog.base import EventLog, LogConsumer, Record
+from runstate.projector.keys import patch_id_digest
 from runstate.projector.runbook import DeadLetter, InternalErrorPolicy, RunBook
 from runstate.projector.statedir import Layout
 from runstate.projector.store import PendingBatch, ProjectionStore
@@ -65,11 +66,17 @@ class ProjectorStats:
 class _Partition:
     def __init__(self, store: ProjectionStore, cache_runs: int) -> None:
         self.store = store
-        self.book = RunBook(store.load_doc, store.decision, max_cached=cache_runs)
+        restored = store.restored()
+
+        def decided_before_restore(run_id: str, patch_id: str) -> bool:
+            return run_id in restored and store.decided_before_restore(run_id, patch_id_digest(patch_id))
+
+        self.book = RunBook(store.load_doc, store.decision, max_cached=cache_runs,
+                            decided_before_restore=decided_before_restore)  # fmt: skip
         self.next_offset = store.next_offset()
         # Runs restored from checkpoints: their records up to this offset are already in
         # the restored state and are skipped (by key, without decoding).
-        self.skip: dict[bytes, int] = {k.encode(): v for k, v in store.restored().items() if v >= self.next_offset}
+        self.skip: dict[bytes, int] = {k.encode(): v for k, v in restored.items() if v >= self.next_offset}
 
 
 class ProjectorHooks(Protocol):
@@ -291,6 +298,7 @@ class Projector:
             if applied.duplicate:
                 self.stats.duplicates += 1
                 continue
+            assert applied.decision is not None  # only duplicates lack one
             batch.decisions.append(applied.decision)
             if applied.changes is not None:
                 patch = applied.patch

@@ -43,7 +43,9 @@ class Applied:
     """The outcome of one patch: its decision, and what changed (None unless accepted now)."""
 
     patch: Patch
-    decision: Decision
+    #: None only for a duplicate of a patch decided before its run was restored from a
+    #: checkpoint (known by id; its decision is not kept)
+    decision: Decision | None
     changes: Changes | None
     duplicate: bool = False
 
@@ -74,9 +76,11 @@ class RunBook:
         load_doc: Callable[[str], RunDoc | None] = lambda _r: None,
         load_decision: Callable[[str, str], Decision | None] = lambda _r, _p: None,
         max_cached: int | None = None,
+        decided_before_restore: Callable[[str, str], bool] = lambda _r, _p: False,
     ) -> None:
         self._load_doc = load_doc
         self._load_decision = load_decision
+        self._decided_before_restore = decided_before_restore
         self._max = max_cached
         self.docs: OrderedDict[str, RunDoc | None] = OrderedDict()
         self._unsettled: dict[tuple[str, str], Decision] = {}
@@ -97,6 +101,8 @@ class RunBook:
         patch is rejected as ``patch_id_reused`` and the id keeps its first decision."""
         key = (patch.run_id, patch.patch_id)
         prior = self._unsettled.get(key) or self.decided.get(key) or self._load_decision(*key)
+        if prior is None and self._decided_before_restore(*key):
+            return Applied(patch, None, None, duplicate=True)
         if prior is not None:
             if digest is None or prior.content_digest is None or digest == prior.content_digest:
                 return Applied(patch, prior, None, duplicate=True)

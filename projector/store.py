@@ -43,6 +43,9 @@ class RestoredRun:
     state: RunState
     covers_offset: int
     decisions: list[Decision] = field(default_factory=list)
+    #: every patch id decided for the run up to ``covers_offset`` (concatenated digests,
+    #: see ``snapshotter.checkpoint.patch_id_digest``)
+    patch_ids: bytes = b""
 
 
 @dataclass
@@ -57,8 +60,11 @@ class PendingBatch:
     dead: list[DeadLetter] = field(default_factory=list)
     #: runs restored from checkpoints -> the offset their checkpoint covers
     restored: dict[str, int] = field(default_factory=dict)
-    #: (run_id, revision) -> an encoded checkpoint (the snapshotter's local history)
+    #: (run_id, revision) -> an encoded checkpoint (the snapshotter's local history); each
+    #: also goes into the outbox until :meth:`ProjectionStore.clear_outbox`
     checkpoints: dict[tuple[str, int], bytes] = field(default_factory=dict)
+    #: runs restored from checkpoints -> the patch ids decided before (digests)
+    restored_ids: dict[str, bytes] = field(default_factory=dict)
 
     def add_changes(self, run_id: str, changes: Changes) -> None:
         """Stage what one accepted patch (or a restore) changed in a run."""
@@ -115,6 +121,7 @@ class ProjectionStore:
                 f"{keys.STORE_FORMAT.decode()!r}: delete the state directory to rebuild it from the log"
             )
         self._wopts = WriteOptions()
+        self._restored_ids: dict[str, frozenset[bytes]] = {}
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -136,6 +143,9 @@ class ProjectionStore:
             wb.put(keys.restored_key(run_id), keys.encode_int(covers))
         for (run_id, revision), blob in batch.checkpoints.items():
             wb.put(keys.checkpoint_key(run_id, revision), blob)
+            wb.put(keys.outbox_key(run_id, revision), b"")  # published later, then cleared
+        for run_id, ids in batch.restored_ids.items():
+            wb.put(keys.restored_ids_key(run_id), ids)
         wb.put(keys.NEXT_OFFSET, keys.encode_int(batch.next_offset))
         try:
             self._db.write(wb, self._wopts)
@@ -153,13 +163,35 @@ class ProjectionStore:
             batch.add_changes(run.state.run_id, RunDoc.from_state(run.state).as_changes())
             batch.decisions.extend(run.decisions)
             batch.restored[run.state.run_id] = run.covers_offset
+            batch.restored_ids[run.state.run_id] = run.patch_ids
             n += 1
         self.write(batch)
+        self._restored_ids.clear()
         return n
 
     def put_checkpoints(self, checkpoints: dict[tuple[str, int], bytes]) -> None:
-        """Add checkpoints to the local history outside a poll batch (the age trigger)."""
+        """Add checkpoints to the local history (and the outbox) outside a poll batch."""
         self.write(PendingBatch(next_offset=self.next_offset(), checkpoints=checkpoints))
+
+    def outbox(self) -> list[tuple[str, int, bytes]]:
+        """Checkpoints stored but not yet published: ``(run_id, revision, encoded)``."""
+        out = []
+        for k, _ in self._prefix(keys.OUTBOX):
+            run, rev = keys.run_and_revision(k, keys.OUTBOX)
+            blob = self._db.get(keys.checkpoint_key(run, rev))
+            if blob is not None:
+                out.append((run, rev, blob))
+        return out
+
+    def clear_outbox(self, published: Iterable[tuple[str, int]]) -> None:
+        """Those checkpoints are published (acknowledged by the log)."""
+        wb = WriteBatch(raw_mode=True)
+        for run, rev in published:
+            wb.delete(keys.outbox_key(run, rev))
+        try:
+            self._db.write(wb, self._wopts)
+        except Exception as e:
+            raise StoreError(f"write to {self.path} failed: {e}") from e
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -224,9 +256,28 @@ class ProjectionStore:
         decisions before that offset are not in this store (only the checkpoint's)."""
         return {keys.run_of(k, keys.RESTORED): keys.decode_int(v) for k, v in self._prefix(keys.RESTORED)}
 
-    def checkpoints(self, run_id: str) -> list[bytes]:
-        """The run's stored checkpoints (encoded), oldest revision first."""
-        return [v for _, v in self._prefix(keys.checkpoints_prefix(run_id))]
+    def patch_ids(self, run_id: str) -> list[str]:
+        """Every patch id decided for the run in this store (not those before a restore)."""
+        prefix = keys.dedupe_prefix(run_id)
+        return [k[len(prefix):].decode() for k, _ in self._prefix(prefix)]
+
+    def restored_patch_ids(self, run_id: str) -> bytes:
+        """The digests of the patch ids decided before the run was restored (empty if it
+        was not)."""
+        return self._db.get(keys.restored_ids_key(run_id)) or b""
+
+    def decided_before_restore(self, run_id: str, digest: bytes) -> bool:
+        """Whether a patch id (its digest) was decided before the run was restored here."""
+        ids = self._restored_ids.get(run_id)
+        if ids is None:
+            raw = self.restored_patch_ids(run_id)
+            n = len(digest)
+            ids = self._restored_ids[run_id] = frozenset(raw[i:i + n] for i in range(0, len(raw), n))
+        return digest in ids
+
+    def checkpoints(self, run_id: str) -> list[tuple[int, bytes]]:
+        """The run's stored checkpoints as ``(revision, encoded)``, oldest first."""
+        return [(keys.run_and_revision(k, keys.CHECKPOINTS)[1], v) for k, v in self._prefix(keys.checkpoints_prefix(run_id))]
 
     def all_checkpoints(self) -> Iterator[tuple[str, bytes]]:
         """Every stored checkpoint as ``(run_id, encoded)``, by run then revision."""

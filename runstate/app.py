@@ -23,12 +23,12 @@ from runstate.projector.queries import Projection, decision_reader
 from runstate.projector.runbook import DeadLetter
 from runstate.projector.replay import FieldChange, VerifyReport, explain, state_at, verify
 from runstate.schemas.errors import ContractError, LogError, RunNotFound, StoreError
-from runstate.snapshotter.checkpoint import Checkpoint, CheckpointInvalid, validate
-from runstate.snapshotter.checkpoint import encode as encode_checkpoint
+from runstate.snapshotter.checkpoint import Checkpoint
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.service import Snapshotter, snapshotter_dir
-from runstate.snapshotter.recovery import restore_partition
+from runstate.projector.store import ProjectionStore
+from runstate.snapshotter.recovery import RestoreReport, restore_partition
 from runstate.schemas.patch import Author, Decision
 from runstate.schemas.state import RunHeader, RunState
 from runstate.settings import Settings
@@ -179,12 +179,17 @@ def project(settings: Settings, *, until_caught_up: bool = False,
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
+
+    def restore(partition: int, store: ProjectionStore) -> RestoreReport:
+        def progress(done: int, total: int) -> None:
+            if on_restore_progress is not None:
+                on_restore_progress(partition, done, total)
+
+        return restore_partition(log, partition, store, progress, key=settings.checkpoint_key_bytes())
+
     try:
         projector = Projector(log, settings.state_dir, group_id=settings.group_id, batch_size=settings.batch_size,
-                              cache_runs=settings.cache_runs, on_progress=on_progress,
-                              restore=lambda p, store: restore_partition(
-                                  log, p, store, None if on_restore_progress is None else
-                                  lambda done, total: on_restore_progress(p, done, total)))  # fmt: skip
+                              cache_runs=settings.cache_runs, on_progress=on_progress, restore=restore)  # fmt: skip
         return projector.run(until_caught_up=until_caught_up, stop=stop)
     finally:
         for sig, handler in previous.items():
@@ -198,7 +203,8 @@ def snapshot(settings: Settings, *, until_caught_up: bool = False, every: int | 
     log = open_settings_log(settings)
     try:
         policy = CheckpointPolicy(every=every or settings.checkpoint_every, max_age=settings.checkpoint_max_age)
-        snap = Snapshotter(log, settings.state_dir, policy=policy, batch_size=settings.batch_size)
+        snap = Snapshotter(log, settings.state_dir, policy=policy, batch_size=settings.batch_size,
+                           key=settings.checkpoint_key_bytes())
         snap.projector.on_progress = on_progress
         stats = snap.run(until_caught_up=until_caught_up)
         return stats, snap.writer.written
@@ -208,14 +214,9 @@ def snapshot(settings: Settings, *, until_caught_up: bool = False, every: int | 
 
 def _nearest_checkpoint(settings: Settings) -> Callable[[str, int], RunState | None]:
     def nearest(run_id: str, revision: int) -> RunState | None:
-        with CheckpointHistory(snapshotter_dir(settings.state_dir)) as hist:
-            cp = hist.nearest(run_id, revision)
-        if cp is None:
-            return None
-        try:  # trusted only after validation (digest, versions)
-            return validate(encode_checkpoint(cp)).state
-        except CheckpointInvalid:
-            return None
+        with CheckpointHistory(snapshotter_dir(settings.state_dir), settings.checkpoint_key_bytes()) as hist:
+            cp = hist.nearest(run_id, revision)  # validated: digest, signature, versions
+        return None if cp is None else cp.state
 
     return nearest
 

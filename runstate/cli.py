@@ -285,7 +285,7 @@ def resume(ctx: click.Context, run_id: str) -> None:
     click.echo(f"run {run_id}: latest checkpoint at revision {cp.revision} (p{cp.partition}@{cp.covers_offset}, "
                f"triggers {', '.join(cp.triggers)}, agent {cp.agent_version})")  # fmt: skip
     click.echo(f"verdict: {cp.verdict.upper()}")
-    steps = [f"load the state at revision {cp.revision} (digest {cp.digest[:16]}…)"]
+    steps = [f"load the state at revision {cp.revision} (state digest {cp.state_digest[:16]}…)"]
     if plan.tail:
         steps.append(f"replay {len(plan.tail)} patches since (to revision {plan.tail[-1].revision}): "
                      + ", ".join(f"r{d.revision} @{d.offset} {'+'.join(d.event_types)}" for d in plan.tail))  # fmt: skip

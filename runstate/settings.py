@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runstate.eventlog.base import TopicNames
@@ -41,11 +41,17 @@ class Settings(BaseSettings):
     checkpoint_every: int = Field(50, ge=1, le=1_000_000)
     #: ... and re-checkpoints a run whose newest checkpoint is this many records behind.
     checkpoint_max_age: int = Field(100_000, ge=1)
+    #: Signs checkpoints (HMAC-SHA256) and refuses unsigned or wrongly signed ones on restore
+    #: and time travel. Unset: checkpoints carry a digest (integrity), not a signature.
+    checkpoint_key: SecretStr | None = None
     #: Topic names are ``<prefix>.events``, ``<prefix>.checkpoints``, ``<prefix>.deadletter``.
     topic_prefix: str = Field("runstate", min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     #: Raw librdkafka settings (JSON object in the env var); ``producer.``/``consumer.``
     #: prefixed keys apply to one client kind only. They win over runstate's defaults.
     kafka_config: dict[str, str | int | bool] = {}
+
+    def checkpoint_key_bytes(self) -> bytes | None:
+        return None if self.checkpoint_key is None else self.checkpoint_key.get_secret_value().encode()
 
     def topics(self) -> TopicNames:
         return TopicNames(f"{self.topic_prefix}.events", f"{self.topic_prefix}.checkpoints",

@@ -2,20 +2,31 @@
 
 A checkpoint is JSON (``Checkpoint.model_dump_json``), keyed by ``run_id`` on the
 compacted checkpoints topic and kept per revision in the snapshotter's local store. It is
-trusted only after :func:`validate`: the format and reducer versions must be current, an
-older state schema is migrated (``schemas.migrations``), and the digest must match the
-state it carries.
+trusted only after :func:`validate`: the format and reducer versions must be current, the
+digest must cover the whole checkpoint as it is (state, position, decisions, verdict), a
+configured key (``RUNSTATE_CHECKPOINT_KEY``) must have signed it, and an older state
+schema is migrated (``schemas.migrations``).
+
+Beside the run checkpoints, each partition of the topic holds a *coverage* record
+(:func:`make_coverage`): up to which offset every checkpoint of that partition is
+published, so that recovery knows from where runs without a checkpoint must be replayed.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
+import hashlib
+import hmac
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import orjson
-
 import pydantic
 from pydantic import AwareDatetime
 
+from runstate.eventlog.partitioner import partition_for
+from runstate.projector.keys import PATCH_ID_DIGEST, patch_id_digest
 from runstate.schemas.errors import CheckpointInvalid, MigrationRequired, describe_validation_error
 from runstate.schemas.events import Model
 from runstate.schemas.migrations import load_state
@@ -31,14 +42,17 @@ from runstate.schemas.state import (
     state_digest,
 )
 
-#: Version of this checkpoint format.
-FORMAT_VERSION = 1
+#: Version of this checkpoint format. 2: the digest covers the whole checkpoint (not only
+#: its state), an optional HMAC signature, and the run's decided patch ids.
+FORMAT_VERSION = 2
 #: Version of the reducer's semantics: bump when a reducer change would make the same log
 #: give a different state, so that older checkpoints are not trusted.
 REDUCER_VERSION = 1
 #: Recent decisions carried by a checkpoint, so that a restored projector still answers a
-#: producer's retry of a recent patch with its decision (older resends meet the revision check).
+#: producer's retry of a recent patch with its decision (older ones are known by id only).
 RECENT_DECISIONS = 4
+#: Fields a seal does not cover (it produces them).
+_SEAL_FIELDS = ("digest", "signature")
 
 #: A checkpoint's answer to "is it safe to resume from here?" (the ``verdict`` field).
 ResumeVerdict = Literal["safe", "needs_reconciliation", "migration_required"]
@@ -71,15 +85,24 @@ class Checkpoint(Model):
     workspace_ref: WorkspaceRef | None
     effect_ledger: list[Effect]
     pending_tool_calls: list[ToolCall]
-    digest: str
+    #: sha256 of the state alone (equal to ``state_digest`` of the same state anywhere).
+    state_digest: str
     triggers: list[str]
     verdict: ResumeVerdict
     reconcile: Reconciliation
     recent_decisions: list[Decision] = []
+    #: every patch id decided for the run up to ``covers_offset``, as concatenated
+    #: 16-byte blake2b digests (base64): a restored projector deduplicates old resends
+    #: exactly without carrying their decisions.
+    patch_ids: str = ""
     #: the patch time of the revision (never the snapshotter's clock); None for states
     #: migrated from schema v1, which did not record it.
     at: AwareDatetime | None
     state: RunState
+    #: sha256 of the canonical JSON of every other field (all but this and ``signature``).
+    digest: str = ""
+    #: HMAC-SHA256 of ``digest`` with the operator's key (``RUNSTATE_CHECKPOINT_KEY``), or None.
+    signature: str | None = None
 
 
 def verdict_of(state: RunState) -> tuple[ResumeVerdict, Reconciliation]:
@@ -96,28 +119,75 @@ def verdict_of(state: RunState) -> tuple[ResumeVerdict, Reconciliation]:
     return "safe", Reconciliation(observations=list(state.environment_observations))
 
 
+def encode_patch_ids(patch_ids: Iterable[str]) -> str:
+    """The compact form of a set of patch ids (sorted digests, base64)."""
+    return base64.b64encode(b"".join(sorted({patch_id_digest(p) for p in patch_ids}))).decode()
+
+
+def decode_patch_ids(text: str) -> bytes:
+    """Concatenated digests, as :meth:`ProjectionStore.restore` keeps them."""
+    raw = base64.b64decode(text, validate=True)
+    if len(raw) % PATCH_ID_DIGEST:
+        raise ValueError(f"{len(raw)} bytes is not a whole number of {PATCH_ID_DIGEST}-byte digests")
+    return raw
+
+
+def _canonical(doc: dict[str, Any]) -> bytes:
+    return orjson.dumps({k: v for k, v in doc.items() if k not in _SEAL_FIELDS}, option=orjson.OPT_SORT_KEYS)
+
+
+def _sign(digest: str, key: bytes) -> str:
+    return hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()
+
+
+def seal(doc: dict[str, Any], key: bytes | None) -> bytes:
+    """Encode a checkpoint or coverage document with its digest (and signature, with a key)."""
+    digest = hashlib.sha256(_canonical(doc)).hexdigest()
+    return orjson.dumps({**doc, "digest": digest, "signature": None if key is None else _sign(digest, key)})
+
+
+def _check_seal(doc: dict[str, Any], key: bytes | None, run_id: str | None) -> None:
+    """Raises :class:`CheckpointInvalid` unless the digest covers the document as it is and,
+    with a ``key``, the signature is the key's. Without a key a signature cannot be checked."""
+    digest = doc.get("digest")
+    if not isinstance(digest, str) or not hmac.compare_digest(digest, hashlib.sha256(_canonical(doc)).hexdigest()):
+        raise CheckpointInvalid(run_id, "digest does not match the checkpoint (corrupted or edited)")
+    if key is not None:
+        sig = doc.get("signature")
+        if not sig:
+            raise CheckpointInvalid(run_id, "not signed, and a checkpoint key is configured")
+        if not isinstance(sig, str) or not hmac.compare_digest(sig, _sign(digest, key)):
+            raise CheckpointInvalid(run_id, "wrong signature (not made with the configured checkpoint key)")
+
+
 def make_checkpoint(state: RunState, *, partition: int, covers_offset: int, triggers: list[str],
-                    recent: list[Decision]) -> Checkpoint:  # fmt: skip
+                    recent: list[Decision], patch_ids: Iterable[str] = (), key: bytes | None = None) -> Checkpoint:  # fmt: skip
+    """The checkpoint of ``state``, sealed (digest over all of it; signed with ``key``).
+    ``patch_ids`` are the run's decided patch ids up to ``covers_offset``."""
     verdict, reconcile = verdict_of(state)
-    return Checkpoint(
+    cp = Checkpoint(
         run_id=state.run_id, revision=state.revision, partition=partition, covers_offset=covers_offset,
         schema_version=state.schema_version, agent_version=state.agent_version,
         workspace_ref=state.workspace_ref, effect_ledger=state.effect_ledger,
-        pending_tool_calls=state.pending_tool_calls, digest=state_digest(state), triggers=triggers,
+        pending_tool_calls=state.pending_tool_calls, state_digest=state_digest(state), triggers=triggers,
         verdict=verdict, reconcile=reconcile, recent_decisions=recent[-RECENT_DECISIONS:],
-        at=state.updated_at or state.created_at, state=state,
+        patch_ids=encode_patch_ids(patch_ids), at=state.updated_at or state.created_at, state=state,
     )  # fmt: skip
+    sealed = orjson.loads(seal(cp.model_dump(mode="json"), key))
+    return cp.model_copy(update={"digest": sealed["digest"], "signature": sealed["signature"]})
 
 
 def encode(cp: Checkpoint) -> bytes:
     return cp.model_dump_json().encode()
 
 
-def validate_raw(raw: bytes) -> dict[str, Any]:
-    """Check a checkpoint record and return it as a JSON document with a current-schema
-    state. Raises :class:`CheckpointInvalid` when it is not JSON/not a checkpoint, from
-    another format or reducer version, cannot be migrated, or its digest does not match
-    its state. Cheap: the state is parsed into models only when it must be migrated."""
+def validate(raw: bytes, key: bytes | None = None) -> Checkpoint:
+    """Check a checkpoint record and return it with a current-schema state.
+
+    Raises :class:`CheckpointInvalid` when it is not JSON / not a checkpoint, from another
+    format or reducer version, its digest does not cover it as it is (any field edited),
+    it is unsigned or wrongly signed while a ``key`` is configured, its state is not its
+    run's, or the state cannot be migrated."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -127,14 +197,13 @@ def validate_raw(raw: bytes) -> dict[str, Any]:
     run_id = doc.get("run_id")
     if doc.get("format_version") != FORMAT_VERSION:
         raise CheckpointInvalid(run_id, f"format_version {doc.get('format_version')!r}, this runstate reads {FORMAT_VERSION}")
+    _check_seal(doc, key, run_id)
     if doc.get("reducer_version") != REDUCER_VERSION:
         raise CheckpointInvalid(run_id, f"reducer_version {doc.get('reducer_version')!r} != {REDUCER_VERSION}: "
                                         "its state may differ from a replay with today's rules")  # fmt: skip
     state_doc = doc.get("state")
     if not isinstance(state_doc, dict):
         raise CheckpointInvalid(run_id, "no state")
-    if raw_state_digest(state_doc) != doc.get("digest"):
-        raise CheckpointInvalid(run_id, "digest does not match the state (corrupted or edited)")
     if state_doc.get("run_id") != run_id or state_doc.get("revision") != doc.get("revision"):
         raise CheckpointInvalid(run_id, "state does not belong to this checkpoint's run/revision")
     if state_doc.get("schema_version") != CURRENT_SCHEMA_VERSION:
@@ -143,14 +212,59 @@ def validate_raw(raw: bytes) -> dict[str, Any]:
         except MigrationRequired as e:
             raise CheckpointInvalid(run_id, str(e)) from e
         state_json = migrated.model_dump(mode="json")
-        doc = {**doc, "state": state_json, "schema_version": CURRENT_SCHEMA_VERSION, "digest": raw_state_digest(state_json)}
-    return doc  # type: ignore[no-any-return]
-
-
-def validate(raw: bytes) -> Checkpoint:
-    """:func:`validate_raw`, then the whole checkpoint as models."""
-    doc = validate_raw(raw)
+        doc = {**doc, "state": state_json, "schema_version": CURRENT_SCHEMA_VERSION,
+               "state_digest": raw_state_digest(state_json)}  # fmt: skip
     try:
-        return Checkpoint.model_validate(doc)
+        cp = Checkpoint.model_validate(doc)
+        decode_patch_ids(cp.patch_ids)
     except pydantic.ValidationError as e:
-        raise CheckpointInvalid(doc.get("run_id"), f"not a checkpoint: {describe_validation_error(e)[1]}") from e
+        raise CheckpointInvalid(run_id, f"not a checkpoint: {describe_validation_error(e)[1]}") from e
+    except ValueError as e:
+        raise CheckpointInvalid(run_id, f"not a checkpoint: patch_ids: {e}") from e
+    return cp
+
+
+# --- coverage -------------------------------------------------------------------------------------
+
+#: Coverage records are keyed below every run id (ids cannot hold control characters).
+_COVERAGE_PREFIX = "\x00runstate.coverage."
+
+
+@functools.lru_cache(maxsize=64)
+def coverage_keys(partitions: int) -> tuple[str, ...]:
+    """Per partition, the key of its coverage record on the checkpoints topic: a key that
+    the partitioner places on that partition (found once, deterministically)."""
+    keys: dict[int, str] = {}
+    i = 0
+    while len(keys) < partitions:
+        key = f"{_COVERAGE_PREFIX}{i}"
+        keys.setdefault(partition_for(key, partitions), key)
+        i += 1
+    return tuple(keys[p] for p in range(partitions))
+
+
+def is_coverage_key(key: bytes | None) -> bool:
+    return key is not None and key.startswith(_COVERAGE_PREFIX.encode())
+
+
+def make_coverage(partition: int, covers_below: int, key: bytes | None) -> bytes:
+    """The snapshotter's promise for one partition: every checkpoint it made for records
+    below ``covers_below`` is published, so every run with an accepted record there has
+    one. Recovery replays every other run from the log, from this offset on."""
+    return seal({"kind": "coverage", "format_version": FORMAT_VERSION, "partition": partition,
+                 "covers_below": covers_below}, key)  # fmt: skip
+
+
+def validate_coverage(raw: bytes, partition: int, key: bytes | None = None) -> int:
+    """``covers_below`` of a coverage record. Raises :class:`CheckpointInvalid`."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise CheckpointInvalid(None, f"coverage record is not JSON: {e}") from e
+    if not isinstance(doc, dict) or doc.get("kind") != "coverage" or doc.get("format_version") != FORMAT_VERSION:
+        raise CheckpointInvalid(None, "not a coverage record of this format")
+    _check_seal(doc, key, None)
+    below = doc.get("covers_below")
+    if doc.get("partition") != partition or not isinstance(below, int) or below < 0:
+        raise CheckpointInvalid(None, f"coverage record for partition {doc.get('partition')!r} found on {partition}")
+    return below

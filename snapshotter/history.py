@@ -7,14 +7,16 @@ import os
 from runstate.eventlog.partitioner import partition_for
 from runstate.projector.statedir import Layout
 from runstate.projector.store import ProjectionStore
-from runstate.snapshotter.checkpoint import Checkpoint
+from runstate.schemas.errors import CheckpointInvalid
+from runstate.snapshotter.checkpoint import Checkpoint, validate
 
 
 class CheckpointHistory:
     """Read-only view of the checkpoints the snapshotter wrote under ``<state_dir>/snapshotter``."""
 
-    def __init__(self, snapshotter_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, snapshotter_dir: str | os.PathLike[str], key: bytes | None = None) -> None:
         self.layout = Layout(snapshotter_dir)
+        self.key = key
         self._stores: dict[int, ProjectionStore] = {}
 
     def available(self) -> bool:
@@ -36,15 +38,21 @@ class CheckpointHistory:
         st = self._store(run_id)
         if st is None:
             return []
-        return [Checkpoint.model_validate_json(v) for v in st.checkpoints(run_id)]
+        return [Checkpoint.model_validate_json(v) for _, v in st.checkpoints(run_id)]
 
     def nearest(self, run_id: str, revision: int) -> Checkpoint | None:
-        """The newest checkpoint at or below ``revision``."""
-        best = None
-        for cp in self.of(run_id):
-            if cp.revision <= revision:
-                best = cp
-        return best
+        """The newest *valid* checkpoint at or below ``revision`` (see
+        :func:`~runstate.snapshotter.checkpoint.validate`; with this history's key), or None."""
+        st = self._store(run_id)
+        if st is None:
+            return None
+        for rev, raw in reversed(st.checkpoints(run_id)):
+            if rev <= revision:
+                try:
+                    return validate(raw, self.key)
+                except CheckpointInvalid:
+                    continue
+        return None
 
     def latest(self, run_id: str) -> Checkpoint | None:
         cps = self.of(run_id)

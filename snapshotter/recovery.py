@@ -3,12 +3,19 @@
 ``restore_partition`` reads the partition of the checkpoints topic (its partition number
 is the events partition: same key, same partitioner, same count), keeps the newest
 *valid* checkpoint of each run (bad digest, other format/reducer version, unmigratable
-schema: skipped and reported), hands those runs to the store
-(:meth:`ProjectionStore.restore`, which writes them exactly as live patches do), and sets
-the store's position to the oldest offset still needed. The projector then replays the
-tail through the same driver as always; records of a run up to its checkpoint's
-``covers_offset`` are skipped by key. A run whose checkpoints are all invalid forces the
-partition back to offset 0: never trusted blindly, never lost.
+schema, unsigned while a key is configured: skipped and reported), hands those runs to
+the store (:meth:`ProjectionStore.restore`, which writes them exactly as live patches do,
+with the patch ids each run decided, so old resends stay duplicates), and sets the store's
+position to the oldest offset still needed. The projector then replays the tail through
+the same driver as always; records of a run up to its checkpoint's ``covers_offset`` are
+skipped by key.
+
+Where the tail starts: a run without any checkpoint must be replayed from its first
+record. The partition's coverage record says below which offset every run has one (the
+snapshotter publishes it after the checkpoints); the tail starts at the lowest of that
+offset and every restored run's ``covers_offset + 1``. No valid coverage record, or a run
+whose checkpoints are all invalid: the tail starts at offset 0. Never trusted blindly,
+never lost.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from dataclasses import dataclass, field
 from runstate.eventlog.base import EventLog
 from runstate.projector.store import ProjectionStore, RestoredRun
 from runstate.schemas.errors import CheckpointInvalid
-from runstate.snapshotter.checkpoint import Checkpoint, validate
+from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids, is_coverage_key, validate, validate_coverage
 
 log = logging.getLogger("runstate.recovery")
 
@@ -35,30 +42,43 @@ class RestoreReport:
     start_offset: int = 0
     checkpoints_read: int = 0
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (checkpoint record offset, reason)
+    #: below this offset every run of the partition has a published checkpoint (None: unknown)
+    coverage: int | None = None
 
 
 def latest_valid_checkpoints(log_: EventLog, partition: int, on_progress: RestoreProgress | None = None,
-                             ) -> tuple[dict[str, Checkpoint], set[str], RestoreReport]:  # fmt: skip
-    """Newest valid checkpoint per run in one partition of the checkpoints topic, and the
-    runs that have checkpoints but none valid."""
+                             key: bytes | None = None) -> tuple[dict[str, Checkpoint], set[str], RestoreReport]:  # fmt: skip
+    """Newest valid checkpoint per run in one partition of the checkpoints topic, the runs
+    that have checkpoints but none valid, and (in the report) the newest valid coverage."""
     report = RestoreReport(partition)
     topic = log_.topics.checkpoints
     end = log_.end_offsets(topic).get(partition, 0)
     by_run: dict[str, list[tuple[int, bytes]]] = {}
+    coverage: list[tuple[int, bytes]] = []
     for rec in log_.scan(topic, partition, 0, end):
         report.checkpoints_read += 1
+        if is_coverage_key(rec.key):
+            coverage.append((rec.offset, rec.value))
+            continue
         run = rec.key.decode(errors="replace") if rec.key is not None else "?"
         by_run.setdefault(run, []).append((rec.offset, rec.value))
         if on_progress is not None and report.checkpoints_read % 1000 == 0:
             on_progress(rec.offset + 1, end)
     if on_progress is not None:
         on_progress(end, end)
+    for offset, value in reversed(coverage):  # the newest valid one
+        try:
+            report.coverage = validate_coverage(value, partition, key)
+            break
+        except CheckpointInvalid as e:
+            report.rejected.append((offset, e.reason))
+            log.warning("coverage record p%d@%d skipped: %s", partition, offset, e.reason)
     latest: dict[str, Checkpoint] = {}
     # Newest first: an older checkpoint is parsed only when every newer one is invalid.
     for run, records in by_run.items():
         for offset, value in reversed(records):
             try:
-                cp = validate(value)
+                cp = validate(value, key)
                 if cp.run_id != run or cp.partition != partition:
                     raise CheckpointInvalid(cp.run_id, f"keyed {run!r} on partition {partition}, "
                                                        f"but is for {cp.run_id!r} p{cp.partition}")  # fmt: skip
@@ -74,15 +94,20 @@ def latest_valid_checkpoints(log_: EventLog, partition: int, on_progress: Restor
 
 
 def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
-                      on_progress: RestoreProgress | None = None) -> RestoreReport:  # fmt: skip
-    """Fill a brand-new partition store from checkpoints (see the module docstring)."""
-    latest, unusable, report = latest_valid_checkpoints(log_, partition, on_progress)
+                      on_progress: RestoreProgress | None = None, key: bytes | None = None) -> RestoreReport:  # fmt: skip
+    """Fill a brand-new partition store from checkpoints (see the module docstring).
+    ``key``: checkpoints must be signed with it (``RUNSTATE_CHECKPOINT_KEY``)."""
+    latest, unusable, report = latest_valid_checkpoints(log_, partition, on_progress, key)
     if not latest:
         return report
-    start = 0 if unusable else min(cp.covers_offset for cp in latest.values()) + 1
+    if unusable or report.coverage is None:
+        start = 0
+    else:
+        start = min(report.coverage, min(cp.covers_offset for cp in latest.values()) + 1)
     report.runs = store.restore(
-        (RestoredRun(cp.state, cp.covers_offset, list(cp.recent_decisions)) for cp in latest.values()), start
-    )
+        (RestoredRun(cp.state, cp.covers_offset, list(cp.recent_decisions), decode_patch_ids(cp.patch_ids))
+         for cp in latest.values()), start
+    )  # fmt: skip
     report.start_offset = start
     log.info("partition %d restored: %d runs from checkpoints, tail from offset %d (%d checkpoints rejected)",
              partition, report.runs, start, len(report.rejected))  # fmt: skip

@@ -1,12 +1,21 @@
 """The snapshotter: its own consumer group and projection, the projector's pure core, and
 checkpoints written at the policy's boundaries.
 
-Per accepted patch that hits a trigger, the checkpoint (state at that revision, covering
-the patch's offset) goes into the same RocksDB WriteBatch as the snapshotter's own state
-and position (key ``c:<run>\\0<revision>``: the local history used by time travel,
-``checkpoints`` and ``resume``); after the batch is stored it is published to the
-checkpoints topic keyed by run_id (compacted on Kafka). A crash between the two publishes
-again on restart (at least once; a checkpoint is idempotent).
+Write/publish order (what recovery relies on):
+
+1. per accepted patch that hits a trigger, the checkpoint (state at that revision,
+   covering the patch's offset, with every patch id the run decided so far) goes into the
+   same RocksDB WriteBatch as the snapshotter's own state and position, under its local
+   history key and an *outbox* key;
+2. after the batch is stored, everything in the outbox is published to the checkpoints
+   topic keyed by run_id (compacted on Kafka) and, once the log acknowledged all of it,
+   the outbox keys are cleared;
+3. only then the partition's *coverage* record is published: every checkpoint made for
+   records below the batch's end is out, so recovery may start runs without one there.
+
+A crash anywhere leaves the outbox to publish on restart, before new work (at least once;
+a checkpoint is idempotent). A delivery failure keeps the outbox and the coverage where
+they were; the next batch tries again.
 """
 
 from __future__ import annotations
@@ -14,13 +23,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from runstate.eventlog.base import EventLog
-from runstate.projector.working import RunDoc
+import orjson
+
+from runstate.eventlog.base import Appended, EventLog
 from runstate.projector.loop import Projector, ProjectorStats
 from runstate.projector.store import PendingBatch, ProjectionStore
-from runstate.schemas.errors import DeliveryError
+from runstate.projector.working import RunDoc
 from runstate.schemas.patch import Decision, Patch
-from runstate.snapshotter.checkpoint import RECENT_DECISIONS, Checkpoint, encode, make_checkpoint
+from runstate.snapshotter.checkpoint import RECENT_DECISIONS, Checkpoint, coverage_keys, encode, make_checkpoint, make_coverage
 from runstate.snapshotter.policy import CheckpointPolicy
 
 log = logging.getLogger("runstate.snapshotter")
@@ -34,13 +44,14 @@ def snapshotter_dir(state_dir: str | Path) -> Path:
 
 
 class CheckpointWriter:
-    """The projector hooks that turn accepted patches into checkpoints."""
+    """The projector hooks that turn accepted patches into checkpoints. ``key`` signs
+    them (HMAC-SHA256; ``RUNSTATE_CHECKPOINT_KEY``)."""
 
-    def __init__(self, log_: EventLog, policy: CheckpointPolicy) -> None:
+    def __init__(self, log_: EventLog, policy: CheckpointPolicy, key: bytes | None = None) -> None:
         self.log = log_
         self.policy = policy
+        self.key = key
         self.producer = log_.producer()
-        self.pending: dict[int, list[Checkpoint]] = {}
         self.stores: dict[int, ProjectionStore] = {}
         #: newest covered offset per run, per partition (for the ``age`` trigger)
         self.covered: dict[int, dict[str, int]] = {}
@@ -51,9 +62,10 @@ class CheckpointWriter:
         self.stores[partition] = store
         covered: dict[str, int] = {}
         for run, value in store.all_checkpoints():
-            covers = Checkpoint.model_validate_json(value).covers_offset
+            covers = int(orjson.loads(value)["covers_offset"])
             covered[run] = max(covers, covered.get(run, -1))
         self.covered[partition] = covered
+        self._publish(partition, store, store.next_offset())  # what a crash left in the outbox
 
     def on_accepted(self, partition: int, patch: Patch, decision: Decision, doc: RunDoc, batch: PendingBatch) -> None:
         triggers = self.policy.triggers(patch, decision.revision, doc)
@@ -63,25 +75,49 @@ class CheckpointWriter:
     def _checkpoint(self, partition: int, doc: RunDoc, covers: int, triggers: list[str],
                     batch: PendingBatch | None) -> Checkpoint:  # fmt: skip
         run = doc.header.run_id
-        # Recent decisions: the stored ones, then those of the batch not yet written.
-        recent = [d for d in batch.decisions if d.run_id == run] if batch is not None else []
+        store = self.stores[partition]
+        # Decisions: the stored ones, then those of the batch not yet written.
+        unwritten = [d for d in batch.decisions if d.run_id == run] if batch is not None else []
+        recent = unwritten
         if len(recent) < RECENT_DECISIONS:
-            recent = self.stores[partition].recent_history(run, RECENT_DECISIONS) + recent
-        cp = make_checkpoint(doc.to_state(), partition=partition, covers_offset=covers, triggers=triggers, recent=recent)
+            recent = store.recent_history(run, RECENT_DECISIONS) + recent
+        patch_ids = [*store.patch_ids(run), *(d.patch_id for d in unwritten)]
+        cp = make_checkpoint(doc.to_state(), partition=partition, covers_offset=covers, triggers=triggers,
+                             recent=recent, patch_ids=patch_ids, key=self.key)  # fmt: skip
         if batch is not None:
             batch.checkpoints[(run, cp.revision)] = encode(cp)
-        self.pending.setdefault(partition, []).append(cp)
         self.covered.setdefault(partition, {})[run] = covers
         return cp
 
     def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
         self._age(partition, batch.next_offset, store)
-        cps = self.pending.pop(partition, [])
-        for cp in cps:
-            self.producer.append_async(self.log.topics.checkpoints, cp.run_id, encode(cp), self._delivered)
-        if cps:
-            self.producer.flush(60)
-            self.written += len(cps)
+        self._publish(partition, store, batch.next_offset)
+
+    def _publish(self, partition: int, store: ProjectionStore, covers_below: int) -> None:
+        """Publish the outbox, clear what the log acknowledged, then (all out) the coverage."""
+        topic = self.log.topics.checkpoints
+        pending = store.outbox()
+        failed: list[Exception] = []
+
+        def delivered(_where: Appended | None, err: Exception | None) -> None:
+            if err is not None:
+                failed.append(err)
+
+        for run, _rev, blob in pending:
+            self.producer.append_async(topic, run, blob, delivered)
+        left = self.producer.flush(60)
+        if failed or left:
+            # Kept in the outbox: the next batch (or a restart) publishes them again.
+            log.error("%d checkpoints of partition %d not published (%s); kept in the outbox",
+                      len(failed) + left, partition, failed[0] if failed else "flush timed out")  # fmt: skip
+            return
+        if pending:
+            store.clear_outbox((run, rev) for run, rev, _ in pending)
+            self.written += len(pending)
+        key = coverage_keys(self.log.partitions(topic))[partition]
+        self.producer.append_async(topic, key, make_coverage(partition, covers_below, self.key), delivered)
+        if self.producer.flush(60) or failed:
+            log.error("coverage of partition %d not published; the next batch tries again", partition)
 
     def _age(self, partition: int, next_offset: int, store: ProjectionStore) -> None:
         """Checkpoint runs whose newest checkpoint is older than ``max_age`` records. The
@@ -101,13 +137,6 @@ class CheckpointWriter:
         if extra:
             store.put_checkpoints(extra)
 
-    def _delivered(self, where: object, err: Exception | None) -> None:
-        if err is not None:
-            # The local history has it; the next trigger publishes a newer one.
-            log.error("checkpoint not published: %s", err)
-            if not isinstance(err, DeliveryError):
-                raise err
-
     def close(self) -> None:
         self.producer.close()
 
@@ -117,8 +146,8 @@ class Snapshotter:
     writes checkpoints. Same loop and pure core as the projector."""
 
     def __init__(self, log_: EventLog, state_dir: str, *, policy: CheckpointPolicy | None = None,
-                 batch_size: int = 2000, group_id: str = GROUP) -> None:  # fmt: skip
-        self.writer = CheckpointWriter(log_, policy or CheckpointPolicy())
+                 batch_size: int = 2000, group_id: str = GROUP, key: bytes | None = None) -> None:  # fmt: skip
+        self.writer = CheckpointWriter(log_, policy or CheckpointPolicy(), key)
         self.projector = Projector(log_, str(snapshotter_dir(state_dir)), group_id=group_id, batch_size=batch_size,
                                    publish_dead_letters=False, hooks=self.writer)  # fmt: skip
 

@@ -21,6 +21,23 @@ CLIENT_EXAMPLE = """{"expected_revision": 18,
 _ids = itertools.count()
 
 
+#: The client's reference Run State document (schema v1), as its document gives it.
+V1_DOC = {  # the client's reference document, schema v1
+    "schema_version": 1, "run_id": "run_128", "revision": 18,
+    "goal": {"statement": "修复依赖升级后的登录失败", "scope": {"include": ["src/auth", "tests/login"], "exclude": ["public_api"]},
+             "acceptance": ["test_login_refresh 通过", "公开 API 无变化"]},
+    "phase": "diagnose", "status": "running", "active_task_id": "task_3",
+    "confirmed_facts": [{"id": "fact_12", "statement": "session token 实际使用 RS256",
+                         "evidence": "artifact://test-output/47", "observed_at": "2026-08-11T16:22:10+08:00"}],
+    "hypotheses": [{"id": "hyp_4", "statement": "配置覆盖顺序在依赖升级后发生变化", "confidence": 0.66, "falsifier": "运行配置解析单测"}],
+    "open_questions": ["测试 fixture 是否仍显式固定 HS256？"],
+    "tasks": [{"id": "task_3", "title": "确认算法配置来源", "status": "running", "depends_on": []}],
+    "last_transition": {"action": "run_test", "result_ref": "artifact://test-output/47"},
+    "waiting": None, "budgets": {"tokens_remaining": 84000, "deadline": "2026-08-11T18:00:00+08:00"},
+    "workspace_ref": "workspace://ws_71@commit:3bc92e", "effect_ledger_ref": "effects://run_128@rev4",
+}  # fmt: skip
+
+
 def patch(run_id: str, expected: int, *events: dict[str, Any], rebase: bool = False, patch_id: str | None = None,
           agent: str = "agent-1", version: str = "v1", minute: int = 0) -> Patch:
     """A validated patch with deterministic ids/times unless given."""

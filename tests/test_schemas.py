@@ -6,7 +6,7 @@ import copy
 import json
 
 import pytest
-from helpers import CLIENT_EXAMPLE, patch
+from helpers import CLIENT_EXAMPLE, V1_DOC, patch
 
 from runstate.schemas import codec
 from runstate.schemas.errors import ContractError, DecodeError, MigrationRequired, UnknownEventType
@@ -94,22 +94,6 @@ def test_truncated_record_is_corrupt() -> None:
     with pytest.raises(DecodeError) as e:
         codec.decode(data[:-3])
     assert e.value.reason == "corrupt_record"
-
-
-V1_DOC = {  # the client's reference document, schema v1
-    "schema_version": 1, "run_id": "run_128", "revision": 18,
-    "goal": {"statement": "修复依赖升级后的登录失败", "scope": {"include": ["src/auth", "tests/login"], "exclude": ["public_api"]},
-             "acceptance": ["test_login_refresh 通过", "公开 API 无变化"]},
-    "phase": "diagnose", "status": "running", "active_task_id": "task_3",
-    "confirmed_facts": [{"id": "fact_12", "statement": "session token 实际使用 RS256",
-                         "evidence": "artifact://test-output/47", "observed_at": "2026-08-11T16:22:10+08:00"}],
-    "hypotheses": [{"id": "hyp_4", "statement": "配置覆盖顺序在依赖升级后发生变化", "confidence": 0.66, "falsifier": "运行配置解析单测"}],
-    "open_questions": ["测试 fixture 是否仍显式固定 HS256？"],
-    "tasks": [{"id": "task_3", "title": "确认算法配置来源", "status": "running", "depends_on": []}],
-    "last_transition": {"action": "run_test", "result_ref": "artifact://test-output/47"},
-    "waiting": None, "budgets": {"tokens_remaining": 84000, "deadline": "2026-08-11T18:00:00+08:00"},
-    "workspace_ref": "workspace://ws_71@commit:3bc92e", "effect_ledger_ref": "effects://run_128@rev4",
-}  # fmt: skip
 
 
 def test_v1_document_loads_as_current() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from helpers import append_all, ev, fact, patch, start, task
+from helpers import V1_DOC, append_all, ev, fact, patch, start, task
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from workloads import build, op
@@ -22,7 +22,9 @@ from runstate.projector.queries import Projection
 from runstate.projector.replay import state_at, verify
 from runstate.schemas.patch import Patch
 from runstate.schemas.state import state_digest
-from runstate.snapshotter.checkpoint import CheckpointInvalid, encode as encode_cp, make_checkpoint, validate, verdict_of
+from runstate.projector.keys import patch_id_digest
+from runstate.snapshotter.checkpoint import CheckpointInvalid, decode_patch_ids, make_checkpoint, seal, validate, verdict_of
+from runstate.snapshotter.checkpoint import encode as encode_cp
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.service import Snapshotter, snapshotter_dir
@@ -43,32 +45,35 @@ def fold(patches: list[Patch], book: RunBook | None = None) -> RunBook:
 @given(st.lists(op, min_size=5, max_size=80), st.data())
 def test_checkpoint_plus_tail_equals_full_replay(ops: list[Any], data: st.DataObject) -> None:
     """Restore every run from a checkpoint at a random cut, decide the tail: same states
-    and same decisions as a full replay. A checkpoint carries each run's last
-    RECENT_DECISIONS decisions, so resends of older patches are outside its dedupe window
-    and left out of the tail (in a full replay they are no-ops)."""
+    and same decisions as a full replay, and every resend of a patch decided before the
+    cut is a duplicate (the checkpoint carries every decided patch id, and the last
+    RECENT_DECISIONS decisions themselves)."""
     patches = build(ops)
     cut = data.draw(st.integers(0, len(patches)))
     full = fold(patches)
     head = fold(patches[:cut])
     restored: dict[str, RunDoc] = {}
     recent: dict[str, list[Any]] = {}
+    seen: dict[str, set[bytes]] = {}
     for run, doc in head.docs.items():
         if doc is None:
             continue
         decided = sorted((d for (r, _), d in head.decided.items() if r == run), key=lambda d: d.offset)
-        cp = validate(encode_cp(make_checkpoint(doc.to_state(), partition=0, covers_offset=cut - 1,
-                                                triggers=["test"], recent=decided)))  # fmt: skip
+        cp = validate(encode_cp(make_checkpoint(doc.to_state(), partition=0, covers_offset=cut - 1, triggers=["test"],
+                                                recent=decided, patch_ids=[d.patch_id for d in decided])))  # fmt: skip
         restored[run] = RunDoc.from_state(cp.state)
         recent[run] = cp.recent_decisions
+        ids = decode_patch_ids(cp.patch_ids)
+        seen[run] = {ids[i:i + 16] for i in range(0, len(ids), 16)}
     book = RunBook(load_doc=lambda r: restored.get(r),
-                   load_decision=lambda r, p: next((d for d in recent.get(r, []) if d.patch_id == p), None))  # fmt: skip
-    window = {run: {d.patch_id for d in ds} for run, ds in recent.items()}
+                   load_decision=lambda r, p: next((d for d in recent.get(r, []) if d.patch_id == p), None),
+                   decided_before_restore=lambda r, p: patch_id_digest(p) in seen.get(r, set()))  # fmt: skip
     for i, p in enumerate(patches[cut:], start=cut):
-        if (p.run_id, p.patch_id) in head.decided and p.patch_id not in window.get(p.run_id, set()):
-            continue  # an old resend, outside the window (see the docstring)
-        got = book.apply(p, 0, i).decision
-        if p.run_id in restored or (p.run_id, p.patch_id) not in head.decided:
-            assert got == full.decided[(p.run_id, p.patch_id)]
+        applied = book.apply(p, 0, i)
+        if (p.run_id, p.patch_id) in head.decided and p.run_id in restored:
+            assert applied.duplicate, "a patch decided before the checkpoint was decided again"
+        elif not applied.duplicate:
+            assert applied.decision == full.decided[(p.run_id, p.patch_id)]
     for run, doc in full.docs.items():
         if doc is None:
             continue
@@ -132,31 +137,30 @@ def a_checkpoint() -> bytes:
     return encode_cp(make_checkpoint(doc.to_state(), partition=0, covers_offset=1, triggers=["t"], recent=[]))
 
 
-@pytest.mark.parametrize("mutate, reason", [
-    (lambda d: d["state"]["confirmed_facts"][0].__setitem__("statement", "edited"), "digest does not match"),
-    (lambda d: d.__setitem__("reducer_version", 0), "reducer_version"),
-    (lambda d: d.__setitem__("format_version", 99), "format_version"),
-    (lambda d: (d["state"].__setitem__("schema_version", 99), d.__setitem__("digest", None)), "digest"),
+@pytest.mark.parametrize("mutate, reseal, reason", [
+    (lambda d: d["state"]["confirmed_facts"][0].__setitem__("statement", "edited"), False, "digest does not match"),
+    (lambda d: d.__setitem__("reducer_version", 0), True, "reducer_version"),
+    (lambda d: d.__setitem__("format_version", 99), True, "format_version"),
+    (lambda d: d["state"].__setitem__("schema_version", 99), True, "MIGRATION_REQUIRED"),
+    (lambda d: d["state"].__setitem__("revision", 7), True, "does not belong"),
 ])  # fmt: skip
-def test_untrustworthy_checkpoints_are_rejected(mutate: Any, reason: str) -> None:
+def test_untrustworthy_checkpoints_are_rejected(mutate: Any, reseal: bool, reason: str) -> None:
+    """Refused for what they say (resealed: the digest is right), or for being edited."""
     doc = orjson.loads(a_checkpoint())
     mutate(doc)
     with pytest.raises(CheckpointInvalid, match=reason):
-        validate(orjson.dumps(doc))
+        validate(seal(doc, None) if reseal else orjson.dumps(doc))
     with pytest.raises(CheckpointInvalid, match="not JSON"):
         validate(b"\x00\x01")
 
 
 def test_checkpoint_with_an_older_state_schema_is_migrated() -> None:
-    from runstate.schemas.state import raw_state_digest
-    from test_schemas import V1_DOC
 
     doc = orjson.loads(a_checkpoint())
     v1 = {**V1_DOC, "run_id": "r", "revision": 2}
     doc["state"] = v1
     doc["revision"] = 2
-    doc["digest"] = raw_state_digest(v1)
-    cp = validate(orjson.dumps(doc))
+    cp = validate(seal(doc, None))
     assert cp.state.schema_version == 2 and cp.state.open_questions[0].text == V1_DOC["open_questions"][0]
 
 
@@ -256,7 +260,7 @@ def test_corrupted_newest_checkpoint_is_skipped_for_an_older_valid_one(tmp_path:
         until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
     [rep] = reports
     assert sorted(reason.split(" (")[0].split(":")[0] for _, reason in rep.rejected) == [
-        "digest does not match the state", "not JSON"]
+        "digest does not match the checkpoint", "not JSON"]
     assert rep.runs == 2 and rep.start_offset > 0
     assert verify(log, str(state)).ok
     log.close()
