@@ -103,7 +103,7 @@ def bench_size(root: Path, runs: int, facts: int, tail_events: int) -> tuple[flo
     t = time.perf_counter()
     revs = fill(log, runs, facts)
     proj = Projector(log, str(state), batch_size=2000, publish_dead_letters=False)
-    proj.layout.ensure(log.topics.events, 4)
+    proj.layout.ensure(log.topics.events, 4, log.identity())
     proj.assign([0, 1, 2, 3])
     fill_s = drain(proj)
     print(f"  prefill: {runs} runs x {facts} facts: appended+projected in {time.perf_counter() - t:.1f}s "

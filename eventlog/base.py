@@ -31,6 +31,8 @@ class Record:
     value: bytes
     timestamp_ms: int
     headers: Headers = ()
+    #: False when the backend found the record damaged (its checksum does not match).
+    checksum_ok: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +126,12 @@ class EventLog(ABC):
     """A partitioned log. One instance per process; producers/consumers are made from it."""
 
     topics: TopicNames
+
+    @abstractmethod
+    def identity(self) -> str:
+        """What names this log for as long as it exists: made when the log is created,
+        different for a log re-created under the same name. Projections record it, so that
+        they are never applied to another log. Raises :class:`LogError`."""
 
     @abstractmethod
     def partitions(self, topic: str) -> int:

@@ -10,6 +10,11 @@ A compacted topic (the checkpoints) is cleaned like Kafka's log cleaner: every
 partition are deleted when a newer record with the same key exists. Offsets are never
 reused; readers see gaps, as on Kafka.
 
+Every record carries a CRC-32 of its key and value, checked when it is read (a mismatch
+reaches the projector as a record that fails its checksum, a dead letter). The file has an
+identity, made once when it is created, that projections record: a log re-created empty or
+swapped for another is then refused instead of silently projected.
+
 A consumer group on the embedded log has exactly one member: ``subscribe`` takes an
 exclusive ``flock`` on ``<file>.<group>.lock`` (released by the kernel if the process dies,
 even by SIGKILL) and gets every partition. Scale-out is Kafka's job.
@@ -21,6 +26,8 @@ import fcntl
 import os
 import sqlite3
 import time
+import uuid
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -52,7 +59,13 @@ CREATE TABLE IF NOT EXISTS records(
 CREATE TABLE IF NOT EXISTS commits(
     group_id TEXT NOT NULL, topic TEXT NOT NULL, partition INTEGER NOT NULL,
     offset INTEGER NOT NULL, PRIMARY KEY(group_id, topic, partition)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 """
+
+
+def _crc(key: bytes | None, value: bytes) -> int:
+    """The checksum each record carries (as Kafka's record batches do): CRC-32 of key and value."""
+    return zlib.crc32(value, zlib.crc32(key or b""))
 
 
 COMPACT_EVERY = 1000
@@ -84,6 +97,16 @@ def _unpack_headers(raw: bytes | None) -> Headers:
     return tuple(out)
 
 
+def _record(topic: str, partition: int, row: tuple[int, bytes | None, bytes, int, bytes | None, int | None]) -> Record:
+    offset, key, value, ts, headers, crc = row
+    damaged = crc is not None and crc != _crc(key, value)
+    try:
+        parsed = _unpack_headers(headers)
+    except (UnicodeDecodeError, IndexError, ValueError):
+        parsed, damaged = (), True
+    return Record(topic, partition, offset, key, value, ts, parsed, checksum_ok=not damaged)
+
+
 class EmbeddedLog(EventLog):
     """A log in one SQLite file. ``partitions`` is used when the file's topics are created;
     an existing file keeps the count it was created with."""
@@ -109,9 +132,17 @@ class EmbeddedLog(EventLog):
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.executescript(_SCHEMA)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(records)")}
+            if "crc" not in columns:  # a file from before checksums: its old records have none
+                db.execute("ALTER TABLE records ADD COLUMN crc INTEGER")
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('log_id', ?)", (f"embedded:{uuid.uuid4().hex}",))
         except sqlite3.DatabaseError as e:
             raise LogConfigError(f"cannot open embedded log {self.path}: {e}") from e
         return db
+
+    def identity(self) -> str:
+        row = self._db.execute("SELECT value FROM meta WHERE name='log_id'").fetchone()
+        return str(row[0])
 
     def describe(self) -> str:
         return f"embedded log {self.path}"
@@ -166,11 +197,11 @@ class EmbeddedLog(EventLog):
         out = []
         for off in offsets:
             row = self._db.execute(
-                "SELECT offset, key, value, ts, headers FROM records WHERE topic=? AND partition=? AND offset=?",
+                "SELECT offset, key, value, ts, headers, crc FROM records WHERE topic=? AND partition=? AND offset=?",
                 (topic, partition, off),
             ).fetchone()
             if row is not None:
-                out.append(Record(topic, partition, row[0], row[1], row[2], row[3], _unpack_headers(row[4])))
+                out.append(_record(topic, partition, row))
         return out
 
     def scan(self, topic: str, partition: int, start: int, end: int, batch: int = 1000) -> Iterator[Record]:
@@ -184,11 +215,11 @@ class EmbeddedLog(EventLog):
 
     def _fetch(self, topic: str, partition: int, start: int, limit: int) -> list[Record]:
         rows = self._db.execute(
-            "SELECT offset, key, value, ts, headers FROM records "
+            "SELECT offset, key, value, ts, headers, crc FROM records "
             "WHERE topic=? AND partition=? AND offset>=? ORDER BY offset LIMIT ?",
             (topic, partition, start, limit),
         ).fetchall()
-        return [Record(topic, partition, o, k, v, ts, _unpack_headers(h)) for o, k, v, ts, h in rows]
+        return [_record(topic, partition, row) for row in rows]
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -209,9 +240,13 @@ class EmbeddedLog(EventLog):
                         ).fetchone()[0]
                     off = heads[hk]
                     heads[hk] = off + 1
-                    rows.append((topic, p, off, key.encode(), value, now, _pack_headers(headers)))
+                    kb = key.encode()
+                    rows.append((topic, p, off, kb, value, now, _pack_headers(headers), _crc(kb, value)))
                     out.append(Appended(topic, p, off))
-                self._db.executemany("INSERT INTO records VALUES (?,?,?,?,?,?,?)", rows)
+                self._db.executemany(
+                    "INSERT INTO records(topic, partition, offset, key, value, ts, headers, crc) VALUES (?,?,?,?,?,?,?,?)",
+                    rows,
+                )
                 self._db.executemany(
                     "UPDATE heads SET next_offset=? WHERE topic=? AND partition=?",
                     [(o, t, p) for (t, p), o in heads.items()],

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from runstate.eventlog.base import (
@@ -85,6 +85,17 @@ class KafkaLog(EventLog):
 
     def describe(self) -> str:
         return f"kafka://{self.bootstrap}"
+
+    def identity(self) -> str:
+        """``kafka:<cluster id>/<events topic id>``: a topic deleted and created again under
+        the same name has another id."""
+        try:
+            cluster = self._admin.describe_cluster(request_timeout=15).result()
+            topic = self.topics.events
+            desc = self._admin.describe_topics(TopicCollection([topic]), request_timeout=15)[topic].result()
+        except KafkaException as e:
+            raise LogError(f"cannot read the identity of {topic!r} on {self.bootstrap}: {e}") from e
+        return f"kafka:{cluster.cluster_id}/{desc.topic_id}"
 
     # -- topics ----------------------------------------------------------------------------
 

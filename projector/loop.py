@@ -32,7 +32,7 @@ from runstate.projector.runbook import DeadLetter, InternalErrorPolicy, RunBook
 from runstate.projector.statedir import Layout
 from runstate.projector.store import PendingBatch, ProjectionStore
 from runstate.projector.working import RunDoc
-from runstate.schemas.errors import LogError, StoreLocked
+from runstate.schemas.errors import LogError, StoreError, StoreLocked
 from runstate.schemas.patch import Decision, Patch
 
 log = logging.getLogger("runstate.projector")
@@ -119,6 +119,7 @@ class Projector:
         hooks: ProjectorHooks | None = None,
         restore: Restorer | None = None,
         on_internal_error: InternalErrorPolicy = "dead_letter",
+        stall_timeout_s: float = 30.0,
     ) -> None:
         self.log = log_
         self.layout = Layout(state_dir)
@@ -135,6 +136,9 @@ class Projector:
         self.hooks = hooks
         self.restore = restore
         self.on_internal_error = on_internal_error
+        #: ``run(until_caught_up=True)`` gives up (LogError) when records the log says it
+        #: has cannot be read for this long: a damaged log must not make a command hang.
+        self.stall_timeout_s = stall_timeout_s
 
     # -- assignment --------------------------------------------------------------------------
 
@@ -143,6 +147,7 @@ class Projector:
         return where each one resumes. The consumer calls this on assignment; a replay
         calls it directly."""
         starts = {}
+        ends = self.log.end_offsets(self.log.topics.events) if partitions else {}
         for p in partitions:
             if p not in self.parts:
                 fresh = not (self.layout.store_path(p) / "CURRENT").exists()
@@ -150,7 +155,16 @@ class Projector:
                 if fresh and self.restore is not None:
                     # New machine, lost disk or moved partition: checkpoints + tail, not offset 0.
                     self.restore(p, store)
-                self.parts[p] = _Partition(store, self.cache_runs)
+                part = _Partition(store, self.cache_runs)
+                if part.next_offset > ends.get(p, 0):
+                    store.close()
+                    raise StoreError(
+                        f"the projection of partition {p} ({self.layout.store_path(p)}) is at offset "
+                        f"{part.next_offset}, beyond the end of the log ({ends.get(p, 0)}): the log lost "
+                        "records it had acknowledged, or is another log. Run `runstate verify --deep`; "
+                        "delete the state directory to rebuild from what the log holds."
+                    )
+                self.parts[p] = part
                 if self.hooks is not None:
                     self.hooks.on_assign(p, store)
             starts[p] = self.parts[p].next_offset
@@ -185,12 +199,13 @@ class Projector:
         partition has reached the end of the log as seen after an empty poll."""
         topic = self.log.topics.events
         self.log.check_topics()
-        self.layout.ensure(topic, self.log.partitions(topic))
+        self.layout.ensure(topic, self.log.partitions(topic), self.log.identity())
         consumer = self.log.consumer(self.group_id, topic)
         self._consumer = consumer
         consumer.subscribe(self.assign, self.release)
         last_progress = 0.0
         last_lag = 0.0
+        last_read = time.monotonic()
         try:
             while stop is None or not stop.is_set():
                 records = consumer.poll(self.batch_size, poll_timeout_s)
@@ -198,6 +213,8 @@ class Projector:
                     self.process(records)
                     consumer.commit({p: part.next_offset for p, part in self.parts.items()})
                 now = time.monotonic()
+                if records or not self.parts:
+                    last_read = now
                 # Reading the log end costs broker round trips: at most every lag_every_s,
                 # and only when idle or when progress is due (never between busy batches).
                 want_progress = self.on_progress is not None and now - last_progress >= self.progress_every_s
@@ -216,6 +233,8 @@ class Projector:
                         last_progress = now
                     if until_caught_up and caught_up:
                         break
+                    if until_caught_up and lag and now - last_read > self.stall_timeout_s:
+                        self._stalled(lag)
         finally:
             consumer.close()
             self._consumer = None
@@ -225,6 +244,14 @@ class Projector:
                 part.store.close()
             self.parts.clear()
         return self.stats
+
+    def _stalled(self, lag: int) -> None:
+        ends = dict(self.log.end_offsets(self.log.topics.events))
+        behind = [(p, part.next_offset, ends.get(p)) for p, part in sorted(self.parts.items())
+                  if ends.get(p) is not None and ends[p] > part.next_offset]  # fmt: skip
+        where = ", ".join(f"cannot read offset {o} of partition {p} (the log's end is {e})" for p, o, e in behind)
+        raise LogError(f"no record read for {self.stall_timeout_s:g}s while {lag} are behind: {where}. "
+                       "The log may be damaged: run `runstate verify --deep`.")
 
     def lag(self) -> int | None:
         """Records behind the log end over the owned partitions (the consumer's view; None
@@ -248,7 +275,7 @@ class Projector:
         Used by ``verify`` (into a scratch directory) and the benchmarks. Returns the
         number of records read; ``on_progress(done, total)`` after each chunk."""
         topic = self.log.topics.events
-        self.layout.ensure(topic, self.log.partitions(topic))
+        self.layout.ensure(topic, self.log.partitions(topic), self.log.identity())
         parts = sorted(until)
         starts = self.assign(parts)
         total = sum(max(0, until[p] - starts[p]) for p in parts)

@@ -175,10 +175,14 @@ class VerifyReport:
     records: int = 0
     positions: dict[int, int] = field(default_factory=dict)
     mismatches: list[Mismatch] = field(default_factory=list)
+    #: ``(partition, offset)`` of log records that fail their checksum (damaged on disk)
+    damaged: list[tuple[int, int]] = field(default_factory=list)
+    #: problems found by ``--deep`` (the log file's own check, checkpoints that do not validate)
+    problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches
+        return not self.mismatches and not self.damaged and not self.problems
 
 
 def _first_difference(a: list[Decision], b: list[Decision]) -> int | None:
@@ -207,6 +211,7 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
         replayer = Projector(log, str(scratch), group_id="runstate-verify", publish_dead_letters=False)
         report.records = replayer.replay(positions, on_progress=on_progress)
         rebuilt = Projection(str(scratch))
+        report.damaged = sorted((d.partition, d.offset) for d in rebuilt.dead_letters() if d.reason == "checksum")
         live_digests, replay_digests = live.digests(), rebuilt.digests()
         restored = live.restored()
         report.runs = len(set(live_digests) | set(replay_digests))

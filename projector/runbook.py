@@ -130,6 +130,9 @@ class RunBook:
         """Decide one log record. A record that is not a patch of the run it is keyed by is
         a :class:`DeadLetter` with the reason; so is a patch whose decision raised, unless
         ``on_internal_error`` is ``"fail"`` (then the error propagates)."""
+        if not rec.checksum_ok:
+            return DeadLetter(rec.partition, rec.offset, "checksum", "the record's key and value do not match its checksum",
+                              rec.key.decode(errors="replace") if rec.key else None, len(rec.value))  # fmt: skip
         try:
             try:
                 key = rec.key.decode() if rec.key is not None else None

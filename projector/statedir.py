@@ -1,4 +1,5 @@
-"""Where projections live on disk: ``<state_dir>/layout.json`` + one store per partition."""
+"""The state directory: ``<state_dir>/layout.json`` (which log, topic and partition count
+the projections follow) + one projection store per partition (``p000``, ``p001``, ...)."""
 
 from __future__ import annotations
 
@@ -41,10 +42,12 @@ class Layout:
         self.root = Path(state_dir)
         self.file = self.root / "layout.json"
 
-    def ensure(self, topic: str, partitions: int) -> None:
-        """Record (or check) which topic and partition count these projections follow.
+    def ensure(self, topic: str, partitions: int, log_id: str) -> None:
+        """Record (or check) which log (its identity), topic and partition count these
+        projections follow.
 
-        Raises :class:`StoreError` if the directory holds projections of another layout.
+        Raises :class:`StoreError` if the directory holds projections of another log or
+        layout: a log re-created or swapped is never projected on top of the old state.
         """
         if self.file.exists():
             have = json.loads(self.file.read_text())
@@ -54,8 +57,16 @@ class Layout:
                     f"{have.get('partitions')} partitions; the log has {topic!r} with {partitions}. "
                     "Use another --state-dir or delete this one to rebuild from the log."
                 )
+            if have.get("log_id") is None:  # written before logs had identities: adopt this one
+                write_atomic(self.file, json.dumps({**have, "log_id": log_id}).encode())
+            elif have["log_id"] != log_id:
+                raise StoreError(
+                    f"{self.root} holds projections of log {have['log_id']}, but the log is {log_id} "
+                    "(re-created, or another log under the same name). Point --log at the log these "
+                    "projections follow, or use another --state-dir (or delete this one) to rebuild."
+                )
             return
-        body = {"version": LAYOUT_VERSION, "topic": topic, "partitions": partitions}
+        body = {"version": LAYOUT_VERSION, "topic": topic, "partitions": partitions, "log_id": log_id}
         write_atomic(self.file, json.dumps(body).encode())
 
     def read(self) -> tuple[str, int]:

@@ -112,7 +112,7 @@ class ProjectionStore:
             if _is_lock_error(e):
                 raise StoreLocked(str(self.path), str(e)) from e
             raise StoreError(f"cannot open projection store {self.path}: {e}") from e
-        fmt = self._db.get(keys.FORMAT)
+        fmt = self._get(keys.FORMAT)
         if fmt is None and not read_only:
             self._db[keys.FORMAT] = keys.STORE_FORMAT
         elif fmt is not None and fmt != keys.STORE_FORMAT:
@@ -178,7 +178,7 @@ class ProjectionStore:
         out = []
         for k, _ in self._prefix(keys.OUTBOX):
             run, rev = keys.run_and_revision(k, keys.OUTBOX)
-            blob = self._db.get(keys.checkpoint_key(run, rev))
+            blob = self._get(keys.checkpoint_key(run, rev))
             if blob is not None:
                 out.append((run, rev, blob))
         return out
@@ -196,11 +196,11 @@ class ProjectionStore:
     # -- reading -----------------------------------------------------------------------------
 
     def next_offset(self) -> int:
-        raw = self._db.get(keys.NEXT_OFFSET)
+        raw = self._get(keys.NEXT_OFFSET)
         return 0 if raw is None else keys.decode_int(raw)
 
     def header(self, run_id: str) -> RunHeader | None:
-        raw = self._db.get(keys.header_key(run_id))
+        raw = self._get(keys.header_key(run_id))
         return None if raw is None else keys.decode_header(raw)
 
     def load_doc(self, run_id: str) -> RunDoc | None:
@@ -213,7 +213,7 @@ class ProjectionStore:
             raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.schema_version}")
 
         def load_one(kind: str, id_: str) -> Entry | None:
-            raw = self._db.get(keys.item_key(run_id, kind, id_))
+            raw = self._get(keys.item_key(run_id, kind, id_))
             return None if raw is None else keys.decode_item(kind, raw)
 
         def load_all(kind: str) -> Iterator[tuple[str, Entry]]:
@@ -224,10 +224,10 @@ class ProjectionStore:
         return RunDoc(header, load_one=load_one, load_all=load_all)
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
-        off = self._db.get(keys.dedupe_key(run_id, patch_id))
+        off = self._get(keys.dedupe_key(run_id, patch_id))
         if off is None:
             return None
-        raw = self._db.get(keys.history_key(run_id, keys.decode_int(off)))
+        raw = self._get(keys.history_key(run_id, keys.decode_int(off)))
         return None if raw is None else keys.decode_decision(raw)
 
     def history(self, run_id: str) -> list[Decision]:
@@ -245,6 +245,7 @@ class ProjectionStore:
                 break
             out.append(keys.decode_decision(it.value()))
             it.prev()
+        self._check(it)
         return out[::-1]
 
     def headers(self) -> Iterator[RunHeader]:
@@ -264,7 +265,7 @@ class ProjectionStore:
     def restored_patch_ids(self, run_id: str) -> bytes:
         """The digests of the patch ids decided before the run was restored (empty if it
         was not)."""
-        return self._db.get(keys.restored_ids_key(run_id)) or b""
+        return self._get(keys.restored_ids_key(run_id)) or b""
 
     def decided_before_restore(self, run_id: str, digest: bytes) -> bool:
         """Whether a patch id (its digest) was decided before the run was restored here."""
@@ -287,6 +288,13 @@ class ProjectionStore:
     def dead_letters(self) -> list[DeadLetter]:
         return [DeadLetter(**orjson.loads(v)) for _, v in self._prefix(keys.DEAD_LETTERS)]
 
+    def _get(self, key: bytes) -> bytes | None:
+        try:
+            return self._db.get(key)  # type: ignore[no-any-return]
+        except Exception as e:  # a RocksDB status error (corruption, I/O)
+            raise StoreError(f"projection store {self.path} cannot be read: {e}. If it is corrupt, delete "
+                             f"{self.path} (or the whole state directory) to rebuild it from the log.") from e
+
     def _prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         it = self._db.iter()
         it.seek(prefix)
@@ -296,6 +304,16 @@ class ProjectionStore:
                 break
             yield k, it.value()
             it.next()
+        # An iterator stops at a corrupt block as if the data ended there: only its status
+        # tells, and a shorter answer must never pass for the whole one.
+        self._check(it)
+
+    def _check(self, it: object) -> None:
+        try:
+            it.status()  # type: ignore[attr-defined]
+        except Exception as e:
+            raise StoreError(f"projection store {self.path} is corrupt: {e}. Delete {self.path} "
+                             "(or the whole state directory) to rebuild it from the log.") from e
 
     def close(self) -> None:
         self._db.close()

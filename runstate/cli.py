@@ -233,11 +233,19 @@ def verify(ctx: click.Context, quiet: bool) -> None:
     bar = Progress("verify: replayed", quiet=quiet)
     report = app.run_verify(ctx.obj, on_progress=lambda done, total: bar.update(done, total, force=done == total))
     bar.finish()
+    for p, off in report.damaged:
+        click.echo(f"DAMAGED record p{p}@{off}: its checksum does not match (dead-lettered, reason checksum)")
+    for problem in report.problems:
+        click.echo(f"PROBLEM {problem}")
     for m in report.mismatches:
         click.echo(f"MISMATCH run {m.run_id}: projection revision {m.projection_revision}, replay revision "
                    f"{m.replay_revision}, first differing offset {m.first_differing_offset} ({m.detail})")  # fmt: skip
-    click.echo(f"verified {report.runs} runs over {report.records} records: "
-               + ("projection equals replay" if report.ok else f"{len(report.mismatches)} mismatches"))  # fmt: skip
+    if report.ok:
+        verdict = "projection equals replay"
+    else:
+        verdict = ", ".join(f"{n} {what}" for n, what in ((len(report.mismatches), "mismatches"),
+                            (len(report.damaged), "damaged records"), (len(report.problems), "problems")) if n)  # fmt: skip
+    click.echo(f"verified {report.runs} runs over {report.records} records: {verdict}")
     if not report.ok:
         ctx.exit(1)
 

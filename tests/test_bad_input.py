@@ -43,8 +43,8 @@ def test_a_key_that_is_not_utf8_is_a_dead_letter_not_a_crash() -> None:
 def test_a_partition_moves_on_past_a_key_that_is_not_utf8(tmp_path: Path) -> None:
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     # The embedded producer only takes str keys; another client can write any bytes.
-    log._db.execute("INSERT INTO records VALUES (?,?,?,?,?,?,?)",
-                    ("runstate.events", 0, 0, b"\xff\xfe", encode(patch("r", 0, start())), 1, None))  # fmt: skip
+    log._db.execute("INSERT INTO records(topic, partition, offset, key, value, ts) VALUES (?,?,?,?,?,?)",
+                    ("runstate.events", 0, 0, b"\xff\xfe", encode(patch("r", 0, start())), 1))  # fmt: skip
     log._db.execute("UPDATE heads SET next_offset=1 WHERE topic='runstate.events' AND partition=0")
     prod = log.producer()
     prod.append(log.topics.events, "r", encode(patch("r", 0, start())))
