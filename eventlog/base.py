@@ -170,6 +170,11 @@ class EventLog(ABC):
     def scan(self, topic: str, partition: int, start: int, end: int, batch: int = 1000) -> Iterator[Record]:
         """Iterate records ``start <= offset < end`` of one partition in order."""
 
+    def check_integrity(self) -> list[str]:
+        """Problems the backend finds in its own storage (``verify --deep``); empty when
+        sound or when the backend checks itself (Kafka verifies record CRCs on read)."""
+        return []
+
     def describe(self) -> str:
         return type(self).__name__
 

@@ -140,6 +140,19 @@ class EmbeddedLog(EventLog):
             raise LogConfigError(f"cannot open embedded log {self.path}: {e}") from e
         return db
 
+    def check_integrity(self) -> list[str]:
+        """SQLite's ``quick_check`` of the file, and every record's checksum."""
+        try:
+            problems = [f"{self.path}: {row[0]}" for row in self._db.execute("PRAGMA quick_check") if row[0] != "ok"]
+        except sqlite3.Error as e:
+            return [f"{self.path}: quick_check failed: {e}"]
+        for topic in self.topics.all():
+            for p, end in self.end_offsets(topic).items():
+                for rec in self.scan(topic, p, 0, end):
+                    if not rec.checksum_ok:
+                        problems.append(f"{topic}[{p}]@{rec.offset}: the record does not match its checksum")
+        return problems
+
     def identity(self) -> str:
         row = self._db.execute("SELECT value FROM meta WHERE name='log_id'").fetchone()
         return str(row[0])
@@ -184,7 +197,10 @@ class EmbeddedLog(EventLog):
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         self.partitions(topic)
-        rows = self._db.execute("SELECT partition, next_offset FROM heads WHERE topic=?", (topic,)).fetchall()
+        try:
+            rows = self._db.execute("SELECT partition, next_offset FROM heads WHERE topic=?", (topic,)).fetchall()
+        except sqlite3.Error as e:
+            raise LogError(f"cannot read {self.path}: {e}") from e
         return {int(p): int(o) for p, o in rows}
 
     def committed(self, group_id: str, topic: str) -> dict[int, int]:
@@ -214,11 +230,14 @@ class EmbeddedLog(EventLog):
             pos = rows[-1].offset + 1
 
     def _fetch(self, topic: str, partition: int, start: int, limit: int) -> list[Record]:
-        rows = self._db.execute(
-            "SELECT offset, key, value, ts, headers, crc FROM records "
-            "WHERE topic=? AND partition=? AND offset>=? ORDER BY offset LIMIT ?",
-            (topic, partition, start, limit),
-        ).fetchall()
+        try:
+            rows = self._db.execute(
+                "SELECT offset, key, value, ts, headers, crc FROM records "
+                "WHERE topic=? AND partition=? AND offset>=? ORDER BY offset LIMIT ?",
+                (topic, partition, start, limit),
+            ).fetchall()
+        except sqlite3.Error as e:
+            raise LogError(f"cannot read {topic}[{partition}] at offset {start} in {self.path}: {e}") from e
         return [_record(topic, partition, row) for row in rows]
 
     # -- writing -----------------------------------------------------------------------------
@@ -279,11 +298,14 @@ class EmbeddedLog(EventLog):
         )
 
     def _commit(self, group_id: str, topic: str, positions: dict[int, int]) -> None:
-        with _txn(self._db):
-            self._db.executemany(
-                "INSERT INTO commits VALUES (?,?,?,?) ON CONFLICT DO UPDATE SET offset=excluded.offset",
-                [(group_id, topic, p, o) for p, o in positions.items()],
-            )
+        try:
+            with _txn(self._db):
+                self._db.executemany(
+                    "INSERT INTO commits VALUES (?,?,?,?) ON CONFLICT DO UPDATE SET offset=excluded.offset",
+                    [(group_id, topic, p, o) for p, o in positions.items()],
+                )
+        except sqlite3.Error as e:
+            raise LogError(f"cannot mirror positions in {self.path}: {e}") from e
 
     def producer(self) -> LogProducer:
         return EmbeddedProducer(self)
@@ -412,10 +434,12 @@ class EmbeddedConsumer(LogConsumer):
         self._log._commit(self._group, self._topic, positions)
 
     def close(self) -> None:
-        if self._on_revoke is not None and self._positions:
-            self._on_revoke(sorted(self._positions))
-        self._positions = {}
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-        self._log.close()
+        try:
+            if self._on_revoke is not None and self._positions:
+                self._on_revoke(sorted(self._positions))
+        finally:
+            self._positions = {}
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+            self._log.close()

@@ -186,11 +186,17 @@ class Projector:
     def release(self, partitions: list[int]) -> None:
         """Close the stores of ``partitions`` (revocation, end of a replay)."""
         # Every poll batch is stored before the next poll, so nothing is in hand here.
+        failed: StoreError | None = None
         for p in partitions:
             part = self.parts.pop(p, None)
             if part is not None:
-                part.store.close()
+                try:
+                    part.store.close()
+                except StoreError as e:  # close the others all the same
+                    failed = failed or e
         log.info("revoked partitions %s", partitions)
+        if failed is not None:
+            raise failed
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -211,7 +217,10 @@ class Projector:
                 records = consumer.poll(self.batch_size, poll_timeout_s)
                 if records:
                     self.process(records)
-                    consumer.commit({p: part.next_offset for p, part in self.parts.items()})
+                    try:
+                        consumer.commit({p: part.next_offset for p, part in self.parts.items()})
+                    except LogError as e:  # the mirror is for lag monitoring; positions live in the stores
+                        log.warning("cannot mirror positions: %s", e)
                 now = time.monotonic()
                 if records or not self.parts:
                     last_read = now
@@ -235,15 +244,36 @@ class Projector:
                         break
                     if until_caught_up and lag and now - last_read > self.stall_timeout_s:
                         self._stalled(lag)
-        finally:
-            consumer.close()
-            self._consumer = None
-            if self._dlq is not None:
-                self._dlq.close()
-            for part in self.parts.values():
-                part.store.close()
-            self.parts.clear()
+        except BaseException:
+            # Already failing (a store that cannot write, a signal): release what can be
+            # released, but let the first error be the one the user sees.
+            self._shutdown(consumer, quiet=True)
+            raise
+        self._shutdown(consumer, quiet=False)
         return self.stats
+
+    def _shutdown(self, consumer: LogConsumer, *, quiet: bool) -> None:
+        """Leave the group (revoking: stores close) and close the dead-letter producer.
+        ``quiet``: log errors instead of raising them."""
+        first: Exception | None = None
+
+        def attempt(step: Callable[[], object]) -> None:
+            nonlocal first
+            try:
+                step()
+            except Exception as e:  # keep closing the rest
+                log.error("shutting down: %s", e)
+                first = first or e
+
+        attempt(consumer.close)  # revokes: release() closes the stores it still holds
+        if self._dlq is not None:
+            attempt(self._dlq.close)
+        for part in list(self.parts.values()):  # those the revocation did not reach
+            attempt(part.store.close)
+        self._consumer = None
+        self.parts.clear()
+        if first is not None and not quiet:
+            raise first
 
     def _stalled(self, lag: int) -> None:
         ends = dict(self.log.end_offsets(self.log.topics.events))

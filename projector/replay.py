@@ -195,14 +195,24 @@ def _first_difference(a: list[Decision], b: list[Decision]) -> int | None:
     return None
 
 
+#: ``deep_check(log) -> problems``: what ``verify --deep`` adds (the snapshotter's layer
+#: passes its checkpoint validation here; the projector does not import it).
+DeepCheck = Callable[[EventLog], list[str]]
+
+
 def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
-           on_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+           on_progress: Callable[[int, int], None] | None = None, deep: DeepCheck | None = None) -> VerifyReport:
     """Replay the log from offset 0 into a scratch store, up to the positions the live
     projection has reached, and compare every run: state digest and decision history.
+    Records that fail their checksum are reported as damaged. With ``deep``, also the
+    log's own integrity check and what ``deep`` finds.
 
-    ``on_progress(done, total)`` reports records replayed.
+    ``on_progress(done, total)`` reports records replayed. Raises :class:`StoreError`
+    when the live projection cannot be read (corrupt).
     """
     report = VerifyReport()
+    if deep is not None:
+        report.problems = [*log.check_integrity(), *deep(log)]
     live = Projection(state_dir)
     positions = live.positions()
     report.positions = positions

@@ -79,6 +79,14 @@ class PendingBatch:
             self.deletes.add(k)
 
 
+def _write_error(path: Path, e: Exception) -> StoreError:
+    text = str(e)
+    if "No space left" in text or "ENOSPC" in text:
+        return StoreError(f"no space left on the device of {path}: free space there, then start again. "
+                          f"Nothing is lost: what was not stored is read again from the log. ({text})")  # fmt: skip
+    return StoreError(f"write to {path} failed: {text}")
+
+
 def _options() -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
@@ -150,7 +158,7 @@ class ProjectionStore:
         try:
             self._db.write(wb, self._wopts)
         except Exception as e:
-            raise StoreError(f"write to {self.path} failed: {e}") from e
+            raise _write_error(self.path, e) from e
 
     def restore(self, runs: Iterable[RestoredRun], next_offset: int) -> int:
         """Write runs restored from checkpoints into this (new) store in one WriteBatch, and
@@ -191,7 +199,7 @@ class ProjectionStore:
         try:
             self._db.write(wb, self._wopts)
         except Exception as e:
-            raise StoreError(f"write to {self.path} failed: {e}") from e
+            raise _write_error(self.path, e) from e
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -316,7 +324,12 @@ class ProjectionStore:
                              "(or the whole state directory) to rebuild it from the log.") from e
 
     def close(self) -> None:
-        self._db.close()
+        """Raises :class:`StoreError` when RocksDB cannot close cleanly (after a failed
+        write, say); what was written before stays, its WAL is replayed on the next open."""
+        try:
+            self._db.close()
+        except Exception as e:
+            raise _write_error(self.path, e) from e
 
     def __enter__(self) -> ProjectionStore:
         return self

@@ -28,7 +28,7 @@ from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.service import Snapshotter, snapshotter_dir
 from runstate.projector.store import ProjectionStore
-from runstate.snapshotter.recovery import RestoreReport, restore_partition
+from runstate.snapshotter.recovery import RestoreReport, check_checkpoints, restore_partition
 from runstate.schemas.patch import Author, Decision
 from runstate.schemas.state import RunHeader, RunState
 from runstate.settings import Settings
@@ -295,9 +295,13 @@ def get_context(settings: Settings, run_id: str, now: datetime | None = None) ->
     return render_context(get_state(settings, run_id), now=now or datetime.now(UTC))
 
 
-def run_verify(settings: Settings, on_progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+def run_verify(settings: Settings, on_progress: Callable[[int, int], None] | None = None,
+               deep: bool = False) -> VerifyReport:
+    """Projection == replay; ``deep`` also checks the log's storage and every checkpoint."""
     log = open_settings_log(settings, create=False)
+    key = settings.checkpoint_key_bytes()
     try:
-        return verify(log, settings.state_dir, on_progress=on_progress)
+        return verify(log, settings.state_dir, on_progress=on_progress,
+                      deep=(lambda lg: check_checkpoints(lg, key)) if deep else None)  # fmt: skip
     finally:
         log.close()

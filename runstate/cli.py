@@ -225,13 +225,15 @@ def explain(ctx: click.Context, run_id: str, path: str) -> None:
 
 
 @main.command()
+@click.option("--deep", is_flag=True, help="also check the log's storage and every checkpoint")
 @click.option("--quiet", is_flag=True, help="no progress line")
 @click.pass_context
 @handle_errors
-def verify(ctx: click.Context, quiet: bool) -> None:
+def verify(ctx: click.Context, deep: bool, quiet: bool) -> None:
     """Replay the log into a scratch store and compare every run with the projection."""
     bar = Progress("verify: replayed", quiet=quiet)
-    report = app.run_verify(ctx.obj, on_progress=lambda done, total: bar.update(done, total, force=done == total))
+    report = app.run_verify(ctx.obj, on_progress=lambda done, total: bar.update(done, total, force=done == total),
+                            deep=deep)  # fmt: skip
     bar.finish()
     for p, off in report.damaged:
         click.echo(f"DAMAGED record p{p}@{off}: its checksum does not match (dead-lettered, reason checksum)")

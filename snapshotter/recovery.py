@@ -112,3 +112,23 @@ def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
     log.info("partition %d restored: %d runs from checkpoints, tail from offset %d (%d checkpoints rejected)",
              partition, report.runs, start, len(report.rejected))  # fmt: skip
     return report
+
+
+def check_checkpoints(log_: EventLog, key: bytes | None = None) -> list[str]:
+    """Every record of the checkpoints topic that does not validate (run checkpoints and
+    coverage records), as problems for ``verify --deep``. Older checkpoints of a run that
+    compaction has not removed yet are checked too."""
+    topic = log_.topics.checkpoints
+    problems = []
+    for p, end in sorted(log_.end_offsets(topic).items()):
+        for rec in log_.scan(topic, p, 0, end):
+            try:
+                if is_coverage_key(rec.key):
+                    validate_coverage(rec.value, p, key)
+                else:
+                    cp = validate(rec.value, key)
+                    if rec.key != cp.run_id.encode() or cp.partition != p:
+                        raise CheckpointInvalid(cp.run_id, f"keyed {rec.key!r} on partition {p}")
+            except CheckpointInvalid as e:
+                problems.append(f"checkpoint {topic}[{p}]@{rec.offset}: {e.reason}")
+    return problems

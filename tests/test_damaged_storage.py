@@ -123,3 +123,20 @@ def test_a_corrupt_store_block_is_an_error_not_a_shorter_answer(tmp_path: Path) 
     assert r.exit_code == 1 and "corrupt" in r.output.lower(), r.output
     r = CliRunner().invoke(main, [*env, "verify", "--quiet"])
     assert r.exit_code == 1 and "corrupt" in r.output.lower(), r.output
+
+
+def test_verify_deep_checks_the_log_file_and_every_checkpoint(tmp_path: Path) -> None:
+    from runstate.snapshotter.service import Snapshotter
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, _run_history(8))
+    state = tmp_path / "state"
+    _project(log, state)
+    Snapshotter(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
+    env = ["--log", str(tmp_path / "log.db"), "--state-dir", str(state)]
+    assert CliRunner().invoke(main, [*env, "verify", "--deep", "--quiet"]).exit_code == 0
+    log.producer().append(log.topics.checkpoints, "r", b'{"format_version": 2, "run_id": "r"}')
+    plain = CliRunner().invoke(main, [*env, "verify", "--quiet"])
+    assert plain.exit_code == 0  # the projection still equals a replay
+    deep = CliRunner().invoke(main, [*env, "verify", "--deep", "--quiet"])
+    assert deep.exit_code == 1 and "PROBLEM checkpoint runstate.checkpoints[0]@" in deep.output, deep.output
