@@ -20,7 +20,6 @@ import argparse
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta

@@ -22,7 +22,7 @@ from runstate.projector.loop import Projector, ProjectorStats
 from runstate.projector.queries import Projection, decision_reader
 from runstate.projector.runbook import DeadLetter
 from runstate.projector.replay import FieldChange, VerifyReport, explain, state_at, verify
-from runstate.schemas.errors import ContractError, LogError, RunNotFound, StoreError
+from runstate.schemas.errors import ContractError, LogError, RunNotFound
 from runstate.snapshotter.checkpoint import Checkpoint
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.policy import CheckpointPolicy

@@ -12,44 +12,15 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ev, fact, patch, start, task
+from faultkit import drill, workload
+from helpers import fact, patch, start
 
 from runstate.eventlog.embedded import EmbeddedLog
-from runstate.projector.runbook import RunBook
 from runstate.projector.queries import Projection
 from runstate.projector.replay import replay, verify
 from runstate.schemas.codec import encode
-from runstate.schemas.patch import Patch
 
 pytestmark = pytest.mark.slow
-
-
-def workload(runs: int, per_run: int, rng: random.Random) -> list[Patch]:
-    """Interleaved patches for many runs: valid chains, stale and invalid patches, resends."""
-    book = RunBook()
-    out: list[Patch] = []
-    for r in range(runs):
-        out.append(patch(f"run_{r}", 0, start()))
-        book.apply(out[-1], 0, len(out))
-    for i in range(runs * per_run):
-        run = f"run_{rng.randrange(runs)}"
-        doc = book.docs[run]
-        assert doc is not None
-        rev = doc.header.revision
-        roll = rng.random()
-        if roll < 0.05 and out:
-            p = out[rng.randrange(len(out))]  # a resend: must be decided once
-        elif roll < 0.15:
-            p = patch(run, max(0, rev - 1), fact(f"s{i}"), rebase=rng.random() < 0.5)
-        elif roll < 0.2:
-            p = patch(run, rev, fact(f"x{i}", evidence=None))
-        elif roll < 0.3:
-            p = patch(run, rev, task(f"t{i}"), ev("ConstraintSet", constraint={"key": "k", "value": str(i)}))
-        else:
-            p = patch(run, rev, fact(f"f{i}"), ev("BudgetConsumed", tokens=1))
-        book.apply(p, 0, len(out))
-        out.append(p)
-    return out
 
 
 def test_sigkill_at_any_moment_then_restart_equals_full_replay(tmp_path: Path) -> None:
@@ -152,8 +123,6 @@ def test_disk_full_under_the_state_dir_stops_with_one_line_and_resumes_losing_no
 def test_snapshotter_and_projector_killed_then_state_lost_and_recovered(tmp_path: Path) -> None:
     """The drill of tests/faultkit.py on the embedded log: 0 runs lost, 0 patches decided
     twice or unlike a clean replay, verify passes."""
-    from faultkit import drill
-
     seed = int(os.environ.get("RUNSTATE_FAULT_SEED", time.time_ns() % 10_000))
     log = EmbeddedLog(tmp_path / "log.db", partitions=4)
     state = tmp_path / "state"
