@@ -156,11 +156,3 @@ def decode_header(raw: bytes) -> RunHeader:
 def decode_decision(raw: bytes) -> Decision:
     return Decision.model_validate_json(raw)
 
-
-def decision_puts(decision: Decision) -> dict[bytes, bytes]:
-    """The keys that record one decision: history and idempotency index (a reused
-    ``patch_id`` keeps pointing at its first decision)."""
-    puts = {history_key(decision.run_id, decision.offset): dump(decision)}
-    if decision.reason != "patch_id_reused":
-        puts[dedupe_key(decision.run_id, decision.patch_id)] = encode_int(decision.offset)
-    return puts

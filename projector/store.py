@@ -143,8 +143,9 @@ class ProjectionStore:
         for k, v in batch.puts.items():
             wb.put(k, v)
         for dec in batch.decisions:
-            for k, v in keys.decision_puts(dec).items():
-                wb.put(k, v)
+            wb.put(keys.history_key(dec.run_id, dec.offset), keys.dump(dec))
+            if dec.reason != "patch_id_reused":  # a reused id keeps pointing at its first decision
+                wb.put(keys.dedupe_key(dec.run_id, dec.patch_id), keys.encode_int(dec.offset))
         for dl in batch.dead:
             wb.put(keys.dead_letter_key(dl.offset), orjson.dumps(dl.__dict__))
         for run_id, covers in batch.restored.items():
