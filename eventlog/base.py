@@ -88,8 +88,9 @@ class LogProducer(ABC):
         still queued (0 on success)."""
 
     @abstractmethod
-    def close(self) -> None:
-        """Flush and release resources."""
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Flush (waiting at most ``timeout_s``) and release resources. Raises
+        :class:`DeliveryError` when records were left undelivered."""
 
 
 class LogConsumer(ABC):

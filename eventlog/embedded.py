@@ -366,8 +366,8 @@ class EmbeddedProducer(LogProducer):
             cb(where, None)
         return 0
 
-    def close(self) -> None:
-        self.flush()
+    def close(self, timeout_s: float = 60.0) -> None:
+        self.flush(timeout_s)
 
 
 class EmbeddedConsumer(LogConsumer):

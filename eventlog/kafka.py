@@ -295,8 +295,8 @@ class KafkaProducer(LogProducer):
     def flush(self, timeout_s: float = 30.0) -> int:
         return int(self._p.flush(timeout_s))
 
-    def close(self) -> None:
-        left = self._p.flush(60)
+    def close(self, timeout_s: float = 60.0) -> None:
+        left = self._p.flush(timeout_s)
         if left:
             raise DeliveryError("*", f"{left} records not delivered when the producer closed")
 

@@ -7,9 +7,10 @@ Commit order (the one place it is written down):
    reason), check it is keyed by its run, decide against the cached working state;
 3. per partition: write state changes + decisions + dead letters + the next offset in
    one RocksDB WriteBatch (the position lives with the state, never apart from it);
-4. only then: mark the cache settled, publish dead letters to the dead-letter topic
-   (at least once: a crash between 3 and 4 re-publishes, the store keeps one), and mirror
-   positions to the log for lag monitoring.
+4. only then: mark the cache settled, copy dead letters to the dead-letter topic (best
+   effort, waiting at most ``DEAD_LETTER_FLUSH_S``: the store keeps every one, and a
+   crash between 3 and 4 leaves the topic without that copy), and mirror positions to the
+   log for lag monitoring.
 
 A crash anywhere before 3 completes loses nothing: on restart the stored offset is where
 the batch started, and decide is deterministic, so the batch is decided again identically.
@@ -38,6 +39,8 @@ from runstate.schemas.patch import Decision, Patch
 log = logging.getLogger("runstate.projector")
 
 DEFAULT_GROUP = "runstate-projector"
+#: How long a batch (or the shutdown) waits for dead letters to reach the dead-letter topic.
+DEAD_LETTER_FLUSH_S = 5.0
 
 
 @dataclass
@@ -267,7 +270,8 @@ class Projector:
 
         attempt(consumer.close)  # revokes: release() closes the stores it still holds
         if self._dlq is not None:
-            attempt(self._dlq.close)
+            dlq = self._dlq
+            attempt(lambda: dlq.close(DEAD_LETTER_FLUSH_S))
         for part in list(self.parts.values()):  # those the revocation did not reach
             attempt(part.store.close)
         self._consumer = None
@@ -382,9 +386,14 @@ class Projector:
             if self.hooks is not None:
                 self.hooks.after_write(p, batch, part.store)
             self.stats.dead_letters += len(batch.dead)
-            if self._dlq is not None:
+            if self._dlq is not None and batch.dead:
                 for dl in batch.dead:
                     self._publish_dead_letter(dl, records)
+                # Bounded: the store holds every dead letter; a broker that is down must not
+                # hold the batch (and a SIGTERM) for the producer's delivery timeout.
+                left = self._dlq.flush(DEAD_LETTER_FLUSH_S)
+                if left:
+                    log.warning("%d dead letters not yet in %s (kept in the store)", left, self.log.topics.deadletter)
         self.stats.batches += 1
         self.stats.last_batch_at = time.monotonic()
 
@@ -397,7 +406,12 @@ class Projector:
             ("source_partition", str(dl.partition).encode()), ("source_offset", str(dl.offset).encode()),
         )  # fmt: skip
         log.warning("dead letter p%d@%d: %s %s", dl.partition, dl.offset, dl.reason, dl.detail)
+
+        def delivered(_where: object, err: Exception | None) -> None:
+            if err is not None:  # the store already holds the dead letter; the topic copy is best effort
+                log.error("could not publish dead letter p%d@%d: %s", dl.partition, dl.offset, err)
+
         try:
-            self._dlq.append(self.log.topics.deadletter, dl.key or "", value, headers)
-        except Exception as e:  # the store already holds the dead letter; the topic copy is best effort
-            log.error("could not publish dead letter p%d@%d: %s", dl.partition, dl.offset, e)
+            self._dlq.append_async(self.log.topics.deadletter, dl.key or "", value, delivered, headers)
+        except Exception as e:
+            delivered(None, e)

@@ -310,3 +310,45 @@ def test_snapshotter_and_projector_killed_then_state_lost_and_recovered_on_kafka
     assert (report.lost_runs, report.decided_twice, report.differing) == (0, 0, 0), (seed, report.line())
     assert report.verify_exit == 0, (seed, report.verify_output)
     log.close()
+
+
+@pytest.mark.parametrize("when", ["after_restart", "while_down"])
+def test_sigterm_ends_the_projector_promptly_around_a_broker_restart(own_broker: LocalKafka, tmp_path: Path,
+                                                                     when: str) -> None:  # fmt: skip
+    """SIGTERM finishes the batch in hand and exits: right after a broker restart, and
+    while the broker is down (the group is left as well as it can be, never waited on)."""
+    log = KafkaLog(own_broker.bootstrap, topics=TopicNames())
+    log.create_topics(3)
+    state = tmp_path / "state"
+    env = {**os.environ, "RUNSTATE_LOG": f"kafka://{own_broker.bootstrap}", "RUNSTATE_STATE_DIR": str(state)}
+    projector = spawn_projector(env, tmp_path / "p.log")
+    try:
+        prod = log.producer()
+        for p in chains(runs=6, per_run=20):
+            prod.append_async(log.topics.events, p.run_id, encode(p), lambda w, e: None)
+        assert prod.flush(60) == 0
+        prod.close()
+        wait_drained(log, state, timeout_s=120)
+        if when == "after_restart":
+            own_broker.restart()
+            time.sleep(1.0)
+        else:
+            own_broker.stop()
+        t0 = time.monotonic()
+        projector.send_signal(signal.SIGTERM)
+        try:
+            projector.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the projector was still running 20 s after SIGTERM ({when}):\n"
+                        + (tmp_path / "p.log").read_text()[-2000:])  # fmt: skip
+        elapsed = time.monotonic() - t0
+        print(f"SIGTERM {when}: exited {projector.returncode} after {elapsed:.1f}s")
+        assert projector.returncode == 0, (tmp_path / "p.log").read_text()[-2000:]
+    finally:
+        if projector.poll() is None:
+            projector.kill()
+            projector.wait()
+        if when == "while_down":
+            own_broker.restart()  # already stopped: starts it again on the same ports and data
+    assert verify(log, str(state)).ok
+    log.close()
