@@ -64,7 +64,8 @@ def render_context(state: RunState, *, now: datetime | None = None,
 
     if s.waiting:
         w = s.waiting
-        until = f" until {_when(w.until)}" if w.until else ""
+        overdue = " (OVERDUE)" if w.until and now is not None and now > w.until else ""
+        until = f" until {_when(w.until)}{overdue}" if w.until else ""
         add(f"WAITING for {w.kind}: {w.reason} (since {_when(w.since)}{until}; resolve with wait_id {w.wait_id})")
 
     if s.environment_observations:
@@ -90,7 +91,8 @@ def render_context(state: RunState, *, now: datetime | None = None,
     b = s.budgets
     parts = []
     if b.tokens_remaining is not None:
-        parts.append(f"tokens remaining {b.tokens_remaining}" + (" (OVER BUDGET)" if b.tokens_remaining < 0 else ""))
+        flag = " (OVER BUDGET)" if b.tokens_remaining < 0 else " (EXHAUSTED)" if b.tokens_remaining == 0 else ""
+        parts.append(f"tokens remaining {b.tokens_remaining}{flag}")
     if b.tokens_used:
         parts.append(f"used {b.tokens_used}")
     if b.deadline:

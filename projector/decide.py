@@ -5,8 +5,10 @@ Order of checks (first that fails decides):
 1. ``unknown_run`` — no state and the patch does not start the run at revision 0.
 2. ``run_terminal`` — the run is completed, failed or cancelled.
 3. revision check — ``expected_revision == revision``, except:
-   - a patch of control events only (cancel, goal change) applies whatever it was based on;
-   - a patch based on a revision before the last control event is ``superseded``;
+   - a patch of control events only (cancel, goal change) applies whatever it was based on,
+     except that a goal change based before the last control event is ``superseded`` (control
+     events conflict with each other; a cancel always applies);
+   - any other patch based on a revision before the last control event is ``superseded``;
    - a ``rebase`` patch whose events all commute is re-validated on the current state;
    - otherwise ``revision_conflict``.
 4. every event, in order, against the draft → ``invalid`` with the rule and event index.
@@ -91,7 +93,10 @@ def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int, digest
     rebased = False
     if patch.expected_revision != current:
         control_only = all(t in ev.CONTROL_EVENT_TYPES for t in types)
-        if header is not None and patch.expected_revision < header.last_control_revision and not control_only:
+        # Control events win over the revision check but not over each other: a goal change
+        # based before the last control event would silently undo it. A cancel always applies.
+        wins = control_only and "GoalChanged" not in types
+        if header is not None and patch.expected_revision < header.last_control_revision and not wins:
             return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="superseded",
                                      message=f"based on revision {patch.expected_revision}, before the control event at revision {header.last_control_revision}"))  # fmt: skip
         if control_only:

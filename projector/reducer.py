@@ -304,9 +304,22 @@ def _task_created(d: Draft, e: ev.TaskCreated, ctx: Ctx) -> None:
                               updated_at_revision=ctx.revision))  # fmt: skip
 
 
+def _budget_allows_new_work(d: Draft, what: str, ctx: Ctx) -> None:
+    """Starting work (a task, a costly call) needs budget left and the deadline ahead,
+    measured against the patch time, so that a replay decides the same way."""
+    b = d.hget("budgets")
+    _require(b.tokens_remaining is None or b.tokens_remaining > 0, "budget.exhausted",
+             f"cannot start {what}: the token budget is exhausted ({b.tokens_remaining} remaining); "
+             "a BudgetSet can extend it")  # fmt: skip
+    _require(b.deadline is None or ctx.at <= b.deadline, "deadline.passed",
+             f"cannot start {what}: the deadline {b.deadline.isoformat() if b.deadline else ''} has passed "
+             f"(patch time {ctx.at.isoformat()}); a BudgetSet can move it")  # fmt: skip
+
+
 @reducer(ev.TaskStarted)
 def _task_started(d: Draft, e: ev.TaskStarted, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
+    _budget_allows_new_work(d, f"task {t.id!r}", ctx)
     if t.status == "pending":
         pending = [x for x in t.depends_on if getattr(d.get("tasks", x), "status", None) != "completed"]
         _require(not pending, "task.dependencies_incomplete",
@@ -321,6 +334,8 @@ def _task_blocked(d: Draft, e: ev.TaskBlocked, ctx: Ctx) -> None:
 
 @reducer(ev.TaskCompleted)
 def _task_completed(d: Draft, e: ev.TaskCompleted, ctx: Ctx) -> None:
+    _require(e.evidence is not None, "task.evidence_required",
+             f"completing task {e.task_id!r} needs evidence (a reference to what shows it is done)")  # fmt: skip
     _reference(e.evidence, "task.evidence_reference", "evidence")
     _move(d, _task(d, e.task_id), "completed", ctx, evidence=e.evidence, blocked_by=None)
     _set(d, last_transition=Transition(action=f"complete {e.task_id}", result_ref=e.evidence,
@@ -345,6 +360,12 @@ def _task_cancelled(d: Draft, e: ev.TaskCancelled, ctx: Ctx) -> None:
 def _tool_call_started(d: Draft, e: ev.ToolCallStarted, ctx: Ctx) -> None:
     _require(d.get("pending_tool_calls", e.call_id) is None, "tool.duplicate_call",
              f"tool call {e.call_id!r} is already in flight")  # fmt: skip
+    waiting = d.hget("waiting")
+    _require(not (e.side_effect and waiting is not None and waiting.kind == "approval"), "run.waiting",
+             f"side-effecting call {e.call_id!r} ({e.tool}) while the run waits for approval "
+             f"({waiting.wait_id if waiting else ''!r}): resolve the wait first")  # fmt: skip
+    if e.costly:
+        _budget_allows_new_work(d, f"costly call {e.call_id!r} ({e.tool})", ctx)
     d.put("pending_tool_calls", e.call_id, ToolCall(
         call_id=e.call_id, tool=e.tool, side_effect=e.side_effect, costly=e.costly, input_ref=e.input_ref,
         started_at=ctx.at, started_at_revision=ctx.revision,
@@ -376,7 +397,11 @@ def _tool_failed(d: Draft, e: ev.ToolFailed, ctx: Ctx) -> None:
 def _observation_recorded(d: Draft, e: ev.ObservationRecorded, ctx: Ctx) -> None:
     o = e.observation
     _require(bool(o.subject.strip()), "observation.subject_required", "an observation needs a subject")
-    # One current observation per subject: a newer one replaces it (the log keeps both).
+    # One current observation per subject: a newer one replaces it (the log keeps both); a
+    # late one, seen before the current one, is recorded in the log only.
+    current = d.get("environment_observations", o.subject)
+    if isinstance(current, Observation) and (o.observed_at or ctx.at) < current.observed_at:
+        return
     d.put("environment_observations", o.subject, Observation(
         **o.model_dump(exclude={"observed_at"}), observed_at=o.observed_at or ctx.at,
         recorded_at_revision=ctx.revision,

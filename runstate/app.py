@@ -154,6 +154,11 @@ def read_patch_file(source: str, stream: IO[str] | None = None) -> Any:
 def publish(settings: Settings, run_id: str, data: Any, *, where: str, wait: bool = False,
             timeout_s: float = 10.0, rebase: bool | None = None) -> tuple[Receipt, Decision | None]:
     """Validate, append and optionally await the decision on one patch."""
+    unversioned = settings.agent_version == Settings.model_fields["agent_version"].default
+    names_author = isinstance(data, dict) and isinstance(data.get("author"), dict)
+    if settings.require_agent_version and unversioned and not names_author:
+        raise ContractError("an agent version is required (RUNSTATE_REQUIRE_AGENT_VERSION): pass --agent-version "
+                            "or set RUNSTATE_AGENT_VERSION", where=where, field="author.agent_version")  # fmt: skip
     producer = make_producer(settings)
     try:
         if rebase is not None and isinstance(data, dict):

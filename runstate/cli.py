@@ -1,4 +1,4 @@
-"""The ``runstate`` command. Thin: each command calls one function of :mod:`runstate.app`
+"""The ``runstate`` command. Thin: each command calls one function of :mod:`runstate.app` (the demo: :mod:`runstate.demo`)
 and prints its result; :func:`handle_errors` is the one place errors become messages.
 
 Exit codes: 0 success; 1 an operation failed (run not found, verify mismatch, log/store

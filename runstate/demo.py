@@ -11,6 +11,7 @@ confirmed into a fact, and a patch refused after the run completed.
 from __future__ import annotations
 
 import shutil
+from datetime import UTC, datetime, timedelta
 import subprocess
 import sys
 import threading
@@ -39,7 +40,10 @@ def _login_script() -> list[Step]:
                 "statement": "Fix the login failure after the dependency upgrade",
                 "scope": {"include": ["src/auth", "tests/login", "docs"], "exclude": ["public_api"]},
                 "acceptance": ["test_login_refresh passes", "public API unchanged"]}},
-            {"type": "BudgetSet", "tokens_remaining": 100000, "deadline": "2026-08-11T18:00:00+08:00"},
+            # Two hours from now: patch times come from the worker's clock, and a deadline
+            # that has passed refuses new work (deadline.passed).
+            {"type": "BudgetSet", "tokens_remaining": 100000,
+             "deadline": (datetime.now(UTC) + timedelta(hours=2)).isoformat(timespec="seconds")},
             {"type": "ConstraintSet", "constraint": {"key": "session_timeout", "value": "30 min", "source": "user://msg_1"}}]},
         {"say": "plan three tasks", "events": [
             {"type": "TaskCreated", "task": {"id": "task_1", "title": "Reproduce the failing login test", "scope": ["tests/login"]}},

@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     #: Author of patches published from this process.
     agent_id: str = Field("cli", min_length=1)
     agent_version: str = Field("unknown", min_length=1)
+    #: Refuse to publish a patch whose author has no agent version of its own (exit 2):
+    #: every patch then records which prompt, skills and tools proposed it.
+    require_agent_version: bool = False
     #: Patches larger than this (encoded) are refused by the producer.
     max_patch_bytes: int = Field(DEFAULT_MAX_PATCH_BYTES, ge=1024, le=64 * 1024 * 1024)
     #: Records per poll batch (one RocksDB WriteBatch per partition per batch).

@@ -216,3 +216,13 @@ def test_progress_is_shown_on_a_terminal_only(tmp_path: Path, env: dict[str, str
     assert verify_stderr("--quiet") == ""
     piped = cli(env, "verify")  # CliRunner's streams are not terminals
     assert "replayed" not in piped.output and "projection equals replay" in piped.output
+
+
+def test_an_agent_version_is_never_empty_and_can_be_required(tmp_path: Path, env: dict[str, str]) -> None:
+    body = json.dumps({"expected_revision": 0, "events": [start()]})
+    r = cli(env, "publish", "r", "-", "--agent-version", "", input=body)
+    assert r.exit_code == 2 and "agent_version" in r.output
+    required = {**env, "RUNSTATE_REQUIRE_AGENT_VERSION": "true"}
+    r = cli(required, "publish", "r", "-", input=body)
+    assert r.exit_code == 2 and "agent version" in r.output and ends(env) == {0: 0, 1: 0, 2: 0, 3: 0}
+    assert cli(required, "publish", "r", "-", "--agent-version", "coder-2.1", input=body).exit_code == 0

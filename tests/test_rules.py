@@ -129,7 +129,7 @@ def test_duplicate_ids_are_rejected(run: Run) -> None:
 
 def test_task_state_machine(run: Run) -> None:
     run.ok(task("t1"))
-    run.bad("task.transition", ev("TaskCompleted", task_id="t1"))  # pending -> completed
+    run.bad("task.transition", ev("TaskCompleted", task_id="t1", evidence="artifact://done/1"))  # pending -> completed
     run.bad("task.transition", ev("TaskBlocked", task_id="t1", reason="x"))  # pending -> blocked
     run.ok(ev("TaskStarted", task_id="t1"))
     assert run.doc.header.active_task_id == "t1"
@@ -147,7 +147,7 @@ def test_task_dependencies_must_exist_be_acyclic_and_complete_first(run: Run) ->
     run.ok(task("t1"))
     run.ok(task("t2", deps=["t1"]))
     run.bad("task.dependencies_incomplete", ev("TaskStarted", task_id="t2"))
-    run.ok(ev("TaskStarted", task_id="t1"), ev("TaskCompleted", task_id="t1"))
+    run.ok(ev("TaskStarted", task_id="t1"), ev("TaskCompleted", task_id="t1", evidence="artifact://done/1"))
     run.ok(ev("TaskStarted", task_id="t2"))
 
 
@@ -270,3 +270,70 @@ def test_unknown_run_and_double_start() -> None:
     r.ok(start())
     d = r.send(None, start())
     assert (d.reason, d.rule) == ("invalid", "run.already_started")
+
+
+# --- guarantees past the shape (issue: the runtime guarantees what the document promises) ----
+
+
+def test_a_second_goal_change_based_before_the_first_is_superseded(run: Run) -> None:
+    stale = run.revision
+    d = run.send(stale, ev("GoalChanged", goal={"statement": "narrower"}))
+    assert d.outcome == "accepted"
+    d = run.send(stale, ev("GoalChanged", goal={"statement": "another idea"}))
+    assert (d.outcome, d.reason) == ("rejected", "superseded")
+    assert run.doc.header.goal.statement == "narrower"  # not silently applied over the first
+    d = run.send(stale, ev("RunCancelled", reason="stop"))  # cancelling is never refused as stale
+    assert d.outcome == "accepted"
+
+
+def test_a_side_effecting_call_is_refused_while_the_run_waits_for_approval(run: Run) -> None:
+    run.ok(ev("WaitingStarted", waiting={"wait_id": "w1", "kind": "approval", "reason": "deploy needs a reviewer"}))
+    run.bad("run.waiting", ev("ToolCallStarted", call_id="c1", tool="deploy", side_effect=True))
+    run.ok(ev("ToolCallStarted", call_id="c2", tool="read_logs"))  # reading is fine while waiting
+    run.ok(ev("WaitingResolved", wait_id="w1"))
+    run.ok(ev("ToolCallStarted", call_id="c1", tool="deploy", side_effect=True))
+
+
+def test_task_completion_needs_evidence(run: Run) -> None:
+    run.ok(task("t1"), ev("TaskStarted", task_id="t1"))
+    run.bad("task.evidence_required", ev("TaskCompleted", task_id="t1"))
+    run.ok(ev("TaskCompleted", task_id="t1", evidence="artifact://test-output/48"))
+
+
+def test_a_late_older_observation_does_not_replace_a_newer_one(run: Run) -> None:
+    new = {"subject": "file://cfg", "observed_state": "RS256", "observed_version": "v2", "observed_at": "2026-08-11T10:00:00Z"}
+    old = {"subject": "file://cfg", "observed_state": "HS256", "observed_version": "v1", "observed_at": "2026-08-11T09:00:00Z"}
+    run.ok(ev("ObservationRecorded", observation=new))
+    run.ok(ev("ObservationRecorded", observation=old))  # accepted (the log keeps it) ...
+    [kept] = run.doc.to_state().environment_observations
+    assert (kept.observed_version, kept.observed_state) == ("v2", "RS256")  # ... the state keeps the newest
+
+
+def test_an_exhausted_budget_or_a_passed_deadline_refuses_new_work(run: Run) -> None:
+    run.ok(task("t1"), task("t2"), ev("BudgetSet", tokens_remaining=100))
+    run.ok(ev("BudgetConsumed", tokens=100))
+    assert run.doc.header.budgets.tokens_remaining == 0
+    run.bad("budget.exhausted", ev("TaskStarted", task_id="t1"))
+    run.bad("budget.exhausted", ev("ToolCallStarted", call_id="c1", tool="llm", costly=True))
+    run.ok(ev("ToolCallStarted", call_id="c2", tool="ls"))  # a cheap call is not refused
+    run.ok(ev("BudgetSet", tokens_remaining=50))  # extended
+    run.ok(ev("TaskStarted", task_id="t1"))
+    run.ok(ev("BudgetSet", deadline="2026-08-11T07:00:00Z"))  # before the patch time (08:00)
+    run.bad("deadline.passed", ev("TaskStarted", task_id="t2"))
+    run.ok(ev("BudgetSet", deadline="2026-08-12T07:00:00Z"))
+    run.ok(ev("TaskStarted", task_id="t2"))
+
+
+def test_context_flags_exhausted_budgets_and_overdue_waits() -> None:
+    from datetime import UTC, datetime
+
+    from runstate.projector.context import render_context
+
+    r = Run("ctx")
+    r.ok(start())
+    r.ok(ev("BudgetSet", tokens_remaining=10))
+    r.ok(ev("BudgetConsumed", tokens=10))
+    r.ok(ev("WaitingStarted", waiting={"wait_id": "w", "kind": "timer", "reason": "cool down",
+                                       "until": "2026-08-11T09:00:00Z"}))  # fmt: skip
+    text = render_context(r.doc.to_state(), now=datetime(2026, 8, 11, 10, 0, tzinfo=UTC))
+    assert "tokens remaining 0 (EXHAUSTED)" in text and "(OVERDUE)" in text

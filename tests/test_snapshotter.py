@@ -173,8 +173,8 @@ def test_triggers_at_safe_boundaries() -> None:
     history = [
         (patch("r", 0, start()), ["run_started"]),
         (patch("r", 1, task("t1"), task("t2"), ev("TaskStarted", task_id="t1"), ev("TaskStarted", task_id="t2")), []),
-        (patch("r", 2, ev("TaskCompleted", task_id="t1")), []),  # t2 still running
-        (patch("r", 3, ev("TaskCompleted", task_id="t2")), ["every_4", "tasks_done"]),
+        (patch("r", 2, ev("TaskCompleted", task_id="t1", evidence="artifact://done/1")), []),  # t2 still running
+        (patch("r", 3, ev("TaskCompleted", task_id="t2", evidence="artifact://done/1")), ["every_4", "tasks_done"]),
         (patch("r", 4, ev("ToolCallStarted", call_id="c", tool="pay", costly=True)), ["before_side_effect"]),
         (patch("r", 5, ev("ToolSucceeded", call_id="c"), ev("WorkspaceUpdated", workspace_ref={"workspace_id": "w"})), ["workspace"]),
         (patch("r", 6, ev("WaitingStarted", waiting={"wait_id": "w", "kind": "user", "reason": "?"})), ["waiting"]),

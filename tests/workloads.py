@@ -36,7 +36,7 @@ def _events(kind: str, n: int, doc: RunDoc | None) -> list[dict[str, Any]]:
         "task": [task(f"t{n}", scope=["src/a"] if n % 2 else ["docs"])],
         "task_dep": [task(f"d{n}", deps=[t])],
         "start_task": [ev("TaskStarted", task_id=t)],
-        "complete_task": [ev("TaskCompleted", task_id=t)],
+        "complete_task": [ev("TaskCompleted", task_id=t, evidence="artifact://done/1")],
         "hyp": [ev("HypothesisProposed", hypothesis={"id": f"h{n}", "statement": "s", "confidence": (n % 12) / 10, "falsifier": "f"})],
         "confirm_hyp": [{**fact(f"c{n}"), "replaces_hypothesis_id": hyp}],
         "reject_hyp": [ev("HypothesisRejected", hypothesis_id=hyp, reason="no")],
