@@ -52,9 +52,11 @@ def render_context(state: RunState, *, now: datetime | None = None,
     by_status: dict[str, list[Task]] = {}
     for t in s.tasks:
         by_status.setdefault(t.status, []).append(t)
+    scoped_goal = bool(s.goal.scope.include or s.goal.scope.exclude)
     for status in ("running", "blocked", "pending"):
         for t in by_status.get(status, []):
-            extra = f" - blocked by: {t.blocked_by}" if t.blocked_by else ""
+            review = " (no scope under a scoped goal: review)" if scoped_goal and not t.scope else ""
+            extra = f"{review} - blocked by: {t.blocked_by}" if t.blocked_by else review
             deps = f" (after {', '.join(t.depends_on)})" if t.depends_on and status == "pending" else ""
             mark = " <- active" if t.id == s.active_task_id else ""
             add(f"  {status:8} [{t.id}] {t.title}{deps}{extra}{mark}")
@@ -82,6 +84,8 @@ def render_context(state: RunState, *, now: datetime | None = None,
         for c in s.pending_tool_calls:
             flags = ", ".join(x for x, on in (("side effect", c.side_effect), ("costly", c.costly)) if on)
             add(f"  - {c.call_id}: {c.tool}{f' ({flags})' if flags else ''} since r{c.started_at_revision}")
+    if s.effect_ledger_ref:
+        add(f"EFFECTS: external ledger {s.effect_ledger_ref} (read it before resuming: its outcomes are not here)")
     open_effects = [e for e in s.effect_ledger if e.status == "started"]
     if s.effect_ledger:
         add(f"EFFECTS: {len(s.effect_ledger)} recorded, {len(open_effects)} with unknown outcome")

@@ -34,7 +34,7 @@ from runstate.schemas.events import Model
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import COLLECTIONS, RunHeader
 
-STORE_FORMAT = b"1"
+STORE_FORMAT = b"2"  # 2: run headers track their running tasks
 FORMAT = b"m:format"
 NEXT_OFFSET = b"m:next_offset"
 HEADERS = b"h:"

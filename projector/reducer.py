@@ -116,6 +116,7 @@ def _in_scope(path: str, scope: ev.Scope) -> bool:
 def _goal_changed(d: Draft, e: ev.GoalChanged, ctx: Ctx) -> None:
     _require(bool(e.goal.statement.strip()), "goal.statement_required", "a goal needs a statement")
     _set(d, goal=e.goal)
+    cancelled: set[str] = set()
     for task in list(d.values("tasks")):
         assert isinstance(task, Task)
         if task.status in ("pending", "running", "blocked") and task.scope:
@@ -123,6 +124,18 @@ def _goal_changed(d: Draft, e: ev.GoalChanged, ctx: Ctx) -> None:
                 any(p.startswith(x) for x in e.goal.scope.exclude) for p in task.scope
             ):
                 _cancel_task(d, task, f"out of scope after goal change at revision {ctx.revision}", ctx)
+                cancelled.add(task.id)
+    # No silent orphans: what depends on a cancelled task cannot run either.
+    while cancelled:
+        newly: set[str] = set()
+        for task in list(d.values("tasks")):
+            assert isinstance(task, Task)
+            lost = sorted(set(task.depends_on) & cancelled)
+            if task.status in ("pending", "running", "blocked") and lost:
+                _cancel_task(d, task, f"depends on {', '.join(lost)}, cancelled by the goal change at revision "
+                                      f"{ctx.revision}", ctx)  # fmt: skip
+                newly.add(task.id)
+        cancelled = newly
 
 
 @reducer(ev.ConstraintSet)
@@ -148,18 +161,26 @@ def _phase_changed(d: Draft, e: ev.PhaseChanged, ctx: Ctx) -> None:
 @reducer(ev.RunCompleted)
 def _run_completed(d: Draft, e: ev.RunCompleted, ctx: Ctx) -> None:
     _reference(e.evidence, "run.evidence_reference", "evidence")
+    running = d.hget("running_task_ids")
+    _require(not running, "run.tasks_running",
+             f"the run cannot complete while tasks run: {', '.join(running)} (complete, fail or cancel them)")  # fmt: skip
+    calls = [c.call_id for c in d.values("pending_tool_calls")]  # type: ignore[attr-defined]
+    _require(not calls, "run.calls_in_flight",
+             f"the run cannot complete with tool calls in flight: {', '.join(calls)}")  # fmt: skip
     _set(d, status="completed", active_task_id=None, waiting=None,
          last_transition=Transition(action="run completed", result_ref=e.evidence, revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
 @reducer(ev.RunFailed)
 def _run_failed(d: Draft, e: ev.RunFailed, ctx: Ctx) -> None:
+    _close_loose_ends(d, f"run failed: {e.reason}", ctx)
     _set(d, status="failed", active_task_id=None, waiting=None,
          last_transition=Transition(action=f"run failed: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
 @reducer(ev.RunCancelled)
 def _run_cancelled(d: Draft, e: ev.RunCancelled, ctx: Ctx) -> None:
+    _close_loose_ends(d, f"run cancelled: {e.reason}", ctx)
     _set(d, status="cancelled", active_task_id=None, waiting=None,
          last_transition=Transition(action=f"run cancelled: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
 
@@ -269,10 +290,36 @@ def _move(d: Draft, t: Task, to: str, ctx: Ctx, **update: Any) -> None:
     _require(to in TASK_TRANSITIONS[t.status], "task.transition",
              f"task {t.id!r} cannot go from {t.status} to {to}")  # fmt: skip
     d.put("tasks", t.id, t.model_copy(update={"status": to, "updated_at_revision": ctx.revision, **update}))
+    running = set(d.hget("running_task_ids"))
     if to == "running":
-        _set(d, active_task_id=t.id)
-    elif d.hget("active_task_id") == t.id:
-        _set(d, active_task_id=None)
+        _set(d, active_task_id=t.id, running_task_ids=sorted(running | {t.id}))
+    elif t.id in running:
+        running.discard(t.id)
+        _set(d, running_task_ids=sorted(running))
+        if d.hget("active_task_id") == t.id:
+            _set(d, active_task_id=_most_recently_started(d, running))
+
+
+def _most_recently_started(d: Draft, running: set[str]) -> str | None:
+    """The active task when the active one stops running: the running task started last
+    (highest revision, then id). Decided from the tasks themselves, so a run restored from a
+    checkpoint chooses as the live projection did."""
+    tasks = [t for t in (d.get("tasks", i) for i in running) if isinstance(t, Task)]
+    return max(tasks, key=lambda t: (t.updated_at_revision, t.id)).id if tasks else None
+
+
+def _close_loose_ends(d: Draft, why: str, ctx: Ctx) -> None:
+    """A run that fails or is cancelled: unfinished tasks are cancelled with the reason and
+    plain calls in flight abandoned; side-effecting calls stay listed (their outcome is
+    unknown: the checkpoint's verdict asks to reconcile them)."""
+    for task in list(d.values("tasks")):
+        assert isinstance(task, Task)
+        if task.status in ("pending", "running", "blocked"):
+            _cancel_task(d, task, why, ctx)
+    for call in list(d.values("pending_tool_calls")):
+        assert isinstance(call, ToolCall)
+        if not call.side_effect:
+            d.delete("pending_tool_calls", call.call_id)
 
 
 def _cancel_task(d: Draft, t: Task, reason: str, ctx: Ctx) -> None:

@@ -79,6 +79,22 @@ def state_at(log: EventLog, projection: Projection, run_id: str, revision: int,
     return doc.to_state()
 
 
+def accepted_after(log: EventLog, state: RunState, partition: int, covers_offset: int,
+                   decided: Callable[[str], bool] = lambda _p: False) -> list[Decision]:
+    """The run's patches the log accepts after a checkpoint: the log read from
+    ``covers_offset + 1`` (not the projection, which may lag) and decided from ``state``
+    with the pure core. ``decided(patch_id)`` names the ids decided before the checkpoint
+    (their resends are duplicates). Accepted decisions in log order."""
+    run_id = state.run_id
+    key = run_id.encode()
+    start = RunDoc.from_state(state)
+    book = RunBook(load_doc=lambda r: start if r == run_id else None,
+                   decided_before_restore=lambda r, p: r == run_id and decided(p))  # fmt: skip
+    end = log.end_offsets(log.topics.events).get(partition, 0)
+    replay((r for r in log.scan(log.topics.events, partition, covers_offset + 1, end) if r.key == key), book)
+    return sorted((d for d in book.decided.values() if d.outcome == "accepted"), key=lambda d: d.offset)
+
+
 @dataclass(frozen=True)
 class FieldChange:
     """One accepted patch that changed the explained field."""

@@ -23,6 +23,8 @@ from runstate.schemas.events import GoalSpec, Model
 from runstate.schemas.state import COLLECTIONS, ITEM_KEY, Goal, RunHeader, RunState
 
 Key = tuple[str, str]  # (collection, item id)
+#: Header fields the public document does not have (working bookkeeping, derived from it).
+_HEADER_ONLY = frozenset({"goal", "next_seq", "running_task_ids"})
 Entry = tuple[int, Model]  # (insertion sequence, item)
 #: ``load_one(kind, id)`` -> entry or None; ``load_all(kind)`` -> every stored (id, entry).
 LoadOne = Callable[[str, str], Entry | None]
@@ -76,7 +78,7 @@ class RunDoc:
             acceptance=h.goal.acceptance,
             constraints=self.sorted_items("constraints"),  # type: ignore[arg-type]
         )
-        data = {name: getattr(h, name) for name in RunHeader.model_fields if name not in ("goal", "next_seq")}
+        data = {name: getattr(h, name) for name in RunHeader.model_fields if name not in _HEADER_ONLY}
         data["goal"] = goal
         for kind in COLLECTIONS:
             if kind != "constraints":
@@ -103,10 +105,11 @@ class RunDoc:
             for item in sources[kind]:
                 items[kind][item_id(kind, item)] = (seq, item)
                 seq += 1
-        header_data = state.model_dump(include=set(RunHeader.model_fields) - {"goal", "next_seq"})
+        header_data = state.model_dump(include=set(RunHeader.model_fields) - _HEADER_ONLY)
         header = RunHeader.model_validate(
             {**header_data, "goal": GoalSpec(statement=state.goal.statement, scope=state.goal.scope,
-                                             acceptance=state.goal.acceptance), "next_seq": seq}
+                                             acceptance=state.goal.acceptance), "next_seq": seq,
+             "running_task_ids": sorted(t.id for t in state.tasks if t.status == "running")}
         )  # fmt: skip
         return cls(header, items)
 

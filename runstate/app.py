@@ -21,9 +21,10 @@ from runstate.projector.context import render_context
 from runstate.projector.loop import Projector, ProjectorStats
 from runstate.projector.queries import Projection, decision_reader
 from runstate.projector.runbook import DeadLetter
-from runstate.projector.replay import FieldChange, VerifyReport, explain, state_at, verify
+from runstate.projector.keys import PATCH_ID_DIGEST, patch_id_digest
+from runstate.projector.replay import FieldChange, VerifyReport, accepted_after, explain, state_at, verify
 from runstate.schemas.errors import ContractError, LogError, RunNotFound
-from runstate.snapshotter.checkpoint import Checkpoint
+from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.service import Snapshotter, snapshotter_dir
@@ -256,8 +257,10 @@ class ResumePlan:
     """What to do to resume a run from its latest checkpoint."""
 
     checkpoint: Checkpoint
+    #: the run's revision in the local projection (None: no projection of it here)
     current_revision: int | None
-    tail: list[Decision]  # accepted patches after the checkpoint, in log order
+    #: accepted patches after the checkpoint, in log order, read from the log itself
+    tail: list[Decision]
 
 
 def resume_plan(settings: Settings, run_id: str) -> ResumePlan:
@@ -268,12 +271,17 @@ def resume_plan(settings: Settings, run_id: str) -> ResumePlan:
     if cp is None:
         raise RunNotFound(run_id)
     current = None
-    tail: list[Decision] = []
     if (Path(settings.state_dir) / "layout.json").exists():
         with Projection(settings.state_dir) as proj:
             header = proj.header(run_id)
             current = None if header is None else header.revision
-            tail = [d for d in proj.history(run_id) if d.outcome == "accepted" and d.revision > cp.revision]
+    ids = decode_patch_ids(cp.patch_ids)
+    seen = {ids[i : i + PATCH_ID_DIGEST] for i in range(0, len(ids), PATCH_ID_DIGEST)}
+    log = open_settings_log(settings, create=False)
+    try:  # the log, not the projection: a lagging projector must not hide what happened since
+        tail = accepted_after(log, cp.state, cp.partition, cp.covers_offset, lambda p: patch_id_digest(p) in seen)
+    finally:
+        log.close()
     return ResumePlan(cp, current, tail)
 
 

@@ -159,6 +159,11 @@ def state(ctx: click.Context, run_id: str, as_json: bool, revision: int | None) 
     click.echo(f"active task: {st.active_task_id or '-'}; tasks: {tasks or '{}'}")
     click.echo(f"facts {len(st.confirmed_facts)}, hypotheses {len(st.hypotheses)}, open questions {len(st.open_questions)}, "
                f"observations {len(st.environment_observations)}, tool calls in flight {len(st.pending_tool_calls)}")  # fmt: skip
+    b = st.budgets
+    if b.tokens_remaining is not None or b.tokens_used or b.deadline:
+        flag = " (EXHAUSTED)" if b.tokens_remaining is not None and b.tokens_remaining <= 0 else ""
+        click.echo(f"budget: tokens remaining {'-' if b.tokens_remaining is None else b.tokens_remaining}{flag}, "
+                   f"used {b.tokens_used}, deadline {b.deadline.isoformat() if b.deadline else '-'}")  # fmt: skip
     if st.waiting:
         click.echo(f"waiting for {st.waiting.kind}: {st.waiting.reason}")
 
@@ -300,8 +305,13 @@ def resume(ctx: click.Context, run_id: str) -> None:
         steps.append(f"replay {len(plan.tail)} patches since (to revision {plan.tail[-1].revision}): "
                      + ", ".join(f"r{d.revision} @{d.offset} {'+'.join(d.event_types)}" for d in plan.tail))  # fmt: skip
     else:
-        steps.append("no patches since: the checkpoint is the current state"
-                     + (f" (revision {plan.current_revision})" if plan.current_revision is not None else ""))  # fmt: skip
+        steps.append("no patches since: the checkpoint is the current state")
+    projected = plan.current_revision
+    newest = plan.tail[-1].revision if plan.tail else cp.revision
+    if projected is None:
+        click.echo("projection: not built yet here (the plan above is read from the log)")
+    elif projected < newest:
+        click.echo(f"projection: at revision {projected}, behind the log (revision {newest}): it is catching up")
     for e in cp.reconcile.effects:
         steps.append(f"reconcile effect {e.id}: {e.kind or 'effect'} on {e.target or '?'} started, outcome unknown"
                      + (f" (idempotency key {e.idempotency_key})" if e.idempotency_key else ""))  # fmt: skip

@@ -66,8 +66,17 @@ def migrate_v1_to_v2(doc: Doc) -> Doc:
         out["workspace_ref"] = {"workspace_id": m["ws"], "current_commit": m["commit"]}
     elif ws is not None:
         out["workspace_ref"] = ws
-    if doc.get("waiting") is not None:
-        raise MigrationRequired(run_id, 1, CURRENT_SCHEMA_VERSION, "v1 waiting has no wait id to resolve it by")
+    waiting = doc.get("waiting")
+    if waiting is not None:
+        # The reference schema names no wait id: give it a deterministic one (the same
+        # document always migrates to the same state) so that it can be resolved.
+        w = waiting if isinstance(waiting, dict) else {"reason": str(waiting)}
+        kind = w.get("kind", "external_event")
+        if kind not in ("user", "approval", "external_event", "timer"):
+            raise MigrationRequired(run_id, 1, CURRENT_SCHEMA_VERSION, f"v1 waiting kind {kind!r} is unknown")
+        out["waiting"] = {"wait_id": w.get("wait_id") or f"migrated-r{rev}", "kind": kind,
+                          "reason": str(w.get("reason") or w.get("for") or "migrated wait"),
+                          "until": w.get("until"), "since": w.get("since"), "since_revision": rev}  # fmt: skip
     out.setdefault("agent_version", "unknown(v1)")
     return out
 

@@ -134,7 +134,8 @@ class Transition(Model):
 
 
 class Waiting(WaitingSpec):
-    since: AwareDatetime
+    #: None only for a wait migrated from a document that did not record when it began.
+    since: AwareDatetime | None
     since_revision: int
 
 
@@ -173,6 +174,8 @@ class RunHeader(Model):
     last_control_revision: int = 0
     #: next insertion sequence number for collection items (keeps "order added").
     next_seq: int = 0
+    #: the tasks now running (sorted): which one is active after the active one stops.
+    running_task_ids: list[str] = []
     #: schema v1 referred to an external effect ledger; kept, never dropped, on migration.
     effect_ledger_ref: str | None = None
 

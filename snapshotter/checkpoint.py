@@ -47,7 +47,7 @@ from runstate.schemas.state import (
 FORMAT_VERSION = 2
 #: Version of the reducer's semantics: bump when a reducer change would make the same log
 #: give a different state, so that older checkpoints are not trusted.
-REDUCER_VERSION = 1
+REDUCER_VERSION = 2  # 2: evidence to complete a task, budgets/deadlines, loose ends, control conflicts
 #: Recent decisions carried by a checkpoint, so that a restored projector still answers a
 #: producer's retry of a recent patch with its decision (older ones are known by id only).
 RECENT_DECISIONS = 4
@@ -67,6 +67,8 @@ class Reconciliation(Model):
     tool_calls: list[ToolCall] = []
     #: observations of external systems: re-read (and compare versions) before a risky write.
     observations: list[Observation] = []
+    #: an external effect ledger (from a migrated document): read it, its outcomes are not here.
+    external_ledger: str | None = None
 
 
 class Checkpoint(Model):
@@ -107,14 +109,16 @@ class Checkpoint(Model):
 
 def verdict_of(state: RunState) -> tuple[ResumeVerdict, Reconciliation]:
     """``needs_reconciliation`` exactly when an effect was started and not recorded as
-    committed/failed, or a side-effecting call is still in flight; else ``safe``."""
+    committed/failed, a side-effecting call is still in flight, or the effect ledger is only
+    an external reference (it must be read); else ``safe``."""
     if state.schema_version != CURRENT_SCHEMA_VERSION:
         return "migration_required", Reconciliation()
     effects = [e for e in state.effect_ledger if e.status == "started"]
     calls = [c for c in state.pending_tool_calls if c.side_effect]
-    if effects or calls:
+    if effects or calls or state.effect_ledger_ref:
         return "needs_reconciliation", Reconciliation(
-            effects=effects, tool_calls=calls, observations=list(state.environment_observations)
+            effects=effects, tool_calls=calls, observations=list(state.environment_observations),
+            external_ledger=state.effect_ledger_ref,
         )
     return "safe", Reconciliation(observations=list(state.environment_observations))
 

@@ -226,3 +226,15 @@ def test_an_agent_version_is_never_empty_and_can_be_required(tmp_path: Path, env
     r = cli(required, "publish", "r", "-", input=body)
     assert r.exit_code == 2 and "agent version" in r.output and ends(env) == {0: 0, 1: 0, 2: 0, 3: 0}
     assert cli(required, "publish", "r", "-", "--agent-version", "coder-2.1", input=body).exit_code == 0
+
+
+def test_resume_reads_the_log_after_the_checkpoint_even_while_the_projector_lags(tmp_path: Path,
+                                                                                 env: dict[str, str]) -> None:  # fmt: skip
+    cli(env, "publish", "r", "-", input=json.dumps({"expected_revision": 0, "events": [start()]}))
+    assert cli(env, "snapshot", "--until-caught-up", "--quiet").exit_code == 0  # checkpoint at revision 1
+    for i in range(3):  # the projector has not run at all: it lags by everything
+        cli(env, "publish", "r", "-", input=json.dumps({"expected_revision": i + 1, "events": [fact(f"f{i}")]}))
+    cli(env, "publish", "r", "-", input=json.dumps({"expected_revision": 1, "events": [fact("stale")]}))  # rejected
+    out = cli(env, "resume", "r").output
+    assert "replay 3 patches since (to revision 4)" in out, out
+    assert "projection: not built yet" in out

@@ -337,3 +337,74 @@ def test_context_flags_exhausted_budgets_and_overdue_waits() -> None:
                                        "until": "2026-08-11T09:00:00Z"}))  # fmt: skip
     text = render_context(r.doc.to_state(), now=datetime(2026, 8, 11, 10, 0, tzinfo=UTC))
     assert "tokens remaining 0 (EXHAUSTED)" in text and "(OVERDUE)" in text
+
+
+def test_completing_a_run_needs_its_loose_ends_closed(run: Run) -> None:
+    run.ok(task("t1"), ev("TaskStarted", task_id="t1"), ev("ToolCallStarted", call_id="c1", tool="build"))
+    run.bad("run.tasks_running", ev("RunCompleted", summary="done?"))
+    run.ok(ev("TaskCompleted", task_id="t1", evidence="artifact://ci/1"))
+    run.bad("run.calls_in_flight", ev("RunCompleted", summary="done?"))
+    run.ok(ev("ToolSucceeded", call_id="c1", result_ref="artifact://ci/2"))
+    run.ok(ev("RunCompleted", summary="done"))
+
+
+def test_cancelling_a_run_closes_its_loose_ends(run: Run) -> None:
+    run.ok(task("t1"), task("t2"), ev("TaskStarted", task_id="t1"),
+           ev("ToolCallStarted", call_id="read", tool="ls"),
+           ev("ToolCallStarted", call_id="pay", tool="charge_card", side_effect=True))  # fmt: skip
+    run.ok(ev("RunCancelled", reason="user stopped it"))
+    st = run.doc.to_state()
+    assert {t.id: t.status for t in st.tasks} == {"t1": "cancelled", "t2": "cancelled"}
+    assert all("run cancelled" in (t.reason or "") for t in st.tasks)
+    # A plain call is abandoned; a side-effecting one stays listed: its outcome is unknown.
+    assert [c.call_id for c in st.pending_tool_calls] == ["pay"] and st.active_task_id is None
+
+
+def test_active_task_stays_right_with_several_running(run: Run) -> None:
+    run.ok(task("t1"), task("t2"), ev("TaskStarted", task_id="t1"), ev("TaskStarted", task_id="t2"))
+    assert run.doc.header.active_task_id == "t2"
+    run.ok(ev("TaskCompleted", task_id="t2", evidence="artifact://x/2"))
+    assert run.doc.header.active_task_id == "t1"  # still running, so still active
+    run.ok(ev("TaskBlocked", task_id="t1", reason="waiting for a review"))
+    assert run.doc.header.active_task_id is None
+
+
+def test_a_goal_change_cancels_the_dependents_of_what_it_cancels() -> None:
+    from runstate.projector.context import render_context
+
+    r = Run("g")
+    r.ok(start(include=["src", "docs"]))
+    r.ok(task("docs", scope=["docs/auth"]), task("review", deps=["docs"]), task("free"))
+    r.ok(ev("GoalChanged", goal={"statement": "code only", "scope": {"include": ["src"], "exclude": ["docs"]}}))
+    st = r.doc.to_state()
+    by_id = {t.id: t for t in st.tasks}
+    assert by_id["docs"].status == "cancelled"
+    assert by_id["review"].status == "cancelled" and "docs" in (by_id["review"].reason or "")
+    assert by_id["free"].status == "pending"  # no scope: kept, and flagged for review
+    assert "[free] task free (no scope under a scoped goal: review)" in render_context(st)
+
+
+def test_an_external_effect_ledger_must_be_read_before_resuming() -> None:
+    from helpers import V1_DOC
+
+    from runstate.projector.context import render_context
+    from runstate.schemas.migrations import load_state
+    from runstate.snapshotter.checkpoint import verdict_of
+
+    state = load_state(V1_DOC)
+    verdict, _ = verdict_of(state)
+    assert verdict == "needs_reconciliation"
+    assert "effects://run_128@rev4" in render_context(state)
+
+
+def test_a_waiting_run_of_an_old_version_migrates() -> None:
+    from helpers import V1_DOC
+
+    from runstate.schemas.migrations import load_state
+
+    doc = {**V1_DOC, "status": "waiting", "waiting": {"kind": "approval", "reason": "deploy needs a reviewer"}}
+    state = load_state(doc)
+    assert state.status == "waiting" and state.waiting is not None
+    assert (state.waiting.kind, state.waiting.reason) == ("approval", "deploy needs a reviewer")
+    assert state.waiting.wait_id  # a deterministic id to resolve it by
+    assert load_state(doc) == state
