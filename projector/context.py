@@ -58,7 +58,7 @@ def render_context(state: RunState, *, now: datetime | None = None,
             review = " (no scope under a scoped goal: review)" if scoped_goal and not t.scope else ""
             extra = f"{review} - blocked by: {t.blocked_by}" if t.blocked_by else review
             deps = f" (after {', '.join(t.depends_on)})" if t.depends_on and status == "pending" else ""
-            mark = " <- active" if t.id == s.active_task_id else ""
+            mark = (f" (owner {t.owner})" if t.owner else "") + (" <- active" if t.id == s.active_task_id else "")
             add(f"  {status:8} [{t.id}] {t.title}{deps}{extra}{mark}")
     done = {k: len(v) for k, v in by_status.items() if k in ("completed", "failed", "cancelled")}
     if done:

@@ -90,6 +90,11 @@ def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int, digest
             return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="run_terminal",
                                      message=f"run {patch.run_id!r} is {header.status}; nothing is accepted after a terminal status"))  # fmt: skip
 
+    if header is not None and header.policy.writers and patch.author.agent_id not in header.policy.writers:
+        return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="unauthorized",
+                                 message=f"agent {patch.author.agent_id!r} may not write run {patch.run_id!r} "
+                                         f"(its writers: {', '.join(header.policy.writers)})"))  # fmt: skip
+
     rebased = False
     if patch.expected_revision != current:
         control_only = all(t in ev.CONTROL_EVENT_TYPES for t in types)

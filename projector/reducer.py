@@ -24,12 +24,14 @@ from runstate.schemas.state import (
     Hypothesis,
     Observation,
     PriorValue,
+    Provenance,
     Question,
     RunHeader,
     Task,
     ToolCall,
     Transition,
     Waiting,
+    Writer,
 )
 
 _REFERENCE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$")
@@ -54,6 +56,20 @@ class Ctx:
     patch_id: str
     agent_id: str
     agent_version: str
+
+    def writer(self) -> Writer:
+        return Writer(agent_id=self.agent_id, agent_version=self.agent_version)
+
+    def created(self) -> Provenance:
+        """The provenance of an item this patch creates."""
+        w = self.writer()
+        return Provenance(created_by=w, created_at_revision=self.revision, updated_by=w, updated_at_revision=self.revision)
+
+    def touched(self, prior: Provenance | None) -> Provenance:
+        """The provenance of an item this patch changes (created as before, updated now)."""
+        if prior is None:  # an item migrated from a document that did not record it
+            return self.created()
+        return prior.model_copy(update={"updated_by": self.writer(), "updated_at_revision": self.revision})
 
 
 E = TypeVar("E")
@@ -103,6 +119,7 @@ def _run_started(d: Draft, e: ev.RunStarted, ctx: Ctx) -> None:
         agent_version=ctx.agent_version,
         created_at=ctx.at,
         updated_at=ctx.at,
+        policy=e.policy,
     )
 
 
@@ -202,7 +219,7 @@ def _fact_confirmed(d: Draft, e: ev.FactConfirmed, ctx: Ctx) -> None:
     d.put("confirmed_facts", f.id, Fact(
         id=f.id, statement=f.statement, evidence=f.evidence, source=f.source,
         observed_at=f.observed_at or ctx.at, scope=f.scope, confirmed_at_revision=ctx.revision,
-        replaces_hypothesis_id=e.replaces_hypothesis_id,
+        replaces_hypothesis_id=e.replaces_hypothesis_id, provenance=ctx.created(),
     ))  # fmt: skip
 
 
@@ -225,7 +242,7 @@ def _hypothesis_proposed(d: Draft, e: ev.HypothesisProposed, ctx: Ctx) -> None:
              f"hypothesis {h.id!r} needs a falsifier (how it would be proven wrong)")  # fmt: skip
     d.put("hypotheses", h.id, Hypothesis(
         id=h.id, statement=h.statement, confidence=h.confidence, falsifier=h.falsifier,
-        proposed_at_revision=ctx.revision,
+        proposed_at_revision=ctx.revision, provenance=ctx.created(),
     ))  # fmt: skip
 
 
@@ -234,7 +251,7 @@ def _hypothesis_revised(d: Draft, e: ev.HypothesisRevised, ctx: Ctx) -> None:
     h = d.get("hypotheses", e.hypothesis_id)
     _require(isinstance(h, Hypothesis), "hypothesis.unknown", f"hypothesis {e.hypothesis_id!r} does not exist")
     assert isinstance(h, Hypothesis)
-    update: dict[str, Any] = {"revised_at_revision": ctx.revision}
+    update: dict[str, Any] = {"revised_at_revision": ctx.revision, "provenance": ctx.touched(h.provenance)}
     if e.confidence is not None:
         _check_confidence(e.confidence)
         update["confidence"] = e.confidence
@@ -289,7 +306,8 @@ def _task(d: Draft, task_id: str) -> Task:
 def _move(d: Draft, t: Task, to: str, ctx: Ctx, **update: Any) -> None:
     _require(to in TASK_TRANSITIONS[t.status], "task.transition",
              f"task {t.id!r} cannot go from {t.status} to {to}")  # fmt: skip
-    d.put("tasks", t.id, t.model_copy(update={"status": to, "updated_at_revision": ctx.revision, **update}))
+    d.put("tasks", t.id, t.model_copy(update={"status": to, "updated_at_revision": ctx.revision,
+                                              "provenance": ctx.touched(t.provenance), **update}))  # fmt: skip
     running = set(d.hget("running_task_ids"))
     if to == "running":
         _set(d, active_task_id=t.id, running_task_ids=sorted(running | {t.id}))
@@ -348,7 +366,7 @@ def _task_created(d: Draft, e: ev.TaskCreated, ctx: Ctx) -> None:
         if isinstance(dep_task, Task):
             stack.extend(dep_task.depends_on)
     d.put("tasks", t.id, Task(id=t.id, title=t.title, depends_on=t.depends_on, scope=t.scope,
-                              updated_at_revision=ctx.revision))  # fmt: skip
+                              updated_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
 
 
 def _budget_allows_new_work(d: Draft, what: str, ctx: Ctx) -> None:
@@ -363,20 +381,31 @@ def _budget_allows_new_work(d: Draft, what: str, ctx: Ctx) -> None:
              f"(patch time {ctx.at.isoformat()}); a BudgetSet can move it")  # fmt: skip
 
 
+def _owned_by_writer(t: Task, ctx: Ctx, doing: str) -> None:
+    """Owned work is the owner's: another agent's claim or result is refused naming the
+    owner (arbitration in log order, never last-write-wins)."""
+    _require(t.owner is None or t.owner == ctx.agent_id, "task.not_owner",
+             f"task {t.id!r} is owned by {t.owner!r}; {ctx.agent_id!r} cannot {doing} it "
+             "(the owner hands it over with TaskHandedOver)")  # fmt: skip
+
+
 @reducer(ev.TaskStarted)
 def _task_started(d: Draft, e: ev.TaskStarted, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
+    _owned_by_writer(t, ctx, "start")
     _budget_allows_new_work(d, f"task {t.id!r}", ctx)
     if t.status == "pending":
         pending = [x for x in t.depends_on if getattr(d.get("tasks", x), "status", None) != "completed"]
         _require(not pending, "task.dependencies_incomplete",
                  f"task {t.id!r} cannot start before {', '.join(pending)} complete(s)")  # fmt: skip
-    _move(d, t, "running", ctx, blocked_by=None)
+    _move(d, t, "running", ctx, blocked_by=None, owner=ctx.agent_id)
 
 
 @reducer(ev.TaskBlocked)
 def _task_blocked(d: Draft, e: ev.TaskBlocked, ctx: Ctx) -> None:
-    _move(d, _task(d, e.task_id), "blocked", ctx, blocked_by=e.reason)
+    t = _task(d, e.task_id)
+    _owned_by_writer(t, ctx, "block")
+    _move(d, t, "blocked", ctx, blocked_by=e.reason)
 
 
 @reducer(ev.TaskCompleted)
@@ -384,15 +413,28 @@ def _task_completed(d: Draft, e: ev.TaskCompleted, ctx: Ctx) -> None:
     _require(e.evidence is not None, "task.evidence_required",
              f"completing task {e.task_id!r} needs evidence (a reference to what shows it is done)")  # fmt: skip
     _reference(e.evidence, "task.evidence_reference", "evidence")
-    _move(d, _task(d, e.task_id), "completed", ctx, evidence=e.evidence, blocked_by=None)
+    t = _task(d, e.task_id)
+    _owned_by_writer(t, ctx, "complete")
+    _move(d, t, "completed", ctx, evidence=e.evidence, blocked_by=None)
     _set(d, last_transition=Transition(action=f"complete {e.task_id}", result_ref=e.evidence,
                                        revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
 @reducer(ev.TaskFailed)
 def _task_failed(d: Draft, e: ev.TaskFailed, ctx: Ctx) -> None:
-    _move(d, _task(d, e.task_id), "failed", ctx, reason=e.reason)
+    t = _task(d, e.task_id)
+    _owned_by_writer(t, ctx, "fail")
+    _move(d, t, "failed", ctx, reason=e.reason)
     _set(d, last_transition=Transition(action=f"fail {e.task_id}: {e.reason}", revision=ctx.revision, at=ctx.at))
+
+
+@reducer(ev.TaskHandedOver)
+def _task_handed_over(d: Draft, e: ev.TaskHandedOver, ctx: Ctx) -> None:
+    t = _task(d, e.task_id)
+    _require(t.owner is not None, "task.not_owned", f"task {t.id!r} has no owner to hand it over (start it first)")
+    _owned_by_writer(t, ctx, "hand over")
+    d.put("tasks", t.id, t.model_copy(update={"owner": e.to_agent_id, "updated_at_revision": ctx.revision,
+                                              "provenance": ctx.touched(t.provenance)}))  # fmt: skip
 
 
 @reducer(ev.TaskCancelled)
@@ -413,6 +455,23 @@ def _tool_call_started(d: Draft, e: ev.ToolCallStarted, ctx: Ctx) -> None:
              f"({waiting.wait_id if waiting else ''!r}): resolve the wait first")  # fmt: skip
     if e.costly:
         _budget_allows_new_work(d, f"costly call {e.call_id!r} ({e.tool})", ctx)
+    policy = d.hget("policy")
+    _require(not (e.side_effect and policy.require_observations_for_side_effects and not e.relies_on),
+             "observation.required", f"side-effecting call {e.call_id!r} must name the observations it relies on "
+             "(the run's policy)")  # fmt: skip
+    for seen in e.relies_on:
+        # The document: before a high-risk write, re-read and compare the version.
+        current = d.get("environment_observations", seen.subject)
+        _require(isinstance(current, Observation), "observation.stale",
+                 f"call {e.call_id!r} relies on {seen.subject!r}, which the run has not observed")  # fmt: skip
+        assert isinstance(current, Observation)
+        _require(current.observed_version == seen.observed_version, "observation.stale",
+                 f"call {e.call_id!r} relies on {seen.subject!r} at {seen.observed_version!r}, but the run last saw "
+                 f"{current.observed_version!r}: re-read it")  # fmt: skip
+        age = (ctx.at - current.observed_at).total_seconds()
+        _require(policy.observation_max_age_s is None or age <= policy.observation_max_age_s, "observation.stale",
+                 f"call {e.call_id!r} relies on {seen.subject!r} observed {age:.0f}s before the patch, more than the "
+                 f"run's {policy.observation_max_age_s}s: re-read it")  # fmt: skip
     d.put("pending_tool_calls", e.call_id, ToolCall(
         call_id=e.call_id, tool=e.tool, side_effect=e.side_effect, costly=e.costly, input_ref=e.input_ref,
         started_at=ctx.at, started_at_revision=ctx.revision,
@@ -452,6 +511,7 @@ def _observation_recorded(d: Draft, e: ev.ObservationRecorded, ctx: Ctx) -> None
     d.put("environment_observations", o.subject, Observation(
         **o.model_dump(exclude={"observed_at"}), observed_at=o.observed_at or ctx.at,
         recorded_at_revision=ctx.revision,
+        provenance=ctx.created() if not isinstance(current, Observation) else ctx.touched(current.provenance),
     ))  # fmt: skip
 
 
@@ -470,9 +530,11 @@ def _effect_recorded(d: Draft, e: ev.EffectRecorded, ctx: Ctx) -> None:
         _require(new.status in EFFECT_TRANSITIONS[old.status], "effect.transition",
                  f"effect {new.id!r} cannot go from {old.status} to {new.status}")  # fmt: skip
         merged = {k: v for k, v in new.model_dump().items() if v is not None}
-        d.put("effect_ledger", new.id, old.model_copy(update={**merged, "updated_at_revision": ctx.revision}))
+        d.put("effect_ledger", new.id, old.model_copy(update={**merged, "updated_at_revision": ctx.revision,
+                                                               "provenance": ctx.touched(old.provenance)}))  # fmt: skip
     else:
-        d.put("effect_ledger", new.id, Effect(**new.model_dump(), updated_at_revision=ctx.revision))
+        d.put("effect_ledger", new.id, Effect(**new.model_dump(), updated_at_revision=ctx.revision,
+                                              provenance=ctx.created()))  # fmt: skip
 
 
 @reducer(ev.WorkspaceUpdated)

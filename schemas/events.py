@@ -132,6 +132,24 @@ class WorkspaceRefSpec(Model):
     uncommitted_changes: str | None = None
 
 
+class RunPolicy(Model):
+    """What a run asks of its writers, declared when it starts."""
+
+    #: agents allowed to write this run (empty: any agent); others are rejected ``unauthorized``.
+    writers: list[Id] = []
+    #: an observation older than this (against the patch time) is stale for a risky write.
+    observation_max_age_s: Annotated[int, Field(ge=1, le=MAX_LONG)] | None = None
+    #: every side-effecting tool call must name the observations it relies on.
+    require_observations_for_side_effects: bool = False
+
+
+class ObservedVersion(Model):
+    """An observation a risky action relies on: the subject and the version seen."""
+
+    subject: str
+    observed_version: str
+
+
 class WaitingSpec(Model):
     """What the run waits for."""
 
@@ -148,6 +166,7 @@ class RunStarted(Model):
     type: Literal["RunStarted"] = "RunStarted"
     goal: GoalSpec
     phase: str | None = None
+    policy: RunPolicy = RunPolicy()
 
 
 class GoalChanged(Model):
@@ -248,6 +267,15 @@ class TaskCancelled(Model):
     reason: str
 
 
+class TaskHandedOver(Model):
+    """The owner of a task gives it to another agent (the only way ownership moves)."""
+
+    type: Literal["TaskHandedOver"] = "TaskHandedOver"
+    task_id: Id
+    to_agent_id: Id
+    reason: str | None = None
+
+
 class ToolCallStarted(Model):
     """A tool call in flight. ``side_effect``/``costly`` mark calls before which a
     checkpoint is taken and whose outcome must be reconciled after a crash."""
@@ -258,6 +286,9 @@ class ToolCallStarted(Model):
     side_effect: bool = False
     costly: bool = False
     input_ref: str | None = None
+    #: the observations this call relies on: rejected (``observation.stale``) unless each is
+    #: the run's current observation of its subject, at that version, fresh enough.
+    relies_on: list[ObservedVersion] = []
 
 
 class ToolSucceeded(Model):
@@ -341,7 +372,7 @@ EVENT_TYPES: tuple[type[Model], ...] = (
     FactConfirmed, FactRetracted,
     HypothesisProposed, HypothesisRevised, HypothesisRejected,
     QuestionOpened, QuestionResolved,
-    TaskCreated, TaskStarted, TaskBlocked, TaskCompleted, TaskFailed, TaskCancelled,
+    TaskCreated, TaskStarted, TaskBlocked, TaskCompleted, TaskFailed, TaskCancelled, TaskHandedOver,
     ToolCallStarted, ToolSucceeded, ToolFailed,
     ObservationRecorded, EffectRecorded, WorkspaceUpdated,
     WaitingStarted, WaitingResolved, LeaseReleased,

@@ -53,7 +53,8 @@ class Patch(Model):
 
 
 Outcome = Literal["accepted", "rejected"]
-RejectReason = Literal["revision_conflict", "superseded", "invalid", "unknown_run", "run_terminal", "patch_id_reused"]
+RejectReason = Literal["revision_conflict", "superseded", "invalid", "unknown_run", "run_terminal", "patch_id_reused",
+                       "unauthorized"]
 
 
 class Decision(Model):

@@ -21,6 +21,7 @@ from runstate.schemas.events import (
     GoalSpec,
     Model,
     ObservationSpec,
+    RunPolicy,
     Scope,
     WaitingSpec,
     WorkspaceRefSpec,
@@ -28,11 +29,35 @@ from runstate.schemas.events import (
 
 #: The state schema version this code writes. Older documents are migrated
 #: (``schemas.migrations``); newer ones are refused as MIGRATION_REQUIRED.
-CURRENT_SCHEMA_VERSION = 2
+CURRENT_SCHEMA_VERSION = 4
 
 RunStatus = Literal["running", "waiting", "completed", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 TaskStatus = Literal["pending", "running", "blocked", "completed", "failed", "cancelled"]
+
+
+class MigratedFrom(Model):
+    """Where a migrated state came from: the version it was written in, the path taken."""
+
+    version: int
+    path: list[int]
+
+
+class Writer(Model):
+    """An agent, as it signed a patch."""
+
+    agent_id: str
+    agent_version: str
+
+
+class Provenance(Model):
+    """Who wrote an item, and in which revisions (the document: stable id, author, revision),
+    so that a change is attributed, never last-write-wins without a trace."""
+
+    created_by: Writer
+    created_at_revision: int
+    updated_by: Writer
+    updated_at_revision: int
 
 
 class PriorValue(Model):
@@ -73,6 +98,8 @@ class Fact(Model):
     scope: str | None = None
     confirmed_at_revision: int
     replaces_hypothesis_id: str | None = None
+    #: None only for items migrated from documents that did not record it.
+    provenance: Provenance | None = None
 
 
 class Hypothesis(Model):
@@ -82,6 +109,7 @@ class Hypothesis(Model):
     falsifier: str
     proposed_at_revision: int
     revised_at_revision: int | None = None
+    provenance: Provenance | None = None
 
 
 class Question(Model):
@@ -100,6 +128,9 @@ class Task(Model):
     evidence: str | None = None
     reason: str | None = None
     updated_at_revision: int
+    #: the agent that started it; only the owner completes, fails, blocks or hands it over.
+    owner: str | None = None
+    provenance: Provenance | None = None
 
 
 class Observation(ObservationSpec):
@@ -107,10 +138,12 @@ class Observation(ObservationSpec):
 
     observed_at: AwareDatetime
     recorded_at_revision: int
+    provenance: Provenance | None = None
 
 
 class Effect(EffectSpec):
     updated_at_revision: int
+    provenance: Provenance | None = None
 
 
 class ToolCall(Model):
@@ -128,7 +161,7 @@ class Transition(Model):
 
     action: str
     result_ref: str | None = None
-    #: absent only on documents migrated from schema v1, which did not record them.
+    #: absent only on documents migrated from the reference schema (v3), which did not record them.
     revision: int | None = None
     at: AwareDatetime | None = None
 
@@ -166,7 +199,7 @@ class RunHeader(Model):
     budgets: Budgets = Budgets()
     workspace_ref: WorkspaceRef | None = None
     agent_version: str
-    #: None only for documents migrated from schema v1, which did not record them.
+    #: None only for documents migrated from the reference schema (v3), which did not record them.
     created_at: AwareDatetime | None = None
     updated_at: AwareDatetime | None = None
     #: revision produced by the last control event (cancel, goal change): patches based on
@@ -176,8 +209,11 @@ class RunHeader(Model):
     next_seq: int = 0
     #: the tasks now running (sorted): which one is active after the active one stops.
     running_task_ids: list[str] = []
-    #: schema v1 referred to an external effect ledger; kept, never dropped, on migration.
+    #: the reference schema (v3) referred to an external effect ledger; kept, never dropped, on migration.
     effect_ledger_ref: str | None = None
+    policy: RunPolicy = RunPolicy()
+    #: set when the state was migrated from an older schema version (kept through restores)
+    migrated_from: MigratedFrom | None = None
 
 
 #: Collection name in RunState -> item model. Order is the order of RunState's fields.
@@ -223,12 +259,15 @@ class RunState(Model):
     environment_observations: list[Observation] = []
     pending_tool_calls: list[ToolCall] = []
     agent_version: str
-    #: absent only on documents migrated from schema v1, which did not record them.
+    #: absent only on documents migrated from the reference schema (v3), which did not record them.
     created_at: datetime | None = None
     updated_at: datetime | None = None
     last_control_revision: int = 0
-    #: schema v1 referred to an external effect ledger; kept, never dropped, on migration.
+    #: the reference schema (v3) referred to an external effect ledger; kept, never dropped, on migration.
     effect_ledger_ref: str | None = None
+    policy: RunPolicy = RunPolicy()
+    #: set when the state was migrated from an older schema version
+    migrated_from: MigratedFrom | None = None
 
     @property
     def is_terminal(self) -> bool:

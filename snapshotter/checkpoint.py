@@ -98,7 +98,7 @@ class Checkpoint(Model):
     #: exactly without carrying their decisions.
     patch_ids: str = ""
     #: the patch time of the revision (never the snapshotter's clock); None for states
-    #: migrated from schema v1, which did not record it.
+    #: migrated from the reference schema (v3), which did not record it.
     at: AwareDatetime | None
     state: RunState
     #: sha256 of the canonical JSON of every other field (all but this and ``signature``).

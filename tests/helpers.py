@@ -21,8 +21,8 @@ CLIENT_EXAMPLE = """{"expected_revision": 18,
 _ids = itertools.count()
 
 
-#: The client's reference Run State document (schema v1), as its document gives it.
-V1_DOC = {  # the client's reference document, schema v1
+#: The client's reference Run State document, as runstate 0.1 labelled it (schema_version 1; the document says 3).
+V1_DOC = {  # the client's reference document
     "schema_version": 1, "run_id": "run_128", "revision": 18,
     "goal": {"statement": "修复依赖升级后的登录失败", "scope": {"include": ["src/auth", "tests/login"], "exclude": ["public_api"]},
              "acceptance": ["test_login_refresh 通过", "公开 API 无变化"]},

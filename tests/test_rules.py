@@ -408,3 +408,60 @@ def test_a_waiting_run_of_an_old_version_migrates() -> None:
     assert (state.waiting.kind, state.waiting.reason) == ("approval", "deploy needs a reviewer")
     assert state.waiting.wait_id  # a deterministic id to resolve it by
     assert load_state(doc) == state
+
+
+# --- provenance, owners, writers, guarded writes ---------------------------------------------
+
+
+def test_every_item_records_who_wrote_it_and_when(run: Run) -> None:
+    run.ok(fact("f1"), task("t1"), agent="agent-a", version="a-1.0")
+    rev = run.revision
+    run.ok(ev("TaskStarted", task_id="t1"), agent="agent-b", version="b-2.0")
+    st = run.doc.to_state()
+    f, t = st.confirmed_facts[0], st.tasks[0]
+    assert f.provenance is not None and t.provenance is not None
+    assert (f.provenance.created_by.agent_id, f.provenance.created_by.agent_version) == ("agent-a", "a-1.0")
+    assert (f.provenance.created_at_revision, f.provenance.updated_at_revision) == (rev, rev)
+    assert (t.provenance.created_by.agent_id, t.provenance.updated_by.agent_id) == ("agent-a", "agent-b")
+    assert (t.provenance.created_at_revision, t.provenance.updated_at_revision) == (rev, rev + 1)
+
+
+def test_the_agent_that_starts_a_task_owns_it(run: Run) -> None:
+    run.ok(task("t1"), task("t2"))
+    run.ok(ev("TaskStarted", task_id="t1"), agent="agent-a")
+    assert run.doc.to_state().tasks[0].owner == "agent-a"
+    d = run.send(None, ev("TaskStarted", task_id="t1"), agent="agent-b")  # a second claim: arbitration
+    assert (d.reason, d.rule) == ("invalid", "task.not_owner") and "agent-a" in (d.message or "")
+    for other in (ev("TaskCompleted", task_id="t1", evidence="artifact://x/1"), ev("TaskFailed", task_id="t1", reason="x"),
+                  ev("TaskBlocked", task_id="t1", reason="x")):  # fmt: skip
+        d = run.send(None, other, agent="agent-b")
+        assert d.rule == "task.not_owner", d
+    d = run.send(None, ev("TaskHandedOver", task_id="t1", to_agent_id="agent-b"), agent="agent-b")
+    assert d.rule == "task.not_owner"  # only the owner hands a task over
+    run.ok(ev("TaskHandedOver", task_id="t1", to_agent_id="agent-b", reason="end of shift"), agent="agent-a")
+    run.ok(ev("TaskCompleted", task_id="t1", evidence="artifact://x/1"), agent="agent-b")
+    assert run.doc.to_state().tasks[0].owner == "agent-b"
+
+
+def test_a_run_can_declare_who_may_write_it() -> None:
+    r = Run("w")
+    r.ok({**start(), "policy": {"writers": ["agent-1", "agent-2"]}})
+    r.ok(fact("f1"), agent="agent-2")
+    d = r.send(None, fact("f2"), agent="intruder")
+    assert (d.outcome, d.reason) == ("rejected", "unauthorized") and "intruder" in (d.message or "")
+    assert "f2" not in r.doc.items["confirmed_facts"]
+
+
+def test_a_risky_write_needs_the_observation_it_relies_on_to_be_current() -> None:
+    r = Run("obs")
+    r.ok({**start(), "policy": {"observation_max_age_s": 600, "require_observations_for_side_effects": True}})
+    r.ok(ev("ObservationRecorded", observation={"subject": "file://cfg", "observed_state": "RS256",
+                                                "observed_version": "sha:2", "observed_at": "2026-08-11T07:55:00Z"}))  # fmt: skip
+    write = {"type": "ToolCallStarted", "call_id": "w1", "tool": "write_file", "side_effect": True}
+    r.bad("observation.required", write)  # the policy asks every side-effecting call to name them
+    r.bad("observation.stale", {**write, "relies_on": [{"subject": "file://cfg", "observed_version": "sha:1"}]})
+    r.bad("observation.stale", {**write, "relies_on": [{"subject": "file://other", "observed_version": "sha:2"}]})
+    r.ok({**write, "relies_on": [{"subject": "file://cfg", "observed_version": "sha:2"}]})  # 5 min old: fresh
+    d = r.send(None, {**write, "call_id": "w2", "relies_on": [{"subject": "file://cfg", "observed_version": "sha:2"}]},
+               minute=30)  # fmt: skip
+    assert (d.reason, d.rule) == ("invalid", "observation.stale")  # 35 min old by the patch's clock

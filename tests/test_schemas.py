@@ -121,7 +121,7 @@ def test_newer_document_is_refused_unchanged() -> None:
 @pytest.mark.parametrize("mutate, why", [
     (lambda d: d.__setitem__("workspace_ref", "s3://bucket/x"), "workspace_ref"),
     (lambda d: d["confirmed_facts"][0].pop("observed_at"), "observed_at"),
-    (lambda d: d.__setitem__("notes", ["free text"]), "unknown v1 fields"),
+    (lambda d: d.__setitem__("notes", ["free text"]), "unknown v3 fields"),
 ])  # fmt: skip
 def test_v1_document_that_cannot_migrate_safely_is_refused(mutate, why: str) -> None:  # type: ignore[no-untyped-def]
     raw = copy.deepcopy(V1_DOC)
@@ -139,3 +139,37 @@ def test_records_written_with_published_v1_decode_under_the_current_schema() -> 
     data = codec.encode(p, writer=v1)
     assert data[2:10] == v1.fingerprint
     assert codec.decode(data) == p
+
+
+def test_the_documents_reference_state_loads_as_written_with_its_schema_version_3() -> None:
+    """The client's document gives its reference Run State with ``schema_version: 3``:
+    that is version 3 here, and what runstate writes now is a later one."""
+    assert CURRENT_SCHEMA_VERSION > 3
+    reference = {**copy.deepcopy(V1_DOC), "schema_version": 3}
+    state = load_state(reference)
+    assert state.schema_version == CURRENT_SCHEMA_VERSION and state.revision == 18
+    assert state.migrated_from is not None
+    assert (state.migrated_from.version, state.migrated_from.path) == (3, [3, CURRENT_SCHEMA_VERSION])
+    legacy = load_state(copy.deepcopy(V1_DOC))  # runstate 0.1 called the same document version 1
+    assert legacy.migrated_from is not None and legacy.migrated_from.path == [1, 3, CURRENT_SCHEMA_VERSION]
+    assert legacy.model_dump(exclude={"migrated_from"}) == state.model_dump(exclude={"migrated_from"})
+
+
+def test_documents_runstate_0_1_wrote_still_load() -> None:
+    """Version 2 is what runstate 0.1 wrote: it loads, items without provenance."""
+    v2 = load_state(copy.deepcopy(V1_DOC)).model_dump(mode="json", exclude={"migrated_from", "policy"})
+    v2["schema_version"] = 2
+    for f in v2["confirmed_facts"]:
+        f.pop("provenance", None)
+    state = load_state(v2)
+    assert state.schema_version == CURRENT_SCHEMA_VERSION
+    assert state.migrated_from is not None and state.migrated_from.path == [2, CURRENT_SCHEMA_VERSION]
+    assert state.confirmed_facts[0].provenance is None
+
+
+def test_where_a_state_came_from_survives_its_working_form() -> None:
+    from runstate.projector.working import RunDoc
+
+    state = load_state(copy.deepcopy(V1_DOC))
+    again = RunDoc.from_state(state).to_state()
+    assert again.migrated_from == state.migrated_from and again == state

@@ -21,7 +21,7 @@ from runstate.projector.loop import Projector
 from runstate.projector.queries import Projection
 from runstate.projector.replay import state_at, verify
 from runstate.schemas.patch import Patch
-from runstate.schemas.state import state_digest
+from runstate.schemas.state import CURRENT_SCHEMA_VERSION, state_digest
 from runstate.projector.keys import patch_id_digest
 from runstate.snapshotter.checkpoint import CheckpointInvalid, decode_patch_ids, make_checkpoint, seal, validate, verdict_of
 from runstate.snapshotter.checkpoint import encode as encode_cp
@@ -162,7 +162,7 @@ def test_checkpoint_with_an_older_state_schema_is_migrated() -> None:
     doc["state"] = v1
     doc["revision"] = 2
     cp = validate(seal(doc, None))
-    assert cp.state.schema_version == 2 and cp.state.open_questions[0].text == V1_DOC["open_questions"][0]
+    assert cp.state.schema_version == CURRENT_SCHEMA_VERSION and cp.state.open_questions[0].text == V1_DOC["open_questions"][0]
 
 
 # --- triggers ---------------------------------------------------------------------------
