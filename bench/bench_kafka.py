@@ -36,6 +36,9 @@ from runstate.projector.loop import Projector
 from runstate.projector.store import PendingBatch, ProjectionStore
 from runstate.schemas.patch import Author, Decision, Patch
 
+#: The workload's facts cite artifact:// references it never registers: the runs trust that
+#: scheme (the evidence check still runs: one point read per fact).
+TRUST = {"external_evidence_schemes": ["artifact"]}
 AUTHOR = Author(agent_id="bench", agent_version="1")
 
 
@@ -48,7 +51,7 @@ def events(i: int) -> list[dict]:
 def drafts(runs: int, per_run: int) -> list[tuple[str, dict]]:
     out = []
     for r in range(runs):
-        out.append((f"run_{r:05d}", {"expected_revision": 0, "events": [{"type": "RunStarted", "goal": {"statement": "b"}}]}))
+        out.append((f"run_{r:05d}", {"expected_revision": 0, "events": [{"type": "RunStarted", "goal": {"statement": "b"}, "policy": TRUST}]}))
     for i in range(per_run):
         for r in range(runs):
             out.append((f"run_{r:05d}", {"expected_revision": i + 1, "events": events(i)}))
@@ -120,7 +123,7 @@ def _steady_producer(bootstrap: str, prefix: str, runs: int, rate_patches: float
     rev = {f"run_{r:05d}": 1 for r in range(runs)}
     for run in rev:
         producer.append_async(producer.build(run, {"expected_revision": 0, "events": [
-            {"type": "RunStarted", "goal": {"statement": "b"}}]}), lambda r, e: None)  # fmt: skip
+            {"type": "RunStarted", "goal": {"statement": "b"}, "policy": TRUST}]}), lambda r, e: None)  # fmt: skip
     producer.flush(30)
     time.sleep(3)  # let the projector catch up on the starts
     start = time.time()

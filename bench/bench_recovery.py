@@ -36,6 +36,9 @@ from runstate.snapshotter.service import Snapshotter
 from runstate.snapshotter.recovery import RestoreReport, restore_partition
 
 T0 = datetime(2026, 8, 11, tzinfo=UTC)
+#: The workload's facts cite artifact:// references it never registers: the runs trust that
+#: scheme (the evidence check still runs: one point read per fact).
+TRUST = {"external_evidence_schemes": ["artifact"]}
 AUTHOR = Author(agent_id="bench", agent_version="1")
 
 
@@ -45,7 +48,7 @@ def _patch(run: str, rev: int, events: list[dict], i: int) -> Patch:
 
 
 def first_events(r: int) -> list[list[dict]]:
-    start = [{"type": "RunStarted", "goal": {"statement": f"goal of run {r}"}},
+    start = [{"type": "RunStarted", "goal": {"statement": f"goal of run {r}"}, "policy": TRUST},
              {"type": "BudgetSet", "tokens_remaining": 1_000_000},
              {"type": "HypothesisProposed", "hypothesis": {"id": "h1", "statement": "s", "confidence": 0.5, "falsifier": "f"}},
              {"type": "TaskCreated", "task": {"id": "t1", "title": "first"}}]  # fmt: skip

@@ -35,7 +35,7 @@ def render_context(state: RunState, *, now: datetime | None = None,
 
     add("CONFIRMED FACTS (evidence-backed):" if s.confirmed_facts else "CONFIRMED FACTS: none")
     for f in s.confirmed_facts:
-        src = f.evidence or f"source: {f.source}"
+        src = f.evidence or f"source: input {f.source}"
         scope = f" [scope {f.scope}]" if f.scope else ""
         add(f"  - [{f.id}] {f.statement} ({src}, observed {_when(f.observed_at)}){scope}")
 
@@ -79,6 +79,14 @@ def render_context(state: RunState, *, now: datetime | None = None,
             ver = f" @ {o.observed_version}" if o.observed_version else ""
             add(f"  - {o.subject}{ver}: {o.observed_state} (seen {_when(o.observed_at)}){stale}")
 
+    if s.artifacts or s.inputs:
+        add(f"ARTIFACTS: {len(s.artifacts)} known" + (f"; INPUTS: {len(s.inputs)} recorded" if s.inputs else "")
+            + " (what facts may cite)")  # fmt: skip
+        for a in s.artifacts[-5:]:
+            by = f" from {a.tool} ({a.call_id})" if a.tool else ""
+            add(f"  - {a.id} [{a.kind}]{by} r{a.registered_at_revision}")
+        for i in s.inputs[-5:]:
+            add(f"  - input {i.id} from {i.origin}" + (f": {i.text}" if i.text else ""))
     if s.pending_tool_calls:
         add("TOOL CALLS IN FLIGHT:")
         for c in s.pending_tool_calls:

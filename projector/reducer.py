@@ -8,9 +8,10 @@ same state and the same event give the same bytes.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -24,6 +25,8 @@ from runstate.schemas.state import (
     Hypothesis,
     Observation,
     PriorValue,
+    Artifact,
+    Input,
     Provenance,
     Question,
     RunHeader,
@@ -56,20 +59,31 @@ class Ctx:
     patch_id: str
     agent_id: str
     agent_version: str
+    #: the provenance of every item this patch creates: one object per patch, not per item
+    #: (validated construction: cheaper than ``model_construct`` in pydantic 2, measured).
+    new: Provenance = field(init=False)
 
-    def writer(self) -> Writer:
-        return Writer(agent_id=self.agent_id, agent_version=self.agent_version)
+    def __post_init__(self) -> None:
+        w = _writer(self.agent_id, self.agent_version)
+        object.__setattr__(self, "new", Provenance(
+            created_by=w, created_at_revision=self.revision, updated_by=w, updated_at_revision=self.revision))  # fmt: skip
 
     def created(self) -> Provenance:
         """The provenance of an item this patch creates."""
-        w = self.writer()
-        return Provenance(created_by=w, created_at_revision=self.revision, updated_by=w, updated_at_revision=self.revision)
+        return self.new
 
     def touched(self, prior: Provenance | None) -> Provenance:
         """The provenance of an item this patch changes (created as before, updated now)."""
         if prior is None:  # an item migrated from a document that did not record it
-            return self.created()
-        return prior.model_copy(update={"updated_by": self.writer(), "updated_at_revision": self.revision})
+            return self.new
+        return Provenance(created_by=prior.created_by, created_at_revision=prior.created_at_revision,
+                          updated_by=self.new.updated_by, updated_at_revision=self.revision)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def _writer(agent_id: str, agent_version: str) -> Writer:
+    """Writers repeat (few agents, many patches): one frozen object per agent and version."""
+    return Writer(agent_id=agent_id, agent_version=agent_version)
 
 
 E = TypeVar("E")
@@ -212,6 +226,19 @@ def _fact_confirmed(d: Draft, e: ev.FactConfirmed, ctx: Ctx) -> None:
     _require(bool(f.evidence or f.source), "fact.evidence_required",
              f"fact {f.id!r} needs evidence (a reference) or an authoritative source")  # fmt: skip
     _reference(f.evidence, "fact.evidence_reference", f"evidence of fact {f.id!r}")
+    if f.evidence is not None:
+        # Citable evidence is what the run knows (a tool's result, a declared artifact, a
+        # recorded input) or a scheme its policy trusts; a well-formed string is not enough.
+        scheme = f.evidence.split("://", 1)[0]
+        known = (d.get("artifacts", f.evidence) is not None or d.get("inputs", f.evidence) is not None
+                 or scheme in d.hget("policy").external_evidence_schemes)  # fmt: skip
+        _require(known, "fact.evidence_unknown",
+                 f"evidence {f.evidence!r} of fact {f.id!r} is no artifact or input of this run (record it first: "
+                 "a tool result, ArtifactRecorded, InputRecorded) and its scheme is not trusted by the run's policy")  # fmt: skip
+    if f.source is not None:
+        _require(isinstance(d.get("inputs", f.source), Input), "fact.source_not_authoritative",
+                 f"source {f.source!r} of fact {f.id!r} is no recorded input: authority comes from an input's "
+                 "origin (user, operator, approval, system of record), recorded with InputRecorded")  # fmt: skip
     if e.replaces_hypothesis_id is not None:
         _require(d.get("hypotheses", e.replaces_hypothesis_id) is not None, "fact.unknown_hypothesis",
                  f"hypothesis {e.replaces_hypothesis_id!r} does not exist")  # fmt: skip
@@ -486,15 +513,41 @@ def _finish_call(d: Draft, call_id: str) -> ToolCall:
     return call
 
 
+def _register_result(d: Draft, ref: str | None, call: ToolCall, ctx: Ctx) -> None:
+    """A tool's result is an artifact the run knows (what facts may cite)."""
+    if ref is not None and d.get("artifacts", ref) is None:
+        d.put("artifacts", ref, Artifact(id=ref, kind="tool_result", call_id=call.call_id, tool=call.tool,
+                                         registered_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
+
+
+@reducer(ev.ArtifactRecorded)
+def _artifact_recorded(d: Draft, e: ev.ArtifactRecorded, ctx: Ctx) -> None:
+    a = e.artifact
+    _reference(a.id, "artifact.reference", "artifact id")
+    _require(d.get("artifacts", a.id) is None, "artifact.duplicate_id", f"artifact {a.id!r} is already known")
+    d.put("artifacts", a.id, Artifact(id=a.id, kind=a.kind, digest=a.digest, call_id=a.call_id,
+                                      registered_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
+
+
+@reducer(ev.InputRecorded)
+def _input_recorded(d: Draft, e: ev.InputRecorded, ctx: Ctx) -> None:
+    i = e.input
+    _require(d.get("inputs", i.id) is None, "input.duplicate_id", f"input {i.id!r} is already recorded")
+    d.put("inputs", i.id, Input(id=i.id, origin=i.origin, text=i.text, received_at=ctx.at,
+                                recorded_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
+
+
 @reducer(ev.ToolSucceeded)
 def _tool_succeeded(d: Draft, e: ev.ToolSucceeded, ctx: Ctx) -> None:
     call = _finish_call(d, e.call_id)
+    _register_result(d, e.result_ref, call, ctx)
     _set(d, last_transition=Transition(action=call.tool, result_ref=e.result_ref, revision=ctx.revision, at=ctx.at))
 
 
 @reducer(ev.ToolFailed)
 def _tool_failed(d: Draft, e: ev.ToolFailed, ctx: Ctx) -> None:
     call = _finish_call(d, e.call_id)
+    _register_result(d, e.result_ref, call, ctx)
     _set(d, last_transition=Transition(action=f"{call.tool} failed: {e.error}", result_ref=e.result_ref,
                                        revision=ctx.revision, at=ctx.at))  # fmt: skip
 

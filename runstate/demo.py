@@ -3,9 +3,12 @@
 Each worker drives one run through a realistic script and waits for every decision, as a
 real agent would. Between them the scripts show: a revision conflict (two updates based on
 the same revision; the second is rebased because it commutes), a fact rejected for lack of
-evidence, a correction (a constraint set twice), a goal change that cancels an
-out-of-scope task, a wait for approval, a side effect with its ledger, a hypothesis
-confirmed into a fact, and a patch refused after the run completed.
+evidence and a guess refused because its source is not an authoritative input, facts
+accepted with artifacts a tool returned, a second agent refused on a task it does not own,
+a risky write refused because the observation it relies on is stale, a correction (a
+constraint set twice), a goal change that cancels an out-of-scope task, a wait for
+approval, a side effect with its ledger, a hypothesis confirmed into a fact, an exhausted
+budget refusing a costly call, and a patch refused after the run completed.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def _login_script() -> list[Step]:
         {"say": "run the login tests", "events": [
             {"type": "TaskStarted", "task_id": "task_1"},
             {"type": "ToolCallStarted", "call_id": "call_1", "tool": "run_test"}]},
-        {"say": "tests fail: token uses RS256", "events": [
+        {"say": "tests fail: token uses RS256 (a fact citing the output the test tool returned)", "events": [
             {"type": "ToolSucceeded", "call_id": "call_1", "result_ref": "artifact://test-output/47"},
             {"type": "ObservationRecorded", "observation": {"subject": "file://src/auth/config.ts",
                 "observed_version": "sha256:9a2f", "observed_state": "algorithm=RS256"}},
@@ -63,6 +66,9 @@ def _login_script() -> list[Step]:
             {"type": "BudgetConsumed", "tokens": 5200}]},
         {"say": "a guess written as a fact (no evidence): must be rejected", "events": [
             {"type": "FactConfirmed", "fact": {"id": "fact_x", "statement": "The fixture is probably fine"}}]},
+        {"say": "a guess that names its own reasoning as the source: not an authoritative input, rejected", "events": [
+            {"type": "FactConfirmed", "fact": {"id": "fact_y", "statement": "The fixture is fine",
+                                               "source": "my own reasoning (guess)"}}]},
         {"say": "propose a hypothesis", "events": [
             {"type": "HypothesisProposed", "hypothesis": {"id": "hyp_4",
                 "statement": "The config override order changed in the upgrade", "confidence": 0.66,
@@ -72,12 +78,19 @@ def _login_script() -> list[Step]:
         {"say": "a tool result and a question arrive on the same revision", "events": [
             {"type": "TaskStarted", "task_id": "task_2"}], "then_stale": {"say": "question based on the old revision", "events": [
             {"type": "QuestionOpened", "question": {"id": "q_1", "text": "Does the test fixture still pin HS256?"}}]}},
+        {"say": "another agent tries to close task_2, which this worker owns: rejected", "agent": "agent-reviewer",
+         "events": [{"type": "TaskCompleted", "task_id": "task_2", "evidence": "artifact://test-output/47"}]},
+        {"say": "a risky write relying on an old read of the config: stale, rejected", "events": [
+            {"type": "ToolCallStarted", "call_id": "call_w", "tool": "write_file", "side_effect": True,
+             "relies_on": [{"subject": "file://src/auth/config.ts", "observed_version": "sha256:0000"}]}]},
         {"say": "user narrows the goal: no docs work", "events": [
             {"type": "GoalChanged", "reason": "user://msg_9", "goal": {
                 "statement": "Fix the login failure after the dependency upgrade (code only)",
                 "scope": {"include": ["src/auth", "tests/login"], "exclude": ["public_api", "docs"]},
                 "acceptance": ["test_login_refresh passes", "public API unchanged"]}}]},
         {"say": "fixture confirmed; deploying a fix needs approval", "events": [
+            {"type": "ToolCallStarted", "call_id": "call_2", "tool": "inspect_fixture"},
+            {"type": "ToolSucceeded", "call_id": "call_2", "result_ref": "artifact://test-output/48"},
             {"type": "FactConfirmed", "fact": {"id": "fact_13", "statement": "The login fixture pins HS256",
                                                "evidence": "artifact://test-output/48"}},
             {"type": "QuestionResolved", "question_id": "q_1", "answer": "yes, see fact_13"},
@@ -130,10 +143,14 @@ def _research_script() -> list[Step]:
              "evidence": "artifact://gc-log/mon"},
             {"type": "BudgetConsumed", "tokens": 8000}]},
         {"say": "EXPLAIN confirms h_db", "events": [
+            {"type": "ToolCallStarted", "call_id": "c_explain", "tool": "explain_query"},
+            {"type": "ToolSucceeded", "call_id": "c_explain", "result_ref": "artifact://explain/42"},
             {"type": "FactConfirmed", "replaces_hypothesis_id": "h_db", "fact": {"id": "f_plan",
                 "statement": "orders_by_user switched to a sequential scan", "evidence": "artifact://explain/42",
                 "scope": "db/orders"}},
             {"type": "BudgetConsumed", "tokens": 15000}]},
+        {"say": "the budget is spent: a costly call is refused", "events": [
+            {"type": "ToolCallStarted", "call_id": "c_more", "tool": "large_model_review", "costly": True}]},
     ]  # fmt: skip
 
 
@@ -161,6 +178,13 @@ def worker(run_id: str, log_url: str, state_dir: str) -> int:
     revision = 0
     for step in SCRIPTS[run_id]():
         _say(run_id, step["say"])
+        if "agent" in step:  # another agent's worker, on the same run
+            other_agent = RunProducer(log, Author(agent_id=step["agent"], agent_version="demo-1.0"),
+                                      decisions=decision_reader(state_dir))  # fmt: skip
+            d = other_agent.submit(other_agent.events(run_id, revision, step["events"]), 30)
+            _report(run_id, d)
+            other_agent.close()
+            continue
         patch = producer.events(run_id, revision, step["events"])
         stale = step.get("then_stale")
         if stale is not None:

@@ -63,8 +63,9 @@ class ConstraintSpec(Model):
 
 
 class FactSpec(Model):
-    """A confirmed fact. Needs ``evidence`` (a reference such as ``artifact://...``) or an
-    authoritative ``source``; ``observed_at`` defaults to the patch time."""
+    """A confirmed fact. Needs ``evidence`` (an artifact or input the run knows, or a
+    reference in a scheme the run's policy trusts) or a ``source`` (a recorded input: its
+    origin is the authority); ``observed_at`` defaults to the patch time."""
 
     id: Id
     statement: str
@@ -141,6 +142,32 @@ class RunPolicy(Model):
     observation_max_age_s: Annotated[int, Field(ge=1, le=MAX_LONG)] | None = None
     #: every side-effecting tool call must name the observations it relies on.
     require_observations_for_side_effects: bool = False
+    #: evidence schemes the runtime cannot resolve but trusts (e.g. ``jira``): a fact may cite
+    #: such a reference without the run knowing it as an artifact or input.
+    external_evidence_schemes: list[str] = []
+
+
+class ArtifactSpec(Model):
+    """Something a tool or an agent produced that a fact can cite (by its ``id``, a
+    reference such as ``artifact://test-output/48``)."""
+
+    id: Id
+    kind: str
+    digest: str | None = None
+    call_id: str | None = None
+
+
+#: Where an input comes from: what makes it authoritative (never the agent's own reasoning).
+InputOrigin = Literal["user", "operator", "approval", "system_of_record"]
+
+
+class InputSpec(Model):
+    """A message or answer from outside the agent: a user's or operator's message, an
+    approval, a system of record's answer. A fact's ``source`` names one."""
+
+    id: Id
+    origin: InputOrigin
+    text: str | None = None
 
 
 class ObservedVersion(Model):
@@ -304,6 +331,16 @@ class ToolFailed(Model):
     result_ref: str | None = None
 
 
+class ArtifactRecorded(Model):
+    type: Literal["ArtifactRecorded"] = "ArtifactRecorded"
+    artifact: ArtifactSpec
+
+
+class InputRecorded(Model):
+    type: Literal["InputRecorded"] = "InputRecorded"
+    input: InputSpec
+
+
 class ObservationRecorded(Model):
     type: Literal["ObservationRecorded"] = "ObservationRecorded"
     observation: ObservationSpec
@@ -374,7 +411,7 @@ EVENT_TYPES: tuple[type[Model], ...] = (
     QuestionOpened, QuestionResolved,
     TaskCreated, TaskStarted, TaskBlocked, TaskCompleted, TaskFailed, TaskCancelled, TaskHandedOver,
     ToolCallStarted, ToolSucceeded, ToolFailed,
-    ObservationRecorded, EffectRecorded, WorkspaceUpdated,
+    ArtifactRecorded, InputRecorded, ObservationRecorded, EffectRecorded, WorkspaceUpdated,
     WaitingStarted, WaitingResolved, LeaseReleased,
     BudgetSet, BudgetConsumed,
     RunCompleted, RunFailed, RunCancelled,

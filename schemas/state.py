@@ -133,6 +133,29 @@ class Task(Model):
     provenance: Provenance | None = None
 
 
+class Artifact(Model):
+    """An artifact the run knows: registered by a tool result or declared by an agent."""
+
+    id: str
+    kind: str
+    digest: str | None = None
+    call_id: str | None = None
+    tool: str | None = None
+    registered_at_revision: int
+    provenance: Provenance | None = None
+
+
+class Input(Model):
+    """An input from outside the agent, with its origin (what makes it authoritative)."""
+
+    id: str
+    origin: Literal["user", "operator", "approval", "system_of_record"]
+    text: str | None = None
+    received_at: AwareDatetime
+    recorded_at_revision: int
+    provenance: Provenance | None = None
+
+
 class Observation(ObservationSpec):
     """An observation of an external subject; one current observation per subject."""
 
@@ -226,6 +249,8 @@ COLLECTIONS: dict[str, type[Model]] = {
     "effect_ledger": Effect,
     "environment_observations": Observation,
     "pending_tool_calls": ToolCall,
+    "artifacts": Artifact,
+    "inputs": Input,
 }
 
 
@@ -258,6 +283,8 @@ class RunState(Model):
     effect_ledger: list[Effect] = []
     environment_observations: list[Observation] = []
     pending_tool_calls: list[ToolCall] = []
+    artifacts: list[Artifact] = []
+    inputs: list[Input] = []
     agent_version: str
     #: absent only on documents migrated from the reference schema (v3), which did not record them.
     created_at: datetime | None = None

@@ -48,8 +48,15 @@ def patch(run_id: str, expected: int, *events: dict[str, Any], rebase: bool = Fa
     })  # fmt: skip
 
 
-def start(goal: str = "fix login", include: list[str] | None = None, exclude: list[str] | None = None) -> dict[str, Any]:
-    return {"type": "RunStarted", "goal": {"statement": goal, "scope": {"include": include or [], "exclude": exclude or []}}}
+#: Tests of other rules cite ``artifact://`` references they never register; their runs trust
+#: that scheme. The evidence rules are tested on runs that trust none (tests/test_rules.py).
+TRUST_ARTIFACTS = {"external_evidence_schemes": ["artifact"]}
+
+
+def start(goal: str = "fix login", include: list[str] | None = None, exclude: list[str] | None = None,
+          policy: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    return {"type": "RunStarted", "goal": {"statement": goal, "scope": {"include": include or [], "exclude": exclude or []}},
+            "policy": {**TRUST_ARTIFACTS, **(policy or {})}}  # fmt: skip
 
 
 def fact(id_: str, evidence: str | None = "artifact://out/1", **kw: Any) -> dict[str, Any]:

@@ -153,6 +153,9 @@ def test_real_subprocess_demo(tmp_path: Path) -> None:
     text = out.stdout
     assert "rejected: revision_conflict" in text and "(rebased)" in text
     assert "[fact.evidence_required]" in text and "rejected: run_terminal" in text
+    assert "[fact.source_not_authoritative]" in text and "[task.not_owner]" in text
+    assert "[observation.stale]" in text and "[budget.exhausted]" in text
+    assert "ARTIFACTS: 2 known" in text  # run_login: the two test outputs its tools returned
     assert "constraint session_timeout = 15 min (corrects '30 min'" in text
     assert "WAITING for approval" in text and "1 cancelled" in text
     env = {**os.environ, "RUNSTATE_LOG": str(tmp_path / "demo/log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "demo/state")}

@@ -75,7 +75,8 @@ def run() -> Run:
 def test_fact_needs_evidence_or_authoritative_source(run: Run) -> None:
     d = run.bad("fact.evidence_required", fact("f1", evidence=None))
     assert d.event_index == 0
-    run.ok(fact("f2", evidence=None, source="user://msg_3"))
+    run.ok(ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "it is RS256"}),
+           fact("f2", evidence=None, source="user://msg_3"))  # fmt: skip
     run.ok(fact("f3"))
 
 
@@ -445,7 +446,7 @@ def test_the_agent_that_starts_a_task_owns_it(run: Run) -> None:
 
 def test_a_run_can_declare_who_may_write_it() -> None:
     r = Run("w")
-    r.ok({**start(), "policy": {"writers": ["agent-1", "agent-2"]}})
+    r.ok(start(policy={"writers": ["agent-1", "agent-2"]}))
     r.ok(fact("f1"), agent="agent-2")
     d = r.send(None, fact("f2"), agent="intruder")
     assert (d.outcome, d.reason) == ("rejected", "unauthorized") and "intruder" in (d.message or "")
@@ -454,7 +455,7 @@ def test_a_run_can_declare_who_may_write_it() -> None:
 
 def test_a_risky_write_needs_the_observation_it_relies_on_to_be_current() -> None:
     r = Run("obs")
-    r.ok({**start(), "policy": {"observation_max_age_s": 600, "require_observations_for_side_effects": True}})
+    r.ok(start(policy={"observation_max_age_s": 600, "require_observations_for_side_effects": True}))
     r.ok(ev("ObservationRecorded", observation={"subject": "file://cfg", "observed_state": "RS256",
                                                 "observed_version": "sha:2", "observed_at": "2026-08-11T07:55:00Z"}))  # fmt: skip
     write = {"type": "ToolCallStarted", "call_id": "w1", "tool": "write_file", "side_effect": True}
@@ -465,3 +466,45 @@ def test_a_risky_write_needs_the_observation_it_relies_on_to_be_current() -> Non
     d = r.send(None, {**write, "call_id": "w2", "relies_on": [{"subject": "file://cfg", "observed_version": "sha:2"}]},
                minute=30)  # fmt: skip
     assert (d.reason, d.rule) == ("invalid", "observation.stale")  # 35 min old by the patch's clock
+
+
+# --- evidence and authority are checked, not just well-formed ---------------------------
+
+
+def _strict_run() -> Run:
+    """A run whose policy trusts no external evidence scheme (the default)."""
+    r = Run("strict")
+    r.ok({**start(), "policy": {}})
+    return r
+
+
+def test_a_fact_needs_evidence_the_run_knows() -> None:
+    r = _strict_run()
+    r.bad("fact.evidence_unknown", fact("f1", evidence="plan://next"))  # no tool returned it
+    r.bad("fact.evidence_unknown", fact("f1", evidence="artifact://test-output/48"))
+    r.ok(ev("ToolCallStarted", call_id="c1", tool="run_test"),
+         ev("ToolSucceeded", call_id="c1", result_ref="artifact://test-output/48"))  # fmt: skip
+    [a] = r.doc.to_state().artifacts
+    assert (a.id, a.kind, a.call_id, a.tool) == ("artifact://test-output/48", "tool_result", "c1", "run_test")
+    assert a.provenance is not None and a.provenance.created_at_revision == r.revision
+    r.ok(fact("f1", evidence="artifact://test-output/48"))
+    r.ok(ev("ArtifactRecorded", artifact={"id": "artifact://diff/7", "kind": "patch", "digest": "sha256:ab"}))
+    r.ok(fact("f2", evidence="artifact://diff/7"))
+
+
+def test_authority_is_an_inputs_origin_not_a_free_text_field() -> None:
+    r = _strict_run()
+    r.bad("fact.source_not_authoritative", fact("f1", evidence=None, source="my own reasoning (guess)"))
+    r.bad("fact.source_not_authoritative", fact("f1", evidence=None, source="user://msg_3"))  # never recorded
+    r.ok(ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "the timeout is 15 min"}))
+    r.ok(fact("f1", evidence=None, source="user://msg_3"))
+    r.ok(fact("f2", evidence="user://msg_3"))  # a recorded input is citable evidence too
+    [i] = r.doc.to_state().inputs
+    assert (i.id, i.origin) == ("user://msg_3", "user")
+
+
+def test_external_evidence_schemes_are_allowed_only_where_the_policy_lists_them() -> None:
+    r = Run("ext")
+    r.ok({**start(), "policy": {"external_evidence_schemes": ["jira"]}})
+    r.ok(fact("f1", evidence="jira://PROJ-12"))
+    r.bad("fact.evidence_unknown", fact("f2", evidence="confluence://page/9"))
