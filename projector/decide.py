@@ -90,6 +90,10 @@ def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int, digest
             return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="run_terminal",
                                      message=f"run {patch.run_id!r} is {header.status}; nothing is accepted after a terminal status"))  # fmt: skip
 
+    if header is not None and patch.author.agent_id in header.revoked_agents:
+        return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="unauthorized",
+                                 message=f"agent {patch.author.agent_id!r}'s permission to write run "
+                                         f"{patch.run_id!r} was revoked"))  # fmt: skip
     if header is not None and header.policy.writers and patch.author.agent_id not in header.policy.writers:
         return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="unauthorized",
                                  message=f"agent {patch.author.agent_id!r} may not write run {patch.run_id!r} "
@@ -113,7 +117,8 @@ def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int, digest
                                      message=f"expected revision {patch.expected_revision}, run is at {current}"))  # fmt: skip
 
     new_revision = current + 1
-    ctx = Ctx(new_revision, patch.created_at, patch.patch_id, patch.author.agent_id, patch.author.agent_version)
+    ctx = Ctx(new_revision, patch.created_at, patch.patch_id, patch.author.agent_id, patch.author.agent_version,
+              patch.expected_revision)
     draft = Draft(doc, header)
     for i, event in enumerate(patch.events):
         if i > 0 and draft.hget("status") in ("completed", "failed", "cancelled"):

@@ -59,6 +59,8 @@ class Ctx:
     patch_id: str
     agent_id: str
     agent_version: str
+    #: the revision the patch was based on (what a revocation invalidates after)
+    base_revision: int = 0
     #: the provenance of every item this patch creates: one object per patch, not per item
     #: (validated construction: cheaper than ``model_construct`` in pydantic 2, measured).
     new: Provenance = field(init=False)
@@ -207,6 +209,28 @@ def _run_failed(d: Draft, e: ev.RunFailed, ctx: Ctx) -> None:
     _close_loose_ends(d, f"run failed: {e.reason}", ctx)
     _set(d, status="failed", active_task_id=None, waiting=None,
          last_transition=Transition(action=f"run failed: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
+
+
+@reducer(ev.PermissionRevoked)
+def _permission_revoked(d: Draft, e: ev.PermissionRevoked, ctx: Ctx) -> None:
+    revoked = d.hget("revoked_agents")
+    _require(e.agent_id not in revoked, "permission.already_revoked", f"agent {e.agent_id!r} is already revoked")
+    _require(e.agent_id != ctx.agent_id, "permission.self_revoked", "an agent cannot revoke itself")
+    _set(d, revoked_agents=sorted({*revoked, e.agent_id}))
+
+    def since_base(item: object) -> bool:
+        p = getattr(item, "provenance", None)
+        return p is not None and p.created_by.agent_id == e.agent_id and p.created_at_revision > ctx.base_revision
+
+    why = f"permission of {e.agent_id!r} revoked at revision {ctx.revision}: {e.reason}"
+    for task in list(d.values("tasks")):
+        assert isinstance(task, Task)
+        if task.status in ("pending", "running", "blocked") and (since_base(task) or task.owner == e.agent_id):
+            _cancel_task(d, task, why, ctx)
+    for kind, key in (("confirmed_facts", "id"), ("hypotheses", "id"), ("artifacts", "id")):
+        for item in list(d.values(kind)):
+            if since_base(item):
+                d.delete(kind, getattr(item, key))
 
 
 @reducer(ev.RunCancelled)

@@ -397,6 +397,16 @@ class RunFailed(Model):
     reason: str
 
 
+class PermissionRevoked(Model):
+    """Control event: the agent may no longer write the run, and what it produced after
+    the revision this event was based on is invalidated (its tasks cancelled, its facts,
+    hypotheses and artifacts removed; the log keeps them)."""
+
+    type: Literal["PermissionRevoked"] = "PermissionRevoked"
+    agent_id: Id
+    reason: str
+
+
 class RunCancelled(Model):
     """Control event: applies whatever revision it was based on."""
 
@@ -414,14 +424,14 @@ EVENT_TYPES: tuple[type[Model], ...] = (
     ArtifactRecorded, InputRecorded, ObservationRecorded, EffectRecorded, WorkspaceUpdated,
     WaitingStarted, WaitingResolved, LeaseReleased,
     BudgetSet, BudgetConsumed,
-    RunCompleted, RunFailed, RunCancelled,
+    PermissionRevoked, RunCompleted, RunFailed, RunCancelled,
 )  # fmt: skip
 
 #: Every event type name, in catalogue order.
 EVENT_TYPE_NAMES: tuple[str, ...] = tuple(t.__name__ for t in EVENT_TYPES)
 
 #: Events that win over the revision check (they apply whatever revision they were based on).
-CONTROL_EVENT_TYPES: frozenset[str] = frozenset({"RunCancelled", "GoalChanged"})
+CONTROL_EVENT_TYPES: frozenset[str] = frozenset({"RunCancelled", "GoalChanged", "PermissionRevoked"})
 
 #: Events after which no further event is accepted.
 TERMINAL_EVENT_TYPES: frozenset[str] = frozenset({"RunCompleted", "RunFailed", "RunCancelled"})

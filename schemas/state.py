@@ -235,6 +235,8 @@ class RunHeader(Model):
     #: the reference schema (v3) referred to an external effect ledger; kept, never dropped, on migration.
     effect_ledger_ref: str | None = None
     policy: RunPolicy = RunPolicy()
+    #: agents whose permission to write was revoked (their patches are ``unauthorized``)
+    revoked_agents: list[str] = []
     #: set when the state was migrated from an older schema version (kept through restores)
     migrated_from: MigratedFrom | None = None
 
@@ -293,6 +295,7 @@ class RunState(Model):
     #: the reference schema (v3) referred to an external effect ledger; kept, never dropped, on migration.
     effect_ledger_ref: str | None = None
     policy: RunPolicy = RunPolicy()
+    revoked_agents: list[str] = []
     #: set when the state was migrated from an older schema version
     migrated_from: MigratedFrom | None = None
 

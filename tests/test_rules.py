@@ -508,3 +508,22 @@ def test_external_evidence_schemes_are_allowed_only_where_the_policy_lists_them(
     r.ok({**start(), "policy": {"external_evidence_schemes": ["jira"]}})
     r.ok(fact("f1", evidence="jira://PROJ-12"))
     r.bad("fact.evidence_unknown", fact("f2", evidence="confluence://page/9"))
+
+
+def test_revoking_an_agent_rejects_its_patches_and_invalidates_what_it_did_since() -> None:
+    r = Run("rev")
+    r.ok(start())
+    r.ok(fact("early"), agent="rogue")  # before the revocation's base: kept
+    base = r.revision
+    r.ok(fact("late"), task("t_rogue"), agent="rogue")
+    r.ok(ev("TaskStarted", task_id="t_rogue"), agent="rogue")
+    r.ok(fact("mine"), agent="agent-1")
+    d = r.send(base, ev("PermissionRevoked", agent_id="rogue", reason="leaked credentials"), agent="operator")
+    assert d.outcome == "accepted"  # a control event: applies whatever it was based on
+    st = r.doc.to_state()
+    assert [f.id for f in st.confirmed_facts] == ["early", "mine"]
+    [t] = st.tasks
+    assert t.status == "cancelled" and "revoked" in (t.reason or "")
+    d = r.send(None, fact("again"), agent="rogue")
+    assert (d.outcome, d.reason) == ("rejected", "unauthorized") and "revoked" in (d.message or "")
+    assert r.send(None, fact("fine"), agent="agent-1").outcome == "accepted"
