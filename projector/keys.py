@@ -132,6 +132,11 @@ def patch_id_digest(patch_id: str) -> bytes:
     return hashlib.blake2b(patch_id.encode(), digest_size=PATCH_ID_DIGEST).digest()
 
 
+def split_patch_ids(raw: bytes) -> frozenset[bytes]:
+    """The set of patch-id digests in their concatenated form (checkpoints, restored runs)."""
+    return frozenset(raw[i : i + PATCH_ID_DIGEST] for i in range(0, len(raw), PATCH_ID_DIGEST))
+
+
 def encode_int(n: int) -> bytes:
     return n.to_bytes(8, "big")
 

@@ -280,9 +280,7 @@ class ProjectionStore:
         """Whether a patch id (its digest) was decided before the run was restored here."""
         ids = self._restored_ids.get(run_id)
         if ids is None:
-            raw = self.restored_patch_ids(run_id)
-            n = len(digest)
-            ids = self._restored_ids[run_id] = frozenset(raw[i:i + n] for i in range(0, len(raw), n))
+            ids = self._restored_ids[run_id] = keys.split_patch_ids(self.restored_patch_ids(run_id))
         return digest in ids
 
     def checkpoints(self, run_id: str) -> list[tuple[int, bytes]]:

@@ -21,7 +21,7 @@ from runstate.projector.context import render_context
 from runstate.projector.loop import Projector, ProjectorStats
 from runstate.projector.queries import Projection, decision_reader
 from runstate.projector.runbook import DeadLetter
-from runstate.projector.keys import PATCH_ID_DIGEST, patch_id_digest
+from runstate.projector.keys import patch_id_digest, split_patch_ids
 from runstate.projector.replay import FieldChange, VerifyReport, accepted_after, explain, state_at, verify
 from runstate.schemas.errors import ContractError, LogError, RunNotFound
 from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids
@@ -275,8 +275,7 @@ def resume_plan(settings: Settings, run_id: str) -> ResumePlan:
         with Projection(settings.state_dir) as proj:
             header = proj.header(run_id)
             current = None if header is None else header.revision
-    ids = decode_patch_ids(cp.patch_ids)
-    seen = {ids[i : i + PATCH_ID_DIGEST] for i in range(0, len(ids), PATCH_ID_DIGEST)}
+    seen = split_patch_ids(decode_patch_ids(cp.patch_ids))
     log = open_settings_log(settings, create=False)
     try:  # the log, not the projection: a lagging projector must not hide what happened since
         tail = accepted_after(log, cp.state, cp.partition, cp.covers_offset, lambda p: patch_id_digest(p) in seen)

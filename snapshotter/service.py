@@ -10,8 +10,9 @@ Write/publish order (what recovery relies on):
 2. after the batch is stored, everything in the outbox is published to the checkpoints
    topic keyed by run_id (compacted on Kafka) and, once the log acknowledged all of it,
    the outbox keys are cleared;
-3. only then the partition's *coverage* record is published: every checkpoint made for
-   records below the batch's end is out, so recovery may start runs without one there.
+3. only then the partition's *coverage* record is published (after checkpoints went out,
+   or every ``COVERAGE_EVERY`` records): every checkpoint made for records below the
+   batch's end is out, so recovery may start runs without one there.
 
 A crash anywhere leaves the outbox to publish on restart, before new work (at least once;
 a checkpoint is idempotent). A delivery failure keeps the outbox and the coverage where
@@ -36,6 +37,9 @@ from runstate.snapshotter.policy import CheckpointPolicy
 log = logging.getLogger("runstate.snapshotter")
 
 GROUP = "runstate-snapshotter"
+#: Without new checkpoints, the coverage record is republished only after this many records
+#: (a batch without checkpoints then costs no round trip to the log).
+COVERAGE_EVERY = 1000
 
 
 def snapshotter_dir(state_dir: str | Path) -> Path:
@@ -56,6 +60,8 @@ class CheckpointWriter:
         #: newest covered offset per run, per partition (for the ``age`` trigger)
         self.covered: dict[int, dict[str, int]] = {}
         self._age_checked: dict[int, int] = {}
+        #: per partition, the offset the last coverage record published promised
+        self._coverage_sent: dict[int, int] = {}
         self.written = 0
 
     def on_assign(self, partition: int, store: ProjectionStore) -> None:
@@ -114,6 +120,9 @@ class CheckpointWriter:
         if pending:
             store.clear_outbox((run, rev) for run, rev, _ in pending)
             self.written += len(pending)
+        elif covers_below - self._coverage_sent.get(partition, -COVERAGE_EVERY) < COVERAGE_EVERY:
+            return  # nothing new to promise yet; a coverage that lags only lengthens a restore's tail
+        self._coverage_sent[partition] = covers_below
         key = coverage_keys(self.log.partitions(topic))[partition]
         self.producer.append_async(topic, key, make_coverage(partition, covers_below, self.key), delivered)
         if self.producer.flush(60) or failed:

@@ -115,8 +115,8 @@ def test_a_corrupt_store_block_is_an_error_not_a_shorter_answer(tmp_path: Path) 
         ssts = sorted(store.glob("*.sst"))
     assert ssts, "expected an SST file to damage"
     data = bytearray(ssts[0].read_bytes())
-    for start in (len(data) // 5, 2 * len(data) // 5, 3 * len(data) // 5):  # data blocks, wherever they fall
-        for i in range(start, start + 64):
+    for at in (len(data) // 5, 2 * len(data) // 5, 3 * len(data) // 5):  # data blocks, wherever they fall
+        for i in range(at, at + 64):
             data[i] ^= 0xFF
     ssts[0].write_bytes(bytes(data))
     env = ["--log", str(tmp_path / "log.db"), "--state-dir", str(state)]

@@ -22,7 +22,7 @@ from runstate.projector.queries import Projection
 from runstate.projector.replay import state_at, verify
 from runstate.schemas.patch import Patch
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, state_digest
-from runstate.projector.keys import patch_id_digest
+from runstate.projector.keys import patch_id_digest, split_patch_ids
 from runstate.snapshotter.checkpoint import CheckpointInvalid, decode_patch_ids, make_checkpoint, seal, validate, verdict_of
 from runstate.snapshotter.checkpoint import encode as encode_cp
 from runstate.snapshotter.history import CheckpointHistory
@@ -63,8 +63,7 @@ def test_checkpoint_plus_tail_equals_full_replay(ops: list[Any], data: st.DataOb
                                                 recent=decided, patch_ids=[d.patch_id for d in decided])))  # fmt: skip
         restored[run] = RunDoc.from_state(cp.state)
         recent[run] = cp.recent_decisions
-        ids = decode_patch_ids(cp.patch_ids)
-        seen[run] = {ids[i:i + 16] for i in range(0, len(ids), 16)}
+        seen[run] = set(split_patch_ids(decode_patch_ids(cp.patch_ids)))
     book = RunBook(load_doc=lambda r: restored.get(r),
                    load_decision=lambda r, p: next((d for d in recent.get(r, []) if d.patch_id == p), None),
                    decided_before_restore=lambda r, p: patch_id_digest(p) in seen.get(r, set()))  # fmt: skip
