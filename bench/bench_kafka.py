@@ -117,7 +117,7 @@ def bench_e2e(bootstrap: str, runs: int, per_run: int) -> float:
 
 def _steady_producer(bootstrap: str, prefix: str, runs: int, rate_patches: float, seconds: float) -> None:
     linger = os.environ.get("RUNSTATE_BENCH_LINGER_MS")
-    log = KafkaLog(bootstrap, topics=TopicNames(f"{prefix}.events", f"{prefix}.checkpoints", f"{prefix}.deadletter"),
+    log = KafkaLog(bootstrap, topics=TopicNames.with_prefix(prefix),
                    config={"producer.linger.ms": linger} if linger else None)  # fmt: skip
     producer = RunProducer(log, AUTHOR)
     rev = {f"run_{r:05d}": 1 for r in range(runs)}
@@ -164,7 +164,7 @@ class _Latency:
 
 def bench_latency(bootstrap: str, runs: int, seconds: float) -> tuple[list[float], int]:
     prefix = topics("lat").events.rsplit(".", 1)[0]
-    log = KafkaLog(bootstrap, topics=TopicNames(f"{prefix}.events", f"{prefix}.checkpoints", f"{prefix}.deadletter"))
+    log = KafkaLog(bootstrap, topics=TopicNames.with_prefix(prefix))
     log.create_topics(6)
     hook = _Latency()
     stop = threading.Event()
@@ -189,7 +189,7 @@ def topics(name: str) -> TopicNames:
     global _n
     _n += 1
     t = f"bench{os.getpid()}{name}{_n}"
-    return TopicNames(f"{t}.events", f"{t}.checkpoints", f"{t}.deadletter")
+    return TopicNames.with_prefix(t)
 
 
 def main() -> None:

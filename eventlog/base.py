@@ -46,14 +46,29 @@ class Appended:
 
 @dataclass(frozen=True, slots=True)
 class TopicNames:
-    """The three topics of a deployment."""
+    """The four topics of a deployment. ``decisions`` carries every decision, keyed by run
+    id on the run's partition number: how a worker that is not the projector awaits its
+    decision (a notification stream; the projection stays the record of decisions)."""
 
     events: str = "runstate.events"
     checkpoints: str = "runstate.checkpoints"
     deadletter: str = "runstate.deadletter"
+    decisions: str = "runstate.decisions"
 
-    def all(self) -> tuple[str, str, str]:
-        return (self.events, self.checkpoints, self.deadletter)
+    @classmethod
+    def with_prefix(cls, prefix: str) -> TopicNames:
+        return cls(f"{prefix}.events", f"{prefix}.checkpoints", f"{prefix}.deadletter", f"{prefix}.decisions")
+
+    def all(self) -> tuple[str, str, str, str]:
+        return (self.events, self.checkpoints, self.deadletter, self.decisions)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    """One member of a consumer group as the log's coordinator sees it."""
+
+    client_id: str
+    partitions: tuple[int, ...]
 
 
 DeliveryCallback = Callable[[Appended | None, Exception | None], None]
@@ -123,6 +138,19 @@ class LogConsumer(ABC):
         """Leave the group (revoking partitions) and release resources."""
 
 
+class LogReader(ABC):
+    """Follows partitions of one topic from given offsets without joining a group (tails,
+    notification streams). Not thread-safe."""
+
+    @abstractmethod
+    def poll(self, max_records: int, timeout_s: float) -> list[Record]:
+        """Up to ``max_records`` new records (each partition in offset order); empty after
+        ``timeout_s`` when there is nothing new."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
 class EventLog(ABC):
     """A partitioned log. One instance per process; producers/consumers are made from it."""
 
@@ -140,7 +168,7 @@ class EventLog(ABC):
 
     @abstractmethod
     def create_topics(self, partitions: int, replication: int = 1) -> list[str]:
-        """Create the events, checkpoints (compacted) and dead-letter topics if absent.
+        """Create the events, checkpoints (compacted), dead-letter and decisions topics if absent.
         Returns the names created. Raises :class:`LogConfigError` when an existing topic
         has an incompatible partition count."""
 
@@ -152,7 +180,18 @@ class EventLog(ABC):
     def producer(self) -> LogProducer: ...
 
     @abstractmethod
-    def consumer(self, group_id: str, topic: str) -> LogConsumer: ...
+    def consumer(self, group_id: str, topic: str, *, client_id: str | None = None) -> LogConsumer:
+        """A member of ``group_id`` on ``topic``; ``client_id`` is how the member is seen
+        by :meth:`group_members` (``runstate serve`` advertises its address in it)."""
+
+    @abstractmethod
+    def reader(self, topic: str, positions: dict[int, int]) -> LogReader:
+        """Follow ``topic`` from ``{partition: offset}``."""
+
+    @abstractmethod
+    def group_members(self, group_id: str) -> list[GroupMember] | None:
+        """The group's members and their partitions, or None while the group is
+        rebalancing (its assignment is not settled). Raises :class:`LogError`."""
 
     @abstractmethod
     def end_offsets(self, topic: str) -> dict[int, int]:

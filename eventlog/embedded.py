@@ -35,9 +35,11 @@ from runstate.eventlog.base import (
     Appended,
     DeliveryCallback,
     EventLog,
+    GroupMember,
     Headers,
     LogConsumer,
     LogProducer,
+    LogReader,
     OnAssign,
     OnRevoke,
     Record,
@@ -310,8 +312,34 @@ class EmbeddedLog(EventLog):
     def producer(self) -> LogProducer:
         return EmbeddedProducer(self)
 
-    def consumer(self, group_id: str, topic: str) -> LogConsumer:
-        return EmbeddedConsumer(EmbeddedLog(self.path, topics=self.topics, create=False), group_id, topic)
+    def consumer(self, group_id: str, topic: str, *, client_id: str | None = None) -> LogConsumer:
+        return EmbeddedConsumer(EmbeddedLog(self.path, topics=self.topics, create=False), group_id, topic, client_id)
+
+    def reader(self, topic: str, positions: dict[int, int]) -> LogReader:
+        self.partitions(topic)
+        return EmbeddedReader(EmbeddedLog(self.path, topics=self.topics, create=False), topic, positions, own_log=True)
+
+    def _group_lock_path(self, group_id: str) -> str:
+        return f"{self.path}.{group_id}.lock"
+
+    def group_members(self, group_id: str) -> list[GroupMember] | None:
+        """The group's one member (the holder of its lock file), or none."""
+        path = self._group_lock_path(group_id)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return []
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # held: there is a member
+                lines = os.pread(fd, 4096, 0).decode(errors="replace").splitlines()
+                client_id = lines[1] if len(lines) > 1 else (lines[0] if lines else "")
+                return [GroupMember(client_id, tuple(range(self.partitions(self.topics.events))))]
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return []
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         self._db.close()
@@ -370,21 +398,57 @@ class EmbeddedProducer(LogProducer):
         self.flush(timeout_s)
 
 
+class EmbeddedReader(LogReader):
+    """Follows partitions of one topic by polling the file (every 10 ms while idle)."""
+
+    def __init__(self, log: EmbeddedLog, topic: str, positions: dict[int, int], own_log: bool = False) -> None:
+        self._log = log
+        self._topic = topic
+        self.positions = dict(positions)
+        self._own_log = own_log
+        self._rr = 0
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Record]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out: list[Record] = []
+            parts = sorted(self.positions)
+            if parts:
+                share = max(1, max_records // len(parts))
+                # Round-robin start so that one busy partition cannot starve the others.
+                self._rr = (self._rr + 1) % len(parts)
+                for p in parts[self._rr :] + parts[: self._rr]:
+                    if len(out) >= max_records:
+                        break
+                    rows = self._log._fetch(self._topic, p, self.positions[p], min(share, max_records - len(out)))
+                    if rows:
+                        self.positions[p] = rows[-1].offset + 1
+                        out.extend(rows)
+            if out or time.monotonic() >= deadline:
+                return out
+            time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+
+    def close(self) -> None:
+        if self._own_log:
+            self._log.close()
+
+
 class EmbeddedConsumer(LogConsumer):
     """The single member of a consumer group on the embedded log."""
 
-    def __init__(self, log: EmbeddedLog, group_id: str, topic: str) -> None:
+    def __init__(self, log: EmbeddedLog, group_id: str, topic: str, client_id: str | None = None) -> None:
         self._log = log
         self._group = group_id
         self._topic = topic
-        self._positions: dict[int, int] = {}
+        self._client_id = client_id or f"pid-{os.getpid()}"
+        self._reader = EmbeddedReader(log, topic, {})
+        self._positions = self._reader.positions  # shared: the reader advances them
         self._lock_fd: int | None = None
         self._on_revoke: OnRevoke | None = None
-        self._rr = 0
 
     def subscribe(self, on_assign: OnAssign, on_revoke: OnRevoke) -> None:
         n = self._log.partitions(self._topic)
-        lock_path = f"{self._log.path}.{self._group}.lock"
+        lock_path = self._log._group_lock_path(self._group)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -396,12 +460,12 @@ class EmbeddedConsumer(LogConsumer):
                 "the embedded log allows one projector per group"
             ) from e
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.pwrite(fd, f"{os.getpid()}\n{self._client_id}\n".encode(), 0)
         self._lock_fd = fd
         self._on_revoke = on_revoke
         parts = list(range(n))
         starts = on_assign(parts)
-        self._positions = {p: int(starts.get(p, 0)) for p in parts}
+        self._positions.update({p: int(starts.get(p, 0)) for p in parts})
 
     def assignment(self) -> list[int]:
         return sorted(self._positions)
@@ -411,24 +475,7 @@ class EmbeddedConsumer(LogConsumer):
         return {p: ends.get(p) for p in self._positions}
 
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            out: list[Record] = []
-            parts = sorted(self._positions)
-            if parts:
-                share = max(1, max_records // len(parts))
-                # Round-robin start so that one busy partition cannot starve the others.
-                self._rr = (self._rr + 1) % len(parts)
-                for p in parts[self._rr :] + parts[: self._rr]:
-                    if len(out) >= max_records:
-                        break
-                    rows = self._log._fetch(self._topic, p, self._positions[p], min(share, max_records - len(out)))
-                    if rows:
-                        self._positions[p] = rows[-1].offset + 1
-                        out.extend(rows)
-            if out or time.monotonic() >= deadline:
-                return out
-            time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+        return self._reader.poll(max_records, timeout_s)
 
     def commit(self, positions: dict[int, int]) -> None:
         self._log._commit(self._group, self._topic, positions)
@@ -438,7 +485,7 @@ class EmbeddedConsumer(LogConsumer):
             if self._on_revoke is not None and self._positions:
                 self._on_revoke(sorted(self._positions))
         finally:
-            self._positions = {}
+            self._positions.clear()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None

@@ -24,9 +24,11 @@ from runstate.eventlog.base import (
     Appended,
     DeliveryCallback,
     EventLog,
+    GroupMember,
     Headers,
     LogConsumer,
     LogProducer,
+    LogReader,
     OnAssign,
     OnRevoke,
     Record,
@@ -123,6 +125,8 @@ class KafkaLog(EventLog):
             NewTopic(self.topics.checkpoints, partitions, replication,
                      config={"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}),
             NewTopic(self.topics.deadletter, partitions, replication),
+            # Notifications for waiters: a day is far longer than anyone waits.
+            NewTopic(self.topics.decisions, partitions, replication, config={"retention.ms": "86400000"}),
         ]  # fmt: skip
         created = []
         for name, fut in self._admin.create_topics(wanted, request_timeout=30).items():
@@ -153,10 +157,9 @@ class KafkaLog(EventLog):
         ev = self.partitions(self.topics.events)
         cp = self.partitions(self.topics.checkpoints)
         self.partitions(self.topics.deadletter)
-        if cp != ev:
-            raise LogConfigError(
-                f"{self.topics.checkpoints!r} has {cp} partitions but {self.topics.events!r} has {ev}: they must match"
-            )
+        for name, n in ((self.topics.checkpoints, cp), (self.topics.decisions, self.partitions(self.topics.decisions))):
+            if n != ev:  # a run's checkpoints and decisions live on its events partition number
+                raise LogConfigError(f"{name!r} has {n} partitions but {self.topics.events!r} has {ev}: they must match")
         res = ConfigResource(ConfigResource.Type.TOPIC, self.topics.checkpoints)
         try:
             configs = self._admin.describe_configs([res], request_timeout=15)[res].result()
@@ -177,9 +180,34 @@ class KafkaLog(EventLog):
         return {"bootstrap.servers": self.bootstrap, "group.id": group_id, **CONSUMER_DEFAULTS, **self._common(),
                 **{k[len("consumer."):]: v for k, v in self.config.items() if k.startswith("consumer.")}}  # fmt: skip
 
-    def consumer(self, group_id: str, topic: str) -> LogConsumer:
+    def consumer(self, group_id: str, topic: str, *, client_id: str | None = None) -> LogConsumer:
         self.partitions(topic)
-        return KafkaConsumer(Consumer(self._consumer_conf(group_id)), topic)
+        conf = self._consumer_conf(group_id)
+        if client_id is not None:
+            conf["client.id"] = client_id
+        return KafkaConsumer(Consumer(conf), topic)
+
+    def reader(self, topic: str, positions: dict[int, int]) -> LogReader:
+        self.partitions(topic)
+        c = self._reader()
+        c.assign([TopicPartition(topic, p, o) for p, o in positions.items()])
+        return KafkaReader(c)
+
+    def group_members(self, group_id: str) -> list[GroupMember] | None:
+        try:
+            desc = self._admin.describe_consumer_groups([group_id], request_timeout=10)[group_id].result()
+        except KafkaException as e:
+            raise LogError(f"cannot describe consumer group {group_id!r}: {e}") from e
+        state = getattr(desc.state, "name", str(desc.state))
+        if state in ("EMPTY", "DEAD"):
+            return []
+        if state != "STABLE":  # PREPARING_REBALANCE / COMPLETING_REBALANCE: not settled
+            return None
+        out = []
+        for m in desc.members:
+            tps = m.assignment.topic_partitions if m.assignment is not None else []
+            out.append(GroupMember(m.client_id, tuple(sorted(tp.partition for tp in tps if tp.topic == self.topics.events))))
+        return out
 
     def _reader(self) -> Consumer:
         # A consumer that never subscribes (assign only): it never joins a group.
@@ -301,6 +329,46 @@ class KafkaProducer(LogProducer):
             raise DeliveryError("*", f"{left} records not delivered when the producer closed")
 
 
+def _records(msgs: list[Any], owned: set[int] | None) -> list[Record]:
+    out = []
+    for m in msgs:
+        err = m.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                continue
+            if err.fatal():
+                raise LogError(f"fatal consumer error: {err}")
+            continue  # transient (broker down, rebalance): librdkafka retries by itself
+        if owned is not None and m.partition() not in owned:
+            continue
+        out.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value() or b"", m.timestamp()[1],
+                          _headers(m.headers())))  # fmt: skip
+    return out
+
+
+def _poll(c: Consumer, max_records: int, timeout_s: float) -> list[Any]:
+    # Return as soon as anything is there (latency), then take what else is already
+    # fetched without waiting (throughput): consume(n, timeout) alone would wait for n.
+    msgs = c.consume(num_messages=max_records, timeout=0)
+    if not msgs:
+        first = c.poll(timeout_s)
+        if first is None:
+            return []
+        msgs = [first, *c.consume(num_messages=max_records - 1, timeout=0)] if max_records > 1 else [first]
+    return msgs
+
+
+class KafkaReader(LogReader):
+    def __init__(self, consumer: Consumer) -> None:
+        self._c = consumer
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Record]:
+        return _records(_poll(self._c, max_records, timeout_s), None)
+
+    def close(self) -> None:
+        self._c.close()
+
+
 class KafkaConsumer(LogConsumer):
     def __init__(self, consumer: Consumer, topic: str) -> None:
         self._c = consumer
@@ -323,28 +391,7 @@ class KafkaConsumer(LogConsumer):
         self._c.subscribe([self._topic], on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
-        # Return as soon as anything is there (latency), then take what else is already
-        # fetched without waiting (throughput): consume(n, timeout) alone would wait for n.
-        msgs = self._c.consume(num_messages=max_records, timeout=0)
-        if not msgs:
-            first = self._c.poll(timeout_s)
-            if first is None:
-                return []
-            msgs = [first, *self._c.consume(num_messages=max_records - 1, timeout=0)] if max_records > 1 else [first]
-        out = []
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                if err.fatal():
-                    raise LogError(f"fatal consumer error: {err}")
-                continue  # transient (broker down, rebalance): librdkafka retries by itself
-            if m.partition() not in self._owned:
-                continue
-            out.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value() or b"", m.timestamp()[1],
-                              _headers(m.headers())))  # fmt: skip
-        return out
+        return _records(_poll(self._c, max_records, timeout_s), self._owned)
 
     def assignment(self) -> list[int]:
         return sorted(self._owned)

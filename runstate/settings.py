@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     #: Signs checkpoints (HMAC-SHA256) and refuses unsigned or wrongly signed ones on restore
     #: and time travel. Unset: checkpoints carry a digest (integrity), not a signature.
     checkpoint_key: SecretStr | None = None
-    #: Topic names are ``<prefix>.events``, ``<prefix>.checkpoints``, ``<prefix>.deadletter``.
+    #: Topic names are ``<prefix>.events``, ``<prefix>.checkpoints``, ``<prefix>.deadletter``, ``<prefix>.decisions``.
     topic_prefix: str = Field("runstate", min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     #: Raw librdkafka settings (JSON object in the env var); ``producer.``/``consumer.``
     #: prefixed keys apply to one client kind only. They win over runstate's defaults.
@@ -57,5 +57,4 @@ class Settings(BaseSettings):
         return None if self.checkpoint_key is None else self.checkpoint_key.get_secret_value().encode()
 
     def topics(self) -> TopicNames:
-        return TopicNames(f"{self.topic_prefix}.events", f"{self.topic_prefix}.checkpoints",
-                          f"{self.topic_prefix}.deadletter")  # fmt: skip
+        return TopicNames.with_prefix(self.topic_prefix)

@@ -34,7 +34,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 from pydantic import BaseModel
 
 from runstate.schemas.errors import ContractError, DecodeError, describe_validation_error
-from runstate.schemas.patch import Patch
+from runstate.schemas.patch import Decision, Patch
 
 AVRO_DIR = Path(__file__).parent / "avro"
 NAMESPACE = "runstate.v"
@@ -103,6 +103,15 @@ def derive_patch_schema() -> dict[str, Any]:
     return _avro_record(Patch, set())  # type: ignore[no-any-return]
 
 
+def derive_decision_schema() -> dict[str, Any]:
+    """The Avro schema of :class:`Decision` (the decisions topic) as the models define it."""
+    return _avro_record(Decision, set())  # type: ignore[no-any-return]
+
+
+#: What each kind of record is derived from; ``<kind>.vN.avsc`` are its published versions.
+KINDS: dict[str, Callable[[], dict[str, Any]]] = {"patch": derive_patch_schema, "decision": derive_decision_schema}
+
+
 # --- the registry of published writer schemas --------------------------------------------
 
 
@@ -116,11 +125,11 @@ def _fp(schema: dict[str, Any]) -> bytes:
     return bytes.fromhex(fingerprint(to_parsing_canonical_form(fastavro.parse_schema(schema)), "CRC-64-AVRO"))[::-1]
 
 
-@lru_cache(maxsize=1)
-def published() -> dict[bytes, _Writer]:
-    """Every published writer schema, by its 8-byte little-endian fingerprint."""
+@lru_cache(maxsize=len(KINDS))
+def published(kind: str = "patch") -> dict[bytes, _Writer]:
+    """Every published writer schema of ``kind``, by its 8-byte little-endian fingerprint."""
     out: dict[bytes, _Writer] = {}
-    for path in sorted(AVRO_DIR.glob("patch.v*.avsc")):
+    for path in sorted(AVRO_DIR.glob(f"{kind}.v*.avsc")):
         version = int(path.stem.split(".v")[1])
         schema = json.loads(path.read_text())
         fp = _fp(schema)
@@ -245,8 +254,59 @@ def _publish() -> None:
     print(f"published {path}")
 
 
+# --- the decisions topic -------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _decision_current() -> _Writer:
+    return max(published("decision").values(), key=lambda w: w.version)
+
+
+def encode_decision(decision: Decision) -> bytes:
+    """One decision as an Avro single-object record (the decisions topic's value)."""
+    w = _decision_current()
+    buf = io.BytesIO()
+    buf.write(MAGIC)
+    buf.write(w.fingerprint)
+    fastavro.schemaless_writer(buf, w.parsed, decision.model_dump(mode="json"))
+    return buf.getvalue()
+
+
+def decode_decision(data: bytes) -> Decision:
+    """Decode a decisions-topic record (any published writer version). Raises
+    :class:`DecodeError`."""
+    if len(data) < HEADER_LEN or data[:2] != MAGIC:
+        raise DecodeError("not_avro_single_object", detail=f"{len(data)} bytes")
+    writer = published("decision").get(bytes(data[2:HEADER_LEN]))
+    if writer is None:
+        raise DecodeError("unknown_writer_schema", detail=f"fingerprint {bytes(data[2:HEADER_LEN])[::-1].hex()}")
+    current = _decision_current()
+    buf = io.BytesIO(data)
+    buf.seek(HEADER_LEN)
+    try:
+        datum = fastavro.schemaless_reader(buf, writer.parsed, None if writer is current else current.parsed)
+        return Decision.model_validate(datum)
+    except pydantic.ValidationError as e:
+        raise DecodeError("invalid_patch", detail=describe_validation_error(e)[1]) from e
+    except Exception as e:  # fastavro raises many types on garbage
+        raise DecodeError("corrupt_record", detail=f"{type(e).__name__}: {e}") from e
+
+
+def _publish_decision() -> None:
+    current = derive_decision_schema()
+    existing = published("decision") if any(AVRO_DIR.glob("decision.v*.avsc")) else {}
+    if _fp(current) in existing:
+        print("decision models match the published schema; nothing to publish")
+        return
+    version = max((w.version for w in existing.values()), default=0) + 1
+    path = AVRO_DIR / f"decision.v{version}.avsc"
+    path.write_text(json.dumps(current, indent=1) + "\n")
+    print(f"published {path}")
+
+
 if __name__ == "__main__":  # pragma: no cover - maintenance entry point
     if sys.argv[1:] == ["--publish"]:
         _publish()
+        _publish_decision()
     else:
         print(json.dumps(derive_patch_schema(), indent=1))

@@ -53,4 +53,4 @@ def kafka_bootstrap() -> Iterator[str]:
 def kafka_topics() -> TopicNames:
     """Topic names unique to one test, so tests share the broker but not data."""
     t = f"t{uuid.uuid4().hex[:10]}"
-    return TopicNames(events=f"{t}.events", checkpoints=f"{t}.checkpoints", deadletter=f"{t}.deadletter")
+    return TopicNames.with_prefix(t)

@@ -62,7 +62,8 @@ def test_missing_and_incompatible_topics_are_clear_errors(kafka_bootstrap: str, 
 
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     for f in admin.create_topics([NewTopic(kafka_topics.events, 3, 1), NewTopic(kafka_topics.checkpoints, 3, 1),
-                                  NewTopic(kafka_topics.deadletter, 3, 1)]).values():  # fmt: skip
+                                  NewTopic(kafka_topics.deadletter, 3, 1),
+                                  NewTopic(kafka_topics.decisions, 3, 1)]).values():  # fmt: skip
         f.result()
     log2 = KafkaLog(kafka_bootstrap, topics=kafka_topics)
     with pytest.raises(LogConfigError, match="cleanup.policy=compact"):

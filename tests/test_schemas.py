@@ -12,7 +12,7 @@ from runstate.schemas import codec
 from runstate.schemas.errors import ContractError, DecodeError, MigrationRequired, UnknownEventType
 from runstate.schemas.events import EVENT_TYPE_NAMES
 from runstate.schemas.migrations import load_state
-from runstate.schemas.patch import parse_draft
+from runstate.schemas.patch import Decision, parse_draft
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION
 
 
@@ -54,6 +54,20 @@ def test_models_match_the_latest_published_avro_schema() -> None:
     Fix: `python -m runstate.schemas.codec --publish` (never edit a published .avsc)."""
     derived = codec.derive_patch_schema()
     assert codec._fp(derived) == codec.current_writer().fingerprint
+
+
+def test_decision_models_match_the_published_schema_and_round_trip() -> None:
+    """The decisions topic's records: derived from Decision, published, read back equal;
+    garbage is a DecodeError, not a crash of the waiter."""
+    assert codec._fp(codec.derive_decision_schema()) == codec._decision_current().fingerprint
+    p = patch("run_1", 0, json.loads(CLIENT_EXAMPLE)["events"][0])
+    d = Decision(patch_id=p.patch_id, run_id="run_1", outcome="rejected", revision=3, expected_revision=0,
+                 reason="revision_conflict", message="at 3", partition=2, offset=41, agent_id="a", agent_version="1",
+                 event_types=["FactConfirmed"], created_at=p.created_at, content_digest="ab" * 16)  # fmt: skip
+    assert codec.decode_decision(codec.encode_decision(d)) == d
+    for junk in (b"", b"\xc3\x01" + b"\0" * 8, codec.encode_decision(d)[:-3]):
+        with pytest.raises(DecodeError):
+            codec.decode_decision(junk)
 
 
 def test_codec_round_trip_keeps_offsets_and_values() -> None:

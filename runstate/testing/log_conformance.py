@@ -189,6 +189,48 @@ class LogConformance:
         assert log.committed("g-conf", topic) == ends
         assert log.committed("g-never-committed", topic) == {}
 
+    def test_reader_follows_from_given_offsets_and_sees_later_appends(self, log: EventLog) -> None:
+        topic = log.topics.decisions
+        n = log.partitions(topic)
+        ends = _fill(log, 20, topic=topic)
+        reader = log.reader(topic, {p: max(0, ends[p] - 1) for p in range(n)})
+        try:
+            got = []
+            deadline = time.monotonic() + 15
+            wanted = sum(1 for p in range(n) if ends[p])
+            while len(got) < wanted and time.monotonic() < deadline:
+                got.extend(reader.poll(100, 0.2))
+            assert sorted((r.partition, r.offset) for r in got) == sorted((p, ends[p] - 1) for p in range(n) if ends[p])
+            prod = log.producer()
+            a = prod.append(topic, "later", b"x")
+            prod.close()
+            later: list[Record] = []
+            while not later and time.monotonic() < deadline:
+                later.extend(reader.poll(100, 0.2))
+            assert [(r.partition, r.offset, r.value) for r in later] == [(a.partition, a.offset, b"x")]
+        finally:
+            reader.close()
+
+    def test_group_members_name_the_client_and_its_partitions(self, log: EventLog) -> None:
+        topic = log.topics.events
+        n = log.partitions(topic)
+        assert log.group_members("g-members-none") == []
+        consumer = log.consumer("g-members", topic, client_id="member@http://127.0.0.1:1")
+        owner = _Owner({})
+        consumer.subscribe(owner.on_assign, owner.on_revoke)
+        try:
+            deadline = time.monotonic() + 30
+            members = None
+            while time.monotonic() < deadline:
+                consumer.poll(10, 0.2)  # Kafka: the group forms while the member polls
+                members = log.group_members("g-members")
+                if members:
+                    break
+            assert members is not None and [(m.client_id, m.partitions) for m in members] == [
+                ("member@http://127.0.0.1:1", tuple(range(n)))]
+        finally:
+            consumer.close()
+
     def test_poll_returns_empty_after_its_timeout_when_nothing_is_new(self, log: EventLog) -> None:
         topic = log.topics.events
         consumer = log.consumer("g-idle", topic)
