@@ -103,10 +103,12 @@ class RunProducer:
         where: Appended = self._producer.append(self.log.topics.events, patch.run_id, self.encode(patch))
         return Receipt(patch.patch_id, patch.run_id, where.partition, where.offset)
 
-    def append_async(self, patch: Patch, on_delivery: Callable[[Receipt | None, Exception | None], None]) -> None:
+    def append_async(self, patch: Patch, on_delivery: Callable[[Receipt | None, Exception | None], None],
+                     data: bytes | None = None) -> None:
         """Queue one patch; ``on_delivery`` gets its receipt or the delivery error (never
-        dropped silently). Call :meth:`flush` to wait for all."""
-        data = self.encode(patch)
+        dropped silently). Call :meth:`flush` to wait for all. ``data``: the patch already
+        :meth:`encode`-d (the size limit checked)."""
+        data = self.encode(patch) if data is None else data
 
         def done(where: Appended | None, err: Exception | None) -> None:
             on_delivery(None if where is None else Receipt(patch.patch_id, patch.run_id, where.partition, where.offset), err)

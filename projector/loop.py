@@ -21,6 +21,7 @@ error propagates: the projector never continues past state it could not store.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from runstate.projector.runbook import DeadLetter, InternalErrorPolicy, RunBook
 from runstate.projector.statedir import Layout
 from runstate.projector.store import PendingBatch, ProjectionStore
 from runstate.projector.working import RunDoc
+from runstate.schemas.codec import encode_decision
 from runstate.schemas.errors import LogError, StoreError, StoreLocked
 from runstate.schemas.patch import Decision, Patch
 
@@ -64,6 +66,11 @@ class ProjectorStats:
         if self.first_batch_at is None or self.last_batch_at is None:
             return 0.0
         return self.events / max(1e-9, self.last_batch_at - self.first_batch_at)
+
+
+def _log_failed_decision(_where: object, err: Exception | None) -> None:
+    if err is not None:  # the store holds the decision; a waiter elsewhere falls back to asking its owner
+        log.warning("could not publish a decision: %s", err)
 
 
 class _Partition:
@@ -123,6 +130,8 @@ class Projector:
         restore: Restorer | None = None,
         on_internal_error: InternalErrorPolicy = "dead_letter",
         stall_timeout_s: float = 30.0,
+        publish_decisions: bool = False,
+        client_id: str | None = None,
     ) -> None:
         self.log = log_
         self.layout = Layout(state_dir)
@@ -135,7 +144,16 @@ class Projector:
         self.stats = ProjectorStats()
         self.parts: dict[int, _Partition] = {}
         self._consumer: LogConsumer | None = None
-        self._dlq = log_.producer() if publish_dead_letters else None
+        #: Copies every decision to the decisions topic after its batch is stored (a
+        #: notification for waiters elsewhere; at least once, best effort like dead letters).
+        self.publish_decisions = publish_decisions
+        self.publish_dead_letters = publish_dead_letters
+        #: Producer of the dead-letter and decisions topics.
+        self._out = log_.producer() if publish_dead_letters or publish_decisions else None
+        self.client_id = client_id
+        #: Held while ``parts`` changes and while a batch is written, so that an in-process
+        #: reader (``runstate serve``) holding it sees whole batches of partitions it owns.
+        self.lock = threading.RLock()
         self.hooks = hooks
         self.restore = restore
         self.on_internal_error = on_internal_error
@@ -167,7 +185,8 @@ class Projector:
                         "records it had acknowledged, or is another log. Run `runstate verify --deep`; "
                         "delete the state directory to rebuild from what the log holds."
                     )
-                self.parts[p] = part
+                with self.lock:
+                    self.parts[p] = part
                 if self.hooks is not None:
                     self.hooks.on_assign(p, store)
             starts[p] = self.parts[p].next_offset
@@ -191,12 +210,13 @@ class Projector:
         # Every poll batch is stored before the next poll, so nothing is in hand here.
         failed: StoreError | None = None
         for p in partitions:
-            part = self.parts.pop(p, None)
-            if part is not None:
-                try:
-                    part.store.close()
-                except StoreError as e:  # close the others all the same
-                    failed = failed or e
+            with self.lock:
+                part = self.parts.pop(p, None)
+                if part is not None:
+                    try:
+                        part.store.close()
+                    except StoreError as e:  # close the others all the same
+                        failed = failed or e
         log.info("revoked partitions %s", partitions)
         if failed is not None:
             raise failed
@@ -209,7 +229,7 @@ class Projector:
         topic = self.log.topics.events
         self.log.check_topics()
         self.layout.ensure(topic, self.log.partitions(topic), self.log.identity())
-        consumer = self.log.consumer(self.group_id, topic)
+        consumer = self.log.consumer(self.group_id, topic, client_id=self.client_id)
         self._consumer = consumer
         consumer.subscribe(self.assign, self.release)
         last_progress = 0.0
@@ -269,13 +289,14 @@ class Projector:
                 first = first or e
 
         attempt(consumer.close)  # revokes: release() closes the stores it still holds
-        if self._dlq is not None:
-            dlq = self._dlq
+        if self._out is not None:
+            dlq = self._out
             attempt(lambda: dlq.close(DEAD_LETTER_FLUSH_S))
-        for part in list(self.parts.values()):  # those the revocation did not reach
-            attempt(part.store.close)
-        self._consumer = None
-        self.parts.clear()
+        with self.lock:
+            for part in list(self.parts.values()):  # those the revocation did not reach
+                attempt(part.store.close)
+            self._consumer = None
+            self.parts.clear()
         if first is not None and not quiet:
             raise first
 
@@ -375,7 +396,8 @@ class Projector:
         for p, batch in batches.items():
             part = self.parts[p]
             try:
-                part.store.write(batch)
+                with self.lock:
+                    part.store.write(batch)
             except Exception:
                 part.book.discard()
                 raise
@@ -386,19 +408,22 @@ class Projector:
             if self.hooks is not None:
                 self.hooks.after_write(p, batch, part.store)
             self.stats.dead_letters += len(batch.dead)
-            if self._dlq is not None and batch.dead:
+            if self.publish_decisions and self._out is not None:
+                for d in batch.decisions:
+                    self._out.append_async(self.log.topics.decisions, d.run_id, encode_decision(d), _log_failed_decision)
+            if self.publish_dead_letters and self._out is not None and batch.dead:
                 for dl in batch.dead:
                     self._publish_dead_letter(dl, records)
                 # Bounded: the store holds every dead letter; a broker that is down must not
                 # hold the batch (and a SIGTERM) for the producer's delivery timeout.
-                left = self._dlq.flush(DEAD_LETTER_FLUSH_S)
+                left = self._out.flush(DEAD_LETTER_FLUSH_S)
                 if left:
                     log.warning("%d dead letters not yet in %s (kept in the store)", left, self.log.topics.deadletter)
         self.stats.batches += 1
         self.stats.last_batch_at = time.monotonic()
 
     def _publish_dead_letter(self, dl: DeadLetter, records: list[Record]) -> None:
-        assert self._dlq is not None
+        assert self._out is not None
         original = next((r for r in records if r.partition == dl.partition and r.offset == dl.offset), None)
         value = original.value if original is not None else b""
         headers = (
@@ -412,6 +437,6 @@ class Projector:
                 log.error("could not publish dead letter p%d@%d: %s", dl.partition, dl.offset, err)
 
         try:
-            self._dlq.append_async(self.log.topics.deadletter, dl.key or "", value, delivered, headers)
+            self._out.append_async(self.log.topics.deadletter, dl.key or "", value, delivered, headers)
         except Exception as e:
             delivered(None, e)

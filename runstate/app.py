@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from runstate.eventlog import EventLog, open_log
-from runstate.producers.run_producer import Receipt, RunProducer
+from runstate.producers.decisions import TopicDecisions
+from runstate.producers.run_producer import DecisionSource, Receipt, RunProducer
 from runstate.projector.context import render_context
-from runstate.projector.loop import Projector, ProjectorStats
+from runstate.projector.loop import Projector, ProjectorHooks, ProjectorStats
 from runstate.projector.queries import Projection, decision_reader
 from runstate.projector.runbook import DeadLetter
 from runstate.projector.keys import patch_id_digest, split_patch_ids
@@ -95,16 +96,32 @@ def status(settings: Settings) -> list[PartitionStatus]:
     return out
 
 
+def decision_source(settings: Settings, log: EventLog) -> DecisionSource:
+    """Where this process reads decisions: the decisions topic when the projector publishes
+    them (from any machine; created now, so before the caller appends), and the local
+    projection (decisions made before, or on the projector's own machine)."""
+    local = decision_reader(settings.state_dir)
+    if not settings.decisions_published():
+        return local
+    topic = TopicDecisions(log)
+
+    def read(run_id: str, patch_id: str) -> Decision | None:
+        return topic(run_id, patch_id) or local(run_id, patch_id)
+
+    return read
+
+
 def make_producer(settings: Settings, log: EventLog | None = None) -> RunProducer:
+    log = log or open_settings_log(settings)
     return RunProducer(
-        log or open_settings_log(settings),
+        log,
         Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
-        decisions=decision_reader(settings.state_dir),
+        decisions=decision_source(settings, log),
         max_patch_bytes=settings.max_patch_bytes,
     )
 
 
-def _unencodable(value: Any, path: str = "") -> str | None:
+def unencodable(value: Any, path: str = "") -> str | None:
     """The dotted path of the first string that UTF-8 cannot encode (a lone surrogate
     from a ``\\udXXX`` escape), or None."""
     stack: list[tuple[str, Any]] = [(path, value)]
@@ -145,7 +162,7 @@ def read_patch_file(source: str, stream: IO[str] | None = None) -> Any:
         raise ContractError(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}", where=where) from e
     except RecursionError as e:
         raise ContractError("not a patch: JSON nested too deeply", where=where) from e
-    bad = _unencodable(data)
+    bad = unencodable(data)
     if bad is not None:
         raise ContractError(f"invalid patch: {bad}: a string that UTF-8 cannot encode (lone surrogate)",
                             where=where, field=bad)  # fmt: skip
@@ -172,6 +189,25 @@ def publish(settings: Settings, run_id: str, data: Any, *, where: str, wait: boo
         producer.close()
 
 
+def make_projector(settings: Settings, log: EventLog, *,
+                   on_progress: Callable[[ProjectorStats, int], None] | None = None,
+                   on_restore_progress: Callable[[int, int, int], None] | None = None,
+                   hooks: ProjectorHooks | None = None, client_id: str | None = None) -> Projector:
+    """The projector as configured: restores a partition without a local store from
+    checkpoints, and on Kafka copies decisions to the decisions topic."""
+
+    def restore(partition: int, store: ProjectionStore) -> RestoreReport:
+        def progress(done: int, total: int) -> None:
+            if on_restore_progress is not None:
+                on_restore_progress(partition, done, total)
+
+        return restore_partition(log, partition, store, progress, key=settings.checkpoint_key_bytes())
+
+    return Projector(log, settings.state_dir, group_id=settings.group_id, batch_size=settings.batch_size,
+                     cache_runs=settings.cache_runs, on_progress=on_progress, restore=restore, hooks=hooks,
+                     publish_decisions=settings.decisions_published(), client_id=client_id)  # fmt: skip
+
+
 def project(settings: Settings, *, until_caught_up: bool = False,
             on_progress: Callable[[ProjectorStats, int], None] | None = None,
             on_restore_progress: Callable[[int, int, int], None] | None = None) -> ProjectorStats:
@@ -185,17 +221,8 @@ def project(settings: Settings, *, until_caught_up: bool = False,
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
-
-    def restore(partition: int, store: ProjectionStore) -> RestoreReport:
-        def progress(done: int, total: int) -> None:
-            if on_restore_progress is not None:
-                on_restore_progress(partition, done, total)
-
-        return restore_partition(log, partition, store, progress, key=settings.checkpoint_key_bytes())
-
     try:
-        projector = Projector(log, settings.state_dir, group_id=settings.group_id, batch_size=settings.batch_size,
-                              cache_runs=settings.cache_runs, on_progress=on_progress, restore=restore)  # fmt: skip
+        projector = make_projector(settings, log, on_progress=on_progress, on_restore_progress=on_restore_progress)
         return projector.run(until_caught_up=until_caught_up, stop=stop)
     finally:
         for sig, handler in previous.items():
@@ -218,7 +245,7 @@ def snapshot(settings: Settings, *, until_caught_up: bool = False, every: int | 
         log.close()
 
 
-def _nearest_checkpoint(settings: Settings) -> Callable[[str, int], RunState | None]:
+def nearest_checkpoint(settings: Settings) -> Callable[[str, int], RunState | None]:
     def nearest(run_id: str, revision: int) -> RunState | None:
         with CheckpointHistory(snapshotter_dir(settings.state_dir), settings.checkpoint_key_bytes()) as hist:
             cp = hist.nearest(run_id, revision)  # validated: digest, signature, versions
@@ -233,7 +260,7 @@ def get_state(settings: Settings, run_id: str, revision: int | None = None) -> R
             return proj.state(run_id)
         log = open_settings_log(settings, create=False)
         try:
-            return state_at(log, proj, run_id, revision, nearest=_nearest_checkpoint(settings))
+            return state_at(log, proj, run_id, revision, nearest=nearest_checkpoint(settings))
         finally:
             log.close()
 

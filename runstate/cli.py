@@ -396,5 +396,44 @@ def demo(n_runs: int, workdir: str, quiet: bool) -> None:
                       progress=Progress("projector", quiet=quiet, inline=False, every_s=2.0, unit="patches")))  # fmt: skip
 
 
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind (non-loopback needs --tokens-file)")
+@click.option("--port", default=8750, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--advertise", help="URL other instances forward to [http://HOST:PORT]")
+@click.option("--tokens-file", envvar="RUNSTATE_TOKENS_FILE", help="bearer tokens -> agents (runstate token add)")
+@click.option("--snapshotter/--no-snapshotter", default=True, show_default=True,
+              help="run the snapshotter in this process too")
+@click.option("--ssl-keyfile", help="TLS key (uvicorn)")
+@click.option("--ssl-certfile", help="TLS certificate (uvicorn)")
+@click.pass_context
+@handle_errors
+def serve(ctx: click.Context, host: str, port: int, advertise: str | None, tokens_file: str | None,
+          snapshotter: bool, ssl_keyfile: str | None, ssl_certfile: str | None) -> None:
+    """HTTP (OpenAPI at /openapi.json) and MCP (/mcp) over the projector, which runs in this
+    process (a member of its group on Kafka: any instance answers for any run)."""
+    from runstate.service import serve as run_serve
+
+    run_serve(_settings(ctx, tokens_file=tokens_file), host, port, advertise=advertise, snapshotter=snapshotter,
+              ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile)
+
+
+@main.group()
+def token() -> None:
+    """Bearer tokens of `runstate serve` (stored hashed)."""
+
+
+@token.command("add")
+@click.argument("agent_id")
+@click.option("--tokens-file", envvar="RUNSTATE_TOKENS_FILE", required=True)
+@click.option("--read-only", is_flag=True, help="queries only, no patches")
+@click.option("--runs", "runs", multiple=True, help="glob of run ids the token may touch (repeatable) [all]")
+@handle_errors
+def token_add(agent_id: str, tokens_file: str, read_only: bool, runs: tuple[str, ...]) -> None:
+    """Create a token for AGENT_ID; prints it once (only its hash is stored)."""
+    from runstate.service.auth import add_token
+
+    click.echo(add_token(tokens_file, agent_id, "read" if read_only else "write", list(runs) or None))
+
+
 if __name__ == "__main__":
     main()

@@ -49,9 +49,19 @@ class Settings(BaseSettings):
     checkpoint_key: SecretStr | None = None
     #: Topic names are ``<prefix>.events``, ``<prefix>.checkpoints``, ``<prefix>.deadletter``, ``<prefix>.decisions``.
     topic_prefix: str = Field("runstate", min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
+    #: Copy every decision to the ``<prefix>.decisions`` topic, so that workers anywhere can
+    #: await theirs. Unset: on for Kafka, off for the embedded log (its decisions are read
+    #: from the projection on the same machine).
+    publish_decisions: bool | None = None
+    #: ``runstate serve``: the tokens file (``runstate token add``); unset, ``serve`` binds to
+    #: 127.0.0.1 only and takes the author from the patch or ``agent_id``.
+    tokens_file: str | None = None
     #: Raw librdkafka settings (JSON object in the env var); ``producer.``/``consumer.``
     #: prefixed keys apply to one client kind only. They win over runstate's defaults.
     kafka_config: dict[str, str | int | bool] = {}
+
+    def decisions_published(self) -> bool:
+        return self.log.startswith("kafka://") if self.publish_decisions is None else self.publish_decisions
 
     def checkpoint_key_bytes(self) -> bytes | None:
         return None if self.checkpoint_key is None else self.checkpoint_key.get_secret_value().encode()

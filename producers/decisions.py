@@ -1,0 +1,65 @@
+"""Awaiting decisions without the projector's disk: the decisions topic.
+
+The projector (on Kafka) copies every decision it stored to ``<prefix>.decisions``, keyed
+by run id, after the batch that holds it is written. A worker on any machine follows that
+topic from where it stood *before* it appended, so the decision cannot slip past it.
+
+The copy is a notification, at least once (a decision can appear twice after a projector
+restart) and best effort (a crash between the store write and the copy loses the copy):
+the projection stays the record of decisions, and a waiter that times out asks it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+
+from runstate.eventlog.base import EventLog, LogReader
+from runstate.schemas.codec import decode_decision
+from runstate.schemas.errors import DecodeError
+from runstate.schemas.patch import Decision
+
+log = logging.getLogger("runstate.decisions")
+
+
+class DecisionFeed:
+    """Follows the decisions topic (all partitions, from their end at creation, or from
+    ``positions``). Not thread-safe: one reader thread."""
+
+    def __init__(self, log_: EventLog, positions: dict[int, int] | None = None) -> None:
+        topic = log_.topics.decisions
+        start = positions if positions is not None else log_.end_offsets(topic)
+        self._reader: LogReader = log_.reader(topic, start)
+
+    def poll(self, timeout_s: float, max_records: int = 1000) -> list[Decision]:
+        """Decisions that arrived since the last poll (undecodable records are skipped)."""
+        out = []
+        for rec in self._reader.poll(max_records, timeout_s):
+            try:
+                out.append(decode_decision(rec.value))
+            except DecodeError as e:  # a foreign record must not stop the waiters
+                log.warning("skipping %s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, e)
+        return out
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+class TopicDecisions:
+    """A decision source for :class:`RunProducer` (``decisions=``) that reads the decisions
+    topic. Create it before appending; it remembers the last ``keep`` decisions it saw."""
+
+    def __init__(self, log_: EventLog, keep: int = 10_000) -> None:
+        self._feed = DecisionFeed(log_)
+        self._seen: OrderedDict[tuple[str, str], Decision] = OrderedDict()
+        self._keep = keep
+
+    def __call__(self, run_id: str, patch_id: str) -> Decision | None:
+        for d in self._feed.poll(0.05):
+            self._seen[(d.run_id, d.patch_id)] = d
+            if len(self._seen) > self._keep:
+                self._seen.popitem(last=False)
+        return self._seen.get((run_id, patch_id))
+
+    def close(self) -> None:
+        self._feed.close()

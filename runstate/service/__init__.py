@@ -1,0 +1,69 @@
+"""``runstate serve``: the HTTP and MCP service over the projector (see ``http.py``)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from runstate.schemas.errors import ContractError
+from runstate.settings import Settings
+
+log = logging.getLogger("runstate.serve")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, advertise: str | None = None,
+          snapshotter: bool = True, ssl_keyfile: str | None = None, ssl_certfile: str | None = None,
+          log_level: str = "warning") -> None:
+    """Run the service until SIGTERM/SIGINT (which store the batch in hand and leave the
+    groups). Raises :class:`ContractError` for a tokens file that cannot be read, or a
+    non-loopback ``host`` without one."""
+    import uvicorn
+
+    from runstate.service.auth import Tokens
+    from runstate.service.http import create_app
+    from runstate.service.node import Node
+    from runstate.service.routing import Router
+
+    tokens = Tokens.load(settings.tokens_file, settings.agent_id)
+    if not tokens.enabled:
+        if not _loopback(host):
+            raise ContractError(f"without a tokens file (--tokens-file / RUNSTATE_TOKENS_FILE) serve binds to "
+                                f"127.0.0.1 only, not {host!r}: anyone who reaches it could write any run")  # fmt: skip
+        print(f"runstate serve: no tokens file: anyone on this machine may read and write; bound to {host} only",
+              file=sys.stderr)  # fmt: skip
+    scheme = "https" if ssl_certfile else "http"
+    me = advertise or f"{scheme}://{host}:{port}"
+    server_box: dict[str, Any] = {}
+
+    def fatal(why: str) -> None:  # a dead projector: stop serving, let the supervisor restart us
+        print(f"runstate serve: stopping: {why}", file=sys.stderr)
+        srv = server_box.get("server")
+        if srv is not None:
+            srv.should_exit = True
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    node = Node(settings, me, snapshotter=snapshotter, on_fatal=fatal)
+    router = Router(node.log, settings.group_id, me) if settings.log.startswith("kafka://") else None
+    app = create_app(node, tokens, router)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, ssl_keyfile=ssl_keyfile,
+                            ssl_certfile=ssl_certfile, timeout_graceful_shutdown=5, lifespan="on")  # fmt: skip
+    server = uvicorn.Server(config)
+    server_box["server"] = server
+    print(f"runstate serve: {me} ({node.log.describe()}, {node.partitions} partitions)", file=sys.stderr, flush=True)
+    server.run()
+    if node.health.failed:
+        raise SystemExit(1)

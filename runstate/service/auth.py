@@ -1,0 +1,123 @@
+"""Bearer tokens -> agent identities, hashed at rest.
+
+The tokens file is JSON::
+
+    {"tokens": [{"sha256": "<hex of sha256(token)>", "agent_id": "planner",
+                 "role": "write", "runs": ["support-*"]}]}
+
+``role`` is ``read`` (queries only) or ``write`` (also patches). ``runs`` (optional) are
+glob patterns of the run ids the token may touch; absent, every run. The token itself is
+shown once, by ``runstate token add``, and never stored.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from runstate.schemas.errors import ContractError, RunstateError, describe_validation_error
+
+Role = Literal["read", "write"]
+
+
+class AuthError(RunstateError):
+    """A request without a valid token (401) or beyond what its token allows (403)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class TokenEntry(BaseModel):
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    agent_id: str = Field(min_length=1)
+    role: Role = "write"
+    runs: list[str] | None = None
+
+
+class TokensFile(BaseModel):
+    tokens: list[TokenEntry] = []
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a request is. ``trusted`` (no tokens file: loopback only) may name any author."""
+
+    agent_id: str
+    role: Role
+    runs: tuple[str, ...] | None = None
+    trusted: bool = False
+
+    def may_read(self, run_id: str) -> None:
+        if self.runs is not None and not any(fnmatch.fnmatchcase(run_id, pat) for pat in self.runs):
+            raise AuthError(f"agent {self.agent_id!r} may not access run {run_id!r}", 403)
+
+    def may_write(self, run_id: str) -> None:
+        if self.role != "write":
+            raise AuthError(f"agent {self.agent_id!r} has a read-only token", 403)
+        self.may_read(run_id)
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Tokens:
+    """The identities of a tokens file, or the local trust of a server without one."""
+
+    def __init__(self, entries: list[TokenEntry] | None, default_agent: str = "cli") -> None:
+        self.entries = entries
+        self.default_agent = default_agent
+
+    @classmethod
+    def load(cls, path: str | None, default_agent: str = "cli") -> Tokens:
+        """Raises :class:`ContractError` naming the file and field."""
+        if path is None:
+            return cls(None, default_agent)
+        try:
+            return cls(TokensFile.model_validate_json(Path(path).read_bytes()).tokens, default_agent)
+        except OSError as e:
+            raise ContractError(f"cannot read tokens file: {e.strerror}", where=path) from e
+        except ValidationError as e:
+            field, msg = describe_validation_error(e)
+            raise ContractError(f"invalid tokens file: {msg}", where=path, field=field) from e
+
+    @property
+    def enabled(self) -> bool:
+        return self.entries is not None
+
+    def identify(self, authorization: str | None) -> Identity:
+        """The identity of an ``Authorization`` header. Raises :class:`AuthError` (401)."""
+        if self.entries is None:
+            return Identity(self.default_agent, "write", trusted=True)
+        if not authorization or not authorization.lower().startswith("bearer "):
+            raise AuthError("a bearer token is required (Authorization: Bearer <token>)", 401)
+        digest = _digest(authorization[7:].strip())
+        for e in self.entries:
+            if hmac.compare_digest(e.sha256, digest):
+                return Identity(e.agent_id, e.role, None if e.runs is None else tuple(e.runs))
+        raise AuthError("unknown token", 401)
+
+
+def add_token(path: str, agent_id: str, role: Role = "write", runs: list[str] | None = None) -> str:
+    """Create a token for ``agent_id``, store its hash in ``path`` (created 0600) and
+    return the token (the only time it is seen)."""
+    p = Path(path)
+    current = TokensFile.model_validate_json(p.read_bytes()) if p.exists() else TokensFile()
+    token = "rs_" + secrets.token_urlsafe(32)
+    current.tokens.append(TokenEntry(sha256=_digest(token), agent_id=agent_id, role=role, runs=runs))
+    tmp = p.with_name(p.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(current.model_dump(exclude_none=True), indent=1) + "\n")
+    os.replace(tmp, p)
+    return token

@@ -1,0 +1,347 @@
+"""What ``runstate serve`` does, independent of HTTP or MCP: every operation either runs
+on this instance (it owns the run's partition) or is forwarded to the owner.
+
+Each operation takes the :class:`Forward` that names it as an HTTP request of this same
+service, so that the MCP tools and the HTTP routes forward the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import httpx
+import orjson
+from pydantic import BaseModel, TypeAdapter
+
+from runstate import app
+from runstate.projector.context import render_context
+from runstate.projector.replay import explain, state_at
+from runstate.schemas.errors import ContractError, DecisionTimeout, RunNotFound, RunstateError
+from runstate.schemas.patch import Decision
+from runstate.schemas.state import RunHeader, RunState
+from runstate.service.auth import AuthError, Identity
+from runstate.service.node import Node, NotOwner
+from runstate.service.routing import FORWARDED, Router, Unavailable
+from runstate.snapshotter.checkpoint import Checkpoint
+
+T = TypeVar("T")
+
+#: How long a request keeps retrying an owner that is moving before it answers 503.
+OWNER_RETRY_S = 3.0
+
+
+class RemoteError(RunstateError):
+    """The owner answered an error: passed on with its status and body."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+        super().__init__(str(err.get("message", f"HTTP {status}")))
+        self.status = status
+        self.body = body
+
+
+@dataclass(frozen=True)
+class Forward:
+    """The request as it would be forwarded: method, path, query, headers, body."""
+
+    method: str
+    path: str
+    params: tuple[tuple[str, str], ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+    body: bytes | None = None
+    #: this request was forwarded to us: answer locally or 503, never forward again
+    forwarded: bool = False
+
+
+class Submitted(BaseModel):
+    """The answer to a patch: ``decided`` with its decision, or ``pending`` (appended, not
+    decided within the wait; ask ``GET /runs/{run_id}/decisions/{patch_id}``)."""
+
+    status: str
+    patch_id: str
+    run_id: str
+    partition: int
+    offset: int
+    decision: Decision | None = None
+
+
+class FieldChangeOut(BaseModel):
+    revision: int
+    offset: int
+    agent_id: str
+    agent_version: str
+    event_types: list[str]
+    before: Any = None
+    after: Any = None
+
+
+class ResumeOut(BaseModel):
+    checkpoint: Checkpoint
+    current_revision: int | None
+    tail: list[Decision]
+
+
+class _LiveRuns:
+    """What the replay tools read from a projection, from the owner's live stores."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def header(self, run_id: str) -> RunHeader | None:
+        return self.node.read(run_id, lambda st: st.header(run_id))
+
+    def history(self, run_id: str) -> list[Decision]:
+        return self.node.read(run_id, lambda st: st.history(run_id))
+
+
+def _state(node: Node, run_id: str) -> RunState:
+    doc = node.read(run_id, lambda st: st.load_doc(run_id))
+    if doc is None:
+        raise RunNotFound(run_id)
+    return doc.to_state()
+
+
+class Service:
+    def __init__(self, node: Node, router: Router | None) -> None:
+        self.node = node
+        self.router = router
+        self.settings = node.settings
+
+    # -- local or owner -------------------------------------------------------------------
+
+    async def on_owner(self, run_id: str, fwd: Forward, local: Callable[[], Awaitable[T]],
+                       parse: Callable[[Any], T]) -> T:
+        """``local()`` if this instance owns the run's partition, else the owner's answer
+        to ``fwd`` parsed by ``parse``. Raises :class:`Unavailable` after retrying for
+        :data:`OWNER_RETRY_S` while the owner is moving."""
+        deadline = time.monotonic() + OWNER_RETRY_S
+        refresh = False
+        while True:
+            try:
+                return await local()
+            except NotOwner as e:
+                if self.router is None or fwd.forwarded:
+                    raise Unavailable(str(e)) from e
+                partition = e.partition
+            try:
+                url = await self.router.owner(partition, refresh)
+                resp = await self.router.forward(url, fwd.method, fwd.path, list(fwd.params), dict(fwd.headers), fwd.body)
+                if resp.status_code != 503:
+                    return parse(self._json(resp))
+                why = f"the owner of partition {partition} is handing it over"
+            except Unavailable as e:
+                why = str(e)
+            except httpx.HTTPError as e:
+                why = f"the owner of partition {partition} does not answer ({type(e).__name__})"
+            if time.monotonic() >= deadline:
+                raise Unavailable(why)
+            refresh = True
+            await asyncio.sleep(0.1)
+
+    @staticmethod
+    def _json(resp: httpx.Response) -> Any:
+        body = orjson.loads(resp.content) if resp.content else None
+        if resp.status_code >= 400:
+            raise RemoteError(resp.status_code, body if isinstance(body, dict) else {})
+        return body
+
+    async def scatter(self, fwd: Forward, local: Callable[[], T], parse: Callable[[Any], T]) -> list[T]:
+        """``local()`` here and ``fwd`` on every other serving member (one answer each)."""
+        out = [local()]
+        if self.router is None or fwd.forwarded:
+            return out
+        owners = await self.router.owners(refresh=True)
+        urls = sorted(set(owners.values()) - {self.router.me})
+        for url in urls:
+            try:
+                resp = await self.router.forward(url, fwd.method, fwd.path, list(fwd.params), dict(fwd.headers))
+            except httpx.HTTPError as e:
+                raise Unavailable(f"instance {url} does not answer ({type(e).__name__})") from e
+            if resp.status_code == 503:
+                raise Unavailable(f"instance {url} is not ready")
+            if resp.status_code == 404:  # not there: the others may have it
+                continue
+            out.append(parse(self._json(resp)))
+        missing = set(range(self.node.partitions)) - set(owners) - set(self.node.owned())
+        if missing:
+            raise Unavailable(f"partitions {sorted(missing)} have no serving owner")
+        return out
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def submit(self, who: Identity, run_id: str, data: Any, wait_s: float | None, fwd: Forward) -> Submitted:
+        """Validate, append and (``wait_s``) await the decision of one patch. The author is
+        the caller's identity. Raises :class:`ContractError`, :class:`PatchTooLarge`,
+        :class:`AuthError`."""
+        who.may_write(run_id)
+        if not isinstance(data, dict):
+            raise ContractError(f"a patch must be a JSON object, got {type(data).__name__}")
+        author = data.get("author")
+        if not who.trusted:
+            claimed = author.get("agent_id") if isinstance(author, dict) else None
+            if claimed is not None and claimed != who.agent_id:
+                raise AuthError(f"the token is agent {who.agent_id!r}; a patch cannot claim author {claimed!r}", 403)
+            version = author.get("agent_version") if isinstance(author, dict) else None
+            data = {**data, "author": {"agent_id": who.agent_id, "agent_version": version or "unknown"}}
+        patch = self.node.producer.build(run_id, data)
+        encoded = self.node.producer.encode(patch)
+        hub = self.node.hub
+        waiting = hub.expect(run_id, patch.patch_id) if wait_s else None
+        try:
+            receipt = await asyncio.wrap_future(self.node.append(patch, encoded))
+            out = Submitted(status="pending", patch_id=patch.patch_id, run_id=run_id,
+                            partition=receipt.partition, offset=receipt.offset)  # fmt: skip
+            if waiting is None:
+                return out
+            try:
+                decision = await asyncio.wait_for(asyncio.shield(waiting), wait_s)
+            except TimeoutError:
+                # A resent patch id is a duplicate (no new decision), or the copy of the
+                # decision was lost: ask the owner before answering "pending".
+                decision = await self.decision_or_none(run_id, patch.patch_id, fwd)
+            if decision is not None:
+                out.status, out.decision = "decided", decision
+            return out
+        finally:
+            if waiting is not None:
+                hub.forget(run_id, patch.patch_id, waiting)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def decision(self, run_id: str, patch_id: str, fwd: Forward) -> Decision:
+        async def local() -> Decision:
+            d = self.node.read(run_id, lambda st: st.decision(run_id, patch_id))
+            if d is None:
+                raise DecisionTimeout(run_id, patch_id, 0)
+            return d
+
+        return await self.on_owner(run_id, fwd, local, Decision.model_validate)
+
+    async def decision_or_none(self, run_id: str, patch_id: str, fwd: Forward) -> Decision | None:
+        try:
+            return await self.decision(run_id, patch_id, Forward("GET", f"/runs/{run_id}/decisions/{patch_id}",
+                                                                 headers=fwd.headers))  # fmt: skip
+        except (DecisionTimeout, Unavailable):
+            return None
+        except RemoteError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def state(self, run_id: str, fwd: Forward, *, revision: int | None = None, min_revision: int | None = None,
+                    wait_s: float = 5.0) -> RunState:
+        """The run's state (``revision``: as it was then). ``min_revision``: wait up to
+        ``wait_s`` until the projection reached it (read-your-writes), else
+        :class:`Unavailable`."""
+
+        async def local() -> RunState:
+            if revision is not None:
+                live = _LiveRuns(self.node)
+                live.header(run_id)  # NotOwner before any log read
+                return await asyncio.to_thread(self._state_at, live, run_id, revision)
+            if min_revision is not None:
+                await self._reach(run_id, min_revision, wait_s)
+            return _state(self.node, run_id)
+
+        return await self.on_owner(run_id, fwd, local, RunState.model_validate)
+
+    def _state_at(self, live: _LiveRuns, run_id: str, revision: int) -> RunState:
+        log = app.open_settings_log(self.settings, create=False)
+        try:
+            return state_at(log, live, run_id, revision, nearest=app.nearest_checkpoint(self.settings))  # type: ignore[arg-type]
+        finally:
+            log.close()
+
+    async def _reach(self, run_id: str, min_revision: int, wait_s: float) -> None:
+        def current() -> int:
+            h = self.node.read(run_id, lambda st: st.header(run_id))
+            return -1 if h is None else h.revision
+
+        if current() >= min_revision:
+            return
+        w = self.node.hub.watch(run_id, min_revision)
+        try:
+            if current() < min_revision:  # re-read after registering: no wake-up is missed
+                try:
+                    await asyncio.wait_for(w.future, wait_s)
+                except TimeoutError:
+                    raise Unavailable(f"run {run_id!r} has not reached revision {min_revision} here yet "
+                                      f"(at {current()})", retry_after=1.0) from None  # fmt: skip
+        finally:
+            self.node.hub.unwatch(run_id, w)
+
+    async def context(self, run_id: str, fwd: Forward, min_revision: int | None = None) -> str:
+        async def local() -> str:
+            if min_revision is not None:
+                await self._reach(run_id, min_revision, 5.0)
+            return render_context(_state(self.node, run_id), now=datetime.now(UTC))
+
+        return await self.on_owner(run_id, fwd, local, lambda body: str(body["context"]))
+
+    async def history(self, run_id: str, fwd: Forward) -> list[Decision]:
+        async def local() -> list[Decision]:
+            out = self.node.read(run_id, lambda st: st.history(run_id))
+            if not out:
+                raise RunNotFound(run_id)
+            return out
+
+        return await self.on_owner(run_id, fwd, local, TypeAdapter(list[Decision]).validate_python)
+
+    async def explain(self, run_id: str, path: str, fwd: Forward) -> list[FieldChangeOut]:
+        async def local() -> list[FieldChangeOut]:
+            live = _LiveRuns(self.node)
+            live.header(run_id)
+
+            def run() -> list[FieldChangeOut]:
+                log = app.open_settings_log(self.settings, create=False)
+                try:
+                    changes = explain(log, live, run_id, path)  # type: ignore[arg-type]
+                finally:
+                    log.close()
+                return [FieldChangeOut(**vars(c)) for c in changes]
+
+            return await asyncio.to_thread(run)
+
+        return await self.on_owner(run_id, fwd, local, TypeAdapter(list[FieldChangeOut]).validate_python)
+
+    async def runs(self, status: str | None, fwd: Forward) -> list[RunHeader]:
+        def local() -> list[RunHeader]:
+            per = self.node.read_partitions(lambda _p, st: [h for h in st.headers() if status is None or h.status == status])
+            return [h for hs in per.values() for h in hs]
+
+        parts = await self.scatter(fwd, local, TypeAdapter(list[RunHeader]).validate_python)
+        return sorted((h for hs in parts for h in hs), key=lambda h: h.run_id)
+
+    async def checkpoints(self, run_id: str, fwd: Forward) -> list[Checkpoint]:
+        """The checkpoints this instance's snapshotter wrote of the run, else another's."""
+        def local() -> list[Checkpoint]:
+            try:
+                return app.checkpoints(self.settings, run_id)
+            except RunstateError:
+                return []
+
+        for found in await self.scatter(fwd, local, TypeAdapter(list[Checkpoint]).validate_python):
+            if found:
+                return found
+        raise RunNotFound(run_id)
+
+    async def resume(self, run_id: str, fwd: Forward) -> ResumeOut:
+        def local() -> ResumeOut | None:
+            try:
+                plan = app.resume_plan(self.settings, run_id)
+            except RunNotFound:
+                return None
+            return ResumeOut(checkpoint=plan.checkpoint, current_revision=plan.current_revision, tail=plan.tail)
+
+        def parse(body: Any) -> ResumeOut | None:
+            return None if body is None else ResumeOut.model_validate(body)
+
+        for found in await self.scatter(fwd, lambda: local(), parse):
+            if found is not None:
+                return found
+        raise RunNotFound(run_id)

@@ -1,0 +1,405 @@
+"""The HTTP API of ``runstate serve`` (FastAPI on uvicorn), and the MCP endpoint beside it.
+
+FastAPI because its OpenAPI document is generated from the same pydantic models that are
+the contract (``/openapi.json`` is what the schemathesis fuzz test and non-Python clients
+read), and it is Starlette underneath, which gives Server-Sent Events and mounting the MCP
+app without another framework.
+
+Every error has one shape, ``{"error": {"code", "message", "field"}}``:
+401/403 (token), 404 (no such run), 413 (patch too large), 422 (bad patch or parameter,
+``field`` names it), 503 with ``Retry-After`` (the partition's owner is moving, restoring,
+or not yet at ``min_revision``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any
+
+import orjson
+import pydantic
+from fastapi import FastAPI, Header, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from runstate.app import unencodable
+from runstate.schemas.errors import (
+    ContractError,
+    DecisionTimeout,
+    LogError,
+    PatchTooLarge,
+    RevisionNotFound,
+    RunNotFound,
+    RunstateError,
+    describe_validation_error,
+)
+from runstate.schemas.patch import Decision, PatchDraft
+from runstate.schemas.state import RunHeader, RunState
+from runstate.service.auth import AuthError, Identity, Tokens
+from runstate.service.core import FieldChangeOut, Forward, RemoteError, ResumeOut, Service, Submitted
+from runstate.service.node import Node
+from runstate.service.routing import FORWARDED, Router, Unavailable
+from runstate.snapshotter.checkpoint import Checkpoint
+
+RUN_ID = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:@/-]+$")]
+#: Longest ``wait`` a request may ask for (seconds).
+MAX_WAIT_S = 60.0
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: str
+    owned_partitions: list[int]
+    partitions: int
+    restoring: dict[int, float]
+    failed: str | None = None
+
+
+class ContextOut(BaseModel):
+    run_id: str
+    context: str
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    what = {401: "no or unknown token", 403: "the token does not allow this", 404: "no such run",
+            413: "patch too large", 422: "invalid patch or parameter",
+            503: "not available now (owner moving or restoring); see Retry-After"}  # fmt: skip
+    return {c: {"model": ErrorBody, "description": what[c]} for c in codes}
+
+
+def error_response(status: int, code: str, message: str, field: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, "field": field}}, status, headers=headers)
+
+
+def translate(e: Exception) -> JSONResponse:
+    """The one mapping of errors to responses."""
+    if isinstance(e, RemoteError):
+        return JSONResponse(e.body, e.status)
+    if isinstance(e, AuthError):
+        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+        return error_response(e.status, "unauthorized" if e.status == 401 else "forbidden", str(e), headers=headers)
+    if isinstance(e, PatchTooLarge):
+        return error_response(413, "patch_too_large", str(e))
+    if isinstance(e, ContractError):
+        return error_response(422, "invalid", str(e), e.field)
+    if isinstance(e, RunNotFound | RevisionNotFound):
+        return error_response(404, "not_found", str(e))
+    if isinstance(e, DecisionTimeout):
+        return error_response(404, "not_decided", "no decision on this patch (yet)")
+    if isinstance(e, Unavailable):
+        return error_response(503, "unavailable", str(e), headers={"Retry-After": str(max(1, round(e.retry_after)))})
+    if isinstance(e, LogError):
+        return error_response(503, "log_unavailable", str(e), headers={"Retry-After": "1"})
+    if isinstance(e, RunstateError):
+        return error_response(500, "internal", f"{type(e).__name__}: {e}")
+    raise e
+
+
+class Metrics:
+    """Prometheus metrics of one instance (its own registry: several apps per process in tests)."""
+
+    def __init__(self, node: Node) -> None:
+        self.registry = CollectorRegistry()
+        self.decisions = Counter("runstate_decisions", "Decisions made by this instance's projector",
+                                 ["outcome", "reason"], registry=self.registry)  # fmt: skip
+        self.lag = Gauge("runstate_lag_records", "Records behind the log end", ["partition"], registry=self.registry)
+        self.rate = Gauge("runstate_projector_events_per_second", "Events per second since the first batch",
+                          registry=self.registry)  # fmt: skip
+        self.records = Gauge("runstate_projector_records", "Records processed since start", registry=self.registry)
+        self.restore = Gauge("runstate_restore_progress_ratio", "Checkpoint restore progress (0..1)", ["partition"],
+                             registry=self.registry)  # fmt: skip
+        self.requests = Counter("runstate_http_requests", "HTTP requests", ["route", "status"], registry=self.registry)
+        self.node = node
+        node.hub.on_decision.append(self._count)
+
+    def _count(self, d: Decision, local: bool) -> None:
+        if local:
+            self.decisions.labels(d.outcome, d.reason or "").inc()
+
+    def render(self) -> bytes:
+        node = self.node
+        stats = node.projector.stats
+        self.rate.set(stats.rate())
+        self.records.set(stats.records)
+        positions = node.read_partitions(lambda _p, st: st.next_offset())
+        consumer = node.projector._consumer
+        ends = consumer.end_offsets() if consumer is not None else {}
+        for p, pos in positions.items():
+            end = ends.get(p)
+            if end is not None:
+                self.lag.labels(str(p)).set(max(0, end - pos))
+        for p, r in list(node.health.restoring.items()):
+            self.restore.labels(str(p)).set(r.done / r.total if r.total else 0.0)
+        return generate_latest(self.registry)
+
+
+def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp: bool = True) -> FastAPI:
+    """The ASGI app over a started-or-not ``node`` (the lifespan starts and stops it)."""
+    service = Service(node, router)
+    metrics = Metrics(node)
+    mcp_server = None
+    if mcp:
+        from runstate.service.mcp import build_mcp
+
+        mcp_server = build_mcp(service, tokens)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        node.start(asyncio.get_running_loop())
+        try:
+            if mcp_server is not None:
+                async with mcp_server.session_manager.run():
+                    yield
+            else:
+                yield
+        finally:
+            await asyncio.to_thread(node.stop)
+            if router is not None:
+                await router.close()
+
+    api = FastAPI(title="runstate", version="1", lifespan=lifespan,
+                  description="Where is this run now? Typed, durable Run State for AI agents.")  # fmt: skip
+
+    @api.exception_handler(RunstateError)
+    async def _runstate_error(_req: Request, e: RunstateError) -> JSONResponse:
+        return translate(e)
+
+    @api.exception_handler(RequestValidationError)
+    async def _bad_request(_req: Request, e: RequestValidationError) -> JSONResponse:
+        errs = e.errors()
+        first = errs[0] if errs else {}
+        field = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+        return error_response(422, "invalid", f"{field or 'request'}: {first.get('msg', 'invalid')}", field)
+
+    @api.exception_handler(StarletteHTTPException)
+    async def _http_error(_req: Request, e: StarletteHTTPException) -> JSONResponse:
+        return error_response(e.status_code, "http_" + str(e.status_code), str(e.detail))
+
+    def ident(request: Request) -> Identity:
+        return tokens.identify(request.headers.get("authorization"))
+
+    def fwd(request: Request, body: bytes | None = None) -> Forward:
+        keep = ("authorization", "last-event-id", "content-type")
+        return Forward(request.method, request.url.path, tuple(request.query_params.multi_items()),
+                       tuple((k, v) for k, v in request.headers.items() if k in keep), body,
+                       forwarded=FORWARDED in request.headers)  # fmt: skip
+
+    async def read_body(request: Request) -> bytes:
+        limit = 2 * node.settings.max_patch_bytes  # JSON text is larger than its Avro encoding
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PatchTooLarge("?", int(declared), limit)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PatchTooLarge("?", size, limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def json_out(model: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+        if isinstance(model, BaseModel):
+            content = model.model_dump_json().encode()
+        else:
+            content = orjson.dumps(pydantic.TypeAdapter(type(model)).dump_python(model, mode="json"))
+        return Response(content, status, headers=headers, media_type="application/json")
+
+    patch_schema = PatchDraft.model_json_schema(ref_template="#/components/schemas/{model}")
+    patch_defs = patch_schema.pop("$defs", {})
+
+    @api.post("/runs/{run_id}/patches", response_model=Submitted, status_code=200,
+              responses={202: {"model": Submitted, "description": "appended, not decided within `wait`"},
+                         **_errors(401, 403, 413, 422, 503)},
+              openapi_extra={"requestBody": {"required": True,
+                                             "content": {"application/json": {"schema": patch_schema}}}})  # fmt: skip
+    async def post_patch(request: Request, run_id: RUN_ID,
+                         wait: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None) -> Response:
+        """Append a patch (the CLI's patch JSON). The author is the token's identity. With
+        ``wait``: 200 with the decision (accepted or rejected), 202 when not decided in time."""
+        who = ident(request)
+        body = await read_body(request)
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            raise ContractError(f"not JSON: {e}") from e
+        bad = unencodable(data)
+        if bad is not None:
+            raise ContractError(f"invalid patch: {bad}: a string that UTF-8 cannot encode", field=bad)
+        out = await service.submit(who, run_id, data, wait, fwd(request, body))
+        return json_out(out, 200 if out.status == "decided" or not wait else 202)
+
+    @api.get("/runs/{run_id}/decisions/{patch_id}", response_model=Decision, responses=_errors(401, 403, 404, 503))
+    async def get_decision(request: Request, run_id: RUN_ID, patch_id: Annotated[str, Path(min_length=1, max_length=128)]) -> Response:
+        """The decision on one patch; 404 while there is none."""
+        ident(request).may_read(run_id)
+        return json_out(await service.decision(run_id, patch_id, fwd(request)))
+
+    @api.get("/runs/{run_id}", response_model=RunState, responses={304: {"description": "not modified"},
+                                                                    **_errors(401, 403, 404, 422, 503)})  # fmt: skip
+    async def get_state(request: Request, run_id: RUN_ID,
+                        revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+                        min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+                        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 5.0,
+                        if_none_match: Annotated[str | None, Header()] = None) -> Response:
+        """The run's state. ``revision``: as it was then. ``min_revision``: wait (up to
+        ``wait`` s) until the projection has reached it, else 503. ``ETag`` is the revision."""
+        ident(request).may_read(run_id)
+        state = await service.state(run_id, fwd(request), revision=revision, min_revision=min_revision, wait_s=wait)
+        etag = f'"{state.revision}"'
+        if if_none_match == etag:
+            return Response(status_code=304, headers={"ETag": etag})
+        return json_out(state, headers={"ETag": etag})
+
+    @api.get("/runs/{run_id}/context", response_model=ContextOut, responses=_errors(401, 403, 404, 503))
+    async def get_context(request: Request, run_id: RUN_ID,
+                          min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None) -> Response:
+        """The compact context for a prompt."""
+        ident(request).may_read(run_id)
+        return json_out(ContextOut(run_id=run_id, context=await service.context(run_id, fwd(request), min_revision)))
+
+    @api.get("/runs/{run_id}/history", response_model=list[Decision], responses=_errors(401, 403, 404, 503))
+    async def get_history(request: Request, run_id: RUN_ID) -> Response:
+        ident(request).may_read(run_id)
+        return json_out(await service.history(run_id, fwd(request)))
+
+    @api.get("/runs/{run_id}/explain", response_model=list[FieldChangeOut], responses=_errors(401, 403, 404, 422, 503))
+    async def get_explain(request: Request, run_id: RUN_ID, path: Annotated[str, Query(min_length=1, max_length=512)]) -> Response:
+        """Every accepted patch that changed ``path`` (e.g. ``facts.fact_1.statement``)."""
+        ident(request).may_read(run_id)
+        return json_out(await service.explain(run_id, path, fwd(request)))
+
+    @api.get("/runs/{run_id}/checkpoints", response_model=list[Checkpoint], responses=_errors(401, 403, 404, 503))
+    async def get_checkpoints(request: Request, run_id: RUN_ID) -> Response:
+        ident(request).may_read(run_id)
+        return json_out(await service.checkpoints(run_id, fwd(request)))
+
+    @api.get("/runs/{run_id}/resume", response_model=ResumeOut, responses=_errors(401, 403, 404, 503))
+    async def get_resume(request: Request, run_id: RUN_ID) -> Response:
+        """The latest checkpoint's verdict and the patches after it, read from the log."""
+        ident(request).may_read(run_id)
+        return json_out(await service.resume(run_id, fwd(request)))
+
+    @api.get("/runs", response_model=list[RunHeader], responses=_errors(401, 503))
+    async def get_runs(request: Request, status: Annotated[str | None, Query(max_length=32)] = None) -> Response:
+        """Headers of every run (every partition, asked of their owners)."""
+        who = ident(request)
+        headers = await service.runs(status, fwd(request))
+        if who.runs is not None:
+            headers = [h for h in headers if _may(who, h.run_id)]
+        return json_out(headers)
+
+    @api.get("/runs/{run_id}/events", responses={200: {"content": {"text/event-stream": {}},
+                                                       "description": "decisions as Server-Sent Events"},
+                                                 **_errors(401, 403, 404, 503)})  # fmt: skip
+    async def get_events(request: Request, run_id: RUN_ID,
+                         last_event_id: Annotated[str | None, Header(max_length=32)] = None) -> StreamingResponse:
+        """Every decision of the run as it happens (``event: decision``, ``id`` = its log
+        offset); resumable with ``Last-Event-ID`` (the missed ones are read from history)."""
+        ident(request).may_read(run_id)
+        after = int(last_event_id) if last_event_id is not None and last_event_id.isdigit() else None
+        q = node.hub.subscribe(run_id)  # before reading history: nothing falls between
+        try:
+            missed: list[Decision] = []
+            if after is not None:
+                try:
+                    missed = [d for d in await service.history(run_id, fwd(request)) if d.offset > after]
+                except RunNotFound:
+                    missed = []
+        except BaseException:
+            node.hub.unsubscribe(run_id, q)
+            raise
+
+        async def stream() -> AsyncIterator[bytes]:
+            last = after if after is not None else -1
+            try:
+                yield b": runstate decisions of " + run_id.encode() + b"\n\n"
+                for d in missed:
+                    last = d.offset
+                    yield _sse(d)
+                while True:
+                    try:
+                        d = await asyncio.wait_for(q.get(), 15.0)
+                    except TimeoutError:
+                        yield b": keep-alive\n\n"
+                        continue
+                    if d.offset > last:  # the decisions topic may repeat one
+                        last = d.offset
+                        yield _sse(d)
+            finally:
+                node.hub.unsubscribe(run_id, q)
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})  # fmt: skip
+
+    @api.get("/healthz", response_model=Health, responses={503: {"model": Health, "description": "not healthy"}})
+    async def healthz() -> Response:
+        """200 when the projector runs and this instance owns partitions (or the group gave it none)."""
+        h = node.health
+        restoring = {p: (r.done / r.total if r.total else 0.0) for p, r in h.restoring.items()}
+        owned = node.owned()
+        status = "failed" if h.failed else ("restoring" if restoring else ("serving" if owned else "starting"))
+        body = Health(status=status, owned_partitions=owned, partitions=node.partitions, restoring=restoring,
+                      failed=h.failed)  # fmt: skip
+        return json_out(body, 503 if h.failed else 200)
+
+    @api.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    async def get_metrics() -> Response:
+        """Prometheus text: lag per partition, decisions by outcome and reason, projector
+        rate, restore progress."""
+        return Response(await asyncio.to_thread(metrics.render), media_type=CONTENT_TYPE_LATEST)
+
+    @api.middleware("http")
+    async def count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        response = await call_next(request)
+        route = request.scope.get("route")
+        metrics.requests.labels(getattr(route, "path", "other"), str(response.status_code)).inc()
+        return response
+
+    if mcp_server is not None:
+        from runstate.service.mcp import mount_mcp
+
+        mount_mcp(api, mcp_server, tokens)
+
+    def openapi() -> dict[str, Any]:
+        if api.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=api.title, version=api.version, description=api.description, routes=api.routes)
+            comps = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name, d in patch_defs.items():
+                comps.setdefault(name, d)
+            api.openapi_schema = schema
+        return api.openapi_schema
+
+    api.openapi = openapi  # type: ignore[method-assign]
+    return api
+
+
+def _may(who: Identity, run_id: str) -> bool:
+    try:
+        who.may_read(run_id)
+        return True
+    except AuthError:
+        return False
+
+
+def _sse(d: Decision) -> bytes:
+    return b"id: %d\nevent: decision\ndata: %s\n\n" % (d.offset, d.model_dump_json().encode())
+
+
+__all__ = ["create_app", "translate"]

@@ -1,0 +1,295 @@
+"""One ``runstate serve`` instance: the projector (and the snapshotter) in background
+threads, an appender thread that group-commits patches, and the hub that tells waiting
+requests about decisions.
+
+Threads and who owns what:
+
+- the **projector** thread is the single writer of the partitions this instance owns (a
+  member of the projector's consumer group). ``Projector.lock`` is held while a batch is
+  written and while its set of partitions changes; a reader holding it sees whole batches
+  of partitions it owns, never a store being closed under it;
+- the **snapshotter** thread writes checkpoints (its own consumer group);
+- the **appender** thread owns the log producer: requests queue patches, it appends all
+  that are queued and flushes once (group commit), then resolves each request;
+- the **decision feed** thread (when decisions are published, i.e. on Kafka) follows the
+  decisions topic, so a decision made by another instance reaches its waiter here;
+- the asyncio loop (uvicorn) runs the handlers; the other threads reach the :class:`Hub`
+  only through ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from runstate.app import make_projector, open_settings_log
+from runstate.eventlog.base import EventLog
+from runstate.eventlog.partitioner import partition_for
+from runstate.producers.decisions import DecisionFeed
+from runstate.producers.run_producer import Receipt, RunProducer
+from runstate.projector.store import PendingBatch, ProjectionStore
+from runstate.projector.working import RunDoc
+from runstate.schemas.errors import RunstateError
+from runstate.schemas.patch import Author, Decision, Patch
+from runstate.settings import Settings
+from runstate.snapshotter.policy import CheckpointPolicy
+from runstate.snapshotter.service import Snapshotter
+
+log = logging.getLogger("runstate.serve")
+T = TypeVar("T")
+
+#: The client id prefix by which serve instances advertise their address in the group.
+CLIENT_ID_PREFIX = "runstate-serve|"
+
+
+class NotOwner(RunstateError):
+    """This instance does not (or not yet) own the run's partition."""
+
+    def __init__(self, partition: int, why: str = "owned by another instance") -> None:
+        super().__init__(f"partition {partition} is {why}")
+        self.partition = partition
+
+
+@dataclass
+class _Watch:
+    min_revision: int
+    future: asyncio.Future[None]
+
+
+class Hub:
+    """Decisions -> the requests waiting for them (loop thread only).
+
+    - ``wait_decision``: a future per ``(run_id, patch_id)``, registered before the append;
+    - ``wait_revision``: wakes ``min_revision`` readers when an accepted decision reaches it;
+    - ``subscribe``: a queue per SSE stream of a run.
+    """
+
+    def __init__(self) -> None:
+        self.decisions: dict[tuple[str, str], list[asyncio.Future[Decision]]] = {}
+        self.watches: dict[str, list[_Watch]] = {}
+        self.streams: dict[str, set[asyncio.Queue[Decision]]] = {}
+        self.on_decision: list[Callable[[Decision, bool], None]] = []
+
+    def publish(self, decisions: list[Decision], local: bool) -> None:
+        """``local``: decided by this instance's projector (counted once, in metrics)."""
+        for d in decisions:
+            for f in self.decisions.pop((d.run_id, d.patch_id), ()):
+                if not f.done():
+                    f.set_result(d)
+            for w in self.watches.get(d.run_id, ()):
+                if d.revision >= w.min_revision and not w.future.done():
+                    w.future.set_result(None)
+            for q in self.streams.get(d.run_id, ()):
+                q.put_nowait(d)
+            for cb in self.on_decision:
+                cb(d, local)
+
+    def expect(self, run_id: str, patch_id: str) -> asyncio.Future[Decision]:
+        f: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        self.decisions.setdefault((run_id, patch_id), []).append(f)
+        return f
+
+    def forget(self, run_id: str, patch_id: str, f: asyncio.Future[Decision]) -> None:
+        waiting = self.decisions.get((run_id, patch_id))
+        if waiting is not None and f in waiting:
+            waiting.remove(f)
+            if not waiting:
+                del self.decisions[(run_id, patch_id)]
+
+    def watch(self, run_id: str, min_revision: int) -> _Watch:
+        w = _Watch(min_revision, asyncio.get_running_loop().create_future())
+        self.watches.setdefault(run_id, []).append(w)
+        return w
+
+    def unwatch(self, run_id: str, w: _Watch) -> None:
+        ws = self.watches.get(run_id)
+        if ws is not None and w in ws:
+            ws.remove(w)
+            if not ws:
+                del self.watches[run_id]
+
+    def subscribe(self, run_id: str) -> asyncio.Queue[Decision]:
+        q: asyncio.Queue[Decision] = asyncio.Queue()
+        self.streams.setdefault(run_id, set()).add(q)
+        return q
+
+    def unsubscribe(self, run_id: str, q: asyncio.Queue[Decision]) -> None:
+        qs = self.streams.get(run_id)
+        if qs is not None:
+            qs.discard(q)
+            if not qs:
+                del self.streams[run_id]
+
+
+@dataclass
+class RestoreProgress:
+    done: int = 0
+    total: int = 0
+
+
+@dataclass
+class NodeHealth:
+    started_at: float = field(default_factory=time.monotonic)
+    failed: str | None = None
+    restoring: dict[int, RestoreProgress] = field(default_factory=dict)
+
+
+class Node:
+    """See the module docstring. ``advertise`` is the URL other instances forward to."""
+
+    def __init__(self, settings: Settings, advertise: str, *, snapshotter: bool = True,
+                 on_fatal: Callable[[str], None] | None = None) -> None:
+        self.settings = settings
+        self.advertise = advertise
+        self.log: EventLog = open_settings_log(settings)
+        self.log.check_topics()
+        self.partitions = self.log.partitions(self.log.topics.events)
+        self.hub = Hub()
+        self.health = NodeHealth()
+        self.on_fatal = on_fatal
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.projector = make_projector(settings, self.log, hooks=self, client_id=CLIENT_ID_PREFIX + advertise,
+                                        on_restore_progress=self._restore_progress)  # fmt: skip
+        self.snapshotter: Snapshotter | None = None
+        if snapshotter:
+            policy = CheckpointPolicy(every=settings.checkpoint_every, max_age=settings.checkpoint_max_age)
+            self.snapshotter = Snapshotter(open_settings_log(settings), settings.state_dir, policy=policy,
+                                           batch_size=settings.batch_size, key=settings.checkpoint_key_bytes())
+        self.producer = RunProducer(self.log, Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
+                                    max_patch_bytes=settings.max_patch_bytes)  # fmt: skip
+        self._appends: queue.Queue[tuple[Patch, bytes, Future[Receipt]] | None] = queue.Queue()
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._spawn("projector", lambda: self.projector.run(stop=self._stop))
+        if self.snapshotter is not None:
+            snap = self.snapshotter
+            self._spawn("snapshotter", lambda: snap.run(stop=self._stop))
+        self._spawn("appender", self._append_loop)
+        if self.settings.decisions_published():
+            # Positioned now, before the first request is served: no decision slips past it.
+            feed_log = open_settings_log(self.settings)
+            feed = DecisionFeed(feed_log)
+            self._spawn("decision-feed", lambda: self._feed_loop(feed, feed_log))
+
+    def _spawn(self, name: str, target: Callable[[], object]) -> None:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as e:  # a dead projector must not leave a server answering
+                log.exception("%s thread failed", name)
+                self.health.failed = f"{name}: {type(e).__name__}: {e}"
+                if self.on_fatal is not None:
+                    self.on_fatal(self.health.failed)
+
+        t = threading.Thread(target=run, name=f"runstate-{name}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Finish and store the batch in hand, leave the groups, deliver queued patches."""
+        self._stop.set()
+        self._appends.put(None)
+        for t in self._threads:
+            t.join(timeout_s)
+        try:
+            self.producer.close()
+        finally:
+            self.log.close()
+            if self.snapshotter is not None:
+                self.snapshotter.projector.log.close()
+
+    # -- ownership and reads --------------------------------------------------------------
+
+    def partition_of(self, run_id: str) -> int:
+        return partition_for(run_id, self.partitions)
+
+    def owned(self) -> list[int]:
+        with self.projector.lock:
+            return sorted(self.projector.parts)
+
+    def read(self, run_id: str, fn: Callable[[ProjectionStore], T]) -> T:
+        """``fn(store)`` on the run's partition store, if this instance owns it. Raises
+        :class:`NotOwner`."""
+        p = self.partition_of(run_id)
+        with self.projector.lock:
+            part = self.projector.parts.get(p)
+            if part is None:
+                raise NotOwner(p, "being restored" if p in self.health.restoring else "owned by another instance")
+            return fn(part.store)
+
+    def read_partitions(self, fn: Callable[[int, ProjectionStore], T]) -> dict[int, T]:
+        """``fn`` on every owned partition's store."""
+        with self.projector.lock:
+            return {p: fn(p, part.store) for p, part in sorted(self.projector.parts.items())}
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def append(self, patch: Patch, data: bytes) -> Future[Receipt]:
+        """Queue an encoded patch for the appender; the future gets its receipt."""
+        f: Future[Receipt] = Future()
+        self._appends.put((patch, data, f))
+        return f
+
+    def _append_loop(self) -> None:
+        while True:
+            item = self._appends.get()
+            items = [item]
+            while True:  # everything queued meanwhile goes in the same commit
+                try:
+                    items.append(self._appends.get_nowait())
+                except queue.Empty:
+                    break
+            live = [i for i in items if i is not None]
+            for patch, data, fut in live:
+                def done(r: Receipt | None, err: Exception | None, fut: Future[Receipt] = fut) -> None:
+                    if err is not None:
+                        fut.set_exception(err)
+                    else:
+                        assert r is not None
+                        fut.set_result(r)
+
+                try:
+                    self.producer.append_async(patch, done, data)
+                except Exception as e:
+                    fut.set_exception(e)
+            if live:
+                self.producer.flush(30.0)
+            if None in items:
+                return
+
+    # -- projector hooks (projector thread) ----------------------------------------------------
+
+    def on_assign(self, partition: int, store: ProjectionStore) -> None:
+        self.health.restoring.pop(partition, None)
+
+    def on_accepted(self, partition: int, patch: Patch, decision: Decision, doc: RunDoc, batch: PendingBatch) -> None:
+        pass
+
+    def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
+        if batch.decisions and self.loop is not None:
+            self.loop.call_soon_threadsafe(self.hub.publish, list(batch.decisions), True)
+
+    def _restore_progress(self, partition: int, done: int, total: int) -> None:
+        self.health.restoring[partition] = RestoreProgress(done, total)
+
+    def _feed_loop(self, feed: DecisionFeed, feed_log: EventLog) -> None:
+        try:
+            while not self._stop.is_set():
+                decisions = feed.poll(0.2)
+                if decisions and self.loop is not None:
+                    self.loop.call_soon_threadsafe(self.hub.publish, decisions, False)
+        finally:
+            feed.close()
+            feed_log.close()
