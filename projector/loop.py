@@ -323,6 +323,19 @@ class Projector:
             total += max(0, end - part.next_offset)
         return total
 
+    def lags(self) -> dict[int, int | None]:
+        """Records behind the log's end per owned partition, as the consumer last saw the
+        end (no broker round trip; None where it is not known yet). Safe from any thread."""
+        consumer = self._consumer
+        ends = consumer.end_offsets() if consumer is not None else {}
+        with self.lock:
+            positions = {p: part.next_offset for p, part in self.parts.items()}
+        out: dict[int, int | None] = {}
+        for p, pos in positions.items():
+            end = ends.get(p)
+            out[p] = None if end is None else max(0, end - pos)
+        return out
+
     def replay(self, until: dict[int, int], *, chunk: int = 2000, on_progress: ReplayProgress | None = None) -> int:
         """Project partitions straight from the log, without a consumer group: for each
         ``partition: end`` of ``until``, the records from the store's position up to

@@ -63,6 +63,10 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, adve
                             ssl_certfile=ssl_certfile, timeout_graceful_shutdown=5, lifespan="on")  # fmt: skip
     server = uvicorn.Server(config)
     server_box["server"] = server
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
+    # handler it found: ours notes it, so that a clean shutdown exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     print(f"runstate serve: {me} ({node.log.describe()}, {node.partitions} partitions)", file=sys.stderr, flush=True)
     server.run()
     if node.health.failed:

@@ -8,6 +8,7 @@ service, so that the MCP tools and the HTTP routes forward the same way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from pydantic import BaseModel, TypeAdapter
 from runstate import app
 from runstate.projector.context import render_context
 from runstate.projector.replay import explain, state_at
-from runstate.schemas.errors import ContractError, DecisionTimeout, RunNotFound, RunstateError
+from runstate.schemas.errors import ContractError, DecisionTimeout, RevisionNotFound, RunNotFound, RunstateError
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import RunHeader, RunState
 from runstate.service.auth import AuthError, Identity
@@ -190,6 +191,13 @@ class Service:
             data = {**data, "author": {"agent_id": who.agent_id, "agent_version": version or "unknown"}}
         patch = self.node.producer.build(run_id, data)
         encoded = self.node.producer.encode(patch)
+        if data.get("patch_id") is not None:
+            # A resend (a client retrying after a lost answer): the first decision is the
+            # answer, and appending again would only add a duplicate to the log.
+            earlier = await self.decision_or_none(run_id, patch.patch_id, fwd)
+            if earlier is not None:
+                return Submitted(status="decided", patch_id=patch.patch_id, run_id=run_id,
+                                 partition=earlier.partition, offset=earlier.offset, decision=earlier)  # fmt: skip
         hub = self.node.hub
         waiting = hub.expect(run_id, patch.patch_id) if wait_s else None
         try:
@@ -258,20 +266,37 @@ class Service:
             log.close()
 
     async def _reach(self, run_id: str, min_revision: int, wait_s: float) -> None:
+        """Return once the run is at ``min_revision`` here. While this instance's projector
+        is behind the log on the run's partition (it just took the partition over), wait up
+        to ``wait_s`` (then :class:`Unavailable`: retry). Caught up and still below it: the
+        log holds no such revision (:class:`RevisionNotFound` / :class:`RunNotFound`) — a
+        revision a client saw decided is always stored before its decision is visible."""
+
         def current() -> int:
             h = self.node.read(run_id, lambda st: st.header(run_id))
             return -1 if h is None else h.revision
 
-        if current() >= min_revision:
+        def not_there(at: int) -> RunstateError:
+            return RunNotFound(run_id) if at < 0 else RevisionNotFound(run_id, min_revision, at)
+
+        at = current()
+        if at >= min_revision:
             return
+        if self.node.caught_up(run_id):
+            raise not_there(at)
         w = self.node.hub.watch(run_id, min_revision)
+        deadline = time.monotonic() + wait_s
         try:
-            if current() < min_revision:  # re-read after registering: no wake-up is missed
-                try:
-                    await asyncio.wait_for(w.future, wait_s)
-                except TimeoutError:
-                    raise Unavailable(f"run {run_id!r} has not reached revision {min_revision} here yet "
-                                      f"(at {current()})", retry_after=1.0) from None  # fmt: skip
+            while (at := current()) < min_revision:  # re-read after registering: no wake-up is missed
+                if self.node.caught_up(run_id):
+                    raise not_there(at)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Unavailable(f"run {run_id!r} is at revision {at} here, still catching up to "
+                                      f"{min_revision}", retry_after=1.0)  # fmt: skip
+                with contextlib.suppress(TimeoutError):
+                    # woken by the revision, or re-checking the lag now and then
+                    await asyncio.wait_for(asyncio.shield(w.future), min(left, 0.1))
         finally:
             self.node.hub.unwatch(run_id, w)
 

@@ -136,13 +136,10 @@ class Metrics:
         stats = node.projector.stats
         self.rate.set(stats.rate())
         self.records.set(stats.records)
-        positions = node.read_partitions(lambda _p, st: st.next_offset())
-        consumer = node.projector._consumer
-        ends = consumer.end_offsets() if consumer is not None else {}
-        for p, pos in positions.items():
-            end = ends.get(p)
-            if end is not None:
-                self.lag.labels(str(p)).set(max(0, end - pos))
+        self.lag.clear()  # partitions this instance no longer owns disappear
+        for p, lag in node.projector.lags().items():
+            if lag is not None:
+                self.lag.labels(str(p)).set(lag)
         for p, r in list(node.health.restoring.items()):
             self.restore.labels(str(p)).set(r.done / r.total if r.total else 0.0)
         return generate_latest(self.registry)

@@ -229,6 +229,15 @@ class Node:
                 raise NotOwner(p, "being restored" if p in self.health.restoring else "owned by another instance")
             return fn(part.store)
 
+    def caught_up(self, run_id: str) -> bool:
+        """Whether the projector has applied everything the log holds (as its consumer last
+        saw the log's end) on the run's partition. Raises :class:`NotOwner`."""
+        p = self.partition_of(run_id)
+        lags = self.projector.lags()
+        if p not in lags:
+            raise NotOwner(p)
+        return lags[p] == 0
+
     def read_partitions(self, fn: Callable[[int, ProjectionStore], T]) -> dict[int, T]:
         """``fn`` on every owned partition's store."""
         with self.projector.lock:

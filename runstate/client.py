@@ -1,0 +1,282 @@
+"""A small client of ``runstate serve`` (httpx; sync :class:`Client` and asyncio
+:class:`AsyncClient`) with the verbs of :class:`RunProducer` and :class:`Projection`, so a
+worker moves from local to remote by changing a URL::
+
+    with Client("http://127.0.0.1:8750", token=...) as rs:
+        d = rs.submit("run_1", {"expected_revision": 0, "events": [...]})
+        state = rs.state("run_1", min_revision=d.revision)
+
+Errors are runstate's own: :class:`ContractError` (422 with ``field``, and 413: the patch
+is too large), :class:`RunNotFound` (404), :class:`DecisionTimeout`,
+:class:`ServiceError` (401/403 and the rest). A 503 (the owner of the run's partition is
+moving) is retried, honouring ``Retry-After``, for up to ``retry_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import orjson
+from pydantic import TypeAdapter
+
+from runstate.schemas.errors import ContractError, DecisionTimeout, RunNotFound, RunstateError
+from runstate.schemas.patch import Decision, PatchDraft
+from runstate.schemas.state import RunHeader, RunState
+
+__all__ = ["AsyncClient", "Client", "ServiceError", "Submitted"]
+
+_DECISIONS = TypeAdapter(list[Decision])
+_HEADERS = TypeAdapter(list[RunHeader])
+
+
+class ServiceError(RunstateError):
+    """The service refused or failed a request; ``status`` and ``code`` say how."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(f"HTTP {status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.retry_after = retry_after
+
+
+class Submitted:
+    """Where a patch went: its id, and its decision when it was decided in time."""
+
+    __slots__ = ("decision", "offset", "partition", "patch_id", "run_id")
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.patch_id: str = body["patch_id"]
+        self.run_id: str = body["run_id"]
+        self.partition: int = body["partition"]
+        self.offset: int = body["offset"]
+        self.decision: Decision | None = Decision.model_validate(body["decision"]) if body.get("decision") else None
+
+
+def _draft(draft: PatchDraft | dict[str, Any]) -> bytes:
+    data = draft.model_dump(mode="json", exclude_none=True) if isinstance(draft, PatchDraft) else dict(draft)
+    # The idempotency key and the patch time are fixed here, so that a retry after a lost
+    # answer is the same patch (a patch id resent with other content is patch_id_reused).
+    data.setdefault("patch_id", secrets.token_hex(16))
+    data.setdefault("created_at", datetime.now(UTC).isoformat())
+    return orjson.dumps(data)
+
+
+def _raise(resp: httpx.Response) -> None:
+    if resp.status_code < 400:
+        return
+    try:
+        err = orjson.loads(resp.content).get("error", {})
+    except (orjson.JSONDecodeError, AttributeError):
+        err = {}
+    code, message = str(err.get("code", "error")), str(err.get("message", resp.text[:200]))
+    if resp.status_code in (413, 422):
+        raise ContractError(message, field=err.get("field"))
+    if resp.status_code == 404 and code == "not_found":
+        parts = resp.request.url.path.split("/")
+        raise RunNotFound(parts[2] if len(parts) > 2 else "?")
+    retry = resp.headers.get("retry-after")
+    raise ServiceError(resp.status_code, code, message, float(retry) if retry and retry.isdigit() else None)
+
+
+class _Base:
+    def __init__(self, url: str, token: str | None, retry_s: float) -> None:
+        self.url = url.rstrip("/")
+        self.headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.retry_s = retry_s
+
+    @staticmethod
+    def _pause(resp: httpx.Response) -> float:
+        retry = resp.headers.get("retry-after")
+        return min(1.0, float(retry)) if retry and retry.isdigit() else 0.2
+
+
+class Client(_Base):
+    """Synchronous client; one per thread (or share it: httpx.Client is thread-safe)."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout_s: float = 70.0, retry_s: float = 10.0) -> None:
+        super().__init__(url, token, retry_s)
+        self.http = httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout_s)
+
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        deadline = time.monotonic() + self.retry_s
+        while True:
+            try:
+                resp = self.http.request(method, path, **kw)
+            except httpx.TransportError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+                continue
+            if resp.status_code != 503 or time.monotonic() >= deadline:
+                _raise(resp)
+                return resp
+            time.sleep(self._pause(resp))
+
+    # -- RunProducer's verbs -----------------------------------------------------------
+
+    def append(self, run_id: str, draft: PatchDraft | dict[str, Any], *, wait_s: float | None = None) -> Submitted:
+        """Append a patch (``wait_s``: and wait that long for its decision)."""
+        params = {"wait": wait_s} if wait_s else {}
+        return Submitted(self._request("POST", f"/runs/{run_id}/patches", content=_draft(draft), params=params,
+                                       headers={"content-type": "application/json"}).json())  # fmt: skip
+
+    def submit(self, run_id: str, draft: PatchDraft | dict[str, Any], timeout_s: float = 10.0) -> Decision:
+        """Append and wait for the decision. Raises :class:`DecisionTimeout`."""
+        sub = self.append(run_id, draft, wait_s=timeout_s)
+        if sub.decision is None:
+            raise DecisionTimeout(run_id, sub.patch_id, timeout_s)
+        return sub.decision
+
+    def wait(self, run_id: str, patch_id: str, timeout_s: float = 10.0) -> Decision:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            d = self.decision(run_id, patch_id)
+            if d is not None:
+                return d
+            if time.monotonic() >= deadline:
+                raise DecisionTimeout(run_id, patch_id, timeout_s)
+            time.sleep(0.05)
+
+    # -- Projection's verbs ------------------------------------------------------------
+
+    def decision(self, run_id: str, patch_id: str) -> Decision | None:
+        try:
+            return Decision.model_validate_json(self._request("GET", f"/runs/{run_id}/decisions/{patch_id}").content)
+        except ServiceError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def state(self, run_id: str, *, revision: int | None = None, min_revision: int | None = None) -> RunState:
+        params = {k: v for k, v in {"revision": revision, "min_revision": min_revision}.items() if v is not None}
+        return RunState.model_validate_json(self._request("GET", f"/runs/{run_id}", params=params).content)
+
+    def context(self, run_id: str, *, min_revision: int | None = None) -> str:
+        params = {"min_revision": min_revision} if min_revision is not None else {}
+        return str(self._request("GET", f"/runs/{run_id}/context", params=params).json()["context"])
+
+    def history(self, run_id: str) -> list[Decision]:
+        return _DECISIONS.validate_json(self._request("GET", f"/runs/{run_id}/history").content)
+
+    def runs(self, status: str | None = None) -> list[RunHeader]:
+        return _HEADERS.validate_json(self._request("GET", "/runs", params={"status": status} if status else {}).content)
+
+    def explain(self, run_id: str, path: str) -> list[dict[str, Any]]:
+        return list(self._request("GET", f"/runs/{run_id}/explain", params={"path": path}).json())
+
+    def events(self, run_id: str, last_event_id: int | None = None) -> Iterator[Decision]:
+        """The run's decisions as they happen (Server-Sent Events), after ``last_event_id``."""
+        headers = {"last-event-id": str(last_event_id)} if last_event_id is not None else {}
+        with self.http.stream("GET", f"/runs/{run_id}/events", headers=headers, timeout=None) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                _raise(resp)
+            for data in _sse_data(resp.iter_lines()):
+                yield Decision.model_validate_json(data)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _sse_data(lines: Iterator[str]) -> Iterator[str]:
+    data: list[str] = []
+    for line in lines:
+        if line.startswith("data:"):
+            data.append(line[5:].lstrip())
+        elif not line and data:
+            yield "\n".join(data)
+            data = []
+
+
+class AsyncClient(_Base):
+    """The same verbs for asyncio."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout_s: float = 70.0, retry_s: float = 10.0) -> None:
+        super().__init__(url, token, retry_s)
+        self.http = httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=timeout_s)
+
+    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        deadline = time.monotonic() + self.retry_s
+        while True:
+            try:
+                resp = await self.http.request(method, path, **kw)
+            except httpx.TransportError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)
+                continue
+            if resp.status_code != 503 or time.monotonic() >= deadline:
+                _raise(resp)
+                return resp
+            await asyncio.sleep(self._pause(resp))
+
+    async def append(self, run_id: str, draft: PatchDraft | dict[str, Any], *, wait_s: float | None = None) -> Submitted:
+        params = {"wait": wait_s} if wait_s else {}
+        resp = await self._request("POST", f"/runs/{run_id}/patches", content=_draft(draft), params=params,
+                                   headers={"content-type": "application/json"})  # fmt: skip
+        return Submitted(resp.json())
+
+    async def submit(self, run_id: str, draft: PatchDraft | dict[str, Any], timeout_s: float = 10.0) -> Decision:
+        sub = await self.append(run_id, draft, wait_s=timeout_s)
+        if sub.decision is None:
+            raise DecisionTimeout(run_id, sub.patch_id, timeout_s)
+        return sub.decision
+
+    async def decision(self, run_id: str, patch_id: str) -> Decision | None:
+        try:
+            resp = await self._request("GET", f"/runs/{run_id}/decisions/{patch_id}")
+        except ServiceError as e:
+            if e.status == 404:
+                return None
+            raise
+        return Decision.model_validate_json(resp.content)
+
+    async def state(self, run_id: str, *, revision: int | None = None, min_revision: int | None = None) -> RunState:
+        params = {k: v for k, v in {"revision": revision, "min_revision": min_revision}.items() if v is not None}
+        return RunState.model_validate_json((await self._request("GET", f"/runs/{run_id}", params=params)).content)
+
+    async def context(self, run_id: str, *, min_revision: int | None = None) -> str:
+        params = {"min_revision": min_revision} if min_revision is not None else {}
+        return str((await self._request("GET", f"/runs/{run_id}/context", params=params)).json()["context"])
+
+    async def history(self, run_id: str) -> list[Decision]:
+        return _DECISIONS.validate_json((await self._request("GET", f"/runs/{run_id}/history")).content)
+
+    async def runs(self, status: str | None = None) -> list[RunHeader]:
+        resp = await self._request("GET", "/runs", params={"status": status} if status else {})
+        return _HEADERS.validate_json(resp.content)
+
+    async def events(self, run_id: str, last_event_id: int | None = None) -> AsyncIterator[Decision]:
+        headers = {"last-event-id": str(last_event_id)} if last_event_id is not None else {}
+        async with self.http.stream("GET", f"/runs/{run_id}/events", headers=headers, timeout=None) as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                _raise(resp)
+            data: list[str] = []
+            async for line in resp.aiter_lines():
+                if line.startswith("data:"):
+                    data.append(line[5:].lstrip())
+                elif not line and data:
+                    yield Decision.model_validate_json("\n".join(data))
+                    data = []
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

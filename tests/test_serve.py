@@ -1,0 +1,280 @@
+"""`runstate serve` on the embedded log: a real server process, real HTTP clients (httpx via
+runstate.client), a real MCP client session, and a schemathesis fuzz run from /openapi.json."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from helpers import fact, start
+from servekit import ServeProcess
+
+from runstate.client import AsyncClient, Client, ServiceError
+from runstate.schemas.errors import ContractError, RunNotFound
+from runstate.schemas.patch import Decision
+from runstate.service.auth import add_token
+
+pytestmark = pytest.mark.slow
+
+
+class Served:
+    def __init__(self, proc: ServeProcess, tokens: dict[str, str], workdir: Path) -> None:
+        self.proc = proc
+        self.url = proc.url
+        self.tokens = tokens
+        self.workdir = workdir
+
+    def client(self, who: str = "planner") -> Client:
+        return Client(self.url, self.tokens[who], retry_s=5)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    work = tmp_path_factory.mktemp("serve")
+    tf = str(work / "tokens.json")
+    tokens = {
+        "planner": add_token(tf, "planner"),
+        "coder": add_token(tf, "coder"),
+        "reader": add_token(tf, "auditor", "read"),
+        "team_a": add_token(tf, "team-a-bot", runs=["team-a-*"]),
+    }
+    env = {"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"),
+           "RUNSTATE_TOKENS_FILE": tf, "RUNSTATE_CHECKPOINT_EVERY": "2"}  # fmt: skip
+    proc = ServeProcess(env, work)
+    try:
+        proc.wait_ready()
+        yield Served(proc, tokens, work)
+    finally:
+        code = proc.stop()
+    assert code == 0, proc.log()
+
+
+def started(rs: Client, run_id: str, **policy: Any) -> Decision:
+    d = rs.submit(run_id, {"expected_revision": 0, "events": [start(policy=policy or None)]})
+    assert d.outcome == "accepted", d
+    return d
+
+
+def test_append_and_wait_then_read_your_writes(served: Served) -> None:
+    with served.client() as rs:
+        d1 = started(rs, "rw-1")
+        d2 = rs.submit("rw-1", {"expected_revision": 1, "events": [fact("f1")]})
+        assert (d2.outcome, d2.revision, d2.agent_id) == ("accepted", 2, "planner")
+        state = rs.state("rw-1", min_revision=d2.revision)
+        assert state.revision == 2 and [f.id for f in state.confirmed_facts] == ["f1"]
+        assert "f1" in rs.context("rw-1")
+        assert [d.patch_id for d in rs.history("rw-1")] == [d1.patch_id, d2.patch_id]
+        assert rs.state("rw-1", revision=1).revision == 1 and not rs.state("rw-1", revision=1).confirmed_facts
+        changes = rs.explain("rw-1", "confirmed_facts.f1.statement")
+        assert [(c["revision"], c["agent_id"]) for c in changes] == [(2, "planner")]
+        # a stale revision is a decision with its reason, not an error
+        late = rs.submit("rw-1", {"expected_revision": 1, "events": [fact("f2")]})
+        assert (late.outcome, late.reason, late.revision) == ("rejected", "revision_conflict", 2)
+        assert "rw-1" in [h.run_id for h in rs.runs()]
+
+
+def test_etag_is_the_revision_and_min_revision_waits_for_the_projector(served: Served) -> None:
+    with served.client() as rs:
+        started(rs, "etag-1")
+        h = {"authorization": f"Bearer {served.tokens['planner']}"}
+        r = httpx.get(served.url + "/runs/etag-1", headers=h)
+        assert r.status_code == 200 and r.headers["etag"] == '"1"'
+        assert httpx.get(served.url + "/runs/etag-1", headers={**h, "if-none-match": '"1"'}).status_code == 304
+        # appended, not yet decided: min_revision waits for the projector to apply it
+        for i in range(5):
+            rs.append("etag-1", {"expected_revision": 1 + i, "events": [fact(f"f{i}")]})
+            assert rs.state("etag-1", min_revision=2 + i).revision == 2 + i
+        # a revision the log does not hold, with the projector caught up: 404 at once
+        r = httpx.get(served.url + "/runs/etag-1", params={"min_revision": 99, "wait": 30}, headers=h)
+        assert r.status_code == 404 and "99 does not exist" in r.json()["error"]["message"]
+        assert httpx.get(served.url + "/runs/nope-1", params={"min_revision": 1}, headers=h).status_code == 404
+
+
+def test_patch_without_wait_is_pending_and_decided_later(served: Served) -> None:
+    with served.client() as rs:
+        sub = rs.append("pend-1", {"expected_revision": 0, "events": [start()]})
+        assert sub.decision is None
+        assert rs.wait("pend-1", sub.patch_id, 10).outcome == "accepted"
+        # the same patch id again: a duplicate, answered with the first decision
+        again = rs.append("pend-1", {"patch_id": sub.patch_id, "expected_revision": 0, "events": [start()]}, wait_s=0.5)
+        assert again.decision is not None and again.decision.offset == sub.offset
+
+
+def test_bad_patches_are_422_with_the_field_and_oversize_is_413(served: Served) -> None:
+    h = {"authorization": f"Bearer {served.tokens['planner']}"}
+    cases = [
+        (b'{"expected_revision": 0, "events": [{"type": "NoSuchEvent"}]}', "type"),
+        (b'{"expected_revision": -1, "events": [{"type": "RunCompleted"}]}', "expected_revision"),
+        (b'{"expected_revision": 0, "events": []}', "events"),
+        (b'{"expected_revision": 0, "events": [{"type": "FactConfirmed", "fact": {"statement": 5}}]}', None),
+        (b"not json", None),
+        (b"[1, 2]", None),
+    ]
+    for body, field in cases:
+        r = httpx.post(served.url + "/runs/bad-1/patches", content=body, headers=h)
+        assert r.status_code == 422, (body, r.text)
+        err = r.json()["error"]
+        assert err["code"] == "invalid" and err["message"]
+        if field is not None:
+            assert err["field"] is not None and err["field"].startswith(field), err
+    huge = json.dumps({"expected_revision": 0, "events": [{"type": "RunStarted", "goal": {"statement": "x" * 3_000_000}}]})
+    r = httpx.post(served.url + "/runs/bad-1/patches", content=huge, headers=h)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "patch_too_large"
+    with served.client() as rs, pytest.raises(RunNotFound):
+        rs.state("bad-1")  # nothing of the above reached the log
+
+
+def test_tokens_decide_who_writes(served: Served) -> None:
+    with served.client() as rs:
+        started(rs, "auth-1", writers=["planner"])
+    no = httpx.post(served.url + "/runs/auth-1/patches", json={"expected_revision": 1, "events": [fact("f1")]})
+    assert no.status_code == 401 and no.json()["error"]["code"] == "unauthorized"
+    bad = httpx.get(served.url + "/runs/auth-1", headers={"authorization": "Bearer rs_not-a-token"})
+    assert bad.status_code == 401
+    with served.client("coder") as coder:
+        # a body cannot claim another author
+        with pytest.raises(ServiceError) as e:
+            coder.append("auth-1", {"expected_revision": 1, "events": [fact("f1")],
+                                    "author": {"agent_id": "planner", "agent_version": "9"}})  # fmt: skip
+        assert e.value.status == 403
+        # as itself it may append, and the run's writer rule rejects it
+        d = coder.submit("auth-1", {"expected_revision": 1, "events": [fact("f1")],
+                                    "author": {"agent_id": "coder", "agent_version": "2.1"}})  # fmt: skip
+        assert (d.outcome, d.reason, d.agent_id, d.agent_version) == ("rejected", "unauthorized", "coder", "2.1")
+    with served.client("reader") as reader:
+        assert reader.state("auth-1").revision == 1
+        with pytest.raises(ServiceError) as e:
+            reader.append("auth-1", {"expected_revision": 1, "events": [fact("f1")]})
+        assert e.value.status == 403
+    with served.client("team_a") as team:
+        assert team.submit("team-a-1", {"expected_revision": 0, "events": [start()]}).outcome == "accepted"
+        with pytest.raises(ServiceError) as e:
+            team.state("auth-1")
+        assert e.value.status == 403
+        assert [h.run_id for h in team.runs()] == ["team-a-1"]
+    with served.client() as rs:
+        assert rs.state("auth-1").revision == 1  # nothing the refused tokens sent was applied
+
+
+def test_events_stream_resumes_from_last_event_id(served: Served) -> None:
+    with served.client() as rs:
+        d1 = started(rs, "sse-1")
+        got: list[Decision] = []
+        done = threading.Event()
+
+        def listen() -> None:
+            with served.client() as c:
+                for d in c.events("sse-1", last_event_id=-1 if False else None):
+                    got.append(d)
+                    if len(got) == 2:
+                        done.set()
+                        return
+
+        t = threading.Thread(target=listen, daemon=True)
+        t.start()
+        import time
+
+        time.sleep(0.5)  # the stream is open
+        d2 = rs.submit("sse-1", {"expected_revision": 1, "events": [fact("f1")]})
+        d3 = rs.submit("sse-1", {"expected_revision": 1, "events": [fact("f2")]})  # rejected: also an event
+        assert done.wait(10), got
+        assert [(d.patch_id, d.outcome) for d in got] == [(d2.patch_id, "accepted"), (d3.patch_id, "rejected")]
+        # resuming after the first decision replays the missed ones from history
+        with served.client() as c:
+            it = c.events("sse-1", last_event_id=d1.offset)
+            assert [next(it).patch_id, next(it).patch_id] == [d2.patch_id, d3.patch_id]
+
+
+def test_async_client_has_the_same_verbs(served: Served) -> None:
+    async def main() -> None:
+        async with AsyncClient(served.url, served.tokens["planner"]) as rs:
+            d = await rs.submit("async-1", {"expected_revision": 0, "events": [start()]})
+            assert d.outcome == "accepted"
+            assert (await rs.state("async-1", min_revision=1)).revision == 1
+            assert "fix login" in await rs.context("async-1")
+            assert len(await rs.history("async-1")) == 1
+            with pytest.raises(ContractError):
+                await rs.append("async-1", {"expected_revision": 1, "events": [{"type": "Nope"}]})
+
+    asyncio.run(main())
+
+
+def test_health_metrics_checkpoints_and_resume(served: Served) -> None:
+    with served.client() as rs:
+        started(rs, "ops-1")
+        rs.submit("ops-1", {"expected_revision": 1, "events": [fact("f1")]})
+    h = {"authorization": f"Bearer {served.tokens['reader']}"}
+    health = httpx.get(served.url + "/healthz").json()
+    assert health["status"] == "serving" and health["owned_partitions"] == list(range(health["partitions"]))
+    text = httpx.get(served.url + "/metrics").text
+    assert 'runstate_decisions_total{outcome="accepted",reason=""}' in text
+    assert "runstate_lag_records{partition=" in text
+    import time
+
+    deadline = time.monotonic() + 20
+    while True:  # the snapshotter in the same process checkpoints every 2 revisions
+        r = httpx.get(served.url + "/runs/ops-1/checkpoints", headers=h)
+        if r.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert r.status_code == 200 and r.json()[-1]["revision"] == 2
+    plan = httpx.get(served.url + "/runs/ops-1/resume", headers=h).json()
+    assert plan["checkpoint"]["revision"] == 2 and plan["tail"] == []
+    assert httpx.get(served.url + "/runs/nobody/resume", headers=h).status_code == 404
+
+
+def test_mcp_session_lists_tools_proposes_a_patch_and_reads_the_decision(served: Served) -> None:
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    async def main() -> None:
+        headers = {"authorization": f"Bearer {served.tokens['planner']}"}
+        async with (create_mcp_http_client(headers=headers) as http,
+                    streamable_http_client(served.url + "/mcp", http_client=http) as (read, write)):  # fmt: skip
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                tools = {t.name: t for t in (await session.list_tools()).tools}
+                assert {"run_context", "run_state", "propose_patch", "run_history"} <= set(tools)
+                # the patch's input schema is the pydantic model's: the event union is there
+                assert "FactConfirmed" in json.dumps(tools["propose_patch"].input_schema)
+                res = await session.call_tool("propose_patch", {"run_id": "mcp-1", "patch": {
+                    "expected_revision": 0, "events": [start()]}})  # fmt: skip
+                assert not res.is_error, res
+                out = res.structured_content or json.loads(res.content[0].text)
+                assert out["status"] == "decided" and out["decision"]["outcome"] == "accepted"
+                assert out["decision"]["agent_id"] == "planner"
+                ctx = await session.call_tool("run_context", {"run_id": "mcp-1"})
+                assert "revision 1" in ctx.content[0].text
+                # a malformed call is refused by the schema: nothing is appended
+                bad = await session.call_tool("propose_patch", {"run_id": "mcp-1", "patch": {
+                    "expected_revision": 1, "events": [{"type": "FactConfirmed", "fact": {"statement": 3}}]}})  # fmt: skip
+                assert bad.is_error
+                hist = await session.call_tool("run_history", {"run_id": "mcp-1"})
+                assert not hist.is_error
+
+    asyncio.run(main())
+    with served.client() as rs:
+        assert rs.state("mcp-1").revision == 1
+
+
+def test_openapi_fuzz_no_5xx_and_documented_errors(served: Served) -> None:
+    """schemathesis from /openapi.json: no server error, every response (errors included)
+    matches its documented schema and status. The SSE stream never ends: excluded."""
+    out = subprocess.run(
+        [sys.executable, "-m", "schemathesis.cli", "run", served.url + "/openapi.json",
+         "--checks", "not_a_server_error,response_schema_conformance,status_code_conformance",
+         "--exclude-path-regex", "/events$", "--max-examples", "25", "--seed", "7", "--no-color",
+         "--phases", "examples,coverage,fuzzing", "--request-timeout", "20", "--max-failures", "5",
+         "-H", f"Authorization: Bearer {served.tokens['planner']}"],
+        capture_output=True, text=True, timeout=600, cwd=served.workdir,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
