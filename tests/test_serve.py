@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -172,7 +173,7 @@ def test_events_stream_resumes_from_last_event_id(served: Served) -> None:
 
         def listen() -> None:
             with served.client() as c:
-                for d in c.events("sse-1", last_event_id=-1 if False else None):
+                for d in c.events("sse-1"):
                     got.append(d)
                     if len(got) == 2:
                         done.set()
@@ -180,8 +181,6 @@ def test_events_stream_resumes_from_last_event_id(served: Served) -> None:
 
         t = threading.Thread(target=listen, daemon=True)
         t.start()
-        import time
-
         time.sleep(0.5)  # the stream is open
         d2 = rs.submit("sse-1", {"expected_revision": 1, "events": [fact("f1")]})
         d3 = rs.submit("sse-1", {"expected_revision": 1, "events": [fact("f2")]})  # rejected: also an event
@@ -217,8 +216,6 @@ def test_health_metrics_checkpoints_and_resume(served: Served) -> None:
     text = httpx.get(served.url + "/metrics").text
     assert 'runstate_decisions_total{outcome="accepted",reason=""}' in text
     assert "runstate_lag_records{partition=" in text
-    import time
-
     deadline = time.monotonic() + 20
     while True:  # the snapshotter in the same process checkpoints every 2 revisions
         r = httpx.get(served.url + "/runs/ops-1/checkpoints", headers=h)
@@ -233,12 +230,12 @@ def test_health_metrics_checkpoints_and_resume(served: Served) -> None:
 
 def test_mcp_session_lists_tools_proposes_a_patch_and_reads_the_decision(served: Served) -> None:
     from mcp import ClientSession
+    import httpx2  # the MCP SDK's HTTP client
     from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
 
     async def main() -> None:
         headers = {"authorization": f"Bearer {served.tokens['planner']}"}
-        async with (create_mcp_http_client(headers=headers) as http,
+        async with (httpx2.AsyncClient(headers=headers, timeout=30) as http,
                     streamable_http_client(served.url + "/mcp", http_client=http) as (read, write)):  # fmt: skip
             async with ClientSession(read, write) as session:
                 await session.initialize()

@@ -1,0 +1,104 @@
+"""Two `runstate serve` instances on Kafka (6 partitions, separate state directories, as on
+two machines): any instance answers for any run, decisions reach a waiter on either, and
+when one is SIGKILLed the other takes its partitions over while a client keeps going."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import fact, start
+from servekit import ServeProcess
+
+from runstate.client import Client
+from runstate.eventlog.base import TopicNames
+from runstate.eventlog.partitioner import partition_for
+from runstate.eventlog.kafka import KafkaLog
+from runstate.projector.replay import verify
+from runstate.schemas.errors import DecisionTimeout
+from runstate.schemas.patch import Decision
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+def kenv(bootstrap: str, topics: TopicNames, state: Path) -> dict[str, str]:
+    return {"RUNSTATE_LOG": f"kafka://{bootstrap}", "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
+            "RUNSTATE_STATE_DIR": str(state), "RUNSTATE_CHECKPOINT_EVERY": "5"}  # fmt: skip
+
+
+def owned(url: str) -> list[int]:
+    try:
+        return list(httpx.get(url + "/healthz", timeout=2).json()["owned_partitions"])
+    except httpx.HTTPError:
+        return []
+
+
+def submit(rs: Client, run_id: str, draft: dict[str, object]) -> Decision:
+    try:
+        return rs.submit(run_id, draft, timeout_s=10)
+    except DecisionTimeout as e:  # decided while the partition moved: ask again
+        return rs.wait(run_id, e.patch_id, 60)
+
+
+def test_any_instance_answers_and_the_survivor_takes_over(kafka_bootstrap: str, kafka_topics: TopicNames,
+                                                         tmp_path: Path) -> None:
+    log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
+    log.create_topics(6)
+    a = ServeProcess(kenv(kafka_bootstrap, kafka_topics, tmp_path / "a"), tmp_path)
+    b = ServeProcess(kenv(kafka_bootstrap, kafka_topics, tmp_path / "b"), tmp_path)
+    try:
+        a.wait_ready(owned=False)
+        b.wait_ready(owned=False)
+        deadline = time.monotonic() + 60
+        while not (owned(a.url) and owned(b.url) and sorted(owned(a.url) + owned(b.url)) == list(range(6))):
+            assert time.monotonic() < deadline, (owned(a.url), owned(b.url))
+            time.sleep(0.3)
+        runs = [f"run_{i}" for i in range(12)]
+        seen: dict[str, int] = {}  # the newest revision this client saw decided, per run
+        clients = {"a": Client(a.url, retry_s=60), "b": Client(b.url, retry_s=60)}
+
+        def step(writer: str, reader: str, run_id: str) -> None:
+            rev = seen.get(run_id, 0)
+            draft = {"expected_revision": rev, "events": [start() if rev == 0 else fact(f"f{rev}")]}
+            d = submit(clients[writer], run_id, draft)
+            assert d.outcome == "accepted" and d.revision == rev + 1, d
+            seen[run_id] = d.revision
+            # read through the other instance: never older than what this client saw
+            state = clients[reader].state(run_id, min_revision=seen[run_id])
+            assert state.revision >= seen[run_id]
+
+        # both instances answer for every run: each owns some partitions, forwards the rest
+        for i in range(3):
+            for n, run_id in enumerate(runs):
+                step("a" if (n + i) % 2 else "b", "b" if (n + i) % 2 else "a", run_id)
+        a_parts = owned(a.url)
+        assert a_parts, "a owns partitions before it dies"
+        foreign = [r for r in runs if partition_for(r, 6) not in a_parts]
+        assert foreign and len(foreign) < len(runs)  # a answered some runs by forwarding them to b
+        killed_at = time.monotonic()
+        a.kill()
+        # the survivor answers for every run while the group notices and it restores a's
+        # partitions (checkpoints + tail): the client retries 503s; nothing goes backwards
+        for i in range(3):
+            for run_id in runs:
+                step("b", "b", run_id)
+                assert clients["b"].state(run_id).revision >= seen[run_id]
+        print(f"takeover: 3 rounds on the survivor in {time.monotonic() - killed_at:.1f}s")
+        assert sorted(owned(b.url)) == list(range(6))
+        for run_id in runs:
+            assert clients["b"].state(run_id).revision == seen[run_id] == 6
+            assert [d.revision for d in clients["b"].history(run_id) if d.outcome == "accepted"][-1] == 6
+        assert sorted(h.run_id for h in clients["b"].runs()) == sorted(runs)
+        for c in clients.values():
+            c.close()
+    finally:
+        a.kill()
+        code = b.stop()
+    assert code == 0, b.log()
+    report = verify(log, str(tmp_path / "b"))
+    assert report.ok, report.mismatches[:3]
+    log.close()
+    assert os.path.exists(tmp_path / "b" / "layout.json")
