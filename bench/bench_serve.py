@@ -1,0 +1,267 @@
+"""`runstate serve` over loopback, side by side with the same calls in-process and with a
+plain framework endpoint as the floor, in one run (embedded log, real RocksDB, real
+processes).
+
+    .venv/bin/python bench/bench_serve.py           # 10,000 runs; 500 patches/s for 20 s; 5,000 GETs
+    .venv/bin/python bench/bench_serve.py --quick   # 1,000 runs; 5 s; 1,000 GETs
+
+Figures (milliseconds, p50 / p99 / max):
+
+- append -> decision over HTTP: ``POST /runs/{id}/patches?wait=10`` sent open-loop at a
+  steady rate (one every 1/rate s, whatever the answers do), each to a random run with
+  its current revision, latency from send to the decision;
+- the same in-process: ``RunProducer.submit`` (append + wait, reading the decision from the
+  projection on the same disk, as a local worker does) against the same projector;
+- ``GET /runs/{id}`` on random runs of the store, one client, keep-alive;
+- the same in-process: ``Projection.state`` on the store (a read-only RocksDB view);
+- the floor: ``GET`` of a constant JSON from a bare FastAPI app on uvicorn.
+
+Goal (issue 10): append -> decision p99 < 50 ms, state p99 < 5 ms over loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+
+from runstate.eventlog.embedded import EmbeddedLog
+from runstate.producers.run_producer import RunProducer
+from runstate.projector.queries import Projection, decision_reader
+from runstate.schemas.codec import encode
+from runstate.schemas.patch import Author, Patch
+
+TRUST = {"external_evidence_schemes": ["artifact"]}
+AUTHOR = Author(agent_id="bench", agent_version="1")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pct(xs: list[float]) -> str:
+    xs = sorted(xs)
+    if not xs:
+        return "-"
+    p = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
+    return f"{p(0.5) * 1e3:7.2f} / {p(0.99) * 1e3:7.2f} / {xs[-1] * 1e3:7.2f}"
+
+
+def p99(xs: list[float]) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(0.99 * len(xs)))]
+
+
+def seed(log_path: Path, runs: int) -> None:
+    """One RunStarted and two facts per run, appended straight to the log."""
+    log = EmbeddedLog(log_path, partitions=4)
+    prod = log.producer()
+    for r in range(runs):
+        run = f"run_{r}"
+        events = [{"type": "RunStarted", "goal": {"statement": f"goal {r}"}, "policy": TRUST},
+                  *({"type": "FactConfirmed", "fact": {"id": f"f{k}", "statement": f"fact {k}",
+                                                        "evidence": f"artifact://o/{r}/{k}"}} for k in range(2))]  # fmt: skip
+        p = Patch.model_validate({"patch_id": f"seed-{r}", "run_id": run, "expected_revision": 0, "events": events,
+                                  "author": AUTHOR, "created_at": "2026-12-01T00:00:00Z"})  # fmt: skip
+        prod.append_async(log.topics.events, run, encode(p), lambda w, e: None)
+    prod.close()
+    log.close()
+
+
+def wait_caught_up(url: str, runs: int, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            text = httpx.get(url + "/metrics", timeout=5).text
+            lags = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("runstate_lag_records{")]
+            if lags and sum(lags) == 0 and len(httpx.get(url + "/runs", timeout=30).json()) >= runs:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("serve did not catch up")
+
+
+def start_serve(work: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state")}
+    return subprocess.Popen([sys.executable, "-m", "runstate.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(work / "serve.log", "wb"))  # fmt: skip
+
+
+FLOOR_APP = textwrap.dedent("""
+    import sys, uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import Response
+    app = FastAPI()
+    BODY = b'{"run_id": "run_1", "revision": 1}'
+    @app.get("/runs/{run_id}")
+    async def state(run_id: str) -> Response:
+        return Response(BODY, media_type="application/json")
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+""")
+
+
+def wait_http(url: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} did not answer")
+
+
+def get_latencies(url: str, runs: int, n: int, rng: random.Random) -> list[float]:
+    out = []
+    with httpx.Client(base_url=url, timeout=10) as c:
+        for _ in range(50):  # warm the connection
+            c.get(f"/runs/run_{rng.randrange(runs)}")
+        for _ in range(n):
+            t = time.perf_counter()
+            r = c.get(f"/runs/run_{rng.randrange(runs)}")
+            out.append(time.perf_counter() - t)
+            assert r.status_code == 200, r.text
+    return out
+
+
+async def append_at_rate(url: str, runs: int, rate: float, seconds: float, rng: random.Random) -> tuple[list[float], int, int]:
+    """Open loop: a POST every 1/rate s to a run not in flight, with its next revision."""
+    revisions = {f"run_{r}": 1 for r in range(runs)}
+    busy: set[str] = set()
+    lat: list[float] = []
+    failed = skipped = 0
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as c:
+
+        async def one(run: str) -> None:
+            nonlocal failed
+            rev = revisions[run]
+            body = {"expected_revision": rev, "events": [{"type": "BudgetConsumed", "tokens": 1}]}
+            t = time.perf_counter()
+            r = await c.post(f"/runs/{run}/patches", params={"wait": 10}, json=body)
+            dt = time.perf_counter() - t
+            busy.discard(run)
+            d = r.json().get("decision") if r.status_code == 200 else None
+            if d is None or d["outcome"] != "accepted":
+                failed += 1
+                return
+            revisions[run] = d["revision"]
+            lat.append(dt)
+
+        tasks = []
+        t0 = time.perf_counter()
+        k = 0
+        while (now := time.perf_counter() - t0) < seconds:
+            due = int(now * rate) + 1
+            while k < due:
+                k += 1
+                run = f"run_{rng.randrange(runs)}"
+                if run in busy:  # a send slot whose run is still in flight: counted, not sent
+                    skipped += 1  # (spinning for a free run would stall the loop once all are busy)
+                    continue
+                busy.add(run)
+                tasks.append(asyncio.create_task(one(run)))
+            await asyncio.sleep(max(0.0, (k / rate) - (time.perf_counter() - t0)))
+        await asyncio.gather(*tasks)
+    return lat, failed, skipped
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--runs", type=int)
+    ap.add_argument("--rate", type=float, default=500.0)
+    ap.add_argument("--seconds", type=float)
+    args = ap.parse_args()
+    runs = args.runs or (1_000 if args.quick else 10_000)
+    seconds = args.seconds or (5.0 if args.quick else 20.0)
+    n_get = 1_000 if args.quick else 5_000
+    rng = random.Random(7)
+    work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    print(f"seeding {runs} runs ...", flush=True)
+    seed(work / "log.db", runs)
+    port, floor_port = free_port(), free_port()
+    serve = start_serve(work, port)
+    floor = subprocess.Popen([sys.executable, "-c", FLOOR_APP, str(floor_port)])
+    url, floor_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{floor_port}"
+    try:
+        wait_http(url + "/healthz")
+        wait_caught_up(url, runs)
+        wait_http(floor_url + "/runs/x")
+        print(f"serve caught up on {runs} runs; measuring (ms: p50 / p99 / max)", flush=True)
+
+        http_get = get_latencies(url, runs, n_get, rng)
+        floor_get = get_latencies(floor_url, runs, n_get, rng)
+        proj_get = []
+        with Projection(work / "state") as proj:
+            for _ in range(50):
+                proj.state(f"run_{rng.randrange(runs)}")
+            for _ in range(n_get):
+                t = time.perf_counter()
+                proj.state(f"run_{rng.randrange(runs)}")
+                proj_get.append(time.perf_counter() - t)
+
+        print("appending over HTTP ...", flush=True)
+        http_append, failed, skipped = asyncio.run(append_at_rate(url, runs, args.rate, seconds, rng))
+        print("appending in-process ...", flush=True)
+        # in-process: RunProducer against the same projector, sequential, on runs of its own
+        log = EmbeddedLog(work / "log.db", create=False)
+        producer = RunProducer(log, AUTHOR, decisions=decision_reader(work / "state"))
+        local_append = []
+        with Projection(work / "state") as proj:
+            pool = [f"run_{r}" for r in rng.sample(range(runs), 200)]
+            revs = {}
+            for r in pool:
+                revs[r] = proj.state(r).revision
+        t_end = time.perf_counter() + min(seconds, 10)
+        i = 0
+        while time.perf_counter() < t_end:
+            r = pool[i % len(pool)]
+            i += 1
+            p = producer.events(r, revs[r], [{"type": "BudgetConsumed", "tokens": 1}])
+            t = time.perf_counter()
+            d = producer.submit(p, 10)
+            local_append.append(time.perf_counter() - t)
+            assert d.outcome == "accepted", d
+            revs[r] = d.revision
+        producer.close()
+        log.close()
+    finally:
+        for proc in (serve, floor):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+
+    sent = len(http_append) + failed
+    print()
+    print(f"{'call':58s} {'p50 / p99 / max (ms)':>28s}   n")
+    print(f"{'POST patch ?wait -> decision, HTTP, open loop %d/s' % args.rate:58s} {pct(http_append)}   {sent} ({failed} not accepted, {skipped} slots skipped: run in flight)")
+    print(f"{'RunProducer.submit in-process (sequential)':58s} {pct(local_append)}   {len(local_append)}")
+    print(f"{'GET /runs/{id} state, HTTP, %d runs' % runs:58s} {pct(http_get)}   {len(http_get)}")
+    print(f"{'Projection.state in-process':58s} {pct(proj_get)}   {len(proj_get)}")
+    print(f"{'GET constant JSON, bare FastAPI on uvicorn (the floor)':58s} {pct(floor_get)}   {len(floor_get)}")
+    print()
+    print(f"ratios: state HTTP / floor p50 {statistics.median(http_get) / statistics.median(floor_get):.2f}x, "
+          f"p99 {p99(http_get) / p99(floor_get):.2f}x; state HTTP / in-process p50 "
+          f"{statistics.median(http_get) / statistics.median(proj_get):.2f}x; append HTTP / in-process p50 "
+          f"{statistics.median(http_append) / statistics.median(local_append):.2f}x")  # fmt: skip
+    print(f"goals: append->decision p99 {p99(http_append) * 1e3:.1f} ms (< 50: {'met' if p99(http_append) < 0.05 else 'NOT met'}); "
+          f"state p99 {p99(http_get) * 1e3:.2f} ms (< 5: {'met' if p99(http_get) < 0.005 else 'NOT met'})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
