@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -275,3 +276,19 @@ def test_openapi_fuzz_no_5xx_and_documented_errors(served: Served) -> None:
         capture_output=True, text=True, timeout=600, cwd=served.workdir,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
+
+
+def test_readme_client_example_runs_as_written(served: Served) -> None:
+    """The README's ``runstate.client`` block, against this server with a token (the README
+    shows a tokenless laptop server); run_128 is brought to revision 2 first, as the block
+    assumes after the tour."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "runstate.client" in b]
+    with served.client() as rs:
+        started(rs, "run_128")
+        assert rs.submit("run_128", {"expected_revision": 1, "events": [fact("f1")]}).revision == 2
+    code = block.replace('"http://127.0.0.1:8750"', repr(served.url)).replace("token=None", f"token={served.tokens['planner']!r}")
+    assert code != block
+    scope: dict[str, Any] = {}
+    exec(code, scope)  # noqa: S102 - the README's own example
+    assert scope["d"].outcome == "accepted" and scope["state"].revision == 3 and scope["state"].phase == "fix"
