@@ -125,9 +125,14 @@ def _fp(schema: dict[str, Any]) -> bytes:
     return bytes.fromhex(fingerprint(to_parsing_canonical_form(fastavro.parse_schema(schema)), "CRC-64-AVRO"))[::-1]
 
 
-@lru_cache(maxsize=len(KINDS))
 def published(kind: str = "patch") -> dict[bytes, _Writer]:
-    """Every published writer schema of ``kind``, by its 8-byte little-endian fingerprint."""
+    """Every published writer schema of ``kind``, by its 8-byte little-endian fingerprint
+    (one registry per kind: ``published()`` and ``published("patch")`` are the same dict)."""
+    return _published(kind)
+
+
+@lru_cache(maxsize=len(KINDS))
+def _published(kind: str) -> dict[bytes, _Writer]:
     out: dict[bytes, _Writer] = {}
     for path in sorted(AVRO_DIR.glob(f"{kind}.v*.avsc")):
         version = int(path.stem.split(".v")[1])
@@ -200,22 +205,28 @@ def encode_datum(datum: dict[str, Any], writer: _Writer) -> bytes:
     return buf.getvalue()
 
 
+def _framed(data: bytes, kind: str) -> tuple[_Writer, io.BytesIO]:
+    """The published writer of a single-object record of ``kind`` and a buffer at its body.
+    Raises :class:`DecodeError` (``not_avro_single_object``, ``unknown_writer_schema``)."""
+    if len(data) < HEADER_LEN or data[:2] != MAGIC:
+        raise DecodeError("not_avro_single_object", detail=f"{len(data)} bytes, header {data[:2].hex() or 'empty'}")
+    fp = bytes(data[2:HEADER_LEN])
+    writer = published(kind).get(fp)
+    if writer is None:
+        raise DecodeError("unknown_writer_schema", detail=f"fingerprint {fp[::-1].hex()}")
+    buf = io.BytesIO(data)
+    buf.seek(HEADER_LEN)
+    return writer, buf
+
+
 def decode_raw(data: bytes) -> dict[str, Any]:
     """Decode a record into the current Avro shape (a dict) without validating it.
 
     Raises :class:`DecodeError` with reason ``not_avro_single_object``,
     ``unknown_writer_schema`` or ``corrupt_record``.
     """
-    if len(data) < HEADER_LEN or data[:2] != MAGIC:
-        raise DecodeError("not_avro_single_object", detail=f"{len(data)} bytes, header {data[:2].hex() or 'empty'}")
-    fp = bytes(data[2:HEADER_LEN])
-    reg = published()
-    writer = reg.get(fp)
-    if writer is None:
-        raise DecodeError("unknown_writer_schema", detail=f"fingerprint {fp[::-1].hex()}")
+    writer, buf = _framed(data, "patch")
     current = current_writer()
-    buf = io.BytesIO(data)
-    buf.seek(HEADER_LEN)
     try:
         if writer.fingerprint == current.fingerprint:
             datum = fastavro.schemaless_reader(buf, writer.parsed, None)
@@ -275,14 +286,8 @@ def encode_decision(decision: Decision) -> bytes:
 def decode_decision(data: bytes) -> Decision:
     """Decode a decisions-topic record (any published writer version). Raises
     :class:`DecodeError`."""
-    if len(data) < HEADER_LEN or data[:2] != MAGIC:
-        raise DecodeError("not_avro_single_object", detail=f"{len(data)} bytes")
-    writer = published("decision").get(bytes(data[2:HEADER_LEN]))
-    if writer is None:
-        raise DecodeError("unknown_writer_schema", detail=f"fingerprint {bytes(data[2:HEADER_LEN])[::-1].hex()}")
+    writer, buf = _framed(data, "decision")
     current = _decision_current()
-    buf = io.BytesIO(data)
-    buf.seek(HEADER_LEN)
     try:
         datum = fastavro.schemaless_reader(buf, writer.parsed, None if writer is current else current.parsed)
         return Decision.model_validate(datum)
