@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from runstate.eventlog.base import EventLog
@@ -36,6 +38,12 @@ V1_DOC = {  # the client's reference document
     "waiting": None, "budgets": {"tokens_remaining": 84000, "deadline": "2026-08-11T18:00:00+08:00"},
     "workspace_ref": "workspace://ws_71@commit:3bc92e", "effect_ledger_ref": "effects://run_128@rev4",
 }  # fmt: skip
+
+
+def readme_blocks(lang: str) -> list[str]:
+    """The README's fenced code blocks of ``lang``, as written."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return re.findall(rf"```{lang}\n(.*?)```", readme, flags=re.S)
 
 
 def patch(run_id: str, expected: int, *events: dict[str, Any], rebase: bool = False, patch_id: str | None = None,

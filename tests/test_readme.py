@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from helpers import readme_blocks as blocks
+
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
-
-
-def blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
 
 
 def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import subprocess
 import sys
 import threading
@@ -16,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import fact, start
+from helpers import fact, readme_blocks, start
 from servekit import ServeProcess
 
 from runstate.client import AsyncClient, Client, ServiceError
@@ -282,8 +281,7 @@ def test_readme_client_example_runs_as_written(served: Served) -> None:
     """The README's ``runstate.client`` block, against this server with a token (the README
     shows a tokenless laptop server); run_128 is brought to revision 2 first, as the block
     assumes after the tour."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "runstate.client" in b]
+    [block] = [b for b in readme_blocks("python") if "runstate.client" in b]
     with served.client() as rs:
         started(rs, "run_128")
         assert rs.submit("run_128", {"expected_revision": 1, "events": [fact("f1")]}).revision == 2
