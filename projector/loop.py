@@ -20,6 +20,7 @@ error propagates: the projector never continues past state it could not store.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -108,10 +109,35 @@ Restorer = Callable[[int, ProjectionStore], object]
 ReplayProgress = Callable[[int, int], None]
 
 
+_heap_settled = False
+
+
+def settle_heap() -> None:
+    """Once per process, when a projector first catches up: collect, then move every
+    object alive (modules, classes, pydantic validators, the warm run cache) into the
+    permanent generation (``gc.freeze``), so that the cyclic GC stops rescanning them.
+
+    Why: a full (gen 2) collection walks every tracked object while holding the GIL. In
+    ``runstate serve`` at 500 patches/s with about 200,000 such objects, each one stalled
+    every thread for 120-170 ms, every few seconds; after the freeze it walks only what
+    was allocated since (about 13,000 objects, under 20 ms). Frozen objects are still freed
+    by reference counting; only cycles among them would outlive their use, and start-up
+    state is not garbage."""
+    global _heap_settled
+    if _heap_settled:
+        return
+    _heap_settled = True
+    gc.collect()
+    gc.freeze()
+    log.debug("heap settled: %d objects frozen", gc.get_freeze_count())
+
+
 class Projector:
     """Consumes the events topic into per-partition projection stores.
 
     ``on_progress(stats, lag)`` is called at most every ``progress_every_s`` seconds.
+    Positions are mirrored to the log (for lag monitoring) at most every
+    ``commit_every_s`` seconds while busy, on every idle poll and on shutdown.
     """
 
     def __init__(
@@ -130,6 +156,7 @@ class Projector:
         restore: Restorer | None = None,
         on_internal_error: InternalErrorPolicy = "dead_letter",
         stall_timeout_s: float = 30.0,
+        commit_every_s: float = 1.0,
         publish_decisions: bool = False,
         client_id: str | None = None,
     ) -> None:
@@ -141,6 +168,12 @@ class Projector:
         self.on_progress = on_progress
         self.progress_every_s = progress_every_s
         self.lag_every_s = lag_every_s
+        # The mirror is monitoring, not the position (that lives in the stores): on the
+        # embedded log each mirror is a SQLite write transaction competing with the
+        # appender for the file's one writer lock, so a busy projector does it rarely.
+        self.commit_every_s = commit_every_s
+        self._mirrored: dict[int, int] = {}
+        self._last_mirror = 0.0
         self.stats = ProjectorStats()
         self.parts: dict[int, _Partition] = {}
         self._consumer: LogConsumer | None = None
@@ -231,6 +264,7 @@ class Projector:
         self.layout.ensure(topic, self.log.partitions(topic), self.log.identity())
         consumer = self.log.consumer(self.group_id, topic, client_id=self.client_id)
         self._consumer = consumer
+        self._mirrored = {}
         consumer.subscribe(self.assign, self.release)
         last_progress = 0.0
         last_lag = 0.0
@@ -240,11 +274,9 @@ class Projector:
                 records = consumer.poll(self.batch_size, poll_timeout_s)
                 if records:
                     self.process(records)
-                    try:
-                        consumer.commit({p: part.next_offset for p, part in self.parts.items()})
-                    except LogError as e:  # the mirror is for lag monitoring; positions live in the stores
-                        log.warning("cannot mirror positions: %s", e)
                 now = time.monotonic()
+                if not records or now - self._last_mirror >= self.commit_every_s:
+                    self._mirror(consumer, now)
                 if records or not self.parts:
                     last_read = now
                 # Reading the log end costs broker round trips: at most every lag_every_s,
@@ -260,6 +292,8 @@ class Projector:
                         log.warning("cannot read the log end to compute lag: %s", e)
                         lag = None
                     caught_up = not records and lag == 0 and bool(consumer.assignment())
+                    if caught_up:
+                        settle_heap()
                     if self.on_progress and lag is not None and (want_progress or caught_up):
                         self.on_progress(self.stats, lag)
                         last_progress = now
@@ -275,6 +309,19 @@ class Projector:
         self._shutdown(consumer, quiet=False)
         return self.stats
 
+    def _mirror(self, consumer: LogConsumer, now: float) -> None:
+        """Mirror the owned positions to the log when they moved since the last mirror."""
+        positions = {p: part.next_offset for p, part in self.parts.items()}
+        if positions == self._mirrored:
+            return
+        try:
+            consumer.commit(positions)
+        except LogError as e:  # the mirror is for lag monitoring; positions live in the stores
+            log.warning("cannot mirror positions: %s", e)
+            return
+        self._mirrored = positions
+        self._last_mirror = now
+
     def _shutdown(self, consumer: LogConsumer, *, quiet: bool) -> None:
         """Leave the group (revoking: stores close) and close the dead-letter producer.
         ``quiet``: log errors instead of raising them."""
@@ -288,6 +335,7 @@ class Projector:
                 log.error("shutting down: %s", e)
                 first = first or e
 
+        attempt(lambda: self._mirror(consumer, time.monotonic()))  # what the last busy batches moved
         attempt(consumer.close)  # revokes: release() closes the stores it still holds
         if self._out is not None:
             dlq = self._out
