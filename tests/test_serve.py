@@ -213,8 +213,12 @@ def test_health_metrics_checkpoints_and_resume(served: Served) -> None:
     h = {"authorization": f"Bearer {served.tokens['reader']}"}
     health = httpx.get(served.url + "/healthz").json()
     assert health["status"] == "serving" and health["owned_partitions"] == list(range(health["partitions"]))
+    assert httpx.get(served.url + "/runs/no-such-run", headers=h).status_code == 404
     text = httpx.get(served.url + "/metrics").text
     assert 'runstate_decisions_total{outcome="accepted",reason=""}' in text
+    # requests by route template and status, the error answers included
+    assert 'runstate_http_requests_total{route="/runs/{run_id}/patches",status="200"}' in text
+    assert 'runstate_http_requests_total{route="/runs/{run_id}",status="404"}' in text
     assert "runstate_lag_records{partition=" in text
     deadline = time.monotonic() + 20
     while True:  # the snapshotter in the same process checkpoints every 2 revisions
