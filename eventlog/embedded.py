@@ -25,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import os
 import sqlite3
+import threading
 import time
 import uuid
 import zlib
@@ -109,6 +110,37 @@ def _record(topic: str, partition: int, row: tuple[int, bytes | None, bytes, int
     return Record(topic, partition, offset, key, value, ts, parsed, checksum_ok=not damaged)
 
 
+class _Wakeup:
+    """Appends in this process wake the readers of the same file in this process at once
+    (``runstate serve``: appender -> projector -> snapshotter); appends by other processes
+    are seen by the readers' 10 ms polling. ``seq`` counts commits, so that a reader that
+    fetched nothing waits only if nothing was committed since it looked."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.seq = 0
+
+    def bump(self) -> None:
+        with self.cond:
+            self.seq += 1
+            self.cond.notify_all()
+
+    def wait(self, seen: int, timeout_s: float) -> None:
+        with self.cond:
+            if self.seq == seen:
+                self.cond.wait(timeout_s)
+
+
+_wakeups: dict[Path, _Wakeup] = {}
+_wakeups_lock = threading.Lock()
+
+
+def _wakeup_for(path: Path) -> _Wakeup:
+    key = path.resolve()
+    with _wakeups_lock:
+        return _wakeups.setdefault(key, _Wakeup())
+
+
 class EmbeddedLog(EventLog):
     """A log in one SQLite file. ``partitions`` is used when the file's topics are created;
     an existing file keeps the count it was created with."""
@@ -125,6 +157,7 @@ class EmbeddedLog(EventLog):
         self._compacted: set[str] | None = None
         self._since_compaction = 0
         self._db = self._connect()
+        self.wakeup = _wakeup_for(self.path)
         if create:
             self.create_topics(partitions)
 
@@ -283,6 +316,7 @@ class EmbeddedLog(EventLog):
                                 self._compact(t, p, end)
         except sqlite3.Error as e:
             raise LogError(f"append to {self.path} failed: {e}") from e
+        self.wakeup.bump()  # committed: readers in this process need not wait for their next poll
         return out
 
     def _compacted_topics(self) -> set[str]:
@@ -399,7 +433,8 @@ class EmbeddedProducer(LogProducer):
 
 
 class EmbeddedReader(LogReader):
-    """Follows partitions of one topic by polling the file (every 10 ms while idle)."""
+    """Follows partitions of one topic by polling the file (every 10 ms while idle, at once
+    after an append by this process)."""
 
     def __init__(self, log: EmbeddedLog, topic: str, positions: dict[int, int], own_log: bool = False) -> None:
         self._log = log
@@ -411,6 +446,7 @@ class EmbeddedReader(LogReader):
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
         deadline = time.monotonic() + timeout_s
         while True:
+            seen = self._log.wakeup.seq
             out: list[Record] = []
             parts = sorted(self.positions)
             if parts:
@@ -426,7 +462,7 @@ class EmbeddedReader(LogReader):
                         out.extend(rows)
             if out or time.monotonic() >= deadline:
                 return out
-            time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+            self._log.wakeup.wait(seen, min(0.01, max(0.0, deadline - time.monotonic())))
 
     def close(self) -> None:
         if self._own_log:
