@@ -62,6 +62,11 @@ class CheckpointWriter:
         self._age_checked: dict[int, int] = {}
         #: per partition, the offset the last coverage record published promised
         self._coverage_sent: dict[int, int] = {}
+        #: partitions whose outbox is known to be empty (the last publish cleared it): their
+        #: next outbox is exactly what the next batch adds, no scan needed. A scan is not
+        #: free: it seeks over the tombstones of every cleared entry not yet compacted away
+        #: (36 % of this thread's time in serve at 500 patches/s on 10,000 runs).
+        self._outbox_empty: set[int] = set()
         self.written = 0
 
     def on_assign(self, partition: int, store: ProjectionStore) -> None:
@@ -71,7 +76,8 @@ class CheckpointWriter:
             covers = int(orjson.loads(value)["covers_offset"])
             covered[run] = max(covers, covered.get(run, -1))
         self.covered[partition] = covered
-        self._publish(partition, store, store.next_offset())  # what a crash left in the outbox
+        self._outbox_empty.discard(partition)
+        self._publish(partition, store, store.next_offset(), None)  # what a crash left in the outbox
 
     def on_accepted(self, partition: int, patch: Patch, decision: Decision, doc: RunDoc, batch: PendingBatch) -> None:
         triggers = self.policy.triggers(patch, decision.revision, doc)
@@ -96,13 +102,20 @@ class CheckpointWriter:
         return cp
 
     def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
-        self._age(partition, batch.next_offset, store)
-        self._publish(partition, store, batch.next_offset)
+        aged = self._age(partition, batch.next_offset, store)
+        self._publish(partition, store, batch.next_offset, {**batch.checkpoints, **aged})
 
-    def _publish(self, partition: int, store: ProjectionStore, covers_below: int) -> None:
-        """Publish the outbox, clear what the log acknowledged, then (all out) the coverage."""
+    def _publish(self, partition: int, store: ProjectionStore, covers_below: int,
+                 added: dict[tuple[str, int], bytes] | None) -> None:
+        """Publish the outbox, clear what the log acknowledged, then (all out) the coverage.
+        ``added``: the checkpoints stored since the last publish (None: unknown, read the
+        outbox)."""
         topic = self.log.topics.checkpoints
-        pending = store.outbox()
+        if added is not None and partition in self._outbox_empty:
+            pending = [(run, rev, blob) for (run, rev), blob in added.items()]
+        else:
+            pending = store.outbox()
+        self._outbox_empty.discard(partition)
         failed: list[Exception] = []
 
         def delivered(_where: Appended | None, err: Exception | None) -> None:
@@ -120,7 +133,8 @@ class CheckpointWriter:
         if pending:
             store.clear_outbox((run, rev) for run, rev, _ in pending)
             self.written += len(pending)
-        elif covers_below - self._coverage_sent.get(partition, -COVERAGE_EVERY) < COVERAGE_EVERY:
+        self._outbox_empty.add(partition)
+        if not pending and covers_below - self._coverage_sent.get(partition, -COVERAGE_EVERY) < COVERAGE_EVERY:
             return  # nothing new to promise yet; a coverage that lags only lengthens a restore's tail
         self._coverage_sent[partition] = covers_below
         key = coverage_keys(self.log.partitions(topic))[partition]
@@ -128,11 +142,12 @@ class CheckpointWriter:
         if self.producer.flush(60) or failed:
             log.error("coverage of partition %d not published; the next batch tries again", partition)
 
-    def _age(self, partition: int, next_offset: int, store: ProjectionStore) -> None:
-        """Checkpoint runs whose newest checkpoint is older than ``max_age`` records. The
-        walk over the partition's runs is done every ``max_age / 10`` records, not per batch."""
+    def _age(self, partition: int, next_offset: int, store: ProjectionStore) -> dict[tuple[str, int], bytes]:
+        """Checkpoint runs whose newest checkpoint is older than ``max_age`` records (stored,
+        and returned). The walk over the partition's runs is done every ``max_age / 10``
+        records, not per batch."""
         if next_offset - self._age_checked.get(partition, 0) < max(1, self.policy.max_age // 10):
-            return
+            return {}
         self._age_checked[partition] = next_offset
         covered = self.covered.setdefault(partition, {})
         stale = [r for r, c in covered.items() if next_offset - 1 - c > self.policy.max_age]
@@ -145,6 +160,7 @@ class CheckpointWriter:
             extra[(run, cp.revision)] = encode(cp)
         if extra:
             store.put_checkpoints(extra)
+        return extra
 
     def close(self) -> None:
         self.producer.close()
