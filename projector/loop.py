@@ -20,7 +20,6 @@ error propagates: the projector never continues past state it could not store.
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -30,6 +29,7 @@ from threading import Event
 from typing import Protocol
 
 from runstate.eventlog.base import EventLog, LogConsumer, Record
+from runstate.projector import heap
 from runstate.projector.keys import patch_id_digest
 from runstate.projector.runbook import DeadLetter, InternalErrorPolicy, RunBook
 from runstate.projector.statedir import Layout
@@ -109,29 +109,6 @@ Restorer = Callable[[int, ProjectionStore], object]
 ReplayProgress = Callable[[int, int], None]
 
 
-_heap_settled = False
-
-
-def settle_heap() -> None:
-    """Once per process, when a projector first catches up: collect, then move every
-    object alive (modules, classes, pydantic validators, the warm run cache) into the
-    permanent generation (``gc.freeze``), so that the cyclic GC stops rescanning them.
-
-    Why: a full (gen 2) collection walks every tracked object while holding the GIL. In
-    ``runstate serve`` at 500 patches/s with about 200,000 such objects, each one stalled
-    every thread for 120-170 ms, every few seconds; after the freeze it walks only what
-    was allocated since (about 13,000 objects, under 20 ms). Frozen objects are still freed
-    by reference counting; only cycles among them would outlive their use, and start-up
-    state is not garbage."""
-    global _heap_settled
-    if _heap_settled:
-        return
-    _heap_settled = True
-    gc.collect()
-    gc.freeze()
-    log.debug("heap settled: %d objects frozen", gc.get_freeze_count())
-
-
 class Projector:
     """Consumes the events topic into per-partition projection stores.
 
@@ -157,6 +134,7 @@ class Projector:
         on_internal_error: InternalErrorPolicy = "dead_letter",
         stall_timeout_s: float = 30.0,
         commit_every_s: float = 1.0,
+        tune_gc: bool = False,
         publish_decisions: bool = False,
         client_id: str | None = None,
     ) -> None:
@@ -174,6 +152,8 @@ class Projector:
         self.commit_every_s = commit_every_s
         self._mirrored: dict[int, int] = {}
         self._last_mirror = 0.0
+        #: Long-running processes only (serve, ``runstate project``): see projector/heap.py.
+        self.tune_gc = tune_gc
         self.stats = ProjectorStats()
         self.parts: dict[int, _Partition] = {}
         self._consumer: LogConsumer | None = None
@@ -265,6 +245,8 @@ class Projector:
         consumer = self.log.consumer(self.group_id, topic, client_id=self.client_id)
         self._consumer = consumer
         self._mirrored = {}
+        if self.tune_gc:
+            heap.settle()
         consumer.subscribe(self.assign, self.release)
         last_progress = 0.0
         last_lag = 0.0
@@ -277,6 +259,8 @@ class Projector:
                 now = time.monotonic()
                 if not records or now - self._last_mirror >= self.commit_every_s:
                     self._mirror(consumer, now)
+                if not records and self.tune_gc:
+                    heap.collect_when_idle()
                 if records or not self.parts:
                     last_read = now
                 # Reading the log end costs broker round trips: at most every lag_every_s,
@@ -292,8 +276,6 @@ class Projector:
                         log.warning("cannot read the log end to compute lag: %s", e)
                         lag = None
                     caught_up = not records and lag == 0 and bool(consumer.assignment())
-                    if caught_up:
-                        settle_heap()
                     if self.on_progress and lag is not None and (want_progress or caught_up):
                         self.on_progress(self.stats, lag)
                         last_progress = now

@@ -192,9 +192,11 @@ def publish(settings: Settings, run_id: str, data: Any, *, where: str, wait: boo
 def make_projector(settings: Settings, log: EventLog, *,
                    on_progress: Callable[[ProjectorStats, int], None] | None = None,
                    on_restore_progress: Callable[[int, int, int], None] | None = None,
-                   hooks: ProjectorHooks | None = None, client_id: str | None = None) -> Projector:
+                   hooks: ProjectorHooks | None = None, client_id: str | None = None,
+                   tune_gc: bool = False) -> Projector:
     """The projector as configured: restores a partition without a local store from
-    checkpoints, and on Kafka copies decisions to the decisions topic."""
+    checkpoints, and on Kafka copies decisions to the decisions topic. ``tune_gc``: for a
+    process that keeps projecting (projector/heap.py)."""
 
     def restore(partition: int, store: ProjectionStore) -> RestoreReport:
         def progress(done: int, total: int) -> None:
@@ -205,7 +207,8 @@ def make_projector(settings: Settings, log: EventLog, *,
 
     return Projector(log, settings.state_dir, group_id=settings.group_id, batch_size=settings.batch_size,
                      cache_runs=settings.cache_runs, on_progress=on_progress, restore=restore, hooks=hooks,
-                     publish_decisions=settings.decisions_published(), client_id=client_id)  # fmt: skip
+                     publish_decisions=settings.decisions_published(), client_id=client_id,
+                     tune_gc=tune_gc)  # fmt: skip
 
 
 def project(settings: Settings, *, until_caught_up: bool = False,
@@ -222,7 +225,10 @@ def project(settings: Settings, *, until_caught_up: bool = False,
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
-        projector = make_projector(settings, log, on_progress=on_progress, on_restore_progress=on_restore_progress)
+        # A projector that keeps following the log gets the GC policy; one that stops when
+        # caught up has nothing to gain from it.
+        projector = make_projector(settings, log, on_progress=on_progress, on_restore_progress=on_restore_progress,
+                                   tune_gc=not until_caught_up)  # fmt: skip
         return projector.run(until_caught_up=until_caught_up, stop=stop)
     finally:
         for sig, handler in previous.items():

@@ -248,3 +248,34 @@ def test_explain_never_assembles_the_whole_state(tmp_path: Path, embedded_log: E
     with Projection(tmp_path / "s") as proj:
         changes = explain(embedded_log, proj, "a", "tasks.t2.status")
     assert [(c.revision, c.after) for c in changes] == [(2, "pending"), (6, "cancelled")]
+
+
+def test_gc_policy_freezes_survivors_and_an_idle_full_collection_reclaims_frozen_cycles() -> None:
+    """projector/heap.py, in a process of its own (the policy is per process): a cycle that
+    survived a collection is frozen (not reclaimed by ordinary collections) until the idle
+    full collection, which does reclaim it."""
+    import subprocess
+    import sys
+
+    code = r"""
+import gc, weakref
+from runstate.projector import heap
+
+class Node:
+    pass
+
+heap.settle()
+a, b = Node(), Node()
+a.other, b.other = b, a
+ref = weakref.ref(a)
+gc.collect(1)  # the cycle survives a generation-1 collection: frozen by the policy
+del a, b
+gc.collect(1)
+print("after ordinary collection:", ref() is not None)
+heap.FULL_EVERY_S = 0.0
+found = heap.collect_when_idle()
+print("after idle full collection:", ref() is not None, found is not None and found >= 2)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["after ordinary collection: True", "after idle full collection: False True"]

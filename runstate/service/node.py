@@ -158,7 +158,7 @@ class Node:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.projector = make_projector(settings, self.log, hooks=self, client_id=CLIENT_ID_PREFIX + advertise,
-                                        on_restore_progress=self._restore_progress)  # fmt: skip
+                                        on_restore_progress=self._restore_progress, tune_gc=True)  # fmt: skip
         self.snapshotter: Snapshotter | None = None
         if snapshotter:
             policy = CheckpointPolicy(every=settings.checkpoint_every, max_age=settings.checkpoint_max_age)
