@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -43,6 +44,7 @@ from runstate.projector.queries import Projection, decision_reader
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Author, Patch
 
+PARTITIONS = 4
 TRUST = {"external_evidence_schemes": ["artifact"]}
 AUTHOR = Author(agent_id="bench", agent_version="1")
 
@@ -69,7 +71,7 @@ def p99(xs: list[float]) -> float:
 
 def seed(log_path: Path, runs: int) -> None:
     """One RunStarted and two facts per run, appended straight to the log."""
-    log = EmbeddedLog(log_path, partitions=4)
+    log = EmbeddedLog(log_path, partitions=PARTITIONS)
     prod = log.producer()
     for r in range(runs):
         run = f"run_{r}"
@@ -88,8 +90,10 @@ def wait_caught_up(url: str, runs: int, timeout_s: float = 600) -> None:
     while time.monotonic() < deadline:
         try:
             text = httpx.get(url + "/metrics", timeout=5).text
-            lags = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("runstate_lag_records{")]
-            if lags and sum(lags) == 0 and len(httpx.get(url + "/runs", timeout=30).json()) >= runs:
+            # the projector and the in-process snapshotter (checkpointing every seeded run)
+            lags = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                    if line.startswith(("runstate_lag_records{", "runstate_snapshotter_lag_records{"))]  # fmt: skip
+            if len(lags) == 2 * PARTITIONS and sum(lags) == 0 and len(httpx.get(url + "/runs", timeout=30).json()) >= runs:
                 return
         except httpx.HTTPError:
             pass
@@ -149,13 +153,22 @@ class LeanPool:
     headers and a Content-Length body, nothing else (the server under test always sends
     Content-Length)."""
 
+    #: Idle connections older than this are dropped, not reused: uvicorn closes a
+    #: keep-alive connection after 5 s idle, and a request on it would fail.
+    MAX_IDLE_S = 2.0
+
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
 
     async def post_json(self, path: str, body: bytes) -> tuple[int, bytes]:
-        conn = self.idle.pop() if self.idle else await asyncio.open_connection(self.host, self.port)
-        reader, writer = conn
+        now = time.monotonic()
+        while self.idle and now - self.idle[-1][2] > self.MAX_IDLE_S:
+            self.idle.pop()[1].close()
+        if self.idle:
+            reader, writer, _t = self.idle.pop()
+        else:
+            reader, writer = await asyncio.open_connection(self.host, self.port)
         writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (path.encode(), self.host.encode(), len(body), body))  # fmt: skip
         head = await reader.readuntil(b"\r\n\r\n")
@@ -163,11 +176,11 @@ class LeanPool:
         status = int(lines[0].split()[1])
         length = next(int(h.split(b":", 1)[1]) for h in lines[1:] if h.lower().startswith(b"content-length:"))
         data = await reader.readexactly(length)
-        self.idle.append(conn)
+        self.idle.append((reader, writer, time.monotonic()))
         return status, data
 
     def close(self) -> None:
-        for _r, w in self.idle:
+        for _r, w, _t in self.idle:
             w.close()
 
 
@@ -281,6 +294,7 @@ def main() -> None:
         for proc in (serve, floor):
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
+        shutil.rmtree(work, ignore_errors=True)
 
     sent = len(http_append) + failed
     print()

@@ -220,6 +220,7 @@ def test_health_metrics_checkpoints_and_resume(served: Served) -> None:
     assert 'runstate_http_requests_total{route="/runs/{run_id}/patches",status="200"}' in text
     assert 'runstate_http_requests_total{route="/runs/{run_id}",status="404"}' in text
     assert "runstate_lag_records{partition=" in text
+    assert "runstate_snapshotter_lag_records{partition=" in text
     deadline = time.monotonic() + 20
     while True:  # the snapshotter in the same process checkpoints every 2 revisions
         r = httpx.get(served.url + "/runs/ops-1/checkpoints", headers=h)

@@ -121,6 +121,9 @@ class Metrics:
         self.decisions = Counter("runstate_decisions", "Decisions made by this instance's projector",
                                  ["outcome", "reason"], registry=self.registry)  # fmt: skip
         self.lag = Gauge("runstate_lag_records", "Records behind the log end", ["partition"], registry=self.registry)
+        self.snapshot_lag = Gauge("runstate_snapshotter_lag_records",
+                                  "Records the in-process snapshotter is behind the log end (a lag lengthens "
+                                  "a restore's tail)", ["partition"], registry=self.registry)  # fmt: skip
         self.rate = Gauge("runstate_projector_events_per_second", "Events per second since the first batch",
                           registry=self.registry)  # fmt: skip
         self.records = Gauge("runstate_projector_records", "Records processed since start", registry=self.registry)
@@ -143,6 +146,11 @@ class Metrics:
         for p, lag in node.projector.lags().items():
             if lag is not None:
                 self.lag.labels(str(p)).set(lag)
+        self.snapshot_lag.clear()
+        if node.snapshotter is not None:
+            for p, lag in node.snapshotter.projector.lags().items():
+                if lag is not None:
+                    self.snapshot_lag.labels(str(p)).set(lag)
         for p, r in list(node.health.restoring.items()):
             self.restore.labels(str(p)).set(r.done / r.total if r.total else 0.0)
         return generate_latest(self.registry)
