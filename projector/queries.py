@@ -61,6 +61,12 @@ class Projection:
         st = self._store(self.layout.partition_of(run_id))
         return [] if st is None else st.history(run_id)
 
+    def accepted_since(self, run_id: str, after_revision: int) -> list[Decision]:
+        """The run's accepted decisions above ``after_revision``, in log order (see
+        :meth:`ProjectionStore.accepted_since`)."""
+        st = self._store(self.layout.partition_of(run_id))
+        return [] if st is None else st.accepted_since(run_id, after_revision)
+
     def runs(self, status: str | None = None) -> list[RunHeader]:
         """Headers of every run (sorted by run id), optionally of one status."""
         out: list[RunHeader] = []

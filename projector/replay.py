@@ -68,7 +68,7 @@ def state_at(log: EventLog, projection: Projection, run_id: str, revision: int,
     if base is not None and base.revision == revision:
         return base
     after = base.revision if base is not None else 0
-    wanted = [d for d in projection.history(run_id) if d.outcome == "accepted" and after < d.revision <= revision]
+    wanted = [d for d in projection.accepted_since(run_id, after) if d.revision <= revision]
     if len(wanted) != revision - after:
         raise RevisionNotFound(run_id, revision, current)  # history before a restore is not local
     start = None if base is None else RunDoc.from_state(base)

@@ -243,6 +243,27 @@ class ProjectionStore:
         """Every decided patch of the run, in log order."""
         return [keys.decode_decision(v) for _, v in self._prefix(keys.history_prefix(run_id))]
 
+    def accepted_since(self, run_id: str, after_revision: int) -> list[Decision]:
+        """The run's accepted decisions with a revision above ``after_revision``, in log
+        order. Reads from the newest backwards and stops at the first accepted decision at
+        or below it (accepted revisions grow with the offset), so a rebuild from a recent
+        checkpoint decodes its tail, not the run's whole history."""
+        it = self._db.iter()
+        prefix = keys.history_prefix(run_id)
+        it.seek_for_prev(prefix + b"\xff")
+        out = []
+        while it.valid():
+            if not it.key().startswith(prefix):
+                break
+            d = keys.decode_decision(it.value())
+            if d.outcome == "accepted":
+                if d.revision <= after_revision:
+                    break
+                out.append(d)
+            it.prev()
+        self._check(it)
+        return out[::-1]
+
     def recent_history(self, run_id: str, n: int) -> list[Decision]:
         """The run's last ``n`` decisions in log order (reads only those)."""
         it = self._db.iter()
@@ -286,6 +307,20 @@ class ProjectionStore:
     def checkpoints(self, run_id: str) -> list[tuple[int, bytes]]:
         """The run's stored checkpoints as ``(revision, encoded)``, oldest first."""
         return [(keys.run_and_revision(k, keys.CHECKPOINTS)[1], v) for k, v in self._prefix(keys.checkpoints_prefix(run_id))]
+
+    def checkpoints_at_or_below(self, run_id: str, revision: int) -> Iterator[tuple[int, bytes]]:
+        """The run's stored checkpoints at or below ``revision``, newest first, read one at
+        a time (a caller that takes the first valid one reads only that one)."""
+        it = self._db.iter()
+        prefix = keys.checkpoints_prefix(run_id)
+        it.seek_for_prev(keys.checkpoint_key(run_id, revision))
+        while it.valid():
+            k = it.key()
+            if not k.startswith(prefix):
+                break
+            yield keys.run_and_revision(k, keys.CHECKPOINTS)[1], it.value()
+            it.prev()
+        self._check(it)
 
     def all_checkpoints(self) -> Iterator[tuple[str, bytes]]:
         """Every stored checkpoint as ``(run_id, encoded)``, by run then revision."""

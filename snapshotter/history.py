@@ -46,12 +46,11 @@ class CheckpointHistory:
         st = self._store(run_id)
         if st is None:
             return None
-        for rev, raw in reversed(st.checkpoints(run_id)):
-            if rev <= revision:
-                try:
-                    return validate(raw, self.key)
-                except CheckpointInvalid:
-                    continue
+        for _rev, raw in st.checkpoints_at_or_below(run_id, revision):
+            try:
+                return validate(raw, self.key)
+            except CheckpointInvalid:
+                continue
         return None
 
     def latest(self, run_id: str) -> Checkpoint | None:

@@ -51,6 +51,13 @@ def test_projection_equals_pure_replay_and_keeps_every_decision(tmp_path: Path, 
             assert proj.state(r).model_dump_json() == expected.to_state().model_dump_json()
             reasons = [d.reason for d in proj.history(r)]
             assert reasons == [None, None, "revision_conflict", None, "invalid", None, None, None, "superseded"]
+        # the tail a rebuild reads: accepted decisions above a revision, rejections between
+        # them skipped, read from the newest backwards
+        hist = proj.history("a")
+        for after in range(0, proj.state("a").revision + 1):
+            want = [d for d in hist if d.outcome == "accepted" and d.revision > after]
+            assert proj.accepted_since("a", after) == want
+        assert proj.accepted_since("ghost", 0) == []
         assert proj.history("ghost")[0].reason == "unknown_run"
         with pytest.raises(RunNotFound):
             proj.state("ghost")

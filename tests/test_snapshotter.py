@@ -302,6 +302,10 @@ def test_time_travel_starts_from_the_nearest_checkpoint(tmp_path: Path) -> None:
     with CheckpointHistory(snapshotter_dir(state)) as hist:
         revs = [cp.revision for cp in hist.of("run_0")]
         assert {1, 10, 20} <= set(revs)
+        for n in range(0, max(revs) + 3):  # the newest at or below n, found by a seek
+            got = hist.nearest("run_0", n)
+            below = [r for r in revs if r <= n]
+            assert (got.revision if got else None) == (max(below) if below else None)
 
         def nearest(run: str, n: int) -> Any:
             cp = hist.nearest(run, n)
