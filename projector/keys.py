@@ -56,6 +56,11 @@ def header_key(run_id: str) -> bytes:
     return HEADERS + _run(run_id)
 
 
+def run_items_prefix(run_id: str) -> bytes:
+    """Every item of every collection of one run (kinds in order, then ids)."""
+    return b"i:" + _run(run_id) + b"\0"
+
+
 def items_prefix(run_id: str, kind: str) -> bytes:
     """Every item of one collection of one run."""
     return b"i:" + _run(run_id) + b"\0" + kind.encode() + b"\0"

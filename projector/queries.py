@@ -47,7 +47,7 @@ class Projection:
     def state(self, run_id: str) -> RunState:
         """The run's current state. Raises :class:`RunNotFound`."""
         st = self._store(self.layout.partition_of(run_id))
-        doc = None if st is None else st.load_doc(run_id)
+        doc = None if st is None else st.read_doc(run_id)
         if doc is None:
             raise RunNotFound(run_id)
         return doc.to_state()

@@ -41,6 +41,9 @@ class Layout:
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
         self.root = Path(state_dir)
         self.file = self.root / "layout.json"
+        #: (topic, partitions) once read: they never change for a state directory (``ensure``
+        #: refuses another layout), and queries ask for them on every call.
+        self._read: tuple[str, int] | None = None
 
     def ensure(self, topic: str, partitions: int, log_id: str) -> None:
         """Record (or check) which log (its identity), topic and partition count these
@@ -70,10 +73,13 @@ class Layout:
         write_atomic(self.file, json.dumps(body).encode())
 
     def read(self) -> tuple[str, int]:
+        if self._read is not None:
+            return self._read
         if not self.file.exists():
             raise StoreError(f"no projections in {self.root} (run `runstate project` first)")
         have = json.loads(self.file.read_text())
-        return str(have["topic"]), int(have["partitions"])
+        self._read = (str(have["topic"]), int(have["partitions"]))
+        return self._read
 
     def store_path(self, partition: int) -> Path:
         return self.root / f"p{partition:03d}"

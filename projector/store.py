@@ -29,7 +29,7 @@ from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
 from runstate.projector import keys
 from runstate.projector.runbook import DeadLetter
-from runstate.projector.working import Changes, Entry, RunDoc
+from runstate.projector.working import COLLECTIONS, Changes, Entry, RunDoc
 from runstate.schemas.errors import StoreError, StoreLocked
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState
@@ -231,6 +231,22 @@ class ProjectionStore:
                 yield key[len(prefix):].decode(), keys.decode_item(kind, value)
 
         return RunDoc(header, load_one=load_one, load_all=load_all)
+
+    def read_doc(self, run_id: str) -> RunDoc | None:
+        """The run's whole working state, or None, read with one scan over its items (a
+        query assembles all of it; a scan per collection cost a seek each)."""
+        header = self.header(run_id)
+        if header is None:
+            return None
+        if header.schema_version != CURRENT_SCHEMA_VERSION:
+            raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.schema_version}")
+        items: dict[str, dict[str, Entry | None]] = {k: {} for k in COLLECTIONS}
+        prefix = keys.run_items_prefix(run_id)
+        for key, value in self._prefix(prefix):
+            kind, id_ = key[len(prefix):].split(b"\0", 1)
+            name = kind.decode()
+            items[name][id_.decode()] = keys.decode_item(name, value)
+        return RunDoc(header, items)
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
         off = self._get(keys.dedupe_key(run_id, patch_id))
