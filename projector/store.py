@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
-from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
 
 from runstate.projector import keys
 from runstate.projector.runbook import DeadLetter
@@ -87,9 +87,21 @@ def _write_error(path: Path, e: Exception) -> StoreError:
     return StoreError(f"write to {path} failed: {text}")
 
 
-def _options() -> Options:
+#: Block cache per partition store (bytes).
+BLOCK_CACHE_BYTES = 64 << 20
+
+
+def _options(*, create: bool = True) -> Options:
+    """Bloom filters (10 bits per key, ~1 % false positives): most point reads of a patch
+    miss by design (the idempotency key of a new patch id, a fresh item id), and without a
+    filter each miss reads a block from every level; readers need the same policy to use
+    the filters the writer built."""
     opts = Options(raw_mode=True)
-    opts.create_if_missing(True)
+    opts.create_if_missing(create)
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    table.set_block_cache(Cache(BLOCK_CACHE_BYTES))
+    opts.set_block_based_table_factory(table)
     return opts
 
 
@@ -110,7 +122,7 @@ class ProjectionStore:
             if read_only:
                 if not (self.path / "CURRENT").exists():
                     raise StoreError(f"no projection store at {self.path}")
-                self._db = Rdict(str(self.path), Options(raw_mode=True), access_type=AccessType.read_only())
+                self._db = Rdict(str(self.path), _options(create=False), access_type=AccessType.read_only())
             else:
                 self.path.mkdir(parents=True, exist_ok=True)
                 self._db = Rdict(str(self.path), _options())
