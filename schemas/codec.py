@@ -33,6 +33,7 @@ import pydantic
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 from pydantic import BaseModel
 
+from runstate.schemas import avrofast
 from runstate.schemas.errors import ContractError, DecodeError, describe_validation_error
 from runstate.schemas.patch import Decision, Patch
 
@@ -119,6 +120,17 @@ class _Writer(typing.NamedTuple):
     version: int
     parsed: Any
     fingerprint: bytes
+    #: generated from the same schema (schemas/avrofast.py); None: fastavro only
+    read: avrofast.Reader | None = None
+    write: avrofast.Writer | None = None
+
+
+def _make_writer(version: int, schema: dict[str, Any], fp: bytes) -> _Writer:
+    try:
+        read, write = avrofast.compile_schema(schema)
+    except NotImplementedError:
+        read = write = None
+    return _Writer(version, fastavro.parse_schema(schema), fp, read, write)
 
 
 def _fp(schema: dict[str, Any]) -> bytes:
@@ -138,7 +150,7 @@ def _published(kind: str) -> dict[bytes, _Writer]:
         version = int(path.stem.split(".v")[1])
         schema = json.loads(path.read_text())
         fp = _fp(schema)
-        out[fp] = _Writer(version, fastavro.parse_schema(schema), fp)
+        out[fp] = _make_writer(version, schema, fp)
     if not out:
         raise RuntimeError(f"no published Avro schema in {AVRO_DIR}")
     return out
@@ -165,7 +177,7 @@ def register_writer_schema(schema: dict[str, Any], version: int) -> bytes:
     fingerprint."""
     global _current
     fp = _fp(schema)
-    published()[fp] = _Writer(version, fastavro.parse_schema(schema), fp)
+    published()[fp] = _make_writer(version, schema, fp)
     _current = None
     return fp
 
@@ -180,33 +192,58 @@ def _to_avro_datum(patch: Patch) -> dict[str, Any]:
     return d
 
 
+def _write_record(w: _Writer, datum: Any) -> bytes:
+    """A single-object record: magic, fingerprint, body (the generated writer when there is
+    one, else fastavro; the bytes are the same)."""
+    if w.write is not None:
+        out = bytearray(MAGIC)
+        out += w.fingerprint
+        w.write(out, datum)
+        return bytes(out)
+    buf = io.BytesIO()
+    buf.write(MAGIC)
+    buf.write(w.fingerprint)
+    fastavro.schemaless_writer(buf, w.parsed, datum)
+    return buf.getvalue()
+
+
+def _read_record(data: bytes, writer: _Writer, reader: _Writer | None) -> Any:
+    """The body of a framed record as written by ``writer``, resolved to ``reader`` (None:
+    the same schema, read by the generated reader). Raises :class:`DecodeError`
+    (``corrupt_record``: undecodable or trailing bytes)."""
+    try:
+        if reader is None and writer.read is not None:
+            datum, end = writer.read(data, HEADER_LEN)
+        else:
+            buf = io.BytesIO(data)
+            buf.seek(HEADER_LEN)
+            datum = fastavro.schemaless_reader(buf, writer.parsed, None if reader is None else reader.parsed)
+            end = buf.tell()
+    except Exception as e:  # garbage raises many types (IndexError, EOFError, UnicodeDecodeError...): all "corrupt"
+        raise DecodeError("corrupt_record", detail=f"{type(e).__name__}: {e}") from e
+    if end != len(data):
+        raise DecodeError("corrupt_record", detail=f"{len(data) - end} trailing bytes")
+    return datum
+
+
 def encode(patch: Patch, writer: _Writer | None = None) -> bytes:
     """Encode a validated patch as one single-object Avro record with the current schema.
 
     Raises :class:`ContractError` for a string that UTF-8 cannot encode (a lone surrogate)."""
-    w = writer or current_writer()
-    buf = io.BytesIO()
-    buf.write(MAGIC)
-    buf.write(w.fingerprint)
     try:
-        fastavro.schemaless_writer(buf, w.parsed, _to_avro_datum(patch))
+        return _write_record(writer or current_writer(), _to_avro_datum(patch))
     except UnicodeEncodeError as e:
         raise ContractError(f"patch {patch.patch_id} of run {patch.run_id!r} holds a string that UTF-8 cannot encode: "
                             f"{e.reason} at {e.start}", field=None) from e  # fmt: skip
-    return buf.getvalue()
 
 
 def encode_datum(datum: dict[str, Any], writer: _Writer) -> bytes:
     """Encode a raw datum with a given writer (for tests of schema evolution)."""
-    buf = io.BytesIO()
-    buf.write(MAGIC)
-    buf.write(writer.fingerprint)
-    fastavro.schemaless_writer(buf, writer.parsed, datum)
-    return buf.getvalue()
+    return _write_record(writer, datum)
 
 
-def _framed(data: bytes, kind: str) -> tuple[_Writer, io.BytesIO]:
-    """The published writer of a single-object record of ``kind`` and a buffer at its body.
+def _framed(data: bytes, kind: str) -> _Writer:
+    """The published writer of a single-object record of ``kind``.
     Raises :class:`DecodeError` (``not_avro_single_object``, ``unknown_writer_schema``)."""
     if len(data) < HEADER_LEN or data[:2] != MAGIC:
         raise DecodeError("not_avro_single_object", detail=f"{len(data)} bytes, header {data[:2].hex() or 'empty'}")
@@ -214,9 +251,7 @@ def _framed(data: bytes, kind: str) -> tuple[_Writer, io.BytesIO]:
     writer = published(kind).get(fp)
     if writer is None:
         raise DecodeError("unknown_writer_schema", detail=f"fingerprint {fp[::-1].hex()}")
-    buf = io.BytesIO(data)
-    buf.seek(HEADER_LEN)
-    return writer, buf
+    return writer
 
 
 def decode_raw(data: bytes) -> dict[str, Any]:
@@ -225,17 +260,11 @@ def decode_raw(data: bytes) -> dict[str, Any]:
     Raises :class:`DecodeError` with reason ``not_avro_single_object``,
     ``unknown_writer_schema`` or ``corrupt_record``.
     """
-    writer, buf = _framed(data, "patch")
+    writer = _framed(data, "patch")
     current = current_writer()
-    try:
-        if writer.fingerprint == current.fingerprint:
-            datum = fastavro.schemaless_reader(buf, writer.parsed, None)
-        else:
-            datum = fastavro.schemaless_reader(buf, writer.parsed, current.parsed)
-    except Exception as e:  # fastavro raises many types on garbage; all mean "corrupt".
-        raise DecodeError("corrupt_record", detail=f"{type(e).__name__}: {e}") from e
-    if buf.tell() != len(data):
-        raise DecodeError("corrupt_record", detail=f"{len(data) - buf.tell()} trailing bytes")
+    if writer.fingerprint == current.fingerprint:
+        return _read_record(data, writer, None)  # type: ignore[no-any-return]
+    datum = _read_record(data, writer, current)
     for v in range(writer.version, current.version):
         if v in UPCASTERS:
             datum = UPCASTERS[v](datum)
@@ -275,26 +304,19 @@ def _decision_current() -> _Writer:
 
 def encode_decision(decision: Decision) -> bytes:
     """One decision as an Avro single-object record (the decisions topic's value)."""
-    w = _decision_current()
-    buf = io.BytesIO()
-    buf.write(MAGIC)
-    buf.write(w.fingerprint)
-    fastavro.schemaless_writer(buf, w.parsed, decision.model_dump(mode="json"))
-    return buf.getvalue()
+    return _write_record(_decision_current(), decision.model_dump(mode="json"))
 
 
 def decode_decision(data: bytes) -> Decision:
     """Decode a decisions-topic record (any published writer version). Raises
     :class:`DecodeError`."""
-    writer, buf = _framed(data, "decision")
+    writer = _framed(data, "decision")
     current = _decision_current()
+    datum = _read_record(data, writer, None if writer is current else current)
     try:
-        datum = fastavro.schemaless_reader(buf, writer.parsed, None if writer is current else current.parsed)
         return Decision.model_validate(datum)
     except pydantic.ValidationError as e:
         raise DecodeError("invalid_patch", detail=describe_validation_error(e)[1]) from e
-    except Exception as e:  # fastavro raises many types on garbage
-        raise DecodeError("corrupt_record", detail=f"{type(e).__name__}: {e}") from e
 
 
 def _publish_decision() -> None:

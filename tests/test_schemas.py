@@ -187,3 +187,145 @@ def test_where_a_state_came_from_survives_its_working_form() -> None:
     state = load_state(copy.deepcopy(V1_DOC))
     again = RunDoc.from_state(state).to_state()
     assert again.migrated_from == state.migrated_from and again == state
+
+
+# --- the generated codec (schemas/avrofast.py) against fastavro ------------------------------
+
+from typing import Any  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _strategy(t: Any, named: dict[str, Any], ns: str | None, depth: int = 0) -> st.SearchStrategy[Any]:
+    """Any datum of an Avro type (the types our schemas use), unions in fastavro's
+    named-branch form where a union holds several records (as the codec writes them)."""
+    if isinstance(t, str):
+        prim = {"null": st.none(), "boolean": st.booleans(), "long": st.integers(-(2**63), 2**63 - 1),
+                "double": st.floats(allow_nan=False), "string": st.text(max_size=6)}  # fmt: skip
+        if t in prim:
+            return prim[t]
+        full = _full(t, ns)
+        return st.deferred(lambda: _strategy(named[full], named, ns, depth + 1))
+    if isinstance(t, list):
+        recs = [x for x in t if isinstance(x, dict) and x["type"] == "record"]
+        if len(recs) > 1:
+            return st.one_of([_strategy(r, named, ns, depth).map(lambda d, r=r: (_full(r["name"], ns), d))
+                              for r in recs])  # fmt: skip
+        return st.one_of([_strategy(x, named, ns, depth) for x in t])
+    kind = t["type"]
+    if kind == "record":
+        return st.fixed_dictionaries({f["name"]: _strategy(f["type"], named, t.get("namespace", ns), depth)
+                                      for f in t["fields"]})  # fmt: skip
+    if kind == "array":
+        return st.lists(_strategy(t["items"], named, ns, depth), max_size=0 if depth > 2 else 2)
+    return _strategy(kind, named, ns, depth)
+
+
+def _full(name: str, ns: str | None) -> str:
+    return name if "." in name or not ns else f"{ns}.{name}"
+
+
+def _collect_named(t: Any, ns: str | None, named: dict[str, Any]) -> None:
+    if isinstance(t, list):
+        for x in t:
+            _collect_named(x, ns, named)
+    elif isinstance(t, dict):
+        if t["type"] == "record":
+            sub_ns = t.get("namespace", ns)
+            named[_full(t["name"], sub_ns)] = t
+            for f in t["fields"]:
+                _collect_named(f["type"], sub_ns, named)
+        elif t["type"] == "array":
+            _collect_named(t["items"], ns, named)
+
+
+_PATCH_SCHEMA = json.loads(max(codec.AVRO_DIR.glob("patch.v*.avsc"), key=lambda p: int(p.stem.split(".v")[1])).read_text())
+_NAMED: dict[str, Any] = {}
+_collect_named(_PATCH_SCHEMA, _PATCH_SCHEMA.get("namespace"), _NAMED)
+PATCH_DATUMS = _strategy(_PATCH_SCHEMA, _NAMED, _PATCH_SCHEMA.get("namespace"))
+
+
+def _fastavro_body(datum: Any) -> bytes:
+    import io
+
+    import fastavro
+
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, codec.current_writer().parsed, datum)
+    return buf.getvalue()
+
+
+def _fastavro_read(data: bytes) -> Any:
+    """The reference decode: fastavro, then the trailing-bytes check."""
+    import io
+
+    import fastavro
+
+    buf = io.BytesIO(data)
+    buf.seek(codec.HEADER_LEN)
+    datum = fastavro.schemaless_reader(buf, codec.current_writer().parsed, None)
+    if buf.tell() != len(data):
+        raise ValueError("trailing bytes")
+    return datum
+
+
+def _named_branches_to_plain(datum: Any) -> Any:
+    """fastavro reads a union of records back as the record alone."""
+    if isinstance(datum, tuple):
+        return _named_branches_to_plain(datum[1])
+    if isinstance(datum, dict):
+        return {k: _named_branches_to_plain(v) for k, v in datum.items()}
+    if isinstance(datum, list):
+        return [_named_branches_to_plain(v) for v in datum]
+    return datum
+
+
+def test_the_generated_codec_is_used_for_the_current_schema() -> None:
+    w = codec.current_writer()
+    assert w.read is not None and w.write is not None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(datum=PATCH_DATUMS)
+def test_generated_writer_and_reader_match_fastavro_on_any_datum(datum: Any) -> None:
+    w = codec.current_writer()
+    ours = codec.encode_datum(datum, w)
+    assert ours[codec.HEADER_LEN:] == _fastavro_body(datum)  # the same bytes
+    back, end = w.read(ours, codec.HEADER_LEN)  # type: ignore[misc]
+    assert end == len(ours)
+    assert back == _fastavro_read(ours) == _named_branches_to_plain(datum)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(datum=PATCH_DATUMS, cut=st.integers(0, 10_000), pos=st.integers(0, 10_000), byte=st.integers(0, 255),
+       how=st.sampled_from(["truncate", "flip", "append"]))  # fmt: skip
+def test_a_damaged_record_is_refused_whenever_fastavro_refuses_it(datum: Any, cut: int, pos: int, byte: int, how: str) -> None:
+    """decode_raw with the generated reader against the fastavro reference on damaged
+    bytes: what fastavro refuses is refused (a typed DecodeError); what both read is equal."""
+    data = bytearray(codec.encode_datum(datum, codec.current_writer()))
+    body = len(data) - codec.HEADER_LEN
+    if how == "truncate":
+        del data[codec.HEADER_LEN + cut % (body + 1):]
+    elif how == "flip" and body:
+        data[codec.HEADER_LEN + pos % body] = byte
+    else:
+        data.append(byte)
+    raw = bytes(data)
+    try:
+        want = _fastavro_read(raw)
+    except Exception:
+        with pytest.raises(DecodeError) as e:
+            codec.decode_raw(raw)
+        assert e.value.reason == "corrupt_record"
+        return
+    try:
+        got = codec.decode_raw(raw)
+    except DecodeError as e:  # stricter than fastavro only where fastavro's datum is not a patch
+        assert e.reason == "corrupt_record"
+        with pytest.raises(Exception):
+            from runstate.schemas.patch import Patch
+
+            Patch.model_validate(want)
+        return
+    assert got == want
