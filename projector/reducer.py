@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from runstate.projector.working import Draft
+from runstate.projector.working import Draft, updated
 from runstate.schemas import events as ev
 from runstate.schemas.state import (
     Budgets,
@@ -666,7 +666,7 @@ def _budget_consumed(d: Draft, e: ev.BudgetConsumed, ctx: Ctx) -> None:
              f"consuming {e.tokens} tokens would take the budget past what can be stored "
              f"(used {b.tokens_used}, remaining {b.tokens_remaining})")  # fmt: skip
     # Consumption already happened: it is recorded even past the budget (remaining < 0).
-    _set(d, budgets=b.model_copy(update={"tokens_used": used, "tokens_remaining": remaining}))
+    _set(d, budgets=updated(b, {"tokens_used": used, "tokens_remaining": remaining}))
 
 
 missing = set(ev.EVENT_TYPE_NAMES) - set(REDUCERS)

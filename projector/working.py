@@ -15,9 +15,11 @@ the keys it touched (:class:`Changes`), which is what the store writes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from runstate.schemas.events import GoalSpec, Model
 from runstate.schemas.state import COLLECTIONS, ITEM_KEY, Goal, RunHeader, RunState
@@ -29,6 +31,27 @@ Entry = tuple[int, Model]  # (insertion sequence, item)
 #: ``load_one(kind, id)`` -> entry or None; ``load_all(kind)`` -> every stored (id, entry).
 LoadOne = Callable[[str, str], Entry | None]
 LoadAll = Callable[[str], Iterable[tuple[str, Entry]]]
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def updated(model: M, changes: Mapping[str, Any]) -> M:
+    """``model.model_copy(update=changes)``, the same result (fields, fields set, extra and
+    private attributes copied, nothing validated) without pydantic's generic ``__copy__``
+    path: the header is copied once per patch, and ``model_copy`` was a tenth of the
+    projector's profile."""
+    cls = type(model)
+    new = cls.__new__(cls)
+    d = dict(model.__dict__)
+    d.update(changes)
+    object.__setattr__(new, "__dict__", d)
+    object.__setattr__(new, "__pydantic_fields_set__", model.__pydantic_fields_set__ | changes.keys())
+    extra = model.__pydantic_extra__
+    object.__setattr__(new, "__pydantic_extra__", None if extra is None else dict(extra))
+    private = model.__pydantic_private__
+    object.__setattr__(new, "__pydantic_private__", None if private is None else dict(private))
+    return new
 
 
 def _seq(entry: tuple[int, Model]) -> int:
@@ -171,7 +194,7 @@ class Draft:
         """The header with every change so far applied (one copy, only when changed)."""
         if self._hset:
             assert self._header is not None
-            self._header = self._header.model_copy(update=self._hset)
+            self._header = updated(self._header, self._hset)
             self._hset = {}
         assert self._header is not None
         return self._header

@@ -286,3 +286,18 @@ print("after idle full collection:", ref() is not None, found is not None and fo
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["after ordinary collection: True", "after idle full collection: False True"]
+
+
+def test_updated_is_model_copy_with_update() -> None:
+    """The projector's fast copy gives what pydantic's model_copy(update=...) gives."""
+    from runstate.projector.working import updated
+    from runstate.schemas.state import Budgets, RunHeader
+
+    b = Budgets(tokens_used=3, tokens_remaining=7)
+    for changes in ({}, {"tokens_used": 4}, {"tokens_used": 5, "tokens_remaining": None}):
+        fast, slow = updated(b, changes), b.model_copy(update=changes)
+        assert fast == slow and fast.model_fields_set == slow.model_fields_set and type(fast) is type(slow)
+        assert fast.model_dump_json() == slow.model_dump_json()
+    h = RunHeader.model_validate({"run_id": "r", "revision": 2, "goal": {"statement": "g"}, "agent_version": "v1"})
+    fast, slow = updated(h, {"revision": 3}), h.model_copy(update={"revision": 3})
+    assert fast == slow and fast.model_dump_json() == slow.model_dump_json() and h.revision == 2
