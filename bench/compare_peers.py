@@ -436,8 +436,12 @@ def qs_produce(work: Path, bootstrap: str, prefix: str, patches: int, validate: 
 
     from runstate.schemas.patch import Author, Patch
 
+    from runstate.eventlog.kafka import PRODUCER_DEFAULTS
+
     topics = _kafka_topics(prefix)
-    app = Application(broker_address=bootstrap, loglevel="WARNING")
+    # The same producer settings as runstate's (idempotent, acks=all, lz4, linger 5 ms):
+    # the same durability and the same compression work.
+    app = Application(broker_address=bootstrap, loglevel="WARNING", producer_extra_config=dict(PRODUCER_DEFAULTS))
     author = Author(agent_id="bench", agent_version="1")
     with app.get_producer() as producer:
         def send(i: int) -> None:
@@ -549,7 +553,10 @@ def pairs(repeats: int, a: Callable[[], dict[str, Any]], b: Callable[[], dict[st
 
 
 def spread(xs: list[float]) -> str:
-    return f"{statistics.median(xs):,.3g} [{min(xs):,.3g}-{max(xs):,.3g}]"
+    def f(x: float) -> str:
+        return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+    return f"{f(statistics.median(xs))} [{f(min(xs))}–{f(max(xs))}]"
 
 
 Row = tuple[str, str, str, float, str]
