@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import tempfile
 import threading
@@ -202,7 +203,8 @@ def main() -> None:
     if not bootstrap:
         from runstate.compose.kafka_local import LocalKafka
 
-        broker = LocalKafka(tempfile.mkdtemp(prefix="runstate-bench-kafka-"))
+        broker_dir = tempfile.mkdtemp(prefix="runstate-bench-kafka-")
+        broker = LocalKafka(broker_dir)
         bootstrap = broker.start()
         print(f"started a local broker at {bootstrap}")
     try:
@@ -229,6 +231,7 @@ def main() -> None:
     finally:
         if broker is not None:
             broker.stop()
+            shutil.rmtree(broker_dir, ignore_errors=True)  # the broker's log: hundreds of MB
 
 
 if __name__ == "__main__":

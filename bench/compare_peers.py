@@ -634,7 +634,8 @@ def kafka_figures(quick: bool, repeats: int, only: set[str], ours: Path, peer: P
     """One broker, one topic filled once; the projectors each read it in a group of their own."""
     from runstate.compose.kafka_local import LocalKafka
 
-    broker = LocalKafka(tempfile.mkdtemp(prefix="peers-kafka-"))
+    broker_dir = tempfile.mkdtemp(prefix="peers-kafka-")
+    broker = LocalKafka(broker_dir)
     bootstrap = broker.start()
     rows: list[Row] = []
     try:
@@ -669,6 +670,7 @@ def kafka_figures(quick: bool, repeats: int, only: set[str], ours: Path, peer: P
                          f">= 1.0: {'met' if ratio >= 1.0 else 'NOT met'}"))  # fmt: skip
     finally:
         broker.stop()
+        shutil.rmtree(broker_dir, ignore_errors=True)
     return rows
 
 
