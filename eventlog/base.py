@@ -131,7 +131,10 @@ class LogConsumer(ABC):
 
     @abstractmethod
     def commit(self, positions: dict[int, int]) -> None:
-        """Mirror the owner's positions (next offset per partition) for lag monitoring."""
+        """Mirror the owner's positions (next offset per partition) for lag monitoring. A
+        backend may defer the write (the embedded log writes a busy consumer's mirror at
+        most every second); the last positions given are written by an idle poll and by
+        ``close``."""
 
     @abstractmethod
     def close(self) -> None:

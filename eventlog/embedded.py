@@ -23,6 +23,7 @@ even by SIGKILL) and gets every partition. Scale-out is Kafka's job.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import sqlite3
 import threading
@@ -71,7 +72,11 @@ def _crc(key: bytes | None, value: bytes) -> int:
     return zlib.crc32(value, zlib.crc32(key or b""))
 
 
+log = logging.getLogger("runstate.eventlog")
+
 COMPACT_EVERY = 1000
+#: Least seconds between two writes of a busy consumer's position mirror.
+MIRROR_EVERY_S = 1.0
 COMPACTION_LAG = 1000
 
 
@@ -481,6 +486,9 @@ class EmbeddedConsumer(LogConsumer):
         self._positions = self._reader.positions  # shared: the reader advances them
         self._lock_fd: int | None = None
         self._on_revoke: OnRevoke | None = None
+        #: positions given to ``commit`` and not yet written, and when the mirror was written
+        self._unmirrored: dict[int, int] | None = None
+        self._mirrored_at = 0.0
 
     def subscribe(self, on_assign: OnAssign, on_revoke: OnRevoke) -> None:
         n = self._log.partitions(self._topic)
@@ -511,13 +519,32 @@ class EmbeddedConsumer(LogConsumer):
         return {p: ends.get(p) for p in self._positions}
 
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
-        return self._reader.poll(max_records, timeout_s)
+        records = self._reader.poll(max_records, timeout_s)
+        if not records:
+            self._flush_mirror()  # idle: the mirror catches up (what `runstate status` shows)
+        return records
 
     def commit(self, positions: dict[int, int]) -> None:
-        self._log._commit(self._group, self._topic, positions)
+        """Written at most every ``MIRROR_EVERY_S`` while busy, then on the next idle poll
+        and on close: each write is a SQLite write transaction competing with the appender
+        for the file's one writer lock (29.7 % of ``runstate serve``'s samples at 500
+        patches/s when it was written per batch)."""
+        self._unmirrored = dict(positions)
+        if time.monotonic() - self._mirrored_at >= MIRROR_EVERY_S:
+            self._flush_mirror()
+
+    def _flush_mirror(self) -> None:
+        if self._unmirrored is not None:
+            positions, self._unmirrored = self._unmirrored, None
+            self._mirrored_at = time.monotonic()
+            self._log._commit(self._group, self._topic, positions)
 
     def close(self) -> None:
         try:
+            try:
+                self._flush_mirror()
+            except LogError as e:  # monitoring only: leaving the group matters more
+                log.warning("cannot mirror positions on close: %s", e)
             if self._on_revoke is not None and self._positions:
                 self._on_revoke(sorted(self._positions))
         finally:

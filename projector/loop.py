@@ -113,8 +113,6 @@ class Projector:
     """Consumes the events topic into per-partition projection stores.
 
     ``on_progress(stats, lag)`` is called at most every ``progress_every_s`` seconds.
-    Positions are mirrored to the log (for lag monitoring) at most every
-    ``commit_every_s`` seconds while busy, on every idle poll and on shutdown.
     """
 
     def __init__(
@@ -133,7 +131,6 @@ class Projector:
         restore: Restorer | None = None,
         on_internal_error: InternalErrorPolicy = "dead_letter",
         stall_timeout_s: float = 30.0,
-        commit_every_s: float = 1.0,
         tune_gc: bool = False,
         publish_decisions: bool = False,
         client_id: str | None = None,
@@ -146,12 +143,6 @@ class Projector:
         self.on_progress = on_progress
         self.progress_every_s = progress_every_s
         self.lag_every_s = lag_every_s
-        # The mirror is monitoring, not the position (that lives in the stores): on the
-        # embedded log each mirror is a SQLite write transaction competing with the
-        # appender for the file's one writer lock, so a busy projector does it rarely.
-        self.commit_every_s = commit_every_s
-        self._mirrored: dict[int, int] = {}
-        self._last_mirror = 0.0
         #: Long-running processes only (serve, ``runstate project``): see projector/heap.py.
         self.tune_gc = tune_gc
         self.stats = ProjectorStats()
@@ -244,7 +235,6 @@ class Projector:
         self.layout.ensure(topic, self.log.partitions(topic), self.log.identity())
         consumer = self.log.consumer(self.group_id, topic, client_id=self.client_id)
         self._consumer = consumer
-        self._mirrored = {}
         if self.tune_gc:
             heap.settle()
         consumer.subscribe(self.assign, self.release)
@@ -256,9 +246,11 @@ class Projector:
                 records = consumer.poll(self.batch_size, poll_timeout_s)
                 if records:
                     self.process(records)
+                    try:
+                        consumer.commit({p: part.next_offset for p, part in self.parts.items()})
+                    except LogError as e:  # the mirror is for lag monitoring; positions live in the stores
+                        log.warning("cannot mirror positions: %s", e)
                 now = time.monotonic()
-                if not records or now - self._last_mirror >= self.commit_every_s:
-                    self._mirror(consumer, now)
                 if not records and self.tune_gc:
                     heap.collect_when_idle()
                 if records or not self.parts:
@@ -291,19 +283,6 @@ class Projector:
         self._shutdown(consumer, quiet=False)
         return self.stats
 
-    def _mirror(self, consumer: LogConsumer, now: float) -> None:
-        """Mirror the owned positions to the log when they moved since the last mirror."""
-        positions = {p: part.next_offset for p, part in self.parts.items()}
-        if positions == self._mirrored:
-            return
-        try:
-            consumer.commit(positions)
-        except LogError as e:  # the mirror is for lag monitoring; positions live in the stores
-            log.warning("cannot mirror positions: %s", e)
-            return
-        self._mirrored = positions
-        self._last_mirror = now
-
     def _shutdown(self, consumer: LogConsumer, *, quiet: bool) -> None:
         """Leave the group (revoking: stores close) and close the dead-letter producer.
         ``quiet``: log errors instead of raising them."""
@@ -317,7 +296,6 @@ class Projector:
                 log.error("shutting down: %s", e)
                 first = first or e
 
-        attempt(lambda: self._mirror(consumer, time.monotonic()))  # what the last busy batches moved
         attempt(consumer.close)  # revokes: release() closes the stores it still holds
         if self._out is not None:
             dlq = self._out

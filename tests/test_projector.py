@@ -174,12 +174,16 @@ def test_progress_figures_count_from_the_first_batch(tmp_path: Path, embedded_lo
     assert seen and seen[-1] == (18, 0)  # the last progress line says: all read, lag 0
 
 
-def test_positions_are_mirrored_rarely_while_busy_and_always_on_stop(tmp_path: Path) -> None:
-    """The mirror (what `runstate status` shows as committed) is written at most every
-    ``commit_every_s`` while busy, but a stop in the middle of a busy stretch still leaves
-    it at the position the stores reached."""
+def test_positions_are_mirrored_rarely_while_busy_and_always_on_stop(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """On the embedded log the mirror (what `runstate status` shows as committed) is
+    written at most every ``MIRROR_EVERY_S`` while busy, but a stop in the middle of a busy
+    stretch still leaves it at the position the stores reached."""
     import threading
 
+    from runstate.eventlog import embedded
+
+    monkeypatch.setattr(embedded, "MIRROR_EVERY_S", 3600.0)
     log = EmbeddedLog(tmp_path / "one.db", partitions=1)
     append_all(log, story("a") + story("b"))
     stop = threading.Event()
@@ -193,7 +197,7 @@ def test_positions_are_mirrored_rarely_while_busy_and_always_on_stop(tmp_path: P
             if len(batches) == 2:
                 stop.set()
 
-    pr = Projector(log, str(tmp_path / "s"), batch_size=3, commit_every_s=3600.0, hooks=StopAfterTwo(),
+    pr = Projector(log, str(tmp_path / "s"), batch_size=3, hooks=StopAfterTwo(),
                    publish_dead_letters=False)  # fmt: skip
     pr.run(stop=stop, poll_timeout_s=0.01)
     assert pr.stats.records == 6  # two busy batches of 3, no idle poll in between
