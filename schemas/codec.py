@@ -120,17 +120,39 @@ class _Writer(typing.NamedTuple):
     version: int
     parsed: Any
     fingerprint: bytes
-    #: generated from the same schema (schemas/avrofast.py); None: fastavro only
-    read: avrofast.Reader | None = None
-    write: avrofast.Writer | None = None
+    #: the schema as published (None: fastavro only)
+    schema: dict[str, Any] | None = None
+
+    @property
+    def read(self) -> avrofast.Reader | None:
+        """The reader generated from this schema (schemas/avrofast.py); None: fastavro only."""
+        return _compiled(self)[0]
+
+    @property
+    def write(self) -> avrofast.Writer | None:
+        return _compiled(self)[1]
+
+
+#: Generated codecs by fingerprint, compiled on first use (~20 ms each: only the versions
+#: a process reads or writes without resolution, usually just the current one).
+_COMPILED: dict[bytes, tuple[avrofast.Reader | None, avrofast.Writer | None]] = {}
+
+
+def _compiled(w: _Writer) -> tuple[avrofast.Reader | None, avrofast.Writer | None]:
+    if w.schema is None:
+        return (None, None)
+    got = _COMPILED.get(w.fingerprint)
+    if got is None:
+        try:
+            got = avrofast.compile_schema(w.schema)
+        except NotImplementedError:
+            got = (None, None)
+        _COMPILED[w.fingerprint] = got
+    return got
 
 
 def _make_writer(version: int, schema: dict[str, Any], fp: bytes) -> _Writer:
-    try:
-        read, write = avrofast.compile_schema(schema)
-    except NotImplementedError:
-        read = write = None
-    return _Writer(version, fastavro.parse_schema(schema), fp, read, write)
+    return _Writer(version, fastavro.parse_schema(schema), fp, schema)
 
 
 def _fp(schema: dict[str, Any]) -> bytes:
