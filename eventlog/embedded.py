@@ -520,8 +520,11 @@ class EmbeddedConsumer(LogConsumer):
 
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
         records = self._reader.poll(max_records, timeout_s)
-        if not records:
-            self._flush_mirror()  # idle: the mirror catches up (what `runstate status` shows)
+        if not records:  # idle: the mirror catches up (what `runstate status` shows)
+            try:
+                self._flush_mirror()
+            except LogError as e:  # monitoring only: the next idle poll tries again
+                log.warning("cannot mirror positions: %s", e)
         return records
 
     def commit(self, positions: dict[int, int]) -> None:
@@ -535,9 +538,9 @@ class EmbeddedConsumer(LogConsumer):
 
     def _flush_mirror(self) -> None:
         if self._unmirrored is not None:
-            positions, self._unmirrored = self._unmirrored, None
+            self._log._commit(self._group, self._topic, self._unmirrored)  # kept when it fails
+            self._unmirrored = None
             self._mirrored_at = time.monotonic()
-            self._log._commit(self._group, self._topic, positions)
 
     def close(self) -> None:
         try:
