@@ -295,3 +295,33 @@ def test_readme_client_example_runs_as_written(served: Served) -> None:
     scope: dict[str, Any] = {}
     exec(code, scope)  # noqa: S102 - the README's own example
     assert scope["d"].outcome == "accepted" and scope["state"].revision == 3 and scope["state"].phase == "fix"
+
+
+def test_min_revision_is_not_refused_when_the_projector_applies_it_during_the_check() -> None:
+    """Read-your-writes race (seen in CI once appends woke the projector at once): the
+    revision was read (1), then the projector applied the patch and reached the log's end,
+    then the lag check said "caught up" — and the request was refused as if revision 2
+    did not exist. Caught up must be judged before the revision it is compared with."""
+    from types import SimpleNamespace
+
+    from runstate.service.core import Service
+    from runstate.service.node import Hub
+
+    class ProjectorAppliesDuringTheLagCheck:
+        settings = None
+
+        def __init__(self) -> None:
+            self.hub = Hub()
+            self.revision = 1
+
+        def read(self, run_id: str, fn: Any) -> Any:
+            return fn(SimpleNamespace(header=lambda _r: SimpleNamespace(revision=self.revision)))
+
+        def caught_up(self, run_id: str) -> bool:
+            self.revision = 2  # the batch with the patch is stored while the lag is read
+            return True
+
+    async def main() -> None:
+        await Service(ProjectorAppliesDuringTheLagCheck(), None)._reach("r", 2, 1.0)  # type: ignore[arg-type]
+
+    asyncio.run(main())

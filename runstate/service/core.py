@@ -276,20 +276,29 @@ class Service:
             h = self.node.read(run_id, lambda st: st.header(run_id))
             return -1 if h is None else h.revision
 
-        def not_there(at: int) -> RunstateError:
+        def not_there() -> RunstateError | None:
+            # Caught up first, then the revision: the projector may store the batch with the
+            # revision between the two reads, and a revision read before "caught up" is stale.
+            if not self.node.caught_up(run_id):
+                return None
+            at = current()
+            if at >= min_revision:
+                return None
             return RunNotFound(run_id) if at < 0 else RevisionNotFound(run_id, min_revision, at)
 
         at = current()
         if at >= min_revision:
             return
-        if self.node.caught_up(run_id):
-            raise not_there(at)
+        if (missing := not_there()) is not None:
+            raise missing
         w = self.node.hub.watch(run_id, min_revision)
         deadline = time.monotonic() + wait_s
         try:
             while (at := current()) < min_revision:  # re-read after registering: no wake-up is missed
-                if self.node.caught_up(run_id):
-                    raise not_there(at)
+                if (missing := not_there()) is not None:
+                    raise missing
+                if current() >= min_revision:
+                    return
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise Unavailable(f"run {run_id!r} is at revision {at} here, still catching up to "
