@@ -45,6 +45,7 @@ def _read_long(b: bytes, p: int) -> tuple[int, int]:
         p += 1
         acc |= (n & 0x7F) << shift
         if n < 0x80:
+            acc &= 0xFFFFFFFFFFFFFFFF  # a long is 64 bits: bits past them wrap, as in fastavro's C reader
             return (acc >> 1) ^ -(acc & 1), p
         shift += 7
         if shift > 63:

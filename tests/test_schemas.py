@@ -331,11 +331,15 @@ def test_a_damaged_record_is_refused_whenever_fastavro_refuses_it(datum: Any, cu
         return
     try:
         got = codec.decode_raw(raw)
-    except DecodeError as e:  # stricter than fastavro only where fastavro's datum is not a patch
+    except DecodeError as e:
+        # Stricter than fastavro only where the Avro spec is broken (a long takes at most
+        # 10 bytes; fastavro reads longer varints, wrapping) or where fastavro's datum is
+        # not a patch anyway.
         assert e.reason == "corrupt_record"
-        with pytest.raises(Exception):
-            from runstate.schemas.patch import Patch
+        if "varint longer than 10 bytes" not in str(e):
+            with pytest.raises(Exception):
+                from runstate.schemas.patch import Patch
 
-            Patch.model_validate(want)
+                Patch.model_validate(want)
         return
     assert _nan_safe(got) == _nan_safe(want)  # a flipped double may read as NaN, which != itself
