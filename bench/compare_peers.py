@@ -564,7 +564,7 @@ Row = tuple[str, str, str, float, str]
 
 def report(rows: list[Row]) -> None:
     print()
-    print(f"| figure | runstate | peer | ratio (median of pairs) | goal |")
+    print("| figure | runstate | peer | ratio (median of pairs) | goal |")
     print("|---|---|---|---|---|")
     for figure, ours, theirs, ratio, goal in rows:
         print(f"| {figure} | {ours} | {theirs} | {ratio:.2f} | {goal} |")

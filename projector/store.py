@@ -224,14 +224,19 @@ class ProjectionStore:
         raw = self._get(keys.header_key(run_id))
         return None if raw is None else keys.decode_header(raw)
 
+    def _current_header(self, run_id: str) -> RunHeader | None:
+        """The run's header, or None; raises :class:`StoreError` for another schema version."""
+        header = self.header(run_id)
+        if header is not None and header.schema_version != CURRENT_SCHEMA_VERSION:
+            raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.schema_version}")
+        return header
+
     def load_doc(self, run_id: str) -> RunDoc | None:
         """The run's working state, or None. Reads only the header now; items are read
         when first touched (see :mod:`runstate.projector.working`)."""
-        header = self.header(run_id)
+        header = self._current_header(run_id)
         if header is None:
             return None
-        if header.schema_version != CURRENT_SCHEMA_VERSION:
-            raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.schema_version}")
 
         def load_one(kind: str, id_: str) -> Entry | None:
             raw = self._get(keys.item_key(run_id, kind, id_))
@@ -247,11 +252,9 @@ class ProjectionStore:
     def read_doc(self, run_id: str) -> RunDoc | None:
         """The run's whole working state, or None, read with one scan over its items (a
         query assembles all of it; a scan per collection cost a seek each)."""
-        header = self.header(run_id)
+        header = self._current_header(run_id)
         if header is None:
             return None
-        if header.schema_version != CURRENT_SCHEMA_VERSION:
-            raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.schema_version}")
         items: dict[str, dict[str, Entry | None]] = {k: {} for k in COLLECTIONS}
         prefix = keys.run_items_prefix(run_id)
         for key, value in self._prefix(prefix):
@@ -276,34 +279,26 @@ class ProjectionStore:
         order. Reads from the newest backwards and stops at the first accepted decision at
         or below it (accepted revisions grow with the offset), so a rebuild from a recent
         checkpoint decodes its tail, not the run's whole history."""
-        it = self._db.iter()
         prefix = keys.history_prefix(run_id)
-        it.seek_for_prev(prefix + b"\xff")
         out = []
-        while it.valid():
-            if not it.key().startswith(prefix):
-                break
-            d = keys.decode_decision(it.value())
+        for _, v in self._prefix_reversed(prefix, prefix + b"\xff"):
+            d = keys.decode_decision(v)
             if d.outcome == "accepted":
                 if d.revision <= after_revision:
                     break
                 out.append(d)
-            it.prev()
-        self._check(it)
         return out[::-1]
 
     def recent_history(self, run_id: str, n: int) -> list[Decision]:
         """The run's last ``n`` decisions in log order (reads only those)."""
-        it = self._db.iter()
         prefix = keys.history_prefix(run_id)
-        it.seek_for_prev(prefix + b"\xff")
-        out = []
-        while it.valid() and len(out) < n:
-            if not it.key().startswith(prefix):
+        out: list[Decision] = []
+        if n <= 0:
+            return out
+        for _, v in self._prefix_reversed(prefix, prefix + b"\xff"):
+            out.append(keys.decode_decision(v))
+            if len(out) >= n:
                 break
-            out.append(keys.decode_decision(it.value()))
-            it.prev()
-        self._check(it)
         return out[::-1]
 
     def headers(self) -> Iterator[RunHeader]:
@@ -339,16 +334,8 @@ class ProjectionStore:
     def checkpoints_at_or_below(self, run_id: str, revision: int) -> Iterator[tuple[int, bytes]]:
         """The run's stored checkpoints at or below ``revision``, newest first, read one at
         a time (a caller that takes the first valid one reads only that one)."""
-        it = self._db.iter()
-        prefix = keys.checkpoints_prefix(run_id)
-        it.seek_for_prev(keys.checkpoint_key(run_id, revision))
-        while it.valid():
-            k = it.key()
-            if not k.startswith(prefix):
-                break
-            yield keys.run_and_revision(k, keys.CHECKPOINTS)[1], it.value()
-            it.prev()
-        self._check(it)
+        for k, v in self._prefix_reversed(keys.checkpoints_prefix(run_id), keys.checkpoint_key(run_id, revision)):
+            yield keys.run_and_revision(k, keys.CHECKPOINTS)[1], v
 
     def all_checkpoints(self) -> Iterator[tuple[str, bytes]]:
         """Every stored checkpoint as ``(run_id, encoded)``, by run then revision."""
@@ -376,6 +363,19 @@ class ProjectionStore:
             it.next()
         # An iterator stops at a corrupt block as if the data ended there: only its status
         # tells, and a shorter answer must never pass for the whole one.
+        self._check(it)
+
+    def _prefix_reversed(self, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The entries under ``prefix`` from ``start`` (or the last key before it) backwards;
+        checked like :meth:`_prefix` when the iteration runs out."""
+        it = self._db.iter()
+        it.seek_for_prev(start)
+        while it.valid():
+            k = it.key()
+            if not k.startswith(prefix):
+                break
+            yield k, it.value()
+            it.prev()
         self._check(it)
 
     def _check(self, it: object) -> None:

@@ -88,6 +88,15 @@ _PRIMITIVE_READERS = {"long": "_read_long", "int": "_read_long", "string": "_rea
                       "double": "_read_double", "boolean": "_read_boolean"}  # fmt: skip
 
 
+def _qualify(name: str, namespace: str | None) -> str:
+    """A name's full name (Avro: a dotted name is full already)."""
+    return name if "." in name or not namespace else f"{namespace}.{name}"
+
+
+def _namespace_of(full: str) -> str | None:
+    return full.rsplit(".", 1)[0] if "." in full else None
+
+
 class _Compiler:
     def __init__(self) -> None:
         self.named: dict[str, dict[str, Any]] = {}
@@ -101,11 +110,7 @@ class _Compiler:
 
     @staticmethod
     def fullname(schema: dict[str, Any], namespace: str | None) -> str:
-        name = schema["name"]
-        if "." in name:
-            return str(name)
-        ns = schema.get("namespace", namespace)
-        return f"{ns}.{name}" if ns else str(name)
+        return _qualify(str(schema["name"]), schema.get("namespace", namespace))
 
     def collect(self, t: Any, namespace: str | None) -> None:
         """Register every named record (definitions come before their references)."""
@@ -117,9 +122,8 @@ class _Compiler:
             if kind == "record":
                 full = self.fullname(t, namespace)
                 self.named[full] = t
-                ns = full.rsplit(".", 1)[0] if "." in full else None
                 for f in t["fields"]:
-                    self.collect(f["type"], ns)
+                    self.collect(f["type"], _namespace_of(full))
             elif kind == "array":
                 self.collect(t["items"], namespace)
             elif isinstance(kind, (dict, list)):
@@ -129,7 +133,7 @@ class _Compiler:
 
     def resolve(self, t: Any, namespace: str | None) -> Any:
         if isinstance(t, str) and t not in _PRIMITIVE_READERS and t != "null":
-            full = t if "." in t else (f"{namespace}.{t}" if namespace else t)
+            full = _qualify(t, namespace)
             if full not in self.named:
                 raise NotImplementedError(f"unknown named type {t!r}")
             return full
@@ -173,7 +177,7 @@ class _Compiler:
 
     def reader_fn(self, full: str) -> None:
         rec = self.named[full]
-        ns = full.rsplit(".", 1)[0] if "." in full else None
+        ns = _namespace_of(full)
         body, names = [], []
         for f in rec["fields"]:
             v = self.var()
@@ -241,7 +245,7 @@ class _Compiler:
 
     def writer_fn(self, full: str) -> None:
         rec = self.named[full]
-        ns = full.rsplit(".", 1)[0] if "." in full else None
+        ns = _namespace_of(full)
         body = []
         for f in rec["fields"]:
             body += self.write(f["type"], f"d[{f['name']!r}]", "    ", ns)

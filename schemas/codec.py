@@ -217,10 +217,11 @@ def _to_avro_datum(patch: Patch) -> dict[str, Any]:
 def _write_record(w: _Writer, datum: Any) -> bytes:
     """A single-object record: magic, fingerprint, body (the generated writer when there is
     one, else fastavro; the bytes are the same)."""
-    if w.write is not None:
+    write = w.write
+    if write is not None:
         out = bytearray(MAGIC)
         out += w.fingerprint
-        w.write(out, datum)
+        write(out, datum)
         return bytes(out)
     buf = io.BytesIO()
     buf.write(MAGIC)
@@ -234,8 +235,9 @@ def _read_record(data: bytes, writer: _Writer, reader: _Writer | None) -> Any:
     the same schema, read by the generated reader). Raises :class:`DecodeError`
     (``corrupt_record``: undecodable or trailing bytes)."""
     try:
-        if reader is None and writer.read is not None:
-            datum, end = writer.read(data, HEADER_LEN)
+        read = writer.read if reader is None else None
+        if read is not None:
+            datum, end = read(data, HEADER_LEN)
         else:
             buf = io.BytesIO(data)
             buf.seek(HEADER_LEN)

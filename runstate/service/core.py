@@ -27,7 +27,7 @@ from runstate.schemas.patch import Decision
 from runstate.schemas.state import RunHeader, RunState
 from runstate.service.auth import AuthError, Identity
 from runstate.service.node import Node, NotOwner
-from runstate.service.routing import FORWARDED, Router, Unavailable
+from runstate.service.routing import Router, Unavailable
 from runstate.snapshotter.checkpoint import Checkpoint
 
 T = TypeVar("T")

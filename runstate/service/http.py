@@ -37,7 +37,6 @@ from runstate.schemas.errors import (
     RevisionNotFound,
     RunNotFound,
     RunstateError,
-    describe_validation_error,
 )
 from runstate.schemas.patch import Decision, PatchDraft
 from runstate.schemas.state import RunHeader, RunState
