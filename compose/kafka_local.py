@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 KAFKA_VERSION = os.environ.get("RUNSTATE_KAFKA_VERSION", "4.1.1")
@@ -47,6 +48,18 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
   <Loggers><Root level="WARN"><AppenderRef ref="err"/></Root></Loggers>
 </Configuration>
 """
+
+
+def cluster_id(draw: Callable[[], uuid.UUID] = uuid.uuid4) -> str:
+    """A KRaft cluster id: a random UUID in URL-safe base64, never starting with ``-``.
+
+    One id in 64 would start with ``-``, which the storage tool's argument parser reads as an
+    option (``--cluster-id: expected one argument``) and the broker then never starts; Kafka's
+    own ``Uuid.randomUuid`` draws again for the same reason."""
+    while True:
+        cluster = base64.urlsafe_b64encode(draw().bytes).rstrip(b"=").decode()
+        if not cluster.startswith("-"):
+            return cluster
 
 
 class BrokerError(RuntimeError):
@@ -145,7 +158,7 @@ class LocalKafka:
         ]) + "\n")  # fmt: skip
         (self.workdir / "log4j2.xml").write_text(_LOG4J2)
         if not (data / "meta.properties").exists():
-            cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+            cluster = cluster_id()
             fmt = subprocess.run(self._java(libs, "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)),
                                  capture_output=True, text=True, timeout=120)  # fmt: skip
             if fmt.returncode != 0:

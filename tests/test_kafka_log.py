@@ -70,3 +70,20 @@ def test_missing_and_incompatible_topics_are_clear_errors(kafka_bootstrap: str, 
         log2.check_topics()
     log.close()
     log2.close()
+
+
+def test_a_cluster_id_never_starts_with_a_dash() -> None:
+    """The storage tool reads ``-t -abc`` as a missing argument, and the broker never starts:
+    one random id in 64 did that."""
+    import base64
+    import uuid
+
+    from runstate.compose.kafka_local import cluster_id
+
+    def b64(u: uuid.UUID) -> str:
+        return base64.urlsafe_b64encode(u.bytes).rstrip(b"=").decode()
+
+    dash, plain = uuid.UUID(bytes=b"\xf8" + b"\x01" * 15), uuid.UUID(bytes=b"\x01" * 16)
+    assert b64(dash).startswith("-")  # what the tool refused
+    draws = iter([dash, plain])
+    assert cluster_id(lambda: next(draws)) == b64(plain)
