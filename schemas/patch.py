@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import pydantic
 from pydantic import AwareDatetime, Field
 
 from runstate.schemas.errors import ContractError, UnknownEventType, describe_validation_error
 from runstate.schemas.events import EVENT_TYPE_NAMES, Event, Id, Model, Revision
+
+M = TypeVar("M", bound=Model)
 
 
 class Author(Model):
@@ -93,6 +95,14 @@ def parse_draft(data: Any, *, where: str | None = None) -> PatchDraft:
     Raises :class:`UnknownEventType` (with the catalogue) for an unknown ``type`` and
     :class:`ContractError` naming the first bad field otherwise.
     """
+    check_draft_shape(data, where=where)
+    return validated(PatchDraft, data, where=where)
+
+
+def check_draft_shape(data: Any, *, where: str | None = None) -> None:
+    """The checks on a draft that come before its validation: a JSON object, and no event
+    of an unknown ``type`` (named with the catalogue rather than as a union mismatch).
+    Raises :class:`ContractError` / :class:`UnknownEventType`."""
     if not isinstance(data, dict):
         raise ContractError(f"a patch must be a JSON object, got {type(data).__name__}", where=where)
     events = data.get("events")
@@ -101,8 +111,13 @@ def parse_draft(data: Any, *, where: str | None = None) -> PatchDraft:
             t = ev.get("type") if isinstance(ev, dict) else None
             if t is not None and t not in EVENT_TYPE_NAMES:
                 raise UnknownEventType(str(t), list(EVENT_TYPE_NAMES), where=f"{where or 'patch'} events[{i}]")
+
+
+def validated(model: type[M], data: dict[str, Any], *, where: str | None = None) -> M:
+    """``model.model_validate(data)``, a validation error raised as :class:`ContractError`
+    naming the first bad field (the one wording for drafts and patches)."""
     try:
-        return PatchDraft.model_validate(data)
+        return model.model_validate(data)
     except pydantic.ValidationError as e:
         field, msg = describe_validation_error(e)
         raise ContractError(f"invalid patch: {msg}", where=where, field=field) from e
