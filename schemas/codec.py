@@ -30,6 +30,7 @@ from typing import Any
 
 import fastavro
 import pydantic
+import pydantic_core
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 from pydantic import BaseModel
 
@@ -151,6 +152,33 @@ def _compiled(w: _Writer) -> tuple[avrofast.Reader | None, avrofast.Writer | Non
     return got
 
 
+#: Generated writers of the models themselves (no dump to dicts first), by fingerprint.
+_OBJECT_WRITERS: dict[bytes, avrofast.Writer | None] = {}
+
+
+def _object_writer(w: _Writer, kind: str) -> avrofast.Writer | None:
+    """The generated writer that reads a model's attributes, when ``w`` is the schema the
+    current models derive (then every field it names is an attribute, and its bytes are
+    those of the dict writer given ``model_dump(mode="json")``: tested); else None."""
+    if w.fingerprint in _OBJECT_WRITERS:
+        return _OBJECT_WRITERS[w.fingerprint]
+    got = None
+    if w.schema is not None and w.fingerprint == _derived_fingerprint(kind):
+        try:
+            # A datetime is written as its JSON form, by the same serializer as model_dump.
+            got = avrofast.compile_object_writer(w.schema, records=(BaseModel,), strings=(datetime,),
+                                                 scalar=pydantic_core.to_jsonable_python)  # fmt: skip
+        except NotImplementedError:
+            pass
+    _OBJECT_WRITERS[w.fingerprint] = got
+    return got
+
+
+@lru_cache(maxsize=None)
+def _derived_fingerprint(kind: str) -> bytes:
+    return _fp(KINDS[kind]())
+
+
 def _make_writer(version: int, schema: dict[str, Any], fp: bytes) -> _Writer:
     return _Writer(version, fastavro.parse_schema(schema), fp, schema)
 
@@ -254,8 +282,15 @@ def encode(patch: Patch, writer: _Writer | None = None) -> bytes:
     """Encode a validated patch as one single-object Avro record with the current schema.
 
     Raises :class:`ContractError` for a string that UTF-8 cannot encode (a lone surrogate)."""
+    w = writer or current_writer()
     try:
-        return _write_record(writer or current_writer(), _to_avro_datum(patch))
+        write = _object_writer(w, "patch")
+        if write is not None:
+            out = bytearray(MAGIC)
+            out += w.fingerprint
+            write(out, patch)
+            return bytes(out)
+        return _write_record(w, _to_avro_datum(patch))
     except UnicodeEncodeError as e:
         raise ContractError(f"patch {patch.patch_id} of run {patch.run_id!r} holds a string that UTF-8 cannot encode: "
                             f"{e.reason} at {e.start}", field=None) from e  # fmt: skip
@@ -328,7 +363,14 @@ def _decision_current() -> _Writer:
 
 def encode_decision(decision: Decision) -> bytes:
     """One decision as an Avro single-object record (the decisions topic's value)."""
-    return _write_record(_decision_current(), decision.model_dump(mode="json"))
+    w = _decision_current()
+    write = _object_writer(w, "decision")
+    if write is None:
+        return _write_record(w, decision.model_dump(mode="json"))
+    out = bytearray(MAGIC)
+    out += w.fingerprint
+    write(out, decision)
+    return bytes(out)
 
 
 def decode_decision(data: bytes) -> Decision:
