@@ -16,6 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 Headers = tuple[tuple[str, bytes], ...]
 
@@ -35,9 +36,9 @@ class Record:
     checksum_ok: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class Appended:
-    """Where an acknowledged record landed."""
+class Appended(NamedTuple):
+    """Where an acknowledged record landed. (A named tuple: one is built per delivery
+    report, and a frozen dataclass costs three times as much to build.)"""
 
     topic: str
     partition: int

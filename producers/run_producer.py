@@ -11,9 +11,9 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from functools import partial
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import pydantic
 
@@ -29,14 +29,18 @@ DEFAULT_MAX_PATCH_BYTES = 1024 * 1024
 DecisionSource = Callable[[str, str], Decision | None]
 
 
-@dataclass(frozen=True, slots=True)
-class Receipt:
-    """Where an appended patch landed."""
+class Receipt(NamedTuple):
+    """Where an appended patch landed (a named tuple: one per delivery, built cheaply)."""
 
     patch_id: str
     run_id: str
     partition: int
     offset: int
+
+
+def _receipt(on_delivery: Callable[[Receipt | None, Exception | None], None], patch_id: str, run_id: str,
+             where: Appended | None, err: Exception | None) -> None:  # fmt: skip
+    on_delivery(None if where is None else Receipt(patch_id, run_id, where.partition, where.offset), err)
 
 
 class RunProducer:
@@ -61,6 +65,7 @@ class RunProducer:
         self.max_patch_bytes = max_patch_bytes
         self.clock = clock
         self._producer = log.producer()
+        self._events_topic = log.topics.events
 
     def build(self, run_id: str, draft: PatchDraft | Any, *, where: str | None = None) -> Patch:
         """Complete a draft into a validated :class:`Patch` (assigns ``patch_id``, author,
@@ -112,12 +117,8 @@ class RunProducer:
         # The callback holds the two ids, not the patch: a patch waiting for its delivery
         # report would otherwise survive into an older GC generation, and every collection
         # of a busy producer would walk it (measured: 37 -> 32 us per two-event patch).
-        patch_id, run_id = patch.patch_id, patch.run_id
-
-        def done(where: Appended | None, err: Exception | None) -> None:
-            on_delivery(None if where is None else Receipt(patch_id, run_id, where.partition, where.offset), err)
-
-        self._producer.append_async(self.log.topics.events, run_id, data, done)
+        run_id = patch.run_id
+        self._producer.append_async(self._events_topic, run_id, data, partial(_receipt, on_delivery, patch.patch_id, run_id))
 
     def flush(self, timeout_s: float = 30.0) -> int:
         return self._producer.flush(timeout_s)

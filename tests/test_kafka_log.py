@@ -87,3 +87,31 @@ def test_a_cluster_id_never_starts_with_a_dash() -> None:
     assert b64(dash).startswith("-")  # what the tool refused
     draws = iter([dash, plain])
     assert cluster_id(lambda: next(draws)) == b64(plain)
+
+
+def test_a_record_the_broker_refuses_reaches_its_callback_as_a_delivery_error(kafka_bootstrap: str,
+                                                                             kafka_topics: TopicNames) -> None:  # fmt: skip
+    """A topic whose records may be at most 200 bytes: the broker refuses a bigger patch
+    after the producer queued it. Its callback gets a DeliveryError naming the run and the
+    broker's reason, and no receipt; a small record on the same producer still lands."""
+    from runstate.producers.run_producer import Receipt, RunProducer
+    from runstate.schemas.errors import DeliveryError
+    from runstate.schemas.patch import Author
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for f in admin.create_topics([NewTopic(kafka_topics.events, 1, 1, config={"max.message.bytes": "200"})]).values():
+        f.result()
+    log = KafkaLog(kafka_bootstrap, topics=kafka_topics, config={"producer.compression.type": "none"})
+    log.create_topics(1)
+    prod = RunProducer(log, Author(agent_id="t", agent_version="1"))
+    big = prod.events("run_big", 0, [{"type": "RunStarted", "goal": {"statement": "x" * 400}}])
+    got: list[tuple[Receipt | None, Exception | None]] = []
+    prod.append_async(big, lambda r, e: got.append((r, e)))
+    prod.flush(30)
+    assert len(got) == 1 and got[0][0] is None
+    err = got[0][1]
+    assert isinstance(err, DeliveryError) and "run_big" in str(err) and "MSG_SIZE_TOO_LARGE" in str(err)
+    small = prod.append(prod.events("run_small", 0, [{"type": "RunStarted", "goal": {"statement": "x"}}]))
+    assert (small.run_id, small.partition) == ("run_small", 0)
+    prod.close()
+    log.close()
