@@ -74,9 +74,11 @@ class RunProducer:
             draft = draft.model_dump(round_trip=True)
         # One validation, of the completed patch: a draft's fields are a patch's, with the
         # same names, so its errors name the same fields as PatchDraft's would (tested).
-        check_draft_shape(draft, where=where)
+        if not isinstance(draft, dict):
+            check_draft_shape(draft, where=where)  # raises: not a JSON object
         claimed = draft.get("run_id")
         if claimed is not None and claimed != run_id:
+            check_draft_shape(draft, where=where)  # an unknown event type is named first, as in parse_draft
             raise ContractError(f"patch names run {claimed!r} but is sent for {run_id!r}", where=where, field="run_id")
         full = dict(draft)
         full["run_id"] = run_id
@@ -86,7 +88,7 @@ class RunProducer:
             full["author"] = self.author
         if full.get("created_at") is None:
             full["created_at"] = self.clock()
-        return validated(Patch, full, where=where)
+        return validated(Patch, full, where=where, drafted=True)
 
     def events(self, run_id: str, expected_revision: int, events: Sequence[Any], *, rebase: bool = False) -> Patch:
         """Build a patch from event models or dicts."""

@@ -95,8 +95,9 @@ def parse_draft(data: Any, *, where: str | None = None) -> PatchDraft:
     Raises :class:`UnknownEventType` (with the catalogue) for an unknown ``type`` and
     :class:`ContractError` naming the first bad field otherwise.
     """
-    check_draft_shape(data, where=where)
-    return validated(PatchDraft, data, where=where)
+    if not isinstance(data, dict):
+        check_draft_shape(data, where=where)  # raises: not a JSON object
+    return validated(PatchDraft, data, where=where, drafted=True)
 
 
 def check_draft_shape(data: Any, *, where: str | None = None) -> None:
@@ -113,11 +114,18 @@ def check_draft_shape(data: Any, *, where: str | None = None) -> None:
                 raise UnknownEventType(str(t), list(EVENT_TYPE_NAMES), where=f"{where or 'patch'} events[{i}]")
 
 
-def validated(model: type[M], data: dict[str, Any], *, where: str | None = None) -> M:
+def validated(model: type[M], data: dict[str, Any], *, where: str | None = None, drafted: bool = False) -> M:
     """``model.model_validate(data)``, a validation error raised as :class:`ContractError`
-    naming the first bad field (the one wording for drafts and patches)."""
+    naming the first bad field (the one wording for drafts and patches).
+
+    ``drafted``: ``data`` is a draft or a patch completed from one, and a failure checks
+    :func:`check_draft_shape` first, so an unknown event type is named with the catalogue
+    (:class:`UnknownEventType`). Only on failure: a model that validates cannot hold an
+    unknown type (the events union is tagged by it), so valid patches skip the scan."""
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as e:
+        if drafted:
+            check_draft_shape(data, where=where)
         field, msg = describe_validation_error(e)
         raise ContractError(f"invalid patch: {msg}", where=where, field=field) from e

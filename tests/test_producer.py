@@ -21,15 +21,17 @@ from helpers import CLIENT_EXAMPLE
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.producers.run_producer import RunProducer
 from runstate.schemas.errors import ContractError, RunstateError
-from runstate.schemas.patch import Author, Patch, PatchDraft, parse_draft
+from runstate.schemas.patch import Author, Patch, PatchDraft, check_draft_shape, parse_draft, validated
 
 AUTHOR = Author(agent_id="tester", agent_version="1")
 NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 
 
 def two_steps(run_id: str, data: Any) -> Patch:
-    """The reference: validate the draft, then the completed patch (what build did before)."""
-    d = parse_draft(data)
+    """The reference: validate the draft, then the completed patch (what build did before),
+    the draft's shape checked first (what parse_draft did before it checked only failures)."""
+    check_draft_shape(data)
+    d = validated(PatchDraft, data)
     if d.run_id is not None and d.run_id != run_id:
         raise ContractError("run mismatch", field="run_id")
     try:
@@ -88,6 +90,10 @@ BAD: list[Any] = [
     nested(["events", 0, "fact", "statement"], None, remove=True),
     nested(["events", 1, "task_id"], 17),
     nested(["events", 0, "type"], 5),
+    # an unknown type among other errors: the unknown type is what is named
+    example(expected_revision=-1, events=[{"type": "FactConfirmed", "fact": {}}, {"type": "NoteAdded"}]),
+    example(run_id="another_run", events=[{"type": "NoteAdded"}]),
+    example(surprise=1, events=[{"type": "NoteAdded"}]),
 ]
 
 
@@ -136,3 +142,18 @@ def test_the_producer_completes_what_the_draft_leaves_out(producer: RunProducer)
     p = producer.build("r1", example())
     assert (p.run_id, p.author, p.created_at, p.rebase) == ("r1", AUTHOR, NOW, False)
     assert len(p.patch_id) == 32 and producer.build("r1", example()).patch_id != p.patch_id
+
+
+@pytest.mark.parametrize("data", GOOD + BAD, ids=range(len(GOOD + BAD)))
+def test_parse_draft_checks_the_shape_only_of_a_failure_and_decides_the_same(data: Any) -> None:
+    def reference() -> Any:
+        check_draft_shape(data)
+        return validated(PatchDraft, data)
+
+    def verdict(f: Callable[[], Any]) -> tuple[str, Any]:
+        try:
+            return "ok", f().model_dump()
+        except RunstateError as e:
+            return type(e).__name__, (getattr(e, "field", None), str(e))
+
+    assert verdict(lambda: parse_draft(copy.deepcopy(data))) == verdict(reference)
