@@ -47,10 +47,10 @@ class Projection:
     def state(self, run_id: str) -> RunState:
         """The run's current state. Raises :class:`RunNotFound`."""
         st = self._store(self.layout.partition_of(run_id))
-        doc = None if st is None else st.read_doc(run_id)
-        if doc is None:
+        state = None if st is None else st.read_state(run_id)
+        if state is None:
             raise RunNotFound(run_id)
-        return doc.to_state()
+        return state
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
         st = self._store(self.layout.partition_of(run_id))
@@ -110,10 +110,11 @@ class Projection:
             if st is None:
                 continue
             for h in st.headers():
-                doc = st.load_doc(h.run_id)
-                if doc is None:  # pragma: no cover - header without doc cannot happen
+                # What a query reads is what is proved equal to the replay.
+                state = st.read_state(h.run_id)
+                if state is None:  # pragma: no cover - header without state cannot happen
                     raise StoreError(f"run {h.run_id!r} has a header but no state")
-                out[h.run_id] = state_digest(doc.to_state())
+                out[h.run_id] = state_digest(state)
         return out
 
     def close(self) -> None:

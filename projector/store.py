@@ -29,7 +29,7 @@ from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, Writ
 
 from runstate.projector import keys
 from runstate.projector.runbook import DeadLetter
-from runstate.projector.working import COLLECTIONS, Changes, Entry, RunDoc
+from runstate.projector.working import COLLECTIONS, Changes, Entry, RunDoc, state_from_stored
 from runstate.schemas.errors import StoreError, StoreLocked
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState
@@ -249,19 +249,24 @@ class ProjectionStore:
 
         return RunDoc(header, load_one=load_one, load_all=load_all)
 
-    def read_doc(self, run_id: str) -> RunDoc | None:
-        """The run's whole working state, or None, read with one scan over its items (a
-        query assembles all of it; a scan per collection cost a seek each)."""
-        header = self._current_header(run_id)
-        if header is None:
+    def read_state(self, run_id: str) -> RunState | None:
+        """The run's assembled state, or None: one read of its header, one scan over its
+        items (a scan per collection cost a seek each), and one validation, of the whole
+        document (see :func:`~runstate.projector.working.state_from_stored`; validating the
+        header and each item as models first, then assembling them, cost twice as much).
+        Raises :class:`StoreError` for another schema version."""
+        raw = self._get(keys.header_key(run_id))
+        if raw is None:
             return None
-        items: dict[str, dict[str, Entry | None]] = {k: {} for k in COLLECTIONS}
+        header = orjson.loads(raw)
+        if header.get("schema_version") != CURRENT_SCHEMA_VERSION:
+            raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.get('schema_version')}")
+        items: dict[str, list[tuple[bytes, Any]]] = {k: [] for k in COLLECTIONS}
         prefix = keys.run_items_prefix(run_id)
+        start = len(prefix)
         for key, value in self._prefix(prefix):
-            kind, id_ = key[len(prefix):].split(b"\0", 1)
-            name = kind.decode()
-            items[name][id_.decode()] = keys.decode_item(name, value)
-        return RunDoc(header, items)
+            items[key[start : key.index(b"\0", start)].decode()].append((value[:8], orjson.loads(value[8:])))
+        return state_from_stored(header, items)
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
         off = self._get(keys.dedupe_key(run_id, patch_id))

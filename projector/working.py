@@ -58,6 +58,36 @@ def _seq(entry: tuple[int, Model]) -> int:
     return entry[0]
 
 
+def _first(pair: tuple[bytes, Any]) -> bytes:
+    return pair[0]
+
+
+def state_from_stored(header: dict[str, Any], items: Mapping[str, list[tuple[bytes, Any]]]) -> RunState:
+    """The public document from a run's stored records parsed to plain JSON values: the
+    header, and per collection its items as (8-byte big-endian insertion sequence, item).
+    The same fields as :meth:`RunDoc.to_state` (a test holds the two equal), validated
+    once as a whole. Sorts the lists of ``items`` in place."""
+    data = dict(header)
+    for k in _HEADER_ONLY:
+        data.pop(k, None)
+    goal = dict(header["goal"])
+    for kind, entries in items.items():
+        # Most collections of a run are empty or hold one item: no comprehension for those.
+        if not entries:
+            values: list[Any] = []
+        elif len(entries) == 1:
+            values = [entries[0][1]]
+        else:
+            entries.sort(key=_first)  # big-endian bytes sort as the numbers do
+            values = [item for _, item in entries]
+        if kind == "constraints":
+            goal["constraints"] = values
+        else:
+            data[kind] = values
+    data["goal"] = goal
+    return RunState.model_validate(data)
+
+
 class RunDoc:
     """One run's current state in working form. Owned by a single writer."""
 

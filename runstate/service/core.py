@@ -101,10 +101,10 @@ class _LiveRuns:
 
 
 def _state(node: Node, run_id: str) -> RunState:
-    doc = node.read(run_id, lambda st: st.load_doc(run_id))
-    if doc is None:
+    state = node.read(run_id, lambda st: st.read_state(run_id))
+    if state is None:
         raise RunNotFound(run_id)
-    return doc.to_state()
+    return state
 
 
 class Service:
