@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runstate.projector.working import Changes, Draft, RunDoc
+from runstate.projector.working import Changes, Draft, RunDoc, built
 from runstate.projector.reducer import Ctx, RuleViolation, apply_event
 from runstate.schemas import events as ev
 from runstate.schemas.patch import Decision, Patch, RejectReason
@@ -57,14 +57,16 @@ class Decided:
 def _decision(patch: Patch, partition: int, offset: int, revision: int, *, reason: RejectReason | None = None,
               rule: str | None = None, message: str | None = None, event_index: int | None = None,
               rebased: bool = False, digest: str | None = None) -> Decision:
-    return Decision(
-        patch_id=patch.patch_id, run_id=patch.run_id,
-        outcome="rejected" if reason else "accepted", revision=revision,
-        expected_revision=patch.expected_revision, reason=reason, rule=rule, message=message,
-        event_index=event_index, rebased=rebased, partition=partition, offset=offset,
-        agent_id=patch.author.agent_id, agent_version=patch.author.agent_version,
-        event_types=[e.type for e in patch.events], created_at=patch.created_at, content_digest=digest,
-    )  # fmt: skip
+    # Every field, from the validated patch and the core's own values: built, not validated
+    # (tests hold each decision equal to its validated round trip, with every field set).
+    return built(Decision, {
+        "patch_id": patch.patch_id, "run_id": patch.run_id,
+        "outcome": "rejected" if reason else "accepted", "revision": revision,
+        "expected_revision": patch.expected_revision, "reason": reason, "rule": rule, "message": message,
+        "event_index": event_index, "rebased": rebased, "partition": partition, "offset": offset,
+        "agent_id": patch.author.agent_id, "agent_version": patch.author.agent_version,
+        "event_types": [e.type for e in patch.events], "created_at": patch.created_at, "content_digest": digest,
+    })  # fmt: skip
 
 
 def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int, digest: str | None = None) -> Decided:

@@ -54,6 +54,20 @@ def updated(model: M, changes: Mapping[str, Any]) -> M:
     return new
 
 
+def built(cls: type[M], fields: dict[str, Any]) -> M:
+    """An instance of ``cls`` holding ``fields`` as they are, nothing validated: what
+    ``cls(**fields)`` gives when ``fields`` names every field of the model with a value of
+    its type. Only for values the pure core assembles from models already validated and
+    from its own constants (a decision per patch: 3.0 -> 0.7 us); ``fields`` is kept, not
+    copied."""
+    new = cls.__new__(cls)
+    object.__setattr__(new, "__dict__", fields)
+    object.__setattr__(new, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(new, "__pydantic_extra__", None)
+    object.__setattr__(new, "__pydantic_private__", None)
+    return new
+
+
 def _seq(entry: tuple[int, Model]) -> int:
     return entry[0]
 

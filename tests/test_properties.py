@@ -15,7 +15,7 @@ from runstate.projector.loop import Projector
 from runstate.projector.queries import Projection
 from runstate.projector.replay import replay
 from runstate.projector.runbook import RunBook
-from runstate.schemas.patch import Patch
+from runstate.schemas.patch import Decision, Patch
 
 
 def fold_bytes(patches: list[Patch]) -> dict[str, bytes]:
@@ -62,4 +62,7 @@ def test_projection_equals_replay_for_any_interleaving(ops: list[tuple[str, str,
             for run in RUNS:
                 decided = [d_ for (r, _), d_ in book.decided.items() if r == run]
                 assert proj.history(run) == sorted(decided, key=lambda x: x.offset)
+                for d_ in decided:  # built without validation by the core: as a validated one
+                    assert d_.model_fields_set == set(Decision.model_fields)
+                    assert Decision.model_validate(d_.model_dump()) == d_
         log.close()
