@@ -11,8 +11,8 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, NamedTuple
 
 import pydantic

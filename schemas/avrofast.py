@@ -254,6 +254,8 @@ class _Compiler:
             # name is the object's class name. One lookup gives the index and the writer.
             by = {(full if not self.objects else full.rsplit(".", 1)[-1]): (k, self.fn(full, "w_"))
                   for full, k in records.items()}  # fmt: skip
+            if len(by) != len(records):
+                raise NotImplementedError("a union of records of the same name in other namespaces")
             table = self.table("dict", ", ".join(f"{key!r}: ({_zigzag_byte(k)}, {fn})" for key, (k, fn) in by.items()))
             key, datum = (f"type({expr}).__name__", expr) if self.objects else (f"{expr}[0]", f"{expr}[1]")
             k, fn = self.var(), self.var()

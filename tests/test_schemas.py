@@ -437,3 +437,17 @@ def test_decisions_written_directly_are_the_bytes_of_their_dump(d: Decision) -> 
     w = codec._decision_current()
     assert codec.encode_decision(d) == codec._write_record(w, d.model_dump(mode="json"))
     assert codec.decode_decision(codec.encode_decision(d)) == d
+
+
+def test_an_object_writer_refuses_a_union_it_cannot_tell_apart_by_class_name() -> None:
+    """Two records named X in two namespaces: a class name cannot pick the branch, so there
+    is no object writer (the codec then writes dicts)."""
+    from runstate.schemas import avrofast
+
+    def rec(ns: str) -> dict[str, Any]:
+        return {"type": "record", "name": "X", "namespace": ns, "fields": [{"name": "v", "type": "long"}]}
+
+    schema = {"type": "record", "name": "Top", "fields": [{"name": "u", "type": [rec("a"), rec("b")]}]}
+    with pytest.raises(NotImplementedError):
+        avrofast.compile_object_writer(schema, records=(pydantic.BaseModel,), strings=(), scalar=str)
+    avrofast.compile_schema(schema)  # the dict writer names the branch: no ambiguity
