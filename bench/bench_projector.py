@@ -1,6 +1,7 @@
 """Projector throughput on a pre-filled embedded log, at two state sizes, and query latency.
 
-    .venv/bin/python bench/bench_projector.py            # full: 1,000 runs x (20 | 500) facts, 24,000-event tail
+    .venv/bin/python bench/bench_projector.py            # full: 1,000 runs x (20 | 2,000) facts, 24,000-event tail
+    .venv/bin/python bench/bench_projector.py --large 500
     .venv/bin/python bench/bench_projector.py --quick    # small smoke run
 
 For each state size the log is pre-filled (RunStarted + N facts per run) and projected;
@@ -174,8 +175,9 @@ def bench_queries(root: Path, runs: int, samples: int) -> tuple[float, float, fl
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    ap.add_argument("--large", type=int, default=2000, help="facts per run of the large state (issue 11: 2,000)")
     args = ap.parse_args()
-    runs, small, large, tail_events, qruns = (1000, 20, 500, 24_000, 10_000)
+    runs, small, large, tail_events, qruns = (1000, 20, args.large, 24_000, 10_000)
     if args.quick:
         runs, small, large, tail_events, qruns = (100, 20, 100, 2_000, 500)
     root = Path(tempfile.mkdtemp(prefix="runstate-bench-"))
