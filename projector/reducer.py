@@ -136,6 +136,7 @@ def _run_started(d: Draft, e: ev.RunStarted, ctx: Ctx) -> None:
         created_at=ctx.at,
         updated_at=ctx.at,
         policy=e.policy,
+        sizes={},
     )
 
 

@@ -5,7 +5,9 @@ persists as one header record plus one record per collection item. Items load la
 a doc read from the store starts with its header only and fetches an item the first time
 an event touches it, so the cost of an event depends on what it touches, never on how
 large the run is (a whole collection is read only by rare events such as a goal change,
-and by queries). Deleted items stay in memory as tombstones (``None``) so that a
+and by queries). The header counts each collection's items (``sizes``), so a lookup in an
+empty collection reads nothing: most of a run's collections are empty, and such a read
+was a point read that missed. Deleted items stay in memory as tombstones (``None``) so that a
 lookup can never resurrect from the store an item deleted by a batch not yet written.
 
 A :class:`Draft` overlays a doc for the duration of one patch: events read and write the
@@ -26,7 +28,7 @@ from runstate.schemas.state import COLLECTIONS, ITEM_KEY, Goal, RunHeader, RunSt
 
 Key = tuple[str, str]  # (collection, item id)
 #: Header fields the public document does not have (working bookkeeping, derived from it).
-_HEADER_ONLY = frozenset({"goal", "next_seq", "running_task_ids"})
+_HEADER_ONLY = frozenset({"goal", "next_seq", "running_task_ids", "sizes"})
 Entry = tuple[int, Model]  # (insertion sequence, item)
 #: ``load_one(kind, id)`` -> entry or None; ``load_all(kind)`` -> every stored (id, entry).
 LoadOne = Callable[[str, str], Entry | None]
@@ -66,6 +68,14 @@ def built(cls: type[M], fields: dict[str, Any]) -> M:
     object.__setattr__(new, "__pydantic_extra__", None)
     object.__setattr__(new, "__pydantic_private__", None)
     return new
+
+
+def resized(sizes: dict[str, int], kind: str, delta: int) -> dict[str, int]:
+    """``sizes`` with ``kind``'s count moved by ``delta``: a new dict, in the order of
+    COLLECTIONS, without the empty ones (one form, whichever path wrote the header)."""
+    new = dict(sizes)
+    new[kind] = new.get(kind, 0) + delta
+    return {k: new[k] for k in COLLECTIONS if new.get(k)}
 
 
 def _seq(entry: tuple[int, Model]) -> int:
@@ -122,6 +132,9 @@ class RunDoc:
             return bucket[id_]
         if kind in self._complete or self._load_one is None:
             return None
+        sizes = self.header.sizes
+        if sizes is not None and kind not in sizes:
+            return None  # the collection is empty: nothing to read (and nothing to cache)
         e = self._load_one(kind, id_)
         bucket[id_] = e  # caches absence too
         return e
@@ -130,7 +143,8 @@ class RunDoc:
         """The whole collection (loaded once, then kept); deleted items are ``None``."""
         bucket = self.items[kind]
         if kind not in self._complete:
-            if self._load_all is not None:
+            sizes = self.header.sizes
+            if self._load_all is not None and (sizes is None or kind in sizes):
                 for id_, e in self._load_all(kind):
                     bucket.setdefault(id_, e)  # what is in memory is newer than the store
             self._complete.add(kind)
@@ -186,7 +200,8 @@ class RunDoc:
         header = RunHeader.model_validate(
             {**header_data, "goal": GoalSpec(statement=state.goal.statement, scope=state.goal.scope,
                                              acceptance=state.goal.acceptance), "next_seq": seq,
-             "running_task_ids": sorted(t.id for t in state.tasks if t.status == "running")}
+             "running_task_ids": sorted(t.id for t in state.tasks if t.status == "running"),
+             "sizes": {k: len(items[k]) for k in COLLECTIONS if items[k]}}
         )  # fmt: skip
         return cls(header, items)
 
@@ -270,17 +285,28 @@ class Draft:
             e = None if k in self._dels else self._base_entry(kind, id_)
             if e is not None:
                 seq = e[0]
-            else:
+            else:  # a new item
                 seq = self.hget("next_seq")
                 self.hset(next_seq=seq + 1)
+                self._count(kind, 1)
         self._dels.discard(k)
         self._puts[k] = (seq, item)
 
     def delete(self, kind: str, id_: str) -> None:
         k = (kind, id_)
-        self._puts.pop(k, None)
+        put = self._puts.pop(k, None)
+        if k in self._dels:
+            return  # deleted already
         if self._base_entry(kind, id_) is not None:
             self._dels.add(k)
+            self._count(kind, -1)
+        elif put is not None:  # new in this draft: gone again
+            self._count(kind, -1)
+
+    def _count(self, kind: str, delta: int) -> None:
+        sizes = self.hget("sizes")
+        if sizes is not None:  # None: a header from before sizes were counted stays uncounted
+            self.hset(sizes=resized(sizes, kind, delta))
 
     def values(self, kind: str) -> Iterator[Model]:
         """Current items of a collection in insertion order (reads the whole collection:

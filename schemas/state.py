@@ -232,6 +232,12 @@ class RunHeader(Model):
     next_seq: int = 0
     #: the tasks now running (sorted): which one is active after the active one stops.
     running_task_ids: list[str] = []
+    #: how many items each collection holds, the empty ones left out (in the order of
+    #: COLLECTIONS). A lookup in an empty collection is answered without reading the store:
+    #: most of a run's collections stay empty, and each such read was a point read that
+    #: missed. None: not counted (a header written before runstate counted them): then
+    #: every lookup reads the store.
+    sizes: dict[str, int] | None = None
     #: the reference schema (v3) referred to an external effect ledger; kept, never dropped, on migration.
     effect_ledger_ref: str | None = None
     policy: RunPolicy = RunPolicy()

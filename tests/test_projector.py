@@ -305,3 +305,61 @@ def test_updated_is_model_copy_with_update() -> None:
     h = RunHeader.model_validate({"run_id": "r", "revision": 2, "goal": {"statement": "g"}, "agent_version": "v1"})
     fast, slow = updated(h, {"revision": 3}), h.model_copy(update={"revision": 3})
     assert fast == slow and fast.model_dump_json() == slow.model_dump_json() and h.revision == 2
+
+
+def test_a_drafts_item_counts_follow_every_put_and_delete() -> None:
+    """The header counts items per collection, and a lookup in a collection it counts as
+    empty does not read the store: every path that adds or removes an item must count."""
+    from runstate.projector.working import Draft, RunDoc
+    from runstate.schemas.state import Fact, RunHeader
+
+    stored = {("confirmed_facts", "f_old"): (0, None)}
+    reads: list[tuple[str, str]] = []
+
+    def load_one(kind: str, id_: str) -> tuple[int, object] | None:
+        reads.append((kind, id_))
+        return stored.get((kind, id_))  # type: ignore[return-value]
+
+    header = RunHeader.model_validate({"run_id": "r", "revision": 3, "goal": {"statement": "g"}, "agent_version": "1",
+                                       "next_seq": 1, "sizes": {"confirmed_facts": 1}})  # fmt: skip
+    doc = RunDoc(header, load_one=load_one)  # type: ignore[arg-type]
+    item = Fact.model_construct(id="x")
+    d = Draft(doc, doc.header)
+    assert d.get("hypotheses", "h1") is None and reads == []  # counted empty: no read
+    d.put("hypotheses", "h1", item)  # new
+    d.put("hypotheses", "h1", item)  # the same, again: not new
+    d.put("confirmed_facts", "f_old", item)  # an update of a stored item
+    assert d.header.sizes == {"confirmed_facts": 1, "hypotheses": 1}
+    d.delete("hypotheses", "h1")  # new in this draft, gone again
+    d.delete("hypotheses", "h1")  # and again: nothing left to delete
+    assert d.header.sizes == {"confirmed_facts": 1}
+    d.delete("confirmed_facts", "f_old")
+    d.delete("confirmed_facts", "f_old")
+    assert d.header.sizes == {}
+    d.put("confirmed_facts", "f_old", item)  # re-created after its delete: new again
+    assert d.header.sizes == {"confirmed_facts": 1}
+    assert reads == [("confirmed_facts", "f_old")]  # the one stored item, read once
+    uncounted = RunDoc(header.model_copy(update={"sizes": None}), load_one=load_one)  # type: ignore[arg-type]
+    assert uncounted.entry("hypotheses", "h9") is None and reads[-1] == ("hypotheses", "h9")  # old header: reads
+
+
+def test_a_store_written_before_item_counts_still_projects_correctly(tmp_path: Path) -> None:
+    """A header stored without ``sizes`` (an older runstate) stays uncounted: every lookup
+    reads the store, so an existing item is still found (here: a duplicate fact id)."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, [patch("r1", 0, start(), fact("f1"))])
+    Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
+    db = Rdict(str(tmp_path / "s" / "p000"), Options(raw_mode=True))
+    import json as _json
+    h = _json.loads(db[b"h:r1"])
+    assert h.pop("sizes") == {"confirmed_facts": 1}
+    db[b"h:r1"] = _json.dumps(h).encode()
+    db.close()
+    append_all(log, [patch("r1", 1, fact("f1")), patch("r1", 1, fact("f2"))])
+    Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
+    with Projection(tmp_path / "s") as proj:
+        outcomes = [(d.outcome, d.rule) for d in proj.history("r1")]
+        assert outcomes[1] == ("rejected", "fact.duplicate_id") and outcomes[2][0] == "accepted"
+        assert proj.header("r1").sizes is None  # type: ignore[union-attr]
+        assert [f.id for f in proj.state("r1").confirmed_facts] == ["f1", "f2"]
+    log.close()

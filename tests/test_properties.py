@@ -16,6 +16,7 @@ from runstate.projector.queries import Projection
 from runstate.projector.replay import replay
 from runstate.projector.runbook import RunBook
 from runstate.schemas.patch import Decision, Patch
+from runstate.schemas.state import COLLECTIONS
 
 
 def fold_bytes(patches: list[Patch]) -> dict[str, bytes]:
@@ -58,7 +59,12 @@ def test_projection_equals_replay_for_any_interleaving(ops: list[tuple[str, str,
             for run, doc in book.docs.items():
                 if doc is None:
                     continue
-                assert proj.state(run).model_dump_json() == doc.to_state().model_dump_json()
+                state = proj.state(run)
+                assert state.model_dump_json() == doc.to_state().model_dump_json()
+                # The header's item counts are the state's (a lookup trusts an empty count).
+                header = proj.header(run)
+                assert header is not None and header.sizes == {
+                    k: len(v) for k in COLLECTIONS if (v := state.goal.constraints if k == "constraints" else getattr(state, k))}
             for run in RUNS:
                 decided = [d_ for (r, _), d_ in book.decided.items() if r == run]
                 assert proj.history(run) == sorted(decided, key=lambda x: x.offset)
