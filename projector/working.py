@@ -73,8 +73,11 @@ def built(cls: type[M], fields: dict[str, Any]) -> M:
 def resized(sizes: dict[str, int], kind: str, delta: int) -> dict[str, int]:
     """``sizes`` with ``kind``'s count moved by ``delta``: a new dict, in the order of
     COLLECTIONS, without the empty ones (one form, whichever path wrote the header)."""
+    n = sizes.get(kind, 0) + delta
     new = dict(sizes)
-    new[kind] = new.get(kind, 0) + delta
+    new[kind] = n
+    if n and len(new) == len(sizes):
+        return new  # a count that moved: the same keys in the same order (most calls)
     return {k: new[k] for k in COLLECTIONS if new.get(k)}
 
 

@@ -65,6 +65,7 @@ def test_projection_equals_replay_for_any_interleaving(ops: list[tuple[str, str,
                 header = proj.header(run)
                 assert header is not None and header.sizes == {
                     k: len(v) for k in COLLECTIONS if (v := state.goal.constraints if k == "constraints" else getattr(state, k))}
+                assert list(header.sizes) == [k for k in COLLECTIONS if k in header.sizes]  # one form: stored bytes agree
             for run in RUNS:
                 decided = [d_ for (r, _), d_ in book.decided.items() if r == run]
                 assert proj.history(run) == sorted(decided, key=lambda x: x.offset)
