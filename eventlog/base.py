@@ -21,9 +21,9 @@ from typing import NamedTuple
 Headers = tuple[tuple[str, bytes], ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One log record as read back."""
+class Record(NamedTuple):
+    """One log record as read back. (A named tuple: the projector builds one per record
+    read, and a frozen dataclass of eight fields cost 0.9 us to build, this 0.27.)"""
 
     topic: str
     partition: int
