@@ -91,9 +91,14 @@ class RunProducer:
         return validated(Patch, full, where=where, drafted=True)
 
     def events(self, run_id: str, expected_revision: int, events: Sequence[Any], *, rebase: bool = False) -> Patch:
-        """Build a patch from event models or dicts."""
+        """Build a patch from event models or dicts: what :meth:`build` makes of the draft
+        ``{"expected_revision": ..., "events": ..., "rebase": ...}`` (tested), without the
+        checks of a draft's own fields, which this one cannot get wrong. Models are dumped
+        and validated again, so one built unvalidated (``model_construct``) is still checked."""
         raw = [e.model_dump() if isinstance(e, pydantic.BaseModel) else e for e in events]
-        return self.build(run_id, {"expected_revision": expected_revision, "events": raw, "rebase": rebase})
+        full = {"run_id": run_id, "patch_id": secrets.token_hex(16), "expected_revision": expected_revision,
+                "events": raw, "author": self.author, "created_at": self.clock(), "rebase": rebase}  # fmt: skip
+        return validated(Patch, full, drafted=True)
 
     def encode(self, patch: Patch) -> bytes:
         """Encode and enforce the size limit (raises :class:`PatchTooLarge`)."""

@@ -157,3 +157,24 @@ def test_parse_draft_checks_the_shape_only_of_a_failure_and_decides_the_same(dat
             return type(e).__name__, (getattr(e, "field", None), str(e))
 
     assert verdict(lambda: parse_draft(copy.deepcopy(data))) == verdict(reference)
+
+
+EVENT_LISTS: list[Any] = [d["events"] for d in GOOD + BAD if isinstance(d, dict) and isinstance(d.get("events"), list)] + [
+    [], [{"type": "NoteAdded"}], [None], [{"type": "BudgetConsumed", "tokens": "many"}]]
+
+
+@pytest.mark.parametrize("evs", EVENT_LISTS, ids=range(len(EVENT_LISTS)))
+@pytest.mark.parametrize("rev", [0, 7, -1])
+def test_events_decides_as_build_of_the_same_draft(producer: RunProducer, evs: Any, rev: int) -> None:
+    new = outcome(lambda: producer.events("r1", rev, copy.deepcopy(evs)))
+    ref = outcome(lambda: producer.build("r1", {"expected_revision": rev, "events": copy.deepcopy(evs), "rebase": False}))
+    assert new[:2] == ref[:2]
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")  # dumping the bad model warns, as it should
+def test_events_checks_a_model_built_without_validation(producer: RunProducer) -> None:
+    from runstate.schemas import events as ev
+
+    bad = ev.BudgetConsumed.model_construct(type="BudgetConsumed", tokens="many")
+    with pytest.raises(ContractError):
+        producer.events("r1", 0, [bad])
