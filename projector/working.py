@@ -81,12 +81,9 @@ def resized(sizes: dict[str, int], kind: str, delta: int) -> dict[str, int]:
     return {k: new[k] for k in COLLECTIONS if new.get(k)}
 
 
-def _seq(entry: tuple[int, Model]) -> int:
+def _seq(entry: tuple[Any, Any]) -> Any:
+    """The insertion sequence of an entry (an int, or its 8 big-endian bytes as stored)."""
     return entry[0]
-
-
-def _first(pair: tuple[bytes, Any]) -> bytes:
-    return pair[0]
 
 
 def state_from_stored(header: dict[str, Any], items: Mapping[str, list[tuple[bytes, Any]]]) -> RunState:
@@ -105,7 +102,7 @@ def state_from_stored(header: dict[str, Any], items: Mapping[str, list[tuple[byt
         elif len(entries) == 1:
             values = [entries[0][1]]
         else:
-            entries.sort(key=_first)  # big-endian bytes sort as the numbers do
+            entries.sort(key=_seq)  # big-endian bytes sort as the numbers do
             values = [item for _, item in entries]
         if kind == "constraints":
             goal["constraints"] = values
@@ -133,21 +130,23 @@ class RunDoc:
         bucket = self.items[kind]
         if id_ in bucket:
             return bucket[id_]
-        if kind in self._complete or self._load_one is None:
-            return None
-        sizes = self.header.sizes
-        if sizes is not None and kind not in sizes:
-            return None  # the collection is empty: nothing to read (and nothing to cache)
+        if kind in self._complete or self._load_one is None or self._counted_empty(kind):
+            return None  # counted empty: nothing to read (and nothing to cache)
         e = self._load_one(kind, id_)
         bucket[id_] = e  # caches absence too
         return e
+
+    def _counted_empty(self, kind: str) -> bool:
+        """The header counts the collection's items and there are none (a header without
+        counts, from an older runstate, says nothing: then the store is read)."""
+        sizes = self.header.sizes
+        return sizes is not None and kind not in sizes
 
     def entries(self, kind: str) -> dict[str, Entry | None]:
         """The whole collection (loaded once, then kept); deleted items are ``None``."""
         bucket = self.items[kind]
         if kind not in self._complete:
-            sizes = self.header.sizes
-            if self._load_all is not None and (sizes is None or kind in sizes):
+            if self._load_all is not None and not self._counted_empty(kind):
                 for id_, e in self._load_all(kind):
                     bucket.setdefault(id_, e)  # what is in memory is newer than the store
             self._complete.add(kind)

@@ -242,15 +242,26 @@ def _to_avro_datum(patch: Patch) -> dict[str, Any]:
     return d
 
 
+def _frame(w: _Writer, write: avrofast.Writer, value: Any) -> bytes:
+    """Magic, fingerprint, then the body ``write`` makes of ``value``."""
+    out = bytearray(MAGIC)
+    out += w.fingerprint
+    write(out, value)
+    return bytes(out)
+
+
+def _write_model(w: _Writer, kind: str, model: BaseModel, to_datum: Callable[[Any], Any]) -> bytes:
+    """A model's record: written from its attributes when ``w`` is the schema the models
+    derive (:func:`_object_writer`), else ``to_datum(model)`` by :func:`_write_record`."""
+    write = _object_writer(w, kind)
+    return _write_record(w, to_datum(model)) if write is None else _frame(w, write, model)
+
+
 def _write_record(w: _Writer, datum: Any) -> bytes:
     """A single-object record: magic, fingerprint, body (the generated writer when there is
     one, else fastavro; the bytes are the same)."""
-    write = w.write
-    if write is not None:
-        out = bytearray(MAGIC)
-        out += w.fingerprint
-        write(out, datum)
-        return bytes(out)
+    if w.write is not None:
+        return _frame(w, w.write, datum)
     buf = io.BytesIO()
     buf.write(MAGIC)
     buf.write(w.fingerprint)
@@ -284,13 +295,7 @@ def encode(patch: Patch, writer: _Writer | None = None) -> bytes:
     Raises :class:`ContractError` for a string that UTF-8 cannot encode (a lone surrogate)."""
     w = writer or current_writer()
     try:
-        write = _object_writer(w, "patch")
-        if write is not None:
-            out = bytearray(MAGIC)
-            out += w.fingerprint
-            write(out, patch)
-            return bytes(out)
-        return _write_record(w, _to_avro_datum(patch))
+        return _write_model(w, "patch", patch, _to_avro_datum)
     except UnicodeEncodeError as e:
         raise ContractError(f"patch {patch.patch_id} of run {patch.run_id!r} holds a string that UTF-8 cannot encode: "
                             f"{e.reason} at {e.start}", field=None) from e  # fmt: skip
@@ -363,14 +368,7 @@ def _decision_current() -> _Writer:
 
 def encode_decision(decision: Decision) -> bytes:
     """One decision as an Avro single-object record (the decisions topic's value)."""
-    w = _decision_current()
-    write = _object_writer(w, "decision")
-    if write is None:
-        return _write_record(w, decision.model_dump(mode="json"))
-    out = bytearray(MAGIC)
-    out += w.fingerprint
-    write(out, decision)
-    return bytes(out)
+    return _write_model(_decision_current(), "decision", decision, lambda d: d.model_dump(mode="json"))
 
 
 def decode_decision(data: bytes) -> Decision:
