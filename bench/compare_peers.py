@@ -15,7 +15,8 @@ Figures (each worker prints one JSON line):
 
 - ``append`` — embedded append in batches of 500 patches (2 events each: a fact and a
   budget use) over 1,000 runs, durable on commit: runstate ``RunProducer.append_async``
-  (validate + Avro encode) on the embedded SQLite log, ``flush`` every 500; eventsourcing
+  (validate + Avro encode; no receipt callback: a failed delivery is raised by ``flush``)
+  on the embedded SQLite log, ``flush`` every 500; eventsourcing
   9.5: one ``Run`` aggregate per run, two events triggered per patch, ``app.save`` of the
   touched aggregates every 500 patches, on its SQLite store (WAL, the same synchronous
   level: FULL). Events per second.
@@ -83,13 +84,12 @@ def rs_append(work: Path, patches: int) -> None:
     prod = RunProducer(log, Author(agent_id="bench", agent_version="1"))
     for r in range(RUNS):  # the runs exist before the timed part, as the peer's aggregates do
         prod.append_async(prod.events(f"run_{r}", 0, [{"type": "RunStarted", "goal": {"statement": "bench"},
-                                                        "policy": {"external_evidence_schemes": ["artifact"]}}]),  # fmt: skip
-                          lambda _r, e: None)
+                                                        "policy": {"external_evidence_schemes": ["artifact"]}}]))  # fmt: skip
     prod.flush()
     t = time.perf_counter()
     for i in range(patches):
         r = i % RUNS
-        prod.append_async(prod.events(f"run_{r}", 1 + i // RUNS, [fact_event(i), budget_event()]), lambda _r, e: None)
+        prod.append_async(prod.events(f"run_{r}", 1 + i // RUNS, [fact_event(i), budget_event()]))
         if (i + 1) % PATCHES_PER_COMMIT == 0:
             prod.flush()
     prod.flush()
@@ -116,9 +116,9 @@ def _rs_one_run_store(work: Path, patches: int) -> tuple[Any, Any, Any, int]:
     prod = RunProducer(log, Author(agent_id="bench", agent_version="1"))
     start = [{"type": "RunStarted", "goal": {"statement": "bench"}, "policy": {"external_evidence_schemes": ["artifact"]}}]
     # RunStarted + 499 two-event patches + one more fact: 1,000 events, revision 500
-    prod.append_async(prod.events("run_one", 0, start + [fact_event(0)]), lambda _r, e: None)
+    prod.append_async(prod.events("run_one", 0, start + [fact_event(0)]))
     for i in range(1, patches):
-        prod.append_async(prod.events("run_one", i, [fact_event(i), budget_event()]), lambda _r, e: None)
+        prod.append_async(prod.events("run_one", i, [fact_event(i), budget_event()]))
     prod.close()
     Projector(log, settings.state_dir).run(until_caught_up=True, poll_timeout_s=0.01)
     snap = Snapshotter(log, settings.state_dir, policy=CheckpointPolicy(every=50, max_age=10**9))
@@ -169,7 +169,7 @@ def rs_query(work: Path, runs: int, samples: int) -> None:
     for r in range(runs):
         prod.append_async(prod.events(f"run_{r}", 0, [{"type": "RunStarted", "goal": {"statement": f"goal {r}"},
                                                         "policy": {"external_evidence_schemes": ["artifact"]}},
-                                                       fact_event(2 * r), fact_event(2 * r + 1)]), lambda _r, e: None)  # fmt: skip
+                                                       fact_event(2 * r), fact_event(2 * r + 1)]))  # fmt: skip
     prod.close()
     Projector(log, str(work / "state")).run(until_caught_up=True, poll_timeout_s=0.01)
     log.close()
@@ -313,7 +313,7 @@ def fill_topic(bootstrap: str, prefix: str, patches_per_run: int) -> int:
     for k in range(patches_per_run):
         for r in range(KAFKA_RUNS):
             evs = [start, fact_event(0)] if k == 0 else [fact_event(k), budget_event()]
-            prod.append_async(prod.events(f"run_{r}", k, evs), lambda _r, e: None)
+            prod.append_async(prod.events(f"run_{r}", k, evs))
             events += len(evs)
     assert prod.flush(120) == 0
     prod.close()
@@ -406,6 +406,9 @@ def qs_kafka_project(work: Path, bootstrap: str, prefix: str, events: int, valid
 
 
 def rs_produce(work: Path, bootstrap: str, prefix: str, patches: int) -> None:
+    """runstate's producer path: ``RunProducer.events`` (build + validate), Avro encode,
+    ``append_async`` without a receipt callback (a failed delivery is raised by ``flush``),
+    as the Quix producer below sends without one."""
     from runstate.eventlog.kafka import KafkaLog
     from runstate.producers.run_producer import RunProducer
     from runstate.schemas.patch import Author
@@ -413,11 +416,11 @@ def rs_produce(work: Path, bootstrap: str, prefix: str, patches: int) -> None:
     log = KafkaLog(bootstrap, topics=_kafka_topics(prefix))
     prod = RunProducer(log, Author(agent_id="bench", agent_version="1"))
     for i in range(500):  # warm: connection, metadata, idempotent producer id
-        prod.append_async(prod.events(f"w{i}", 0, [fact_event(i), budget_event()]), lambda _r, e: None)
+        prod.append_async(prod.events(f"w{i}", 0, [fact_event(i), budget_event()]))
     prod.flush(60)
     t = time.perf_counter()
     for i in range(patches):
-        prod.append_async(prod.events(f"run_{i % KAFKA_RUNS}", i, [fact_event(i), budget_event()]), lambda _r, e: None)
+        prod.append_async(prod.events(f"run_{i % KAFKA_RUNS}", i, [fact_event(i), budget_event()]))
     assert prod.flush(120) == 0
     dt = time.perf_counter() - t
     prod.close()
@@ -477,7 +480,7 @@ def rs_scale(work: Path, runs: int, tail_patches: int) -> None:
     prod = RunProducer(log, Author(agent_id="bench", agent_version="1"))
     start = {"type": "RunStarted", "goal": {"statement": "bench"}, "policy": {"external_evidence_schemes": ["artifact"]}}
     for r in range(runs):
-        prod.append_async(prod.events(f"run_{r}", 0, [start, fact_event(0)]), lambda _r, e: None)
+        prod.append_async(prod.events(f"run_{r}", 0, [start, fact_event(0)]))
     prod.flush()
     Projector(log, str(work / "state"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
     rng = random.Random(11)
@@ -485,7 +488,7 @@ def rs_scale(work: Path, runs: int, tail_patches: int) -> None:
     for i in range(tail_patches):
         r = rng.randrange(runs)
         rev = revs.get(r, 1)
-        prod.append_async(prod.events(f"run_{r}", rev, [fact_event(rev), budget_event()]), lambda _r, e: None)
+        prod.append_async(prod.events(f"run_{r}", rev, [fact_event(rev), budget_event()]))
         revs[r] = rev + 1
     prod.close()
     pr = Projector(log, str(work / "state"), publish_dead_letters=False, tune_gc=True)

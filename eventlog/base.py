@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from runstate.schemas.errors import DeliveryError
+
 Headers = tuple[tuple[str, bytes], ...]
 
 
@@ -93,20 +95,38 @@ class LogProducer(ABC):
 
     @abstractmethod
     def append_async(
-        self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback, headers: Headers = ()
+        self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback | None, headers: Headers = ()
     ) -> None:
         """Queue one record; ``on_delivery`` is called (from ``flush``/``poll``) with where
-        it landed or the error. Records queued together may be written in one group commit."""
+        it landed or the error. Records queued together may be written in one group commit.
+
+        ``on_delivery=None``: no report for this record when it lands (the cheap path for
+        a caller that needs no receipt); if it fails, the next :meth:`flush` or
+        :meth:`close` raises :class:`DeliveryError`. A failure is never dropped silently."""
 
     @abstractmethod
     def flush(self, timeout_s: float = 30.0) -> int:
         """Wait until every queued record is acknowledged or failed; returns how many are
-        still queued (0 on success)."""
+        still queued (0 on success). Raises :class:`DeliveryError` when records appended
+        without a callback failed since the last flush (each failure is raised once)."""
 
     @abstractmethod
     def close(self, timeout_s: float = 60.0) -> None:
         """Flush (waiting at most ``timeout_s``) and release resources. Raises
-        :class:`DeliveryError` when records were left undelivered."""
+        :class:`DeliveryError` when records were left undelivered, or failed without a
+        callback to report them to."""
+
+
+def raise_unreported(failures: list[DeliveryError]) -> None:
+    """Raise the failures of records appended without a callback (see
+    :meth:`LogProducer.append_async`), once: ``failures`` is emptied. The error names the
+    first failed record's run and says how many failed."""
+    if not failures:
+        return
+    first, n = failures[0], len(failures)
+    failures.clear()
+    more = f" (and {n - 1} more records appended without a callback)" if n > 1 else ""
+    raise DeliveryError(first.run_id, first.reason + more)
 
 
 class LogConsumer(ABC):

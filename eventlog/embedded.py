@@ -46,6 +46,7 @@ from runstate.eventlog.base import (
     OnRevoke,
     Record,
     TopicNames,
+    raise_unreported,
 )
 from runstate.eventlog.partitioner import partition_for
 from runstate.schemas.errors import DeliveryError, LogConfigError, LogError
@@ -404,7 +405,8 @@ class EmbeddedProducer(LogProducer):
     def __init__(self, log: EmbeddedLog, linger_records: int = 500) -> None:
         self._log = log
         self._linger = linger_records
-        self._queue: list[tuple[str, str, bytes, Headers, DeliveryCallback]] = []
+        self._queue: list[tuple[str, str, bytes, Headers, DeliveryCallback | None]] = []
+        self._failures: list[DeliveryError] = []
 
     def append(self, topic: str, key: str, value: bytes, headers: Headers = ()) -> Appended:
         try:
@@ -413,25 +415,34 @@ class EmbeddedProducer(LogProducer):
             raise DeliveryError(key, str(e)) from e
 
     def append_async(
-        self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback, headers: Headers = ()
+        self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback | None, headers: Headers = ()
     ) -> None:
         self._queue.append((topic, key, value, headers, on_delivery))
         if len(self._queue) >= self._linger:
             self.flush()
 
     def flush(self, timeout_s: float = 30.0) -> int:
-        if not self._queue:
-            return 0
+        if self._queue:
+            self._commit()
+        raise_unreported(self._failures)
+        return 0
+
+    def _commit(self) -> None:
+        """Write the queue in one transaction and report each record (a failure of one
+        appended without a callback is kept for :meth:`flush` to raise)."""
         queue, self._queue = self._queue, []
         try:
             done = self._log._append_many([(t, k, v, h) for t, k, v, h, _ in queue])
         except LogError as e:
             for _t, key, _v, _h, cb in queue:
-                cb(None, DeliveryError(key, str(e)))
-            return 0
+                if cb is None:
+                    self._failures.append(DeliveryError(key, str(e)))
+                else:
+                    cb(None, DeliveryError(key, str(e)))
+            return
         for (*_rest, cb), where in zip(queue, done):
-            cb(where, None)
-        return 0
+            if cb is not None:
+                cb(where, None)
 
     def close(self, timeout_s: float = 60.0) -> None:
         self.flush(timeout_s)

@@ -34,6 +34,7 @@ from runstate.eventlog.base import (
     OnRevoke,
     Record,
     TopicNames,
+    raise_unreported,
 )
 from runstate.schemas.errors import DeliveryError, LogConfigError, LogError
 
@@ -295,15 +296,28 @@ def _report(on_delivery: DeliveryCallback, key: str, err: KafkaError | None, msg
         on_delivery(None, DeliveryError(key, f"{err.name()}: {err.str()}"))
 
 
+def _keep_failure(failures: list[DeliveryError], err: KafkaError | None, msg: Any) -> None:
+    """librdkafka's delivery report of a record appended without a callback: a failure is
+    kept for the next ``flush`` to raise; a success needs nothing."""
+    if err is not None:
+        key = msg.key()
+        failures.append(DeliveryError(key.decode(errors="replace") if key else "", f"{err.name()}: {err.str()}"))
+
+
 class KafkaProducer(LogProducer):
     def __init__(self, producer: Producer) -> None:
         self._p = producer
+        self._failures: list[DeliveryError] = []
+        # One report function for every record appended without a callback: nothing is
+        # built per record, and a success costs one call that returns at once.
+        self._unreported = partial(_keep_failure, self._failures)
 
-    def append_async(self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback, headers: Headers = ()) -> None:
+    def append_async(self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback | None,
+                     headers: Headers = ()) -> None:  # fmt: skip
         # The hot path of every producer: one partial of a module function rather than a
         # closure, positional arguments, no header list when there are none (measured
         # with a delivery report: 3.4 -> 2.7 us per record, librdkafka's own being 1.4).
-        cb = partial(_report, on_delivery, key)
+        cb = self._unreported if on_delivery is None else partial(_report, on_delivery, key)
         k = key.encode()
         p = self._p
         while True:
@@ -333,10 +347,13 @@ class KafkaProducer(LogProducer):
         return r
 
     def flush(self, timeout_s: float = 30.0) -> int:
-        return int(self._p.flush(timeout_s))
+        left = int(self._p.flush(timeout_s))
+        raise_unreported(self._failures)
+        return left
 
     def close(self, timeout_s: float = 60.0) -> None:
         left = self._p.flush(timeout_s)
+        raise_unreported(self._failures)
         if left:
             raise DeliveryError("*", f"{left} records not delivered when the producer closed")
 

@@ -57,3 +57,36 @@ def test_not_a_sqlite_file_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_bytes(b"this is not a database" * 100)
     with pytest.raises(LogConfigError, match="cannot open embedded log"):
         EmbeddedLog(bad)
+
+
+def test_a_failed_group_commit_of_records_without_a_callback_is_raised_by_flush(tmp_path: Path) -> None:
+    """The log file refuses the commit (a real SQLite error, as a full disk gives; injected
+    with a trigger): records appended without a callback are not silently lost, the flush
+    raises a DeliveryError naming the first run; those with a callback get the error. Once
+    the file accepts writes again the same producer appends."""
+    import sqlite3
+
+    from runstate.schemas.errors import DeliveryError
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=2)
+    topic = log.topics.events
+    db = sqlite3.connect(tmp_path / "log.db")
+    db.execute("CREATE TRIGGER refuse BEFORE INSERT ON records BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+    db.commit()
+    prod = log.producer()
+    reported: list[Exception | None] = []
+    prod.append_async(topic, "run_a", b"1", None)
+    prod.append_async(topic, "run_b", b"2", lambda a, e: reported.append(e))
+    prod.append_async(topic, "run_c", b"3", None)
+    with pytest.raises(DeliveryError) as e:
+        prod.flush()
+    assert e.value.run_id == "run_a" and "disk is full" in str(e.value) and "1 more" in str(e.value)
+    assert len(reported) == 1 and isinstance(reported[0], DeliveryError) and reported[0].run_id == "run_b"
+    assert prod.flush() == 0  # raised once
+    db.execute("DROP TRIGGER refuse")
+    db.commit()
+    db.close()
+    prod.append_async(topic, "run_a", b"4", None)
+    prod.close()
+    assert sum(log.end_offsets(topic).values()) == 1
+    log.close()

@@ -115,3 +115,32 @@ def test_a_record_the_broker_refuses_reaches_its_callback_as_a_delivery_error(ka
     assert (small.run_id, small.partition) == ("run_small", 0)
     prod.close()
     log.close()
+
+
+def test_a_refused_record_appended_without_a_callback_is_raised_by_flush_once(kafka_bootstrap: str,
+                                                                             kafka_topics: TopicNames) -> None:  # fmt: skip
+    """Fire-and-forget appends (no callback, no receipt) still never lose a failure: the
+    broker refuses two oversized patches, and the next flush raises one DeliveryError that
+    names the first run, the broker's reason and how many more failed. Raised once: the
+    flush after it, and close, raise nothing more; a small patch after them lands. (The
+    broker refuses a whole batch that is too big, so the small one is sent after the flush.)"""
+    from runstate.producers.run_producer import RunProducer
+    from runstate.schemas.errors import DeliveryError
+    from runstate.schemas.patch import Author
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for f in admin.create_topics([NewTopic(kafka_topics.events, 1, 1, config={"max.message.bytes": "200"})]).values():
+        f.result()
+    log = KafkaLog(kafka_bootstrap, topics=kafka_topics, config={"producer.compression.type": "none"})
+    log.create_topics(1)
+    prod = RunProducer(log, Author(agent_id="t", agent_version="1"))
+    prod.append_async(prod.events("run_big", 0, [{"type": "RunStarted", "goal": {"statement": "x" * 400}}]))
+    prod.append_async(prod.events("run_bigger", 0, [{"type": "RunStarted", "goal": {"statement": "y" * 800}}]))
+    with pytest.raises(DeliveryError) as e:
+        prod.flush(30)
+    assert e.value.run_id == "run_big" and "MSG_SIZE_TOO_LARGE" in str(e.value) and "1 more" in str(e.value)
+    assert prod.flush(30) == 0
+    prod.append_async(prod.events("run_small", 0, [{"type": "RunStarted", "goal": {"statement": "x"}}]))
+    prod.close()
+    assert [r.key for r in log.scan(kafka_topics.events, 0, 0, log.end_offsets(kafka_topics.events)[0])] == [b"run_small"]
+    log.close()

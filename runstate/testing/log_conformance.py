@@ -151,6 +151,20 @@ class LogConformance:
         assert [int(r.value) for r in log.scan(topic, p, 0, log.end_offsets(topic)[p])] == list(range(25))
         assert len(delivered) == 25 and None not in delivered
 
+    def test_appends_without_a_callback_land_in_order_and_flush_raises_nothing(self, log: EventLog) -> None:
+        topic = log.topics.events
+        prod = log.producer()
+        reported: list[Appended | None] = []
+        for i in range(40):
+            # every other record without a callback: both kinds share one queue and commit
+            cb = None if i % 2 else (lambda a, e: reported.append(a if e is None else None))
+            prod.append_async(topic, "quiet", str(i).encode(), cb)
+        assert prod.flush(30) == 0
+        prod.close()
+        p = partition_for("quiet", log.partitions(topic))
+        assert [int(r.value) for r in log.scan(topic, p, 0, log.end_offsets(topic)[p])] == list(range(40))
+        assert len(reported) == 20 and None not in reported
+
     # -- reading ----------------------------------------------------------------------------
 
     def test_scan_and_random_read(self, log: EventLog) -> None:
