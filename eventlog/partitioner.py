@@ -8,6 +8,8 @@ when a deployment moves from the embedded log to Kafka with the same partition c
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
 
@@ -40,8 +42,11 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+@lru_cache(maxsize=1 << 16)
 def partition_for(key: str | bytes, partitions: int) -> int:
-    """The partition of ``key`` among ``partitions`` (Kafka's keyed default)."""
+    """The partition of ``key`` among ``partitions`` (Kafka's keyed default). Cached: a
+    pure function, asked again for the same runs by every query and append (murmur2 in
+    Python is a tenth of a state query)."""
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions}")
     raw = key.encode() if isinstance(key, str) else key

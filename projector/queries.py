@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from runstate.projector.runbook import DeadLetter
 from runstate.projector.statedir import Layout
@@ -51,6 +52,17 @@ class Projection:
         if state is None:
             raise RunNotFound(run_id)
         return state
+
+    def state_data(self, run_id: str) -> dict[str, Any]:
+        """The run's current state as plain JSON data: the document :meth:`state` validates
+        (equal to its ``model_dump(mode="json")``, keys in the same order), without
+        building the models; for callers that pass the state on as JSON (serve, prompts).
+        Raises :class:`RunNotFound`."""
+        st = self._store(self.layout.partition_of(run_id))
+        data = None if st is None else st.read_state_data(run_id)
+        if data is None:
+            raise RunNotFound(run_id)
+        return data
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
         st = self._store(self.layout.partition_of(run_id))

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from runstate.eventlog.base import EventLog, Record
 from runstate.projector.loop import Projector
@@ -22,7 +22,7 @@ from runstate.projector.runbook import Applied, DeadLetter, RunBook
 from runstate.projector.working import RunDoc
 from runstate.schemas.errors import RevisionNotFound, RunNotFound
 from runstate.schemas.patch import Decision
-from runstate.schemas.state import COLLECTIONS, Goal, RunState, state_digest
+from runstate.schemas.state import COLLECTIONS, Goal, RunHeader, RunState, state_digest
 
 #: ``on_record(record, outcome, book)`` after each record of a replay.
 OnRecord = Callable[[Record, Applied | DeadLetter, RunBook], None]
@@ -49,7 +49,18 @@ def _accepted_records(log: EventLog, decisions: list[Decision]) -> list[Record]:
     return log.read(log.topics.events, decisions[0].partition, [d.offset for d in decisions])
 
 
-def state_at(log: EventLog, projection: Projection, run_id: str, revision: int,
+class RunRecords(Protocol):
+    """What :func:`state_at` and :func:`explain` read of a projection: a
+    :class:`~runstate.projector.queries.Projection`, or serve's live stores."""
+
+    def header(self, run_id: str) -> RunHeader | None: ...
+
+    def history(self, run_id: str) -> list[Decision]: ...
+
+    def accepted_since(self, run_id: str, after_revision: int) -> list[Decision]: ...
+
+
+def state_at(log: EventLog, projection: RunRecords, run_id: str, revision: int,
              nearest: NearestCheckpoint | None = None) -> RunState:  # fmt: skip
     """The run's state as it was at ``revision``, rebuilt from the log.
 
@@ -151,7 +162,7 @@ def field_value(doc: RunDoc, path: str) -> Any:
     return _walk(doc.header.model_dump(mode="json", include={head}).get(head), rest)
 
 
-def explain(log: EventLog, projection: Projection, run_id: str, path: str) -> list[FieldChange]:
+def explain(log: EventLog, projection: RunRecords, run_id: str, path: str) -> list[FieldChange]:
     """Why ``path`` has its value: every accepted patch that changed it, with its author,
     agent version and events, replayed from the log. Raises :class:`RunNotFound`."""
     history = [d for d in projection.history(run_id) if d.outcome == "accepted"]

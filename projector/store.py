@@ -29,7 +29,7 @@ from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, Writ
 
 from runstate.projector import keys
 from runstate.projector.runbook import DeadLetter
-from runstate.projector.working import COLLECTIONS, Changes, Entry, RunDoc, state_from_stored
+from runstate.projector.working import COLLECTIONS, Changes, Entry, RunDoc, state_data_from_stored
 from runstate.schemas.errors import StoreError, StoreLocked
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState
@@ -249,12 +249,12 @@ class ProjectionStore:
 
         return RunDoc(header, load_one=load_one, load_all=load_all)
 
-    def read_state(self, run_id: str) -> RunState | None:
-        """The run's assembled state, or None: one read of its header, one scan over its
-        items (a scan per collection cost a seek each), and one validation, of the whole
-        document (see :func:`~runstate.projector.working.state_from_stored`; validating the
-        header and each item as models first, then assembling them, cost twice as much).
-        Raises :class:`StoreError` for another schema version."""
+    def read_state_data(self, run_id: str) -> dict[str, Any] | None:
+        """The run's assembled state as plain JSON data (see
+        :func:`~runstate.projector.working.state_data_from_stored`), or None: one read of
+        its header and one scan over its items (a scan per collection cost a seek each);
+        nothing validated again (the projector validated what it stored; RocksDB checks
+        each block). Raises :class:`StoreError` for another schema version."""
         raw = self._get(keys.header_key(run_id))
         if raw is None:
             return None
@@ -264,9 +264,25 @@ class ProjectionStore:
         items: dict[str, list[tuple[bytes, Any]]] = {k: [] for k in COLLECTIONS}
         prefix = keys.run_items_prefix(run_id)
         start = len(prefix)
-        for key, value in self._prefix(prefix):
+        # _prefix's loop, inline: this scan is most of a state query.
+        it = self._db.iter()
+        it.seek(prefix)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                break
+            value = it.value()
             items[key[start : key.index(b"\0", start)].decode()].append((value[:8], orjson.loads(value[8:])))
-        return state_from_stored(header, items)
+            it.next()
+        self._check(it)
+        return state_data_from_stored(header, items)
+
+    def read_state(self, run_id: str) -> RunState | None:
+        """The run's state, or None: :meth:`read_state_data` validated once as a whole
+        (validating the header and each item as models first, then assembling them, cost
+        twice as much). Raises :class:`StoreError` for another schema version."""
+        data = self.read_state_data(run_id)
+        return None if data is None else RunState.model_validate(data)
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
         off = self._get(keys.dedupe_key(run_id, patch_id))

@@ -17,6 +17,7 @@ the keys it touched (:class:`Changes`), which is what the store writes.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -86,15 +87,21 @@ def _seq(entry: tuple[Any, Any]) -> Any:
     return entry[0]
 
 
-def state_from_stored(header: dict[str, Any], items: Mapping[str, list[tuple[bytes, Any]]]) -> RunState:
+#: RunState's fields in order: an assembled document's keys follow it, so that the document
+#: is what the validated model dumps, key for key.
+_STATE_FIELDS = tuple(RunState.model_fields)
+_state_values = operator.itemgetter(*_STATE_FIELDS)
+
+
+def state_data_from_stored(header: dict[str, Any], items: Mapping[str, list[tuple[bytes, Any]]]) -> dict[str, Any]:
     """The public document from a run's stored records parsed to plain JSON values: the
     header, and per collection its items as (8-byte big-endian insertion sequence, item).
-    The same fields as :meth:`RunDoc.to_state` (a test holds the two equal), validated
-    once as a whole. Sorts the lists of ``items`` in place."""
-    data = dict(header)
-    for k in _HEADER_ONLY:
-        data.pop(k, None)
-    goal = dict(header["goal"])
+    Plain data, in the order of RunState's fields: ``RunState.model_validate`` of it is the
+    run's state, and for a document this runstate stored it equals that state's
+    ``model_dump(mode="json")`` (a property test holds both, and :meth:`RunDoc.to_state`
+    equal to the state). Sorts the lists of ``items`` in place."""
+    src = dict(header)
+    goal = src["goal"] = dict(header["goal"])
     for kind, entries in items.items():
         # Most collections of a run are empty or hold one item: no comprehension for those.
         if not entries:
@@ -107,9 +114,13 @@ def state_from_stored(header: dict[str, Any], items: Mapping[str, list[tuple[byt
         if kind == "constraints":
             goal["constraints"] = values
         else:
-            data[kind] = values
-    data["goal"] = goal
-    return RunState.model_validate(data)
+            src[kind] = values
+    try:
+        return dict(zip(_STATE_FIELDS, _state_values(src)))
+    except KeyError:
+        # A header stored before a field existed (its default is the validated model's):
+        # the one slow path, through the model.
+        return RunState.model_validate({k: src[k] for k in _STATE_FIELDS if k in src}).model_dump(mode="json")
 
 
 class RunDoc:

@@ -8,6 +8,7 @@ from pathlib import Path
 from helpers import append_all
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+import orjson
 from workloads import RUNS, build, op
 
 from runstate.eventlog.embedded import EmbeddedLog
@@ -61,6 +62,10 @@ def test_projection_equals_replay_for_any_interleaving(ops: list[tuple[str, str,
                     continue
                 state = proj.state(run)
                 assert state.model_dump_json() == doc.to_state().model_dump_json()
+                # The plain document is the validated state's, key for key and in order.
+                data = proj.state_data(run)
+                assert data == state.model_dump(mode="json")
+                assert orjson.dumps(data) == state.model_dump_json().encode()
                 # The header's item counts are the state's (a lookup trusts an empty count).
                 header = proj.header(run)
                 assert header is not None and header.sizes == {

@@ -21,6 +21,8 @@ from servekit import ServeProcess
 from runstate.client import AsyncClient, Client, ServiceError
 from runstate.schemas.errors import ContractError, RunNotFound
 from runstate.schemas.patch import Decision
+from runstate.projector.queries import Projection
+from runstate.schemas.state import RunState
 from runstate.service.auth import add_token
 
 pytestmark = pytest.mark.slow
@@ -93,6 +95,15 @@ def test_etag_is_the_revision_and_min_revision_waits_for_the_projector(served: S
         for i in range(5):
             rs.append("etag-1", {"expected_revision": 1 + i, "events": [fact(f"f{i}")]})
             assert rs.state("etag-1", min_revision=2 + i).revision == 2 + i
+        # the body is the validated state's JSON, byte for byte (the route sends the stored
+        # document as plain data), now and at an earlier revision
+        r = httpx.get(served.url + "/runs/etag-1", headers=h)
+        with Projection(served.workdir / "state") as proj:
+            assert r.content == proj.state("etag-1").model_dump_json().encode()
+        r = httpx.get(served.url + "/runs/etag-1", params={"revision": 3}, headers=h)
+        assert r.status_code == 200, served.proc.log()[-3000:]
+        assert r.headers["etag"] == '"3"' and RunState.model_validate_json(r.content).revision == 3
+        assert r.content == RunState.model_validate_json(r.content).model_dump_json().encode()
         # a revision the log does not hold, with the projector caught up: 404 at once
         r = httpx.get(served.url + "/runs/etag-1", params={"min_revision": 99, "wait": 30}, headers=h)
         assert r.status_code == 404 and "99 does not exist" in r.json()["error"]["message"]

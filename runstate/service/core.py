@@ -87,7 +87,7 @@ class ResumeOut(BaseModel):
     tail: list[Decision]
 
 
-class _LiveRuns:
+class _LiveRuns:  # a replay.RunRecords
     """What the replay tools read from a projection, from the owner's live stores."""
 
     def __init__(self, node: Node) -> None:
@@ -99,12 +99,19 @@ class _LiveRuns:
     def history(self, run_id: str) -> list[Decision]:
         return self.node.read(run_id, lambda st: st.history(run_id))
 
+    def accepted_since(self, run_id: str, after_revision: int) -> list[Decision]:
+        return self.node.read(run_id, lambda st: st.accepted_since(run_id, after_revision))
+
+
+def _state_data(node: Node, run_id: str) -> dict[str, Any]:
+    data = node.read(run_id, lambda st: st.read_state_data(run_id))
+    if data is None:
+        raise RunNotFound(run_id)
+    return data
+
 
 def _state(node: Node, run_id: str) -> RunState:
-    state = node.read(run_id, lambda st: st.read_state(run_id))
-    if state is None:
-        raise RunNotFound(run_id)
-    return state
+    return RunState.model_validate(_state_data(node, run_id))
 
 
 class Service:
@@ -246,22 +253,31 @@ class Service:
         """The run's state (``revision``: as it was then). ``min_revision``: wait up to
         ``wait_s`` until the projection reached it (read-your-writes), else
         :class:`Unavailable`."""
+        return RunState.model_validate(
+            await self.state_data(run_id, fwd, revision=revision, min_revision=min_revision, wait_s=wait_s))
 
-        async def local() -> RunState:
+    async def state_data(self, run_id: str, fwd: Forward, *, revision: int | None = None,
+                         min_revision: int | None = None, wait_s: float = 5.0) -> dict[str, Any]:
+        """:meth:`state` as plain JSON data, the document ``RunState.model_dump(mode="json")``
+        gives (see :meth:`ProjectionStore.read_state_data`): what the HTTP route sends, read
+        without building and dumping the models."""
+
+        async def local() -> dict[str, Any]:
             if revision is not None:
                 live = _LiveRuns(self.node)
                 live.header(run_id)  # NotOwner before any log read
-                return await asyncio.to_thread(self._state_at, live, run_id, revision)
+                state = await asyncio.to_thread(self._state_at, live, run_id, revision)
+                return state.model_dump(mode="json")
             if min_revision is not None:
                 await self._reach(run_id, min_revision, wait_s)
-            return _state(self.node, run_id)
+            return _state_data(self.node, run_id)
 
-        return await self.on_owner(run_id, fwd, local, RunState.model_validate)
+        return await self.on_owner(run_id, fwd, local, dict)
 
     def _state_at(self, live: _LiveRuns, run_id: str, revision: int) -> RunState:
         log = app.open_settings_log(self.settings, create=False)
         try:
-            return state_at(log, live, run_id, revision, nearest=app.nearest_checkpoint(self.settings))  # type: ignore[arg-type]
+            return state_at(log, live, run_id, revision, nearest=app.nearest_checkpoint(self.settings))
         finally:
             log.close()
 
@@ -334,7 +350,7 @@ class Service:
             def run() -> list[FieldChangeOut]:
                 log = app.open_settings_log(self.settings, create=False)
                 try:
-                    changes = explain(log, live, run_id, path)  # type: ignore[arg-type]
+                    changes = explain(log, live, run_id, path)
                 finally:
                     log.close()
                 return [FieldChangeOut(**vars(c)) for c in changes]

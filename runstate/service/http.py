@@ -269,11 +269,12 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         """The run's state. ``revision``: as it was then. ``min_revision``: wait (up to
         ``wait`` s) until the projection has reached it, else 503. ``ETag`` is the revision."""
         ident(request).may_read(run_id)
-        state = await service.state(run_id, fwd(request), revision=revision, min_revision=min_revision, wait_s=wait)
-        etag = f'"{state.revision}"'
+        # Plain data from the store, sent as it is: the bytes RunState.model_dump_json gives.
+        state = await service.state_data(run_id, fwd(request), revision=revision, min_revision=min_revision, wait_s=wait)
+        etag = f'"{state["revision"]}"'
         if if_none_match == etag:
             return Response(status_code=304, headers={"ETag": etag})
-        return json_out(state, headers={"ETag": etag})
+        return Response(orjson.dumps(state), 200, headers={"ETag": etag}, media_type="application/json")
 
     @api.get("/runs/{run_id}/context", response_model=ContextOut, responses=_errors(401, 403, 404, 503))
     async def get_context(request: Request, run_id: RUN_ID,
