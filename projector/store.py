@@ -264,17 +264,8 @@ class ProjectionStore:
         items: dict[str, list[tuple[bytes, Any]]] = {k: [] for k in COLLECTIONS}
         prefix = keys.run_items_prefix(run_id)
         start = len(prefix)
-        # _prefix's loop, inline: this scan is most of a state query.
-        it = self._db.iter()
-        it.seek(prefix)
-        while it.valid():
-            key = it.key()
-            if not key.startswith(prefix):
-                break
-            value = it.value()
+        for key, value in self._prefix(prefix):
             items[key[start : key.index(b"\0", start)].decode()].append((value[:8], orjson.loads(value[8:])))
-            it.next()
-        self._check(it)
         return state_data_from_stored(header, items)
 
     def read_state(self, run_id: str) -> RunState | None:

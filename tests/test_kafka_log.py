@@ -12,7 +12,9 @@ from runstate.testing import LogConformance
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import KafkaLog
 from runstate.eventlog.partitioner import partition_for
+from runstate.producers.run_producer import RunProducer
 from runstate.schemas.errors import LogConfigError
+from runstate.schemas.patch import Author
 
 pytestmark = pytest.mark.kafka
 
@@ -89,21 +91,26 @@ def test_a_cluster_id_never_starts_with_a_dash() -> None:
     assert cluster_id(lambda: next(draws)) == b64(plain)
 
 
+def _small_records_only(bootstrap: str, topics: TopicNames) -> tuple[KafkaLog, RunProducer]:
+    """An events topic of one partition whose records may be at most 200 bytes (the broker
+    refuses a bigger one after the producer queued it), and a producer for it."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(topics.events, 1, 1, config={"max.message.bytes": "200"})]).values():
+        f.result()
+    log = KafkaLog(bootstrap, topics=topics, config={"producer.compression.type": "none"})
+    log.create_topics(1)
+    return log, RunProducer(log, Author(agent_id="t", agent_version="1"))
+
+
 def test_a_record_the_broker_refuses_reaches_its_callback_as_a_delivery_error(kafka_bootstrap: str,
                                                                              kafka_topics: TopicNames) -> None:  # fmt: skip
     """A topic whose records may be at most 200 bytes: the broker refuses a bigger patch
     after the producer queued it. Its callback gets a DeliveryError naming the run and the
     broker's reason, and no receipt; a small record on the same producer still lands."""
-    from runstate.producers.run_producer import Receipt, RunProducer
+    from runstate.producers.run_producer import Receipt
     from runstate.schemas.errors import DeliveryError
-    from runstate.schemas.patch import Author
 
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    for f in admin.create_topics([NewTopic(kafka_topics.events, 1, 1, config={"max.message.bytes": "200"})]).values():
-        f.result()
-    log = KafkaLog(kafka_bootstrap, topics=kafka_topics, config={"producer.compression.type": "none"})
-    log.create_topics(1)
-    prod = RunProducer(log, Author(agent_id="t", agent_version="1"))
+    log, prod = _small_records_only(kafka_bootstrap, kafka_topics)
     big = prod.events("run_big", 0, [{"type": "RunStarted", "goal": {"statement": "x" * 400}}])
     got: list[tuple[Receipt | None, Exception | None]] = []
     prod.append_async(big, lambda r, e: got.append((r, e)))
@@ -124,16 +131,9 @@ def test_a_refused_record_appended_without_a_callback_is_raised_by_flush_once(ka
     names the first run, the broker's reason and how many more failed. Raised once: the
     flush after it, and close, raise nothing more; a small patch after them lands. (The
     broker refuses a whole batch that is too big, so the small one is sent after the flush.)"""
-    from runstate.producers.run_producer import RunProducer
     from runstate.schemas.errors import DeliveryError
-    from runstate.schemas.patch import Author
 
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    for f in admin.create_topics([NewTopic(kafka_topics.events, 1, 1, config={"max.message.bytes": "200"})]).values():
-        f.result()
-    log = KafkaLog(kafka_bootstrap, topics=kafka_topics, config={"producer.compression.type": "none"})
-    log.create_topics(1)
-    prod = RunProducer(log, Author(agent_id="t", agent_version="1"))
+    log, prod = _small_records_only(kafka_bootstrap, kafka_topics)
     prod.append_async(prod.events("run_big", 0, [{"type": "RunStarted", "goal": {"statement": "x" * 400}}]))
     prod.append_async(prod.events("run_bigger", 0, [{"type": "RunStarted", "goal": {"statement": "y" * 800}}]))
     with pytest.raises(DeliveryError) as e:

@@ -43,6 +43,7 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
               "'.runstate/state').run, kwargs={'stop': stop, 'poll_timeout_s': 0.02})\nt.start()\ntry:\n"
               + "".join(f"    {line}\n" for line in api.splitlines())
               + "    assert decision.outcome == 'accepted', decision\n    assert state.phase == 'fix'\n"
+              "    assert data == state.model_dump(mode='json')\n"
               "finally:\n    stop.set()\n    t.join()\n")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
