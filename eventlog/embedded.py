@@ -419,7 +419,9 @@ class EmbeddedProducer(LogProducer):
     ) -> None:
         self._queue.append((topic, key, value, headers, on_delivery))
         if len(self._queue) >= self._linger:
-            self.flush()
+            # A group commit, not a flush: failures of records without a callback are
+            # raised by the caller's next flush, as on Kafka, never by this append.
+            self._commit()
 
     def flush(self, timeout_s: float = 30.0) -> int:
         if self._queue:

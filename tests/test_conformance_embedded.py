@@ -90,3 +90,29 @@ def test_a_failed_group_commit_of_records_without_a_callback_is_raised_by_flush(
     prod.close()
     assert sum(log.end_offsets(topic).values()) == 1
     log.close()
+
+
+def test_a_group_commit_between_flushes_keeps_its_failures_for_the_next_flush(tmp_path: Path) -> None:
+    """A producer commits every ``linger_records`` appends by itself; a commit refused then
+    does not raise out of the append that triggered it (as on Kafka, failures of records
+    without a callback are raised by the caller's next flush), and nothing is forgotten."""
+    import sqlite3
+
+    from runstate.eventlog.embedded import EmbeddedProducer
+    from runstate.schemas.errors import DeliveryError
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=2)
+    db = sqlite3.connect(tmp_path / "log.db")
+    db.execute("CREATE TRIGGER refuse BEFORE INSERT ON records BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+    db.commit()
+    prod = EmbeddedProducer(log, linger_records=2)
+    for run in ("run_a", "run_b", "run_c"):  # the second append commits the first two, refused
+        prod.append_async(log.topics.events, run, b"x", None)
+    db.execute("DROP TRIGGER refuse")
+    db.commit()
+    db.close()
+    with pytest.raises(DeliveryError) as e:
+        prod.flush()  # commits run_c, then raises what the group commit could not write
+    assert e.value.run_id == "run_a" and "1 more" in str(e.value)
+    assert sum(log.end_offsets(log.topics.events).values()) == 1
+    log.close()
