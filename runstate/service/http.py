@@ -269,7 +269,8 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         """The run's state. ``revision``: as it was then. ``min_revision``: wait (up to
         ``wait`` s) until the projection has reached it, else 503. ``ETag`` is the revision."""
         ident(request).may_read(run_id)
-        # Plain data from the store, sent as it is: the bytes RunState.model_dump_json gives.
+        # Plain data from the store, sent as it is: the document RunState.model_dump_json gives
+        # (byte for byte in the tests), without building and dumping the models.
         state = await service.state_data(run_id, fwd(request), revision=revision, min_revision=min_revision, wait_s=wait)
         etag = f'"{state["revision"]}"'
         if if_none_match == etag:
