@@ -288,12 +288,16 @@ class KafkaLog(EventLog):
             self._meta = None
 
 
+def _delivery_error(key: str, err: KafkaError) -> DeliveryError:
+    return DeliveryError(key, f"{err.name()}: {err.str()}")
+
+
 def _report(on_delivery: DeliveryCallback, key: str, err: KafkaError | None, msg: Any) -> None:
     """librdkafka's delivery report, as the log interface's (``Appended`` or the error)."""
     if err is None:
         on_delivery(Appended(msg.topic(), msg.partition(), msg.offset()), None)
     else:
-        on_delivery(None, DeliveryError(key, f"{err.name()}: {err.str()}"))
+        on_delivery(None, _delivery_error(key, err))
 
 
 def _keep_failure(failures: list[DeliveryError], err: KafkaError | None, msg: Any) -> None:
@@ -301,7 +305,7 @@ def _keep_failure(failures: list[DeliveryError], err: KafkaError | None, msg: An
     kept for the next ``flush`` to raise; a success needs nothing."""
     if err is not None:
         key = msg.key()
-        failures.append(DeliveryError(key.decode(errors="replace") if key else "", f"{err.name()}: {err.str()}"))
+        failures.append(_delivery_error(key.decode(errors="replace") if key else "", err))
 
 
 class KafkaProducer(LogProducer):

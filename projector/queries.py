@@ -46,12 +46,8 @@ class Projection:
         return None if st is None else st.header(run_id)
 
     def state(self, run_id: str) -> RunState:
-        """The run's current state. Raises :class:`RunNotFound`."""
-        st = self._store(self.layout.partition_of(run_id))
-        state = None if st is None else st.read_state(run_id)
-        if state is None:
-            raise RunNotFound(run_id)
-        return state
+        """The run's current state: :meth:`state_data` validated. Raises :class:`RunNotFound`."""
+        return RunState.model_validate(self.state_data(run_id))
 
     def state_data(self, run_id: str) -> dict[str, Any]:
         """The run's current state as plain JSON data: the document :meth:`state` validates

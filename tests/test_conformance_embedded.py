@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,20 +60,31 @@ def test_not_a_sqlite_file_is_a_clear_error(tmp_path: Path) -> None:
         EmbeddedLog(bad)
 
 
+def _refuse_appends(path: Path) -> sqlite3.Connection:
+    """Make the log file refuse every append (a real SQLite error, the message a full disk
+    gives), through a trigger; :func:`_accept_appends` takes it away."""
+    db = sqlite3.connect(path)
+    db.execute("CREATE TRIGGER refuse BEFORE INSERT ON records BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+    db.commit()
+    return db
+
+
+def _accept_appends(db: sqlite3.Connection) -> None:
+    db.execute("DROP TRIGGER refuse")
+    db.commit()
+    db.close()
+
+
 def test_a_failed_group_commit_of_records_without_a_callback_is_raised_by_flush(tmp_path: Path) -> None:
     """The log file refuses the commit (a real SQLite error, as a full disk gives; injected
     with a trigger): records appended without a callback are not silently lost, the flush
     raises a DeliveryError naming the first run; those with a callback get the error. Once
     the file accepts writes again the same producer appends."""
-    import sqlite3
-
     from runstate.schemas.errors import DeliveryError
 
     log = EmbeddedLog(tmp_path / "log.db", partitions=2)
     topic = log.topics.events
-    db = sqlite3.connect(tmp_path / "log.db")
-    db.execute("CREATE TRIGGER refuse BEFORE INSERT ON records BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
-    db.commit()
+    db = _refuse_appends(tmp_path / "log.db")
     prod = log.producer()
     reported: list[Exception | None] = []
     prod.append_async(topic, "run_a", b"1", None)
@@ -83,9 +95,7 @@ def test_a_failed_group_commit_of_records_without_a_callback_is_raised_by_flush(
     assert e.value.run_id == "run_a" and "disk is full" in str(e.value) and "1 more" in str(e.value)
     assert len(reported) == 1 and isinstance(reported[0], DeliveryError) and reported[0].run_id == "run_b"
     assert prod.flush() == 0  # raised once
-    db.execute("DROP TRIGGER refuse")
-    db.commit()
-    db.close()
+    _accept_appends(db)
     prod.append_async(topic, "run_a", b"4", None)
     prod.close()
     assert sum(log.end_offsets(topic).values()) == 1
@@ -96,21 +106,15 @@ def test_a_group_commit_between_flushes_keeps_its_failures_for_the_next_flush(tm
     """A producer commits every ``linger_records`` appends by itself; a commit refused then
     does not raise out of the append that triggered it (as on Kafka, failures of records
     without a callback are raised by the caller's next flush), and nothing is forgotten."""
-    import sqlite3
-
     from runstate.eventlog.embedded import EmbeddedProducer
     from runstate.schemas.errors import DeliveryError
 
     log = EmbeddedLog(tmp_path / "log.db", partitions=2)
-    db = sqlite3.connect(tmp_path / "log.db")
-    db.execute("CREATE TRIGGER refuse BEFORE INSERT ON records BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
-    db.commit()
+    db = _refuse_appends(tmp_path / "log.db")
     prod = EmbeddedProducer(log, linger_records=2)
     for run in ("run_a", "run_b", "run_c"):  # the second append commits the first two, refused
         prod.append_async(log.topics.events, run, b"x", None)
-    db.execute("DROP TRIGGER refuse")
-    db.commit()
-    db.close()
+    _accept_appends(db)
     with pytest.raises(DeliveryError) as e:
         prod.flush()  # commits run_c, then raises what the group commit could not write
     assert e.value.run_id == "run_a" and "1 more" in str(e.value)
