@@ -3,8 +3,12 @@
 Commit order (the one place it is written down):
 
 1. ``poll`` up to ``batch_size`` records from the assigned partitions;
-2. per record: decode (a record that is not a patch becomes a dead letter with its
-   reason), check it is keyed by its run, decide against the cached working state;
+2. per partition: read the runs the batch names by key that are not cached, in one
+   batched read (a first touch is a cold read; batched, they cost less), then per record:
+   decode (a record that is not a patch becomes a dead letter with its reason), check it
+   is keyed by its run, decide against the cached working state. A run whose stored
+   state cannot be read stops the projector with :class:`StoreError` before anything of
+   the batch is written: that is the store's fault, not the record's;
 3. per partition: write state changes + decisions + dead letters + the next offset in
    one RocksDB WriteBatch (the position lives with the state, never apart from it);
 4. only then: mark the cache settled, copy dead letters to the dead-letter topic (best
@@ -83,7 +87,7 @@ class _Partition:
             return run_id in restored and store.decided_before_restore(run_id, patch_id_digest(patch_id))
 
         self.book = RunBook(store.load_doc, store.decision, max_cached=cache_runs,
-                            decided_before_restore=decided_before_restore)  # fmt: skip
+                            decided_before_restore=decided_before_restore, load_docs=store.load_docs)  # fmt: skip
         self.next_offset = store.next_offset()
         # Runs restored from checkpoints: their records up to this offset are already in
         # the restored state and are skipped (by key, without decoding).
@@ -381,6 +385,7 @@ class Projector:
         if self.stats.first_batch_at is None:
             self.stats.first_batch_at = time.monotonic()
         batches: dict[int, PendingBatch] = {}
+        self._prefetch(records)
         for rec in records:
             part = self.parts.get(rec.partition)
             if part is None:  # revoked while polling; the new owner will process it
@@ -442,6 +447,18 @@ class Projector:
                     log.warning("%d dead letters not yet in %s (kept in the store)", left, self.log.topics.deadletter)
         self.stats.batches += 1
         self.stats.last_batch_at = time.monotonic()
+
+    def _prefetch(self, records: list[Record]) -> None:
+        """Load the runs of a poll batch that are not cached, per partition in one batched
+        read, before deciding any record (see :meth:`ProjectionStore.load_docs`)."""
+        keys: dict[int, dict[bytes, None]] = {}  # ordered: the same batch loads in the same order
+        for rec in records:
+            if rec.key is not None:
+                keys.setdefault(rec.partition, {})[rec.key] = None
+        for p, ks in keys.items():
+            part = self.parts.get(p)
+            if part is not None:
+                part.book.prefetch(ks)
 
     def _publish_dead_letter(self, dl: DeadLetter, records: list[Record]) -> None:
         assert self._out is not None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,7 +22,7 @@ from runstate.eventlog.base import Record
 from runstate.projector.decide import decide
 from runstate.projector.working import Changes, RunDoc
 from runstate.schemas.codec import decode
-from runstate.schemas.errors import DecodeError
+from runstate.schemas.errors import DecodeError, StoreError
 from runstate.schemas.patch import Decision, Patch
 
 log = logging.getLogger("runstate.projector")
@@ -77,8 +77,10 @@ class RunBook:
         load_decision: Callable[[str, str], Decision | None] = lambda _r, _p: None,
         max_cached: int | None = None,
         decided_before_restore: Callable[[str, str], bool] = lambda _r, _p: False,
+        load_docs: Callable[[list[str]], list[RunDoc | None]] | None = None,
     ) -> None:
         self._load_doc = load_doc
+        self._load_docs = load_docs
         self._load_decision = load_decision
         self._decided_before_restore = decided_before_restore
         self._max = max_cached
@@ -94,6 +96,25 @@ class RunBook:
         d = self._load_doc(run_id)
         self.docs[run_id] = d
         return d
+
+    def prefetch(self, keys: Iterable[bytes]) -> None:
+        """Load the working states of the runs keyed ``keys`` (record keys) that are not
+        cached, in one call of ``load_docs``, ahead of deciding their records; keys that
+        are not UTF-8 are left to :meth:`apply_record` to dead-letter. Without
+        ``load_docs`` it does nothing (each run is then loaded on first use)."""
+        if self._load_docs is None:
+            return
+        docs = self.docs
+        wanted = []
+        for k in keys:
+            try:
+                run_id = k.decode()
+            except UnicodeDecodeError:
+                continue
+            if run_id not in docs:
+                wanted.append(run_id)
+        if wanted:
+            docs.update(zip(wanted, self._load_docs(wanted)))
 
     def apply(self, patch: Patch, partition: int, offset: int, digest: str | None = None) -> Applied:
         """Decide one patch; a ``patch_id`` already decided returns the earlier decision
@@ -129,7 +150,8 @@ class RunBook:
     def apply_record(self, rec: Record, on_internal_error: InternalErrorPolicy = "dead_letter") -> Applied | DeadLetter:
         """Decide one log record. A record that is not a patch of the run it is keyed by is
         a :class:`DeadLetter` with the reason; so is a patch whose decision raised, unless
-        ``on_internal_error`` is ``"fail"`` (then the error propagates)."""
+        ``on_internal_error`` is ``"fail"`` (then the error propagates). A
+        :class:`StoreError` (the run's stored state cannot be read) always propagates."""
         if not rec.checksum_ok:
             return DeadLetter(rec.partition, rec.offset, "checksum", "the record's key and value do not match its checksum",
                               rec.key.decode(errors="replace") if rec.key else None, len(rec.value))  # fmt: skip
@@ -146,6 +168,8 @@ class RunBook:
                               rec.key.decode(errors="replace") if rec.key else None, len(rec.value))  # fmt: skip
         try:
             return self.apply(patch, rec.partition, rec.offset, content_digest(rec.value))
+        except StoreError:
+            raise  # the stored state cannot be read: not this record's fault, and it must wait
         except Exception as e:  # a bug in the pure core, not bad input: see InternalErrorPolicy
             if on_internal_error == "fail":
                 raise

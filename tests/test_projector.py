@@ -363,3 +363,53 @@ def test_a_store_written_before_item_counts_still_projects_correctly(tmp_path: P
         assert proj.header("r1").sizes is None  # type: ignore[union-attr]
         assert [f.id for f in proj.state("r1").confirmed_facts] == ["f1", "f2"]
     log.close()
+
+
+def test_a_run_the_store_cannot_read_stops_the_projector_and_its_record_waits(tmp_path: Path) -> None:
+    """Reading a run's stored state failed (here: a header of a schema version this runstate
+    does not write). That is the store's fault, not the record's: the projector stops with
+    the store's error, and the record is neither dead-lettered nor consumed, so it is decided
+    once the store is repaired or rebuilt from the log."""
+    import json as _json
+
+    from runstate.schemas.errors import StoreError
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, [patch("r1", 0, start())])
+    Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
+    db = Rdict(str(tmp_path / "s" / "p000"), Options(raw_mode=True))
+    h = _json.loads(db[b"h:r1"])
+    h["schema_version"] = 99
+    db[b"h:r1"] = _json.dumps(h).encode()
+    db.close()
+    append_all(log, [patch("r1", 1, fact("f1"))])
+    with pytest.raises(StoreError, match="schema_version 99"):
+        Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
+    with ProjectionStore(tmp_path / "s" / "p000", read_only=True) as st:
+        assert st.next_offset() == 1 and st.dead_letters() == []
+        # The same where a run is loaded as its record is decided (no batched read first).
+        from runstate.eventlog.base import Record
+        from runstate.projector.runbook import RunBook
+
+        rec = Record("events", 0, 1, b"r1", encode(patch("r1", 1, fact("f2"))), 0)
+        with pytest.raises(StoreError, match="schema_version 99"):
+            RunBook(st.load_doc, st.decision).apply_record(rec)
+    log.close()
+
+
+def test_load_docs_reads_what_load_doc_reads(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
+    """The batched read of first touches (one MultiGet per poll batch) gives each run's
+    working state exactly as one read of it does, in order, None for a run not stored."""
+    append_all(embedded_log, story("a") + story("b") + [patch("c", 0, start())])
+    project(embedded_log, tmp_path / "s")
+    with Projection(tmp_path / "s") as proj:
+        part = proj.layout.partition_of("a")
+        runs = [h.run_id for h in proj.runs() if proj.layout.partition_of(h.run_id) == part]
+    with ProjectionStore(tmp_path / "s" / f"p{part:03d}", read_only=True) as st:
+        wanted = [*runs, "nobody", *reversed(runs)]
+        one = [st.load_doc(r) for r in wanted]
+        many = st.load_docs(wanted)
+        assert [d is None for d in many] == [d is None for d in one] == [r == "nobody" for r in wanted]
+        for d1, d2 in zip(one, many):
+            if d1 is not None and d2 is not None:
+                assert d2.header == d1.header and d2.to_state() == d1.to_state()
