@@ -3,12 +3,13 @@
 Commit order (the one place it is written down):
 
 1. ``poll`` up to ``batch_size`` records from the assigned partitions;
-2. per partition: read the runs the batch names by key that are not cached, in one
-   batched read (a first touch is a cold read; batched, they cost less), then per record:
-   decode (a record that is not a patch becomes a dead letter with its reason), check it
-   is keyed by its run, decide against the cached working state. A run whose stored
-   state cannot be read stops the projector with :class:`StoreError` before anything of
-   the batch is written: that is the store's fault, not the record's;
+2. decode every record of the batch (a record that is not a patch of the run it is
+   keyed by becomes a dead letter with its reason); per partition, read ahead in one
+   batched read each the runs the patches name that are not cached and the stored
+   decisions of their patch ids; then per patch, in log order, decide against the cached
+   working state. A run whose stored state cannot be read stops the projector with
+   :class:`StoreError` before anything of the batch is written: that is the store's
+   fault, not the record's;
 3. per partition: write state changes + decisions + dead letters + the next offset in
    one RocksDB WriteBatch (the position lives with the state, never apart from it);
 4. only then: mark the cache settled, copy dead letters to the dead-letter topic (best
@@ -35,7 +36,7 @@ from typing import Protocol
 from runstate.eventlog.base import EventLog, LogConsumer, Record
 from runstate.projector import heap
 from runstate.projector.keys import patch_id_digest
-from runstate.projector.runbook import DeadLetter, InternalErrorPolicy, RunBook
+from runstate.projector.runbook import DeadLetter, InternalErrorPolicy, RunBook, read_record
 from runstate.projector.statedir import Layout
 from runstate.projector.store import PendingBatch, ProjectionStore
 from runstate.projector.working import RunDoc
@@ -87,7 +88,8 @@ class _Partition:
             return run_id in restored and store.decided_before_restore(run_id, patch_id_digest(patch_id))
 
         self.book = RunBook(store.load_doc, store.decision, max_cached=cache_runs,
-                            decided_before_restore=decided_before_restore, load_docs=store.load_docs)  # fmt: skip
+                            decided_before_restore=decided_before_restore, load_docs=store.load_docs,
+                            load_decisions=store.decisions)  # fmt: skip
         self.next_offset = store.next_offset()
         # Runs restored from checkpoints: their records up to this offset are already in
         # the restored state and are skipped (by key, without decoding).
@@ -385,7 +387,7 @@ class Projector:
         if self.stats.first_batch_at is None:
             self.stats.first_batch_at = time.monotonic()
         batches: dict[int, PendingBatch] = {}
-        self._prefetch(records)
+        todo: list[tuple[_Partition, PendingBatch, Record]] = []
         for rec in records:
             part = self.parts.get(rec.partition)
             if part is None:  # revoked while polling; the new owner will process it
@@ -399,7 +401,16 @@ class Projector:
             self.stats.records += 1
             if part.skip and rec.key is not None and rec.offset <= part.skip.get(rec.key, -1):
                 continue
-            applied = part.book.apply_record(rec, self.on_internal_error)
+            todo.append((part, batch, rec))
+        # Stage by stage over the batch: read every record, read ahead what deciding them
+        # reads from the store (batched), then decide in log order. A stage's code and data
+        # stay in the CPU's caches; interleaved per record they evicted each other. Measured
+        # on the embedded log, a tail of 10,000 patches over 1,000 runs: +6 % events/s for
+        # the staging alone, +6-11 % with the decisions read ahead (4 interleaved pairs each).
+        reads = [read_record(rec) for _, _, rec in todo]
+        self._prefetch(todo, reads)
+        for (part, batch, rec), read in zip(todo, reads):
+            applied = part.book.apply_record(rec, self.on_internal_error, read)
             if isinstance(applied, DeadLetter):
                 batch.dead.append(applied)
                 continue
@@ -448,17 +459,16 @@ class Projector:
         self.stats.batches += 1
         self.stats.last_batch_at = time.monotonic()
 
-    def _prefetch(self, records: list[Record]) -> None:
-        """Load the runs of a poll batch that are not cached, per partition in one batched
-        read, before deciding any record (see :meth:`ProjectionStore.load_docs`)."""
-        keys: dict[int, dict[bytes, None]] = {}  # ordered: the same batch loads in the same order
-        for rec in records:
-            if rec.key is not None:
-                keys.setdefault(rec.partition, {})[rec.key] = None
-        for p, ks in keys.items():
-            part = self.parts.get(p)
-            if part is not None:
-                part.book.prefetch(ks)
+    def _prefetch(self, todo: list[tuple[_Partition, PendingBatch, Record]], reads: list[Patch | DeadLetter]) -> None:
+        """Read ahead, per partition in one batched read each, the runs the batch's patches
+        name that are not cached and the stored decisions of their patch ids, before
+        deciding any of them (see :meth:`RunBook.prefetch`)."""
+        by_part: dict[int, tuple[_Partition, list[Patch]]] = {}  # ordered: a batch reads in log order
+        for (part, _, rec), read in zip(todo, reads):
+            if not isinstance(read, DeadLetter):
+                by_part.setdefault(rec.partition, (part, []))[1].append(read)
+        for part, patches in by_part.values():
+            part.book.prefetch(patches)
 
     def _publish_dead_letter(self, dl: DeadLetter, records: list[Record]) -> None:
         assert self._out is not None

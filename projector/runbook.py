@@ -62,6 +62,27 @@ class DeadLetter:
     size: int
 
 
+def read_record(rec: Record) -> Patch | DeadLetter:
+    """The patch a log record holds, or a :class:`DeadLetter` with the reason: damaged
+    (checksum), a key that is not UTF-8, not a decodable valid patch, or a patch of another
+    run than its key names. Pure: reads no state, so a caller may read a whole batch first."""
+    if not rec.checksum_ok:
+        return DeadLetter(rec.partition, rec.offset, "checksum", "the record's key and value do not match its checksum",
+                          rec.key.decode(errors="replace") if rec.key else None, len(rec.value))  # fmt: skip
+    try:
+        try:
+            key = rec.key.decode() if rec.key is not None else None
+        except UnicodeDecodeError as e:
+            raise DecodeError("key_not_utf8", detail=f"record key {rec.key!r}: {e.reason} at byte {e.start}") from e
+        patch = decode(rec.value)
+        if key != patch.run_id:
+            raise DecodeError("key_mismatch", detail=f"record key {key!r} is not the patch's run_id {patch.run_id!r}")
+    except DecodeError as e:
+        return DeadLetter(rec.partition, rec.offset, e.reason, e.detail,
+                          rec.key.decode(errors="replace") if rec.key else None, len(rec.value))  # fmt: skip
+    return patch
+
+
 class RunBook:
     """Working states and decisions for the runs of one partition (or one replay).
 
@@ -78,9 +99,14 @@ class RunBook:
         max_cached: int | None = None,
         decided_before_restore: Callable[[str, str], bool] = lambda _r, _p: False,
         load_docs: Callable[[list[str]], list[RunDoc | None]] | None = None,
+        load_decisions: Callable[[list[tuple[str, str]]], list[Decision | None]] | None = None,
     ) -> None:
         self._load_doc = load_doc
         self._load_docs = load_docs
+        self._load_decisions = load_decisions
+        #: stored decisions (or None: none) of patch ids read ahead by :meth:`prefetch`;
+        #: each is used once, by the patch it was read for
+        self._read_ahead: dict[tuple[str, str], Decision | None] = {}
         self._load_decision = load_decision
         self._decided_before_restore = decided_before_restore
         self._max = max_cached
@@ -97,31 +123,31 @@ class RunBook:
         self.docs[run_id] = d
         return d
 
-    def prefetch(self, keys: Iterable[bytes]) -> None:
-        """Load the working states of the runs keyed ``keys`` (record keys) that are not
-        cached, in one call of ``load_docs``, ahead of deciding their records; keys that
-        are not UTF-8 are left to :meth:`apply_record` to dead-letter. Without
-        ``load_docs`` it does nothing (each run is then loaded on first use)."""
-        if self._load_docs is None:
-            return
+    def prefetch(self, patches: Iterable[Patch]) -> None:
+        """Read ahead what deciding ``patches`` reads from the store: the working states of
+        their runs that are not cached (one call of ``load_docs``) and the stored decisions
+        of their patch ids (one call of ``load_decisions``). Either loader may be None:
+        then that is read when each patch is decided, as without a prefetch."""
         docs = self.docs
-        wanted = []
-        for k in keys:
-            try:
-                run_id = k.decode()
-            except UnicodeDecodeError:
-                continue
-            if run_id not in docs:
-                wanted.append(run_id)
-        if wanted:
-            docs.update(zip(wanted, self._load_docs(wanted)))
+        if self._load_docs is not None:
+            runs = [r for r in dict.fromkeys(p.run_id for p in patches) if r not in docs]
+            if runs:
+                docs.update(zip(runs, self._load_docs(runs)))
+        if self._load_decisions is not None:
+            keys = [k for k in dict.fromkeys((p.run_id, p.patch_id) for p in patches)
+                    if k not in self._unsettled and k not in self.decided]  # fmt: skip
+            if keys:
+                self._read_ahead.update(zip(keys, self._load_decisions(keys)))
 
     def apply(self, patch: Patch, partition: int, offset: int, digest: str | None = None) -> Applied:
         """Decide one patch; a ``patch_id`` already decided returns the earlier decision
         (``duplicate``), unless both have a content ``digest`` and they differ: then the
         patch is rejected as ``patch_id_reused`` and the id keeps its first decision."""
         key = (patch.run_id, patch.patch_id)
-        prior = self._unsettled.get(key) or self.decided.get(key) or self._load_decision(*key)
+        prior = self._unsettled.get(key) or self.decided.get(key)
+        if prior is None:
+            # Read ahead for this patch (a duplicate within the batch is in _unsettled by now).
+            prior = self._read_ahead.pop(key) if key in self._read_ahead else self._load_decision(*key)
         if prior is None and self._decided_before_restore(*key):
             return Applied(patch, None, None, duplicate=True)
         if prior is not None:
@@ -147,25 +173,18 @@ class RunBook:
             self._unsettled[key] = decided.decision
         return Applied(patch, decided.decision, decided.changes)
 
-    def apply_record(self, rec: Record, on_internal_error: InternalErrorPolicy = "dead_letter") -> Applied | DeadLetter:
+    def apply_record(self, rec: Record, on_internal_error: InternalErrorPolicy = "dead_letter",
+                     read: Patch | DeadLetter | None = None) -> Applied | DeadLetter:  # fmt: skip
         """Decide one log record. A record that is not a patch of the run it is keyed by is
-        a :class:`DeadLetter` with the reason; so is a patch whose decision raised, unless
-        ``on_internal_error`` is ``"fail"`` (then the error propagates). A
-        :class:`StoreError` (the run's stored state cannot be read) always propagates."""
-        if not rec.checksum_ok:
-            return DeadLetter(rec.partition, rec.offset, "checksum", "the record's key and value do not match its checksum",
-                              rec.key.decode(errors="replace") if rec.key else None, len(rec.value))  # fmt: skip
-        try:
-            try:
-                key = rec.key.decode() if rec.key is not None else None
-            except UnicodeDecodeError as e:
-                raise DecodeError("key_not_utf8", detail=f"record key {rec.key!r}: {e.reason} at byte {e.start}") from e
-            patch = decode(rec.value)
-            if key != patch.run_id:
-                raise DecodeError("key_mismatch", detail=f"record key {key!r} is not the patch's run_id {patch.run_id!r}")
-        except DecodeError as e:
-            return DeadLetter(rec.partition, rec.offset, e.reason, e.detail,
-                              rec.key.decode(errors="replace") if rec.key else None, len(rec.value))  # fmt: skip
+        a :class:`DeadLetter` with the reason (see :func:`read_record`); so is a patch whose
+        decision raised, unless ``on_internal_error`` is ``"fail"`` (then the error
+        propagates). A :class:`StoreError` (the run's stored state cannot be read) always
+        propagates. ``read``: what :func:`read_record` gave for ``rec``, when the caller
+        read its batch first."""
+        got = read_record(rec) if read is None else read
+        if isinstance(got, DeadLetter):
+            return got
+        patch = got
         try:
             return self.apply(patch, rec.partition, rec.offset, content_digest(rec.value))
         except StoreError:
@@ -181,6 +200,7 @@ class RunBook:
         """The caller persisted everything applied so far: forget in-flight decisions and
         evict least recently used runs beyond ``max_cached``."""
         self._unsettled.clear()
+        self._read_ahead.clear()
         if self._max is not None:
             while len(self.docs) > self._max:
                 self.docs.popitem(last=False)
@@ -189,4 +209,5 @@ class RunBook:
         """The caller failed to persist: drop every cached state (they may hold unwritten
         changes) so that the next batch reloads from the store."""
         self._unsettled.clear()
+        self._read_ahead.clear()
         self.docs.clear()

@@ -237,10 +237,7 @@ class ProjectionStore:
         touch of a run is a cold read, and batching a poll's first touches costs less than
         reading and validating each where its patch is decided. Measured in the projector
         at 100,000 runs: 26-29 us per first touch batched, 44-46 us one at a time."""
-        try:
-            raws = self._db.get([keys.header_key(r) for r in run_ids])
-        except Exception as e:  # a RocksDB status error (corruption, I/O)
-            raise self._read_error(e) from e
+        raws = self._multi_get([keys.header_key(r) for r in run_ids])
         return [self._doc(r, raw) for r, raw in zip(run_ids, raws)]
 
     def _doc(self, run_id: str, raw: bytes | None) -> RunDoc | None:
@@ -293,6 +290,18 @@ class ProjectionStore:
             return None
         raw = self._get(keys.history_key(run_id, keys.decode_int(off)))
         return None if raw is None else keys.decode_decision(raw)
+
+    def decisions(self, wanted: list[tuple[str, str]]) -> list[Decision | None]:
+        """:meth:`decision` of each ``(run_id, patch_id)``, in order, with one batched read
+        of the idempotency index (RocksDB's MultiGet): nearly every patch id is new, and a
+        read that misses, alone, cost 5-11 us in the projector."""
+        offs = self._multi_get([keys.dedupe_key(r, p) for r, p in wanted])
+        out: list[Decision | None] = [None] * len(wanted)
+        for i, off in enumerate(offs):
+            if off is not None:  # a resend: rare
+                raw = self._get(keys.history_key(wanted[i][0], keys.decode_int(off)))
+                out[i] = None if raw is None else keys.decode_decision(raw)
+        return out
 
     def history(self, run_id: str) -> list[Decision]:
         """Every decided patch of the run, in log order."""
@@ -372,6 +381,12 @@ class ProjectionStore:
     def _get(self, key: bytes) -> bytes | None:
         try:
             return self._db.get(key)  # type: ignore[no-any-return]
+        except Exception as e:  # a RocksDB status error (corruption, I/O)
+            raise self._read_error(e) from e
+
+    def _multi_get(self, wanted: list[bytes]) -> list[bytes | None]:
+        try:
+            return self._db.get(wanted)  # type: ignore[arg-type,return-value]  # a list of keys: MultiGet
         except Exception as e:  # a RocksDB status error (corruption, I/O)
             raise self._read_error(e) from e
 

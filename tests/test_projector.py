@@ -397,9 +397,10 @@ def test_a_run_the_store_cannot_read_stops_the_projector_and_its_record_waits(tm
     log.close()
 
 
-def test_load_docs_reads_what_load_doc_reads(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
-    """The batched read of first touches (one MultiGet per poll batch) gives each run's
-    working state exactly as one read of it does, in order, None for a run not stored."""
+def test_batched_reads_read_what_single_reads_read(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
+    """The batched reads of a poll batch (one MultiGet each) give each run's working state
+    and each patch id's decision exactly as one read of it does, in order, None for what
+    is not stored."""
     append_all(embedded_log, story("a") + story("b") + [patch("c", 0, start())])
     project(embedded_log, tmp_path / "s")
     with Projection(tmp_path / "s") as proj:
@@ -413,3 +414,9 @@ def test_load_docs_reads_what_load_doc_reads(tmp_path: Path, embedded_log: Embed
         for d1, d2 in zip(one, many):
             if d1 is not None and d2 is not None:
                 assert d2.header == d1.header and d2.to_state() == d1.to_state()
+        # The same for the batched read of decisions (the idempotency index).
+        pairs = [(r, pid) for r in runs for pid in st.patch_ids(r)]
+        asked = [*pairs, ("nobody", "p"), (runs[0], "never-sent"), *reversed(pairs)]
+        assert len(pairs) >= 9
+        assert st.decisions(asked) == [st.decision(r, pid) for r, pid in asked]
+        assert [d is None for d in st.decisions(asked)] == [(r, pid) not in pairs for r, pid in asked]
