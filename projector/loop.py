@@ -89,7 +89,7 @@ class _Partition:
 
         self.book = RunBook(store.load_doc, store.decision, max_cached=cache_runs,
                             decided_before_restore=decided_before_restore, load_docs=store.load_docs,
-                            load_decisions=store.decisions)  # fmt: skip
+                            load_decisions=store.decisions, load_items=store.load_items)  # fmt: skip
         self.next_offset = store.next_offset()
         # Runs restored from checkpoints: their records up to this offset are already in
         # the restored state and are skipped (by key, without decoding).

@@ -92,11 +92,19 @@ def _writer(agent_id: str, agent_version: str) -> Writer:
 E = TypeVar("E")
 Handler = Callable[[Draft, Any, Ctx], None]
 REDUCERS: dict[str, Handler] = {}
+#: Per event type, the item its reducer reads first, as ``(collection, id)`` of the event:
+#: a hint to read it ahead with the batch (see :meth:`RunBook.prefetch`). A hint only
+#: moves a read earlier; a wrong one costs a read, never a different decision (the
+#: reducer reads what it needs either way). Tests hold each to a read the reducer makes.
+READS: dict[str, Callable[[Any], tuple[str, str]]] = {}
 
 
-def reducer(event_type: type[E]) -> Callable[[Callable[[Draft, E, Ctx], None]], Callable[[Draft, E, Ctx], None]]:
+def reducer(event_type: type[E], reads: Callable[[E], tuple[str, str]] | None = None,
+            ) -> Callable[[Callable[[Draft, E, Ctx], None]], Callable[[Draft, E, Ctx], None]]:  # fmt: skip
     def register(fn: Callable[[Draft, E, Ctx], None]) -> Callable[[Draft, E, Ctx], None]:
         REDUCERS[event_type.__name__] = fn
+        if reads is not None:
+            READS[event_type.__name__] = reads
         return fn
 
     return register
@@ -173,7 +181,7 @@ def _goal_changed(d: Draft, e: ev.GoalChanged, ctx: Ctx) -> None:
         cancelled = newly
 
 
-@reducer(ev.ConstraintSet)
+@reducer(ev.ConstraintSet, reads=lambda e: ("constraints", e.constraint.key))
 def _constraint_set(d: Draft, e: ev.ConstraintSet, ctx: Ctx) -> None:
     c = e.constraint
     prior = d.get("constraints", c.key)
@@ -245,7 +253,7 @@ def _run_cancelled(d: Draft, e: ev.RunCancelled, ctx: Ctx) -> None:
 # --- facts, hypotheses, questions ---------------------------------------------------------
 
 
-@reducer(ev.FactConfirmed)
+@reducer(ev.FactConfirmed, reads=lambda e: ("confirmed_facts", e.fact.id))
 def _fact_confirmed(d: Draft, e: ev.FactConfirmed, ctx: Ctx) -> None:
     f = e.fact
     _require(d.get("confirmed_facts", f.id) is None, "fact.duplicate_id", f"fact {f.id!r} already exists")
@@ -278,7 +286,7 @@ def _fact_confirmed(d: Draft, e: ev.FactConfirmed, ctx: Ctx) -> None:
     }))  # fmt: skip
 
 
-@reducer(ev.FactRetracted)
+@reducer(ev.FactRetracted, reads=lambda e: ("confirmed_facts", e.fact_id))
 def _fact_retracted(d: Draft, e: ev.FactRetracted, ctx: Ctx) -> None:
     _require(d.get("confirmed_facts", e.fact_id) is not None, "fact.unknown", f"fact {e.fact_id!r} does not exist")
     d.delete("confirmed_facts", e.fact_id)
@@ -288,7 +296,7 @@ def _check_confidence(value: float) -> None:
     _require(0.0 <= value <= 1.0, "hypothesis.confidence_range", f"confidence {value} is not in [0, 1]")
 
 
-@reducer(ev.HypothesisProposed)
+@reducer(ev.HypothesisProposed, reads=lambda e: ("hypotheses", e.hypothesis.id))
 def _hypothesis_proposed(d: Draft, e: ev.HypothesisProposed, ctx: Ctx) -> None:
     h = e.hypothesis
     _require(d.get("hypotheses", h.id) is None, "hypothesis.duplicate_id", f"hypothesis {h.id!r} already exists")
@@ -301,7 +309,7 @@ def _hypothesis_proposed(d: Draft, e: ev.HypothesisProposed, ctx: Ctx) -> None:
     ))  # fmt: skip
 
 
-@reducer(ev.HypothesisRevised)
+@reducer(ev.HypothesisRevised, reads=lambda e: ("hypotheses", e.hypothesis_id))
 def _hypothesis_revised(d: Draft, e: ev.HypothesisRevised, ctx: Ctx) -> None:
     h = d.get("hypotheses", e.hypothesis_id)
     _require(isinstance(h, Hypothesis), "hypothesis.unknown", f"hypothesis {e.hypothesis_id!r} does not exist")
@@ -318,21 +326,21 @@ def _hypothesis_revised(d: Draft, e: ev.HypothesisRevised, ctx: Ctx) -> None:
     d.put("hypotheses", h.id, h.model_copy(update=update))
 
 
-@reducer(ev.HypothesisRejected)
+@reducer(ev.HypothesisRejected, reads=lambda e: ("hypotheses", e.hypothesis_id))
 def _hypothesis_rejected(d: Draft, e: ev.HypothesisRejected, ctx: Ctx) -> None:
     _require(d.get("hypotheses", e.hypothesis_id) is not None, "hypothesis.unknown",
              f"hypothesis {e.hypothesis_id!r} does not exist")  # fmt: skip
     d.delete("hypotheses", e.hypothesis_id)
 
 
-@reducer(ev.QuestionOpened)
+@reducer(ev.QuestionOpened, reads=lambda e: ("open_questions", e.question.id))
 def _question_opened(d: Draft, e: ev.QuestionOpened, ctx: Ctx) -> None:
     q = e.question
     _require(d.get("open_questions", q.id) is None, "question.duplicate_id", f"question {q.id!r} is already open")
     d.put("open_questions", q.id, Question(id=q.id, text=q.text, opened_at_revision=ctx.revision))
 
 
-@reducer(ev.QuestionResolved)
+@reducer(ev.QuestionResolved, reads=lambda e: ("open_questions", e.question_id))
 def _question_resolved(d: Draft, e: ev.QuestionResolved, ctx: Ctx) -> None:
     _require(d.get("open_questions", e.question_id) is not None, "question.unknown",
              f"question {e.question_id!r} is not open")  # fmt: skip
@@ -399,7 +407,7 @@ def _cancel_task(d: Draft, t: Task, reason: str, ctx: Ctx) -> None:
     _move(d, t, "cancelled", ctx, reason=reason)
 
 
-@reducer(ev.TaskCreated)
+@reducer(ev.TaskCreated, reads=lambda e: ("tasks", e.task.id))
 def _task_created(d: Draft, e: ev.TaskCreated, ctx: Ctx) -> None:
     t = e.task
     _require(d.get("tasks", t.id) is None, "task.duplicate_id", f"task {t.id!r} already exists")
@@ -444,7 +452,7 @@ def _owned_by_writer(t: Task, ctx: Ctx, doing: str) -> None:
              "(the owner hands it over with TaskHandedOver)")  # fmt: skip
 
 
-@reducer(ev.TaskStarted)
+@reducer(ev.TaskStarted, reads=lambda e: ("tasks", e.task_id))
 def _task_started(d: Draft, e: ev.TaskStarted, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
     _owned_by_writer(t, ctx, "start")
@@ -456,14 +464,14 @@ def _task_started(d: Draft, e: ev.TaskStarted, ctx: Ctx) -> None:
     _move(d, t, "running", ctx, blocked_by=None, owner=ctx.agent_id)
 
 
-@reducer(ev.TaskBlocked)
+@reducer(ev.TaskBlocked, reads=lambda e: ("tasks", e.task_id))
 def _task_blocked(d: Draft, e: ev.TaskBlocked, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
     _owned_by_writer(t, ctx, "block")
     _move(d, t, "blocked", ctx, blocked_by=e.reason)
 
 
-@reducer(ev.TaskCompleted)
+@reducer(ev.TaskCompleted, reads=lambda e: ("tasks", e.task_id))
 def _task_completed(d: Draft, e: ev.TaskCompleted, ctx: Ctx) -> None:
     _require(e.evidence is not None, "task.evidence_required",
              f"completing task {e.task_id!r} needs evidence (a reference to what shows it is done)")  # fmt: skip
@@ -475,7 +483,7 @@ def _task_completed(d: Draft, e: ev.TaskCompleted, ctx: Ctx) -> None:
                                        revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
-@reducer(ev.TaskFailed)
+@reducer(ev.TaskFailed, reads=lambda e: ("tasks", e.task_id))
 def _task_failed(d: Draft, e: ev.TaskFailed, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
     _owned_by_writer(t, ctx, "fail")
@@ -483,7 +491,7 @@ def _task_failed(d: Draft, e: ev.TaskFailed, ctx: Ctx) -> None:
     _set(d, last_transition=Transition(action=f"fail {e.task_id}: {e.reason}", revision=ctx.revision, at=ctx.at))
 
 
-@reducer(ev.TaskHandedOver)
+@reducer(ev.TaskHandedOver, reads=lambda e: ("tasks", e.task_id))
 def _task_handed_over(d: Draft, e: ev.TaskHandedOver, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
     _require(t.owner is not None, "task.not_owned", f"task {t.id!r} has no owner to hand it over (start it first)")
@@ -492,7 +500,7 @@ def _task_handed_over(d: Draft, e: ev.TaskHandedOver, ctx: Ctx) -> None:
                                               "provenance": ctx.touched(t.provenance)}))  # fmt: skip
 
 
-@reducer(ev.TaskCancelled)
+@reducer(ev.TaskCancelled, reads=lambda e: ("tasks", e.task_id))
 def _task_cancelled(d: Draft, e: ev.TaskCancelled, ctx: Ctx) -> None:
     _cancel_task(d, _task(d, e.task_id), e.reason, ctx)
 
@@ -500,7 +508,7 @@ def _task_cancelled(d: Draft, e: ev.TaskCancelled, ctx: Ctx) -> None:
 # --- tool calls, observations, effects, workspace ----------------------------------------
 
 
-@reducer(ev.ToolCallStarted)
+@reducer(ev.ToolCallStarted, reads=lambda e: ("pending_tool_calls", e.call_id))
 def _tool_call_started(d: Draft, e: ev.ToolCallStarted, ctx: Ctx) -> None:
     _require(d.get("pending_tool_calls", e.call_id) is None, "tool.duplicate_call",
              f"tool call {e.call_id!r} is already in flight")  # fmt: skip
@@ -548,7 +556,7 @@ def _register_result(d: Draft, ref: str | None, call: ToolCall, ctx: Ctx) -> Non
                                          registered_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
 
 
-@reducer(ev.ArtifactRecorded)
+@reducer(ev.ArtifactRecorded, reads=lambda e: ("artifacts", e.artifact.id))
 def _artifact_recorded(d: Draft, e: ev.ArtifactRecorded, ctx: Ctx) -> None:
     a = e.artifact
     _reference(a.id, "artifact.reference", "artifact id")
@@ -557,7 +565,7 @@ def _artifact_recorded(d: Draft, e: ev.ArtifactRecorded, ctx: Ctx) -> None:
                                       registered_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
 
 
-@reducer(ev.InputRecorded)
+@reducer(ev.InputRecorded, reads=lambda e: ("inputs", e.input.id))
 def _input_recorded(d: Draft, e: ev.InputRecorded, ctx: Ctx) -> None:
     i = e.input
     _require(d.get("inputs", i.id) is None, "input.duplicate_id", f"input {i.id!r} is already recorded")
@@ -565,14 +573,14 @@ def _input_recorded(d: Draft, e: ev.InputRecorded, ctx: Ctx) -> None:
                                 recorded_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
 
 
-@reducer(ev.ToolSucceeded)
+@reducer(ev.ToolSucceeded, reads=lambda e: ("pending_tool_calls", e.call_id))
 def _tool_succeeded(d: Draft, e: ev.ToolSucceeded, ctx: Ctx) -> None:
     call = _finish_call(d, e.call_id)
     _register_result(d, e.result_ref, call, ctx)
     _set(d, last_transition=Transition(action=call.tool, result_ref=e.result_ref, revision=ctx.revision, at=ctx.at))
 
 
-@reducer(ev.ToolFailed)
+@reducer(ev.ToolFailed, reads=lambda e: ("pending_tool_calls", e.call_id))
 def _tool_failed(d: Draft, e: ev.ToolFailed, ctx: Ctx) -> None:
     call = _finish_call(d, e.call_id)
     _register_result(d, e.result_ref, call, ctx)
@@ -580,7 +588,7 @@ def _tool_failed(d: Draft, e: ev.ToolFailed, ctx: Ctx) -> None:
                                        revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
-@reducer(ev.ObservationRecorded)
+@reducer(ev.ObservationRecorded, reads=lambda e: ("environment_observations", e.observation.subject))
 def _observation_recorded(d: Draft, e: ev.ObservationRecorded, ctx: Ctx) -> None:
     o = e.observation
     _require(bool(o.subject.strip()), "observation.subject_required", "an observation needs a subject")
@@ -603,7 +611,7 @@ EFFECT_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 
-@reducer(ev.EffectRecorded)
+@reducer(ev.EffectRecorded, reads=lambda e: ("effect_ledger", e.effect.id))
 def _effect_recorded(d: Draft, e: ev.EffectRecorded, ctx: Ctx) -> None:
     new = e.effect
     old = d.get("effect_ledger", new.id)

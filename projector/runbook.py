@@ -14,13 +14,14 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from runstate.eventlog.base import Record
 from runstate.projector.decide import decide
-from runstate.projector.working import Changes, RunDoc
+from runstate.projector.reducer import READS
+from runstate.projector.working import Changes, Entry, RunDoc
 from runstate.schemas.codec import decode
 from runstate.schemas.errors import DecodeError, StoreError
 from runstate.schemas.patch import Decision, Patch
@@ -100,7 +101,9 @@ class RunBook:
         decided_before_restore: Callable[[str, str], bool] = lambda _r, _p: False,
         load_docs: Callable[[list[str]], list[RunDoc | None]] | None = None,
         load_decisions: Callable[[list[tuple[str, str]]], list[Decision | None]] | None = None,
+        load_items: Callable[[list[tuple[str, str, str]]], list[Entry | None]] | None = None,
     ) -> None:
+        self._load_items = load_items
         self._load_doc = load_doc
         self._load_docs = load_docs
         self._load_decisions = load_decisions
@@ -123,16 +126,33 @@ class RunBook:
         self.docs[run_id] = d
         return d
 
-    def prefetch(self, patches: Iterable[Patch]) -> None:
+    def prefetch(self, patches: list[Patch]) -> None:
         """Read ahead what deciding ``patches`` reads from the store: the working states of
-        their runs that are not cached (one call of ``load_docs``) and the stored decisions
-        of their patch ids (one call of ``load_decisions``). Either loader may be None:
-        then that is read when each patch is decided, as without a prefetch."""
+        their runs that are not cached (one call of ``load_docs``), the stored decisions of
+        their patch ids (``load_decisions``) and the items their events' reducers read
+        first (``reducer.READS``; ``load_items``). Any loader may be None: then that is
+        read when each patch is decided, as without a prefetch. Called before any of
+        ``patches`` is decided, so what it reads is what deciding the first would read."""
         docs = self.docs
         if self._load_docs is not None:
             runs = [r for r in dict.fromkeys(p.run_id for p in patches) if r not in docs]
             if runs:
                 docs.update(zip(runs, self._load_docs(runs)))
+        if self._load_items is not None:
+            items: dict[tuple[str, str, str], RunDoc] = {}
+            for p in patches:
+                doc = docs.get(p.run_id)
+                if doc is not None:
+                    for e in p.events:
+                        hint = READS.get(e.type)
+                        if hint is not None:
+                            kind, id_ = hint(e)
+                            if doc.unread(kind, id_):
+                                items[(p.run_id, kind, id_)] = doc
+            if items:
+                wanted = list(items)
+                for key, entry in zip(wanted, self._load_items(wanted)):
+                    items[key].read_ahead(key[1], key[2], entry)
         if self._load_decisions is not None:
             keys = [k for k in dict.fromkeys((p.run_id, p.patch_id) for p in patches)
                     if k not in self._unsettled and k not in self.decided]  # fmt: skip

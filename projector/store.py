@@ -240,6 +240,13 @@ class ProjectionStore:
         raws = self._multi_get([keys.header_key(r) for r in run_ids])
         return [self._doc(r, raw) for r, raw in zip(run_ids, raws)]
 
+    def load_items(self, wanted: list[tuple[str, str, str]]) -> list[Entry | None]:
+        """Each ``(run_id, collection, id)``'s stored entry or None, in order, with one
+        batched read (RocksDB's MultiGet): what a poll batch's patches read first (see
+        ``reducer.READS``), mostly a fresh id that is not there."""
+        raws = self._multi_get([keys.item_key(r, kind, id_) for r, kind, id_ in wanted])
+        return [None if raw is None else keys.decode_item(w[1], raw) for w, raw in zip(wanted, raws)]
+
     def _doc(self, run_id: str, raw: bytes | None) -> RunDoc | None:
         if raw is None:
             return None

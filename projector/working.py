@@ -147,6 +147,16 @@ class RunDoc:
         bucket[id_] = e  # caches absence too
         return e
 
+    def unread(self, kind: str, id_: str) -> bool:
+        """Whether :meth:`entry` of the item would read the store now."""
+        return (id_ not in self.items[kind] and kind not in self._complete and self._load_one is not None
+                and not self._counted_empty(kind))  # fmt: skip
+
+    def read_ahead(self, kind: str, id_: str, e: Entry | None) -> None:
+        """Keep the item's stored entry (None: absent), read ahead of :meth:`entry`; only
+        while it is :meth:`unread` (what is in memory is newer than the store)."""
+        self.items[kind].setdefault(id_, e)
+
     def _counted_empty(self, kind: str) -> bool:
         """The header counts the collection's items and there are none (a header without
         counts, from an older runstate, says nothing: then the store is read)."""

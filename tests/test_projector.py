@@ -420,3 +420,63 @@ def test_batched_reads_read_what_single_reads_read(tmp_path: Path, embedded_log:
         assert len(pairs) >= 9
         assert st.decisions(asked) == [st.decision(r, pid) for r, pid in asked]
         assert [d is None for d in st.decisions(asked)] == [(r, pid) not in pairs for r, pid in asked]
+
+
+#: One valid event of each type the reducer hints a read for (reducer.READS).
+_HINTED_EVENTS = [
+    ev("ConstraintSet", constraint={"key": "k", "value": "1"}),
+    fact("f9"),
+    ev("FactRetracted", fact_id="f1", reason="wrong"),
+    ev("HypothesisProposed", hypothesis={"id": "h9", "statement": "maybe", "confidence": 0.5, "falsifier": "a test"}),
+    ev("HypothesisRevised", hypothesis_id="h1", confidence=0.2),
+    ev("HypothesisRejected", hypothesis_id="h1", reason="no"),
+    ev("QuestionOpened", question={"id": "q9", "text": "?"}),
+    ev("QuestionResolved", question_id="q1", answer="yes"),
+    task("t9"),
+    ev("TaskStarted", task_id="t1"),
+    ev("TaskBlocked", task_id="t1", reason="x"),
+    ev("TaskCompleted", task_id="t1", evidence="artifact://x/1"),
+    ev("TaskFailed", task_id="t1", reason="x"),
+    ev("TaskHandedOver", task_id="t1", to_agent_id="agent-b"),
+    ev("TaskCancelled", task_id="t1", reason="x"),
+    ev("ToolCallStarted", call_id="c9", tool="deploy"),
+    ev("ToolSucceeded", call_id="c1"),
+    ev("ToolFailed", call_id="c1", error="x"),
+    ev("ArtifactRecorded", artifact={"id": "artifact://diff/7", "kind": "patch", "digest": "sha256:ab"}),
+    ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "it is RS256"}),
+    ev("ObservationRecorded", observation={"subject": "svc", "observed_state": "up", "observed_at": "2026-01-01T00:00:00Z"}),
+    ev("EffectRecorded", effect={"id": "e9", "status": "started", "target": "prod"}),
+]
+
+
+@pytest.mark.parametrize("event", _HINTED_EVENTS, ids=lambda e: str(e["type"]))
+def test_each_read_ahead_hint_is_the_first_read_its_reducer_makes(event: dict[str, object]) -> None:
+    """``reducer.READS`` moves a read ahead of the decision: it must be one the reducer
+    makes, or the read-ahead is wasted (and the read it meant to save still happens).
+    Every collection is counted non-empty, so each lookup reads the (recording) store."""
+    from runstate.projector.decide import decide
+    from runstate.projector.reducer import READS
+    from runstate.projector.working import RunDoc
+    from runstate.schemas.state import COLLECTIONS
+
+    class FirstRead(Exception):
+        pass
+
+    def load_one(kind: str, id_: str) -> None:
+        raise FirstRead((kind, id_))
+
+    base = fold([(patch("r", 0, start()), 0, 0)]).docs["r"]
+    assert base is not None
+    header = base.header.model_copy(update={"sizes": {k: 1 for k in COLLECTIONS}})
+    p = patch("r", 1, event)
+    [e] = p.events
+    assert e.type in READS, f"{e.type} has no read-ahead hint"
+    with pytest.raises(FirstRead) as got:
+        decide(RunDoc(header, load_one=load_one, load_all=lambda kind: iter(())), p, 0, 1)
+    assert got.value.args[0] == READS[e.type](e)
+
+
+def test_every_hint_is_tested() -> None:
+    from runstate.projector.reducer import READS
+
+    assert sorted(READS) == sorted(str(e["type"]) for e in _HINTED_EVENTS)
