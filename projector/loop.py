@@ -243,11 +243,13 @@ class Projector:
         self._consumer = consumer
         if self.tune_gc:
             heap.settle()
-        consumer.subscribe(self.assign, self.release)
         last_progress = 0.0
         last_lag = 0.0
         last_read = time.monotonic()
         try:
+            # Inside the try: a store that cannot be opened on assignment (damaged, locked)
+            # must not leave this consumer holding its group membership.
+            consumer.subscribe(self.assign, self.release)
             while stop is None or not stop.is_set():
                 records = consumer.poll(self.batch_size, poll_timeout_s)
                 if records:

@@ -126,6 +126,43 @@ def test_a_corrupt_store_block_is_an_error_not_a_shorter_answer(tmp_path: Path) 
     assert r.exit_code == 1 and "corrupt" in r.output.lower(), r.output
 
 
+def test_a_corrupt_store_stops_the_projector_which_lets_go_and_the_patches_wait(tmp_path: Path) -> None:
+    """A damaged projection store is the store's fault, not the records': the projector
+    stops with StoreError (nothing dead-lettered, nothing rejected as a run it cannot see),
+    lets go of its consumer group on the way out (it kept it when the store failed as the
+    partition was assigned: the next projector in the process was refused), and with the
+    store repaired the same patches are decided as if nothing had happened."""
+    import shutil
+
+    from rocksdict import Rdict
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    runs = [f"r{i}" for i in range(40)]
+    append_all(log, [patch(r, 0, start()) for r in runs] + [patch(r, 1, fact("f1")) for r in runs])
+    state = tmp_path / "state"
+    _project(log, state)
+    store = state / "p000"
+    Rdict(str(store)).close()  # flush the memtable to a table
+    good = tmp_path / "good"
+    shutil.copytree(store, good)
+    [sst] = sorted(store.glob("*.sst"))
+    data = bytearray(sst.read_bytes())
+    for i in range(len(data) // 10, 7 * len(data) // 10):  # the data blocks, keep the index and footer
+        data[i] ^= 0xFF
+    sst.write_bytes(bytes(data))
+    append_all(log, [patch(r, 2, fact("f2")) for r in runs])
+    with pytest.raises(StoreError, match="corrupt|cannot be read"):
+        _project(log, state)
+    shutil.rmtree(store)
+    shutil.copytree(good, store)
+    pr = _project(log, state)
+    assert (pr.stats.accepted, pr.stats.rejected, pr.stats.dead_letters) == (len(runs), 0, 0)
+    with Projection(state) as proj:
+        assert all(proj.state(r).revision == 3 for r in runs)
+        assert proj.dead_letters() == []
+    log.close()
+
+
 def test_verify_deep_checks_the_log_file_and_every_checkpoint(tmp_path: Path) -> None:
     from runstate.snapshotter.service import Snapshotter
 
