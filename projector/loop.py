@@ -5,9 +5,9 @@ Commit order (the one place it is written down):
 1. ``poll`` up to ``batch_size`` records from the assigned partitions;
 2. decode every record of the batch (a record that is not a patch of the run it is
    keyed by becomes a dead letter with its reason); per partition, read ahead in one
-   batched read each the runs the patches name that are not cached and the stored
-   decisions of their patch ids; then per patch, in log order, decide against the cached
-   working state. A run whose stored state cannot be read stops the projector with
+   batched read each what deciding the patches reads from the store (the runs not
+   cached, the stored decisions of their patch ids, the items their events' reducers read
+   first); then per patch, in log order, decide against the cached working state. A run whose stored state cannot be read stops the projector with
    :class:`StoreError` before anything of the batch is written: that is the store's
    fault, not the record's;
 3. per partition: write state changes + decisions + dead letters + the next offset in
@@ -462,9 +462,8 @@ class Projector:
         self.stats.last_batch_at = time.monotonic()
 
     def _prefetch(self, todo: list[tuple[_Partition, PendingBatch, Record]], reads: list[Patch | DeadLetter]) -> None:
-        """Read ahead, per partition in one batched read each, the runs the batch's patches
-        name that are not cached and the stored decisions of their patch ids, before
-        deciding any of them (see :meth:`RunBook.prefetch`)."""
+        """Read ahead, per partition, what deciding the batch's patches reads from the store,
+        before deciding any of them (see :meth:`RunBook.prefetch`)."""
         by_part: dict[int, tuple[_Partition, list[Patch]]] = {}  # ordered: a batch reads in log order
         for (part, _, rec), read in zip(todo, reads):
             if not isinstance(read, DeadLetter):

@@ -301,7 +301,7 @@ class ProjectionStore:
     def decisions(self, wanted: list[tuple[str, str]]) -> list[Decision | None]:
         """:meth:`decision` of each ``(run_id, patch_id)``, in order, with one batched read
         of the idempotency index (RocksDB's MultiGet): nearly every patch id is new, and a
-        read that misses, alone, cost 5-11 us in the projector."""
+        read that misses, alone, cost 7-11 us in the projector (1,000 and 100,000 runs)."""
         offs = self._multi_get([keys.dedupe_key(r, p) for r, p in wanted])
         out: list[Decision | None] = [None] * len(wanted)
         for i, off in enumerate(offs):
