@@ -30,7 +30,7 @@ from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, Writ
 
 from runstate.projector import keys
 from runstate.projector.runbook import DeadLetter
-from runstate.projector.working import COLLECTIONS, Changes, Entry, RunDoc, state_data_from_stored
+from runstate.projector.working import Changes, Entry, RunDoc, state_data_from_stored
 from runstate.schemas.errors import StoreError, StoreLocked
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState
@@ -277,11 +277,16 @@ class ProjectionStore:
         header = orjson.loads(raw)
         if header.get("schema_version") != CURRENT_SCHEMA_VERSION:
             raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.get('schema_version')}")
-        items: dict[str, list[tuple[bytes, Any]]] = {k: [] for k in COLLECTIONS}
+        items: dict[bytes, list[bytes]] = {}
         prefix = keys.run_items_prefix(run_id)
         start = len(prefix)
         for key, value in self._prefix(prefix):
-            items[key[start : key.index(b"\0", start)].decode()].append((value[:8], orjson.loads(value[8:])))
+            kind = key[start : key.index(b"\0", start)]
+            values = items.get(kind)
+            if values is None:
+                items[kind] = [value]
+            else:
+                values.append(value)
         return state_data_from_stored(header, items)
 
     def read_state(self, run_id: str) -> RunState | None:

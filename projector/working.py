@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import orjson
 from pydantic import BaseModel
 
 from runstate.schemas.events import GoalSpec, Model
@@ -83,7 +84,7 @@ def resized(sizes: dict[str, int], kind: str, delta: int) -> dict[str, int]:
 
 
 def _seq(entry: tuple[Any, Any]) -> Any:
-    """The insertion sequence of an entry (an int, or its 8 big-endian bytes as stored)."""
+    """The insertion sequence of an entry."""
     return entry[0]
 
 
@@ -93,34 +94,41 @@ _STATE_FIELDS = tuple(RunState.model_fields)
 _state_values = operator.itemgetter(*_STATE_FIELDS)
 
 
-def state_data_from_stored(header: dict[str, Any], items: Mapping[str, list[tuple[bytes, Any]]]) -> dict[str, Any]:
-    """The public document from a run's stored records parsed to plain JSON values: the
-    header, and per collection its items as (8-byte big-endian insertion sequence, item).
-    Plain data, in the order of RunState's fields: ``RunState.model_validate`` of it is the
-    run's state, and for a document this runstate stored it equals that state's
-    ``model_dump(mode="json")`` (a property test holds both, and :meth:`RunDoc.to_state`
-    equal to the state). Sorts the lists of ``items`` in place."""
-    src = dict(header)
-    goal = src["goal"] = dict(header["goal"])
-    for kind, entries in items.items():
-        # Most collections of a run are empty or hold one item: no comprehension for those.
-        if not entries:
-            values: list[Any] = []
-        elif len(entries) == 1:
-            values = [entries[0][1]]
+def state_data_from_stored(header: dict[str, Any], items: Mapping[bytes, list[bytes]]) -> dict[str, Any]:
+    """The public document from a run's stored records: its header parsed to plain JSON
+    values, and per collection (its name as bytes) its stored item values as they are
+    (8-byte big-endian insertion sequence, then the item's JSON); a collection with no
+    items may be left out. Plain data, in the order of RunState's fields:
+    ``RunState.model_validate`` of it is the run's state, and for a document this runstate
+    stored it equals that state's ``model_dump(mode="json")`` (a property test holds both,
+    and :meth:`RunDoc.to_state` equal to the state). Takes ``header`` and ``items`` over:
+    both are changed."""
+    goal = header["goal"]
+    for kind, values in items.items():
+        if len(values) > 1:
+            values.sort()  # by the big-endian sequence first: the order items were added
+        # One parse per collection: the items' JSON joined into one array.
+        parsed = orjson.loads(b"[" + b",".join([v[8:] for v in values]) + b"]")
+        name = kind.decode()
+        if name == "constraints":
+            goal["constraints"] = parsed
         else:
-            entries.sort(key=_seq)  # big-endian bytes sort as the numbers do
-            values = [item for _, item in entries]
-        if kind == "constraints":
-            goal["constraints"] = values
-        else:
-            src[kind] = values
+            header[name] = parsed
+    if "constraints" not in goal:
+        goal["constraints"] = []
+    for name in _LIST_FIELDS:
+        if name not in header:
+            header[name] = []
     try:
-        return dict(zip(_STATE_FIELDS, _state_values(src)))
+        return dict(zip(_STATE_FIELDS, _state_values(header)))
     except KeyError:
         # A header stored before a field existed (its default is the validated model's):
         # the one slow path, through the model.
-        return RunState.model_validate({k: src[k] for k in _STATE_FIELDS if k in src}).model_dump(mode="json")
+        return RunState.model_validate({k: header[k] for k in _STATE_FIELDS if k in header}).model_dump(mode="json")
+
+
+#: The collections that are fields of RunState itself (constraints are the goal's).
+_LIST_FIELDS = tuple(k for k in COLLECTIONS if k != "constraints")
 
 
 class RunDoc:
