@@ -24,7 +24,7 @@ import types
 import typing
 from collections.abc import Callable
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -299,16 +299,8 @@ def _make_current_encoder() -> Callable[[Patch], bytes]:
     global _current_encoder
     w = current_writer()
     write = _object_writer(w, "patch")
-    if write is None:
-        def enc(patch: Patch) -> bytes:
-            return _write_record(w, _to_avro_datum(patch))
-    else:
-        head = MAGIC + w.fingerprint
-
-        def enc(patch: Patch) -> bytes:
-            out = bytearray(head)
-            write(out, patch)
-            return bytes(out)
+    enc: Callable[[Patch], bytes] = (partial(_write_model, w, "patch", to_datum=_to_avro_datum) if write is None
+                                     else partial(_frame, w, write))  # fmt: skip
     _current_encoder = enc
     return enc
 
