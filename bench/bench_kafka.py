@@ -171,7 +171,15 @@ def bench_latency(bootstrap: str, runs: int, seconds: float) -> tuple[list[float
     stop = threading.Event()
     with tempfile.TemporaryDirectory() as state:
         pr = Projector(log, state, publish_dead_letters=False, hooks=hook)
-        t = threading.Thread(target=pr.run, kwargs={"stop": stop, "poll_timeout_s": 0.05})
+        failed: list[BaseException] = []
+
+        def project() -> None:
+            try:
+                pr.run(stop=stop, poll_timeout_s=0.05)
+            except BaseException as e:  # reported below: a dead projector is not a latency
+                failed.append(e)
+
+        t = threading.Thread(target=project)
         t.start()
         proc = mp.get_context("spawn").Process(target=_steady_producer, args=(bootstrap, prefix, runs, 500.0, seconds))
         proc.start()
@@ -180,6 +188,10 @@ def bench_latency(bootstrap: str, runs: int, seconds: float) -> tuple[list[float
         stop.set()
         t.join()
     log.close()
+    if failed:
+        raise RuntimeError(f"the projector stopped during the latency run: {failed[0]}") from failed[0]
+    if not hook.lat_ms:
+        raise RuntimeError("no decision was stored during the latency run")
     return hook.lat_ms, len(hook.lat_ms)
 
 

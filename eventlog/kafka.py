@@ -65,6 +65,15 @@ _COORDINATOR_RETRY = frozenset({
     KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
 })  # fmt: skip
 
+#: Partition errors that clear by themselves: a leader being elected or moving (a topic just
+#: created, a broker restarting) and metadata not yet up to date with it.
+_LEADER_RETRY = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+})  # fmt: skip
+#: How long :meth:`KafkaLog.end_offsets` asks again while a partition's leader is elected.
+LEADER_WAIT_S = 30.0
+
 
 def _headers(raw: Any) -> Headers:
     return tuple((k, v if v is not None else b"") for k, v in (raw or ()))
@@ -218,14 +227,24 @@ class KafkaLog(EventLog):
     # -- reading -----------------------------------------------------------------------------
 
     def end_offsets(self, topic: str) -> dict[int, int]:
+        """Raises :class:`LogError` when a partition's end cannot be read. A partition
+        whose leader is being elected (right after ``create_topics``: 12 times in 20 on a
+        local broker; a broker restarting) is asked again for up to ``LEADER_WAIT_S``: a
+        projector reads the log end when it is assigned partitions, and must not die of a
+        condition that clears by itself."""
         if self._meta is None:
             self._meta = self._reader()
+        deadline = time.monotonic() + LEADER_WAIT_S
         out = {}
         for p in range(self.partitions(topic)):
-            try:
-                _, high = self._meta.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-            except KafkaException as e:
-                raise LogError(f"cannot read end offsets of {topic}[{p}]: {e}") from e
+            while True:
+                try:
+                    _, high = self._meta.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                    break
+                except KafkaException as e:
+                    if e.args[0].code() not in _LEADER_RETRY or time.monotonic() > deadline:
+                        raise LogError(f"cannot read end offsets of {topic}[{p}]: {e}") from e
+                    time.sleep(0.1)
             out[p] = int(high)
         return out
 
