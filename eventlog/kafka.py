@@ -242,8 +242,11 @@ class KafkaLog(EventLog):
                     _, high = self._meta.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
                     break
                 except KafkaException as e:
-                    if e.args[0].code() not in _LEADER_RETRY or time.monotonic() > deadline:
+                    if e.args[0].code() not in _LEADER_RETRY:
                         raise LogError(f"cannot read end offsets of {topic}[{p}]: {e}") from e
+                    if time.monotonic() > deadline:
+                        raise LogError(f"cannot read end offsets of {topic}[{p}]: no leader answered for "
+                                       f"{LEADER_WAIT_S:g}s ({e})") from e  # fmt: skip
                     time.sleep(0.1)
             out[p] = int(high)
         return out
