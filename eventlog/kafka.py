@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
@@ -73,6 +73,23 @@ _LEADER_RETRY = frozenset({
 })  # fmt: skip
 #: How long :meth:`KafkaLog.end_offsets` asks again while a partition's leader is elected.
 LEADER_WAIT_S = 30.0
+
+T = TypeVar("T")
+
+
+def _retrying(call: Callable[[], T], retry: frozenset[int], deadline: float, what: str) -> T:
+    """``call()``, asked again every 0.1 s until ``deadline`` (``time.monotonic``) while it
+    fails with one of the ``retry`` codes (conditions that clear by themselves). Raises
+    :class:`LogError` naming ``what`` on any other error, or when the time is up."""
+    while True:
+        try:
+            return call()
+        except KafkaException as e:
+            if e.args[0].code() not in retry:
+                raise LogError(f"cannot read {what}: {e}") from e
+            if time.monotonic() > deadline:
+                raise LogError(f"cannot read {what}: still failing when the wait ran out ({e})") from e
+            time.sleep(0.1)
 
 
 def _headers(raw: Any) -> Headers:
@@ -237,17 +254,8 @@ class KafkaLog(EventLog):
         deadline = time.monotonic() + LEADER_WAIT_S
         out = {}
         for p in range(self.partitions(topic)):
-            while True:
-                try:
-                    _, high = self._meta.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-                    break
-                except KafkaException as e:
-                    if e.args[0].code() not in _LEADER_RETRY:
-                        raise LogError(f"cannot read end offsets of {topic}[{p}]: {e}") from e
-                    if time.monotonic() > deadline:
-                        raise LogError(f"cannot read end offsets of {topic}[{p}]: no leader answered for "
-                                       f"{LEADER_WAIT_S:g}s ({e})") from e  # fmt: skip
-                    time.sleep(0.1)
+            read = partial(self._meta.get_watermark_offsets, TopicPartition(topic, p), timeout=10, cached=False)
+            _, high = _retrying(read, _LEADER_RETRY, deadline, f"end offsets of {topic}[{p}]")
             out[p] = int(high)
         return out
 
@@ -258,14 +266,9 @@ class KafkaLog(EventLog):
         deadline = time.monotonic() + timeout_s
         c = Consumer(self._consumer_conf(group_id))
         try:
-            while True:
-                try:
-                    tps = c.committed(wanted, timeout=max(1.0, deadline - time.monotonic()))
-                    return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
-                except KafkaException as e:
-                    if e.args[0].code() not in _COORDINATOR_RETRY or time.monotonic() > deadline:
-                        raise LogError(f"cannot read committed offsets of group {group_id!r}: {e}") from e
-                    time.sleep(0.2)
+            tps = _retrying(lambda: c.committed(wanted, timeout=max(1.0, deadline - time.monotonic())),
+                            _COORDINATOR_RETRY, deadline, f"committed offsets of group {group_id!r}")  # fmt: skip
+            return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
         finally:
             c.close()
 

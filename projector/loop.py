@@ -7,9 +7,9 @@ Commit order (the one place it is written down):
    keyed by becomes a dead letter with its reason); per partition, read ahead in one
    batched read each what deciding the patches reads from the store (the runs not
    cached, the stored decisions of their patch ids, the items their events' reducers read
-   first); then per patch, in log order, decide against the cached working state. A run whose stored state cannot be read stops the projector with
-   :class:`StoreError` before anything of the batch is written: that is the store's
-   fault, not the record's;
+   first); then per patch, in log order, decide against the cached working state. A
+   run whose stored state cannot be read stops the projector with :class:`StoreError`
+   before anything of the batch is written: that is the store's fault, not the record's;
 3. per partition: write state changes + decisions + dead letters + the next offset in
    one RocksDB WriteBatch (the position lives with the state, never apart from it);
 4. only then: mark the cache settled, copy dead letters to the dead-letter topic (best

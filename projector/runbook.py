@@ -68,8 +68,7 @@ def read_record(rec: Record) -> Patch | DeadLetter:
     (checksum), a key that is not UTF-8, not a decodable valid patch, or a patch of another
     run than its key names. Pure: reads no state, so a caller may read a whole batch first."""
     if not rec.checksum_ok:
-        return DeadLetter(rec.partition, rec.offset, "checksum", "the record's key and value do not match its checksum",
-                          rec.key.decode(errors="replace") if rec.key else None, len(rec.value))  # fmt: skip
+        return _dead(rec, "checksum", "the record's key and value do not match its checksum")
     try:
         try:
             key = rec.key.decode() if rec.key is not None else None
@@ -79,9 +78,13 @@ def read_record(rec: Record) -> Patch | DeadLetter:
         if key != patch.run_id:
             raise DecodeError("key_mismatch", detail=f"record key {key!r} is not the patch's run_id {patch.run_id!r}")
     except DecodeError as e:
-        return DeadLetter(rec.partition, rec.offset, e.reason, e.detail,
-                          rec.key.decode(errors="replace") if rec.key else None, len(rec.value))  # fmt: skip
+        return _dead(rec, e.reason, e.detail)
     return patch
+
+
+def _dead(rec: Record, reason: str, detail: str) -> DeadLetter:
+    return DeadLetter(rec.partition, rec.offset, reason, detail, rec.key.decode(errors="replace") if rec.key else None,
+                      len(rec.value))  # fmt: skip
 
 
 class RunBook:
