@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import hashlib
 
-from runstate.projector.working import Entry
+from runstate.projector.working import Entry, Header
+from runstate.schemas import structs
 from runstate.schemas.events import Model
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import COLLECTIONS, RunHeader
@@ -160,7 +161,23 @@ def decode_item(kind: str, raw: bytes) -> Entry:
 
 
 def decode_header(raw: bytes) -> RunHeader:
+    """A stored header as the public model (queries, the API)."""
     return RunHeader.model_validate_json(raw)
+
+
+_decode_working_header = structs.decoder(RunHeader)
+
+
+def decode_working_header(raw: bytes) -> Header:
+    """A stored header in the projector's working form (:class:`working.Header`), validated
+    as :func:`decode_header` validates it (see :func:`structs.decoder`). Raises
+    ``pydantic.ValidationError``."""
+    return _decode_working_header(raw)  # type: ignore[no-any-return]
+
+
+def encode_header(header: Header) -> bytes:
+    """A working header as stored: the bytes ``model_dump_json`` writes for the equal model."""
+    return structs.encode(header)
 
 
 def decode_decision(raw: bytes) -> Decision:

@@ -15,10 +15,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from runstate.projector.working import Draft, built, updated
+from runstate.projector.working import (
+    Draft,
+    Header,
+    HeaderBudgets,
+    HeaderTransition,
+    HeaderWaiting,
+    built,
+    updated,
+)
 from runstate.schemas import events as ev
+from runstate.schemas import structs
 from runstate.schemas.state import (
-    Budgets,
     Constraint,
     Effect,
     Fact,
@@ -29,11 +37,8 @@ from runstate.schemas.state import (
     Input,
     Provenance,
     Question,
-    RunHeader,
     Task,
     ToolCall,
-    Transition,
-    Waiting,
     Writer,
 )
 
@@ -136,15 +141,15 @@ def _reference(value: str | None, rule: str, what: str) -> None:
 def _run_started(d: Draft, e: ev.RunStarted, ctx: Ctx) -> None:
     _require(not d.started, "run.already_started", "the run was already started")
     _require(bool(e.goal.statement.strip()), "goal.statement_required", "a goal needs a statement")
-    d.header = RunHeader(
+    d.header = Header(
         run_id="",  # set by decide, which knows the run id
         revision=0,
-        goal=e.goal,
+        goal=structs.from_model(e.goal),
         phase=e.phase,
         agent_version=ctx.agent_version,
         created_at=ctx.at,
         updated_at=ctx.at,
-        policy=e.policy,
+        policy=structs.from_model(e.policy),
         sizes={},
     )
 
@@ -158,7 +163,7 @@ def _in_scope(path: str, scope: ev.Scope) -> bool:
 @reducer(ev.GoalChanged)
 def _goal_changed(d: Draft, e: ev.GoalChanged, ctx: Ctx) -> None:
     _require(bool(e.goal.statement.strip()), "goal.statement_required", "a goal needs a statement")
-    _set(d, goal=e.goal)
+    _set(d, goal=structs.from_model(e.goal))
     cancelled: set[str] = set()
     for task in list(d.values("tasks")):
         assert isinstance(task, Task)
@@ -211,14 +216,14 @@ def _run_completed(d: Draft, e: ev.RunCompleted, ctx: Ctx) -> None:
     _require(not calls, "run.calls_in_flight",
              f"the run cannot complete with tool calls in flight: {', '.join(calls)}")  # fmt: skip
     _set(d, status="completed", active_task_id=None, waiting=None,
-         last_transition=Transition(action="run completed", result_ref=e.evidence, revision=ctx.revision, at=ctx.at))  # fmt: skip
+         last_transition=HeaderTransition(action="run completed", result_ref=e.evidence, revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
 @reducer(ev.RunFailed)
 def _run_failed(d: Draft, e: ev.RunFailed, ctx: Ctx) -> None:
     _close_loose_ends(d, f"run failed: {e.reason}", ctx)
     _set(d, status="failed", active_task_id=None, waiting=None,
-         last_transition=Transition(action=f"run failed: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
+         last_transition=HeaderTransition(action=f"run failed: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
 @reducer(ev.PermissionRevoked)
@@ -247,7 +252,7 @@ def _permission_revoked(d: Draft, e: ev.PermissionRevoked, ctx: Ctx) -> None:
 def _run_cancelled(d: Draft, e: ev.RunCancelled, ctx: Ctx) -> None:
     _close_loose_ends(d, f"run cancelled: {e.reason}", ctx)
     _set(d, status="cancelled", active_task_id=None, waiting=None,
-         last_transition=Transition(action=f"run cancelled: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
+         last_transition=HeaderTransition(action=f"run cancelled: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
 # --- facts, hypotheses, questions ---------------------------------------------------------
@@ -479,7 +484,7 @@ def _task_completed(d: Draft, e: ev.TaskCompleted, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
     _owned_by_writer(t, ctx, "complete")
     _move(d, t, "completed", ctx, evidence=e.evidence, blocked_by=None)
-    _set(d, last_transition=Transition(action=f"complete {e.task_id}", result_ref=e.evidence,
+    _set(d, last_transition=HeaderTransition(action=f"complete {e.task_id}", result_ref=e.evidence,
                                        revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
@@ -488,7 +493,7 @@ def _task_failed(d: Draft, e: ev.TaskFailed, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
     _owned_by_writer(t, ctx, "fail")
     _move(d, t, "failed", ctx, reason=e.reason)
-    _set(d, last_transition=Transition(action=f"fail {e.task_id}: {e.reason}", revision=ctx.revision, at=ctx.at))
+    _set(d, last_transition=HeaderTransition(action=f"fail {e.task_id}: {e.reason}", revision=ctx.revision, at=ctx.at))
 
 
 @reducer(ev.TaskHandedOver, reads=lambda e: ("tasks", e.task_id))
@@ -577,14 +582,14 @@ def _input_recorded(d: Draft, e: ev.InputRecorded, ctx: Ctx) -> None:
 def _tool_succeeded(d: Draft, e: ev.ToolSucceeded, ctx: Ctx) -> None:
     call = _finish_call(d, e.call_id)
     _register_result(d, e.result_ref, call, ctx)
-    _set(d, last_transition=Transition(action=call.tool, result_ref=e.result_ref, revision=ctx.revision, at=ctx.at))
+    _set(d, last_transition=HeaderTransition(action=call.tool, result_ref=e.result_ref, revision=ctx.revision, at=ctx.at))
 
 
 @reducer(ev.ToolFailed, reads=lambda e: ("pending_tool_calls", e.call_id))
 def _tool_failed(d: Draft, e: ev.ToolFailed, ctx: Ctx) -> None:
     call = _finish_call(d, e.call_id)
     _register_result(d, e.result_ref, call, ctx)
-    _set(d, last_transition=Transition(action=f"{call.tool} failed: {e.error}", result_ref=e.result_ref,
+    _set(d, last_transition=HeaderTransition(action=f"{call.tool} failed: {e.error}", result_ref=e.result_ref,
                                        revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
@@ -628,7 +633,7 @@ def _effect_recorded(d: Draft, e: ev.EffectRecorded, ctx: Ctx) -> None:
 
 @reducer(ev.WorkspaceUpdated)
 def _workspace_updated(d: Draft, e: ev.WorkspaceUpdated, ctx: Ctx) -> None:
-    _set(d, workspace_ref=e.workspace_ref)
+    _set(d, workspace_ref=structs.from_model(e.workspace_ref))
 
 
 # --- waiting and budgets ---------------------------------------------------------------
@@ -640,7 +645,7 @@ def _waiting_started(d: Draft, e: ev.WaitingStarted, ctx: Ctx) -> None:
     _require(current is None, "waiting.already_waiting",
              f"the run already waits for {current.wait_id if current else ''!r}")  # fmt: skip
     _set(d, status="waiting",
-         waiting=Waiting(**e.waiting.model_dump(), since=ctx.at, since_revision=ctx.revision))  # fmt: skip
+         waiting=HeaderWaiting(**e.waiting.__dict__, since=ctx.at, since_revision=ctx.revision))  # fmt: skip
 
 
 @reducer(ev.WaitingResolved)
@@ -653,7 +658,7 @@ def _waiting_resolved(d: Draft, e: ev.WaitingResolved, ctx: Ctx) -> None:
 
 @reducer(ev.LeaseReleased)
 def _lease_released(d: Draft, e: ev.LeaseReleased, ctx: Ctx) -> None:
-    _set(d, last_transition=Transition(action=f"lease released by {e.worker_id}", revision=ctx.revision, at=ctx.at))
+    _set(d, last_transition=HeaderTransition(action=f"lease released by {e.worker_id}", revision=ctx.revision, at=ctx.at))
 
 
 @reducer(ev.BudgetSet)
@@ -661,7 +666,7 @@ def _budget_set(d: Draft, e: ev.BudgetSet, ctx: Ctx) -> None:
     _require(e.tokens_remaining is None or e.tokens_remaining >= 0, "budget.non_negative",
              "tokens_remaining cannot be negative")  # fmt: skip
     b = d.hget("budgets")
-    _set(d, budgets=Budgets(
+    _set(d, budgets=HeaderBudgets(
         tokens_remaining=e.tokens_remaining if e.tokens_remaining is not None else b.tokens_remaining,
         tokens_used=b.tokens_used,
         deadline=e.deadline if e.deadline is not None else b.deadline,

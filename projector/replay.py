@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
+
 from runstate.eventlog.base import EventLog, Record
 from runstate.projector.loop import Projector
 from runstate.projector.queries import Projection
@@ -154,12 +156,12 @@ def field_value(doc: RunDoc, path: str) -> Any:
         entry = doc.entry(head, rest[0])
         return None if entry is None else _walk(entry[1].model_dump(mode="json"), rest[1:])
     if head == "goal" and not rest:
-        g = doc.header.goal
-        return Goal(statement=g.statement, scope=g.scope, acceptance=g.acceptance,
-                    constraints=doc.sorted_items("constraints")).model_dump(mode="json")  # type: ignore[arg-type]
-    if head not in type(doc.header).model_fields:
+        return Goal.model_validate({**msgspec.to_builtins(doc.header.goal),
+                                    "constraints": doc.sorted_items("constraints")}).model_dump(mode="json")  # fmt: skip
+    if head not in RunHeader.model_fields:
         return None
-    return _walk(doc.header.model_dump(mode="json", include={head}).get(head), rest)
+    # The struct's JSON values are the model's (schemas/structs.py).
+    return _walk(msgspec.to_builtins(getattr(doc.header, head)), rest)
 
 
 def explain(log: EventLog, projection: RunRecords, run_id: str, path: str) -> list[FieldChange]:

@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pydantic
 from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
 
 from runstate.projector import keys
 from runstate.projector.runbook import DeadLetter
-from runstate.projector.working import Changes, Entry, RunDoc, state_data_from_stored
+from runstate.projector.working import Changes, Entry, Header, RunDoc, state_data_from_stored
 from runstate.schemas.errors import StoreError, StoreLocked
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState
@@ -54,7 +55,7 @@ class PendingBatch:
     """Everything one poll batch writes to one partition's store."""
 
     next_offset: int
-    headers: dict[str, RunHeader] = field(default_factory=dict)
+    headers: dict[str, Header] = field(default_factory=dict)
     puts: dict[bytes, bytes] = field(default_factory=dict)
     deletes: set[bytes] = field(default_factory=set)
     decisions: list[Decision] = field(default_factory=list)
@@ -150,7 +151,7 @@ class ProjectionStore:
         """Apply ``batch`` atomically (state changes, decisions, dead letters, offset)."""
         wb = WriteBatch(raw_mode=True)
         for run_id, header in batch.headers.items():
-            wb.put(keys.header_key(run_id), keys.dump(header))
+            wb.put(keys.header_key(run_id), keys.encode_header(header))
         for k in batch.deletes:
             wb.delete(k)
         for k, v in batch.puts.items():
@@ -250,7 +251,10 @@ class ProjectionStore:
     def _doc(self, run_id: str, raw: bytes | None) -> RunDoc | None:
         if raw is None:
             return None
-        header = keys.decode_header(raw)
+        try:
+            header = keys.decode_working_header(raw)
+        except pydantic.ValidationError as e:
+            raise self._unreadable_header(run_id, raw, e) from e
         if header.schema_version != CURRENT_SCHEMA_VERSION:
             raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.schema_version}")
 
@@ -264,6 +268,17 @@ class ProjectionStore:
                 yield key[len(prefix):].decode(), keys.decode_item(kind, value)
 
         return RunDoc(header, load_one=load_one, load_all=load_all)
+
+    def _unreadable_header(self, run_id: str, raw: bytes, e: Exception) -> StoreError:
+        """The error for a stored header that does not decode: another schema version
+        (which may lack or add fields), else a damaged record."""
+        try:
+            version = orjson.loads(raw).get("schema_version")
+        except (orjson.JSONDecodeError, AttributeError):
+            version = CURRENT_SCHEMA_VERSION
+        if version != CURRENT_SCHEMA_VERSION:
+            return StoreError(f"run {run_id!r} in {self.path} has schema_version {version}")
+        return StoreError(f"the stored header of run {run_id!r} in {self.path} cannot be read: {e}")
 
     def read_state_data(self, run_id: str) -> dict[str, Any] | None:
         """The run's assembled state as plain JSON data (see

@@ -310,7 +310,7 @@ def test_updated_is_model_copy_with_update() -> None:
 def test_a_drafts_item_counts_follow_every_put_and_delete() -> None:
     """The header counts items per collection, and a lookup in a collection it counts as
     empty does not read the store: every path that adds or removes an item must count."""
-    from runstate.projector.working import Draft, RunDoc
+    from runstate.projector.working import Draft, RunDoc, header_from_model, updated
     from runstate.schemas.state import Fact, RunHeader
 
     stored = {("confirmed_facts", "f_old"): (0, None)}
@@ -320,8 +320,9 @@ def test_a_drafts_item_counts_follow_every_put_and_delete() -> None:
         reads.append((kind, id_))
         return stored.get((kind, id_))  # type: ignore[return-value]
 
-    header = RunHeader.model_validate({"run_id": "r", "revision": 3, "goal": {"statement": "g"}, "agent_version": "1",
-                                       "next_seq": 1, "sizes": {"confirmed_facts": 1}})  # fmt: skip
+    header = header_from_model(RunHeader.model_validate({
+        "run_id": "r", "revision": 3, "goal": {"statement": "g"}, "agent_version": "1", "next_seq": 1,
+        "sizes": {"confirmed_facts": 1}}))  # fmt: skip
     doc = RunDoc(header, load_one=load_one)  # type: ignore[arg-type]
     item = Fact.model_construct(id="x")
     d = Draft(doc, doc.header)
@@ -339,7 +340,7 @@ def test_a_drafts_item_counts_follow_every_put_and_delete() -> None:
     d.put("confirmed_facts", "f_old", item)  # re-created after its delete: new again
     assert d.header.sizes == {"confirmed_facts": 1}
     assert reads == [("confirmed_facts", "f_old")]  # the one stored item, read once
-    uncounted = RunDoc(header.model_copy(update={"sizes": None}), load_one=load_one)  # type: ignore[arg-type]
+    uncounted = RunDoc(updated(header, {"sizes": None}), load_one=load_one)  # type: ignore[arg-type]
     assert uncounted.entry("hypotheses", "h9") is None and reads[-1] == ("hypotheses", "h9")  # old header: reads
 
 
@@ -394,6 +395,36 @@ def test_a_run_the_store_cannot_read_stops_the_projector_and_its_record_waits(tm
         rec = Record("events", 0, 1, b"r1", encode(patch("r1", 1, fact("f2"))), 0)
         with pytest.raises(StoreError, match="schema_version 99"):
             RunBook(st.load_doc, st.decision).apply_record(rec)
+    log.close()
+
+
+@pytest.mark.parametrize("damage", ["a string for the revision", "not JSON"])
+def test_a_damaged_stored_header_stops_the_projector_with_a_store_error_and_its_record_waits(
+    tmp_path: Path, damage: str
+) -> None:
+    """A stored header of this runstate's schema version that does not decode (a value of
+    the wrong type, bytes that are not JSON) is the store's fault too: the projector stops
+    with a StoreError naming the run, and nothing of the batch is written or consumed."""
+    import json as _json
+
+    from runstate.schemas.errors import StoreError
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, [patch("r1", 0, start())])
+    Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
+    db = Rdict(str(tmp_path / "s" / "p000"), Options(raw_mode=True))
+    if damage == "not JSON":
+        db[b"h:r1"] = db[b"h:r1"][:-7]
+    else:
+        h = _json.loads(db[b"h:r1"])
+        h["revision"] = "one"
+        db[b"h:r1"] = _json.dumps(h).encode()
+    db.close()
+    append_all(log, [patch("r1", 1, fact("f1"))])
+    with pytest.raises(StoreError, match="stored header of run 'r1'.*cannot be read"):
+        Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
+    with ProjectionStore(tmp_path / "s" / "p000", read_only=True) as st:
+        assert st.next_offset() == 1 and st.dead_letters() == [] and len(st.history("r1")) == 1
     log.close()
 
 
@@ -456,7 +487,7 @@ def test_each_read_ahead_hint_is_the_first_read_its_reducer_makes(event: dict[st
     Every collection is counted non-empty, so each lookup reads the (recording) store."""
     from runstate.projector.decide import decide
     from runstate.projector.reducer import READS
-    from runstate.projector.working import RunDoc
+    from runstate.projector.working import RunDoc, updated
     from runstate.schemas.state import COLLECTIONS
 
     class FirstRead(Exception):
@@ -467,7 +498,7 @@ def test_each_read_ahead_hint_is_the_first_read_its_reducer_makes(event: dict[st
 
     base = fold([(patch("r", 0, start()), 0, 0)]).docs["r"]
     assert base is not None
-    header = base.header.model_copy(update={"sizes": {k: 1 for k in COLLECTIONS}})
+    header = updated(base.header, {"sizes": {k: 1 for k in COLLECTIONS}})
     p = patch("r", 1, event)
     [e] = p.events
     assert e.type in READS, f"{e.type} has no read-ahead hint"

@@ -1,0 +1,243 @@
+"""The projector's fast path (msgspec structs generated from the pydantic models) accepts and
+rejects exactly what the models do, gives the same values, and writes the same bytes.
+
+Documents are generated from the models' own field types, mostly valid, with a value of
+another type, out of range, malformed, a missing field or an unknown one mixed in at any
+depth; each is given to both validators. Pydantic's *strict* JSON validation is the
+reference: it is what the stored headers, which the models wrote, are held to (pydantic's lax
+mode also accepts some coercions, such as ``"1"`` for an int, that nothing stores)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import types
+import typing
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+import pydantic
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import AwareDatetime, BaseModel
+from pydantic.fields import FieldInfo
+
+from runstate.schemas import structs
+from runstate.schemas.state import RunHeader
+
+#: Values of every JSON type and the edges the contract's types have: one is put in place
+#: of a generated value now and then, wherever it may land.
+ODD: list[Any] = [
+    None, True, False, 0, -1, 1, 1.0, 1.5, -(2**63), 2**63 - 1, 2**63, -(2**63) - 1, 2**64, 10**30,
+    "", "x", "1", "true", "x\n", "\x01", "a" * 201, "running", "user",
+    "2026-01-01T00:00:00Z", "2026-01-01T00:00:00+02:00", "2026-01-01T00:00:00.123456Z",
+    "2026-01-01T00:00:00", "2026-01-01", "2026-13-01T00:00:00Z", "2026-01-01T00:00:00.1234567Z",
+    "2026-01-01 00:00:00Z", 1767225600, [], ["x"], [1], {}, {"x": 1}, {"confirmed_facts": 1},
+]  # fmt: skip
+
+_ZONES = st.sampled_from([dt.UTC, dt.timezone(dt.timedelta(hours=2)), dt.timezone(dt.timedelta(hours=-5, minutes=-30))])
+
+
+def _datetimes(aware: bool) -> st.SearchStrategy[str]:
+    zoned = st.datetimes(timezones=_ZONES).map(lambda d: d.isoformat().replace("+00:00", "Z"))
+    return zoned if aware else zoned | st.datetimes().map(dt.datetime.isoformat)
+
+
+def _constrained(base: st.SearchStrategy[Any], meta: list[Any]) -> st.SearchStrategy[Any]:
+    """Values near the constraints as well as inside them (both sides must agree on them)."""
+    extra: list[Any] = []
+    for m in meta:
+        for c in m.metadata if isinstance(m, FieldInfo) else [m]:
+            for attr in ("ge", "le", "gt", "lt"):
+                if getattr(c, attr, None) is not None:
+                    v = getattr(c, attr)
+                    extra += [v - 1, v, v + 1]
+            for attr in ("min_length", "max_length"):
+                if getattr(c, attr, None) is not None:
+                    n = getattr(c, attr)
+                    extra += ["y" * max(n - 1, 0), "y" * n, "y" * (n + 1)]
+    return base | st.sampled_from(extra) if extra else base
+
+
+def values(tp: Any, odd: bool) -> st.SearchStrategy[Any]:
+    """JSON values for a pydantic field type: valid, or with ``odd`` sometimes not."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is AwareDatetime:
+        base: st.SearchStrategy[Any] = _datetimes(aware=True)
+    elif tp is dt.datetime:
+        base = _datetimes(aware=False)
+    elif tp is str:
+        base = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=6)
+    elif tp is bool:
+        base = st.booleans()
+    elif tp is int:
+        base = st.integers(-(2**63), 2**63 - 1) | st.integers(-3, 3)
+    elif tp is float:
+        base = st.floats(allow_nan=False, allow_infinity=False)
+    elif tp is type(None):
+        base = st.none()
+    elif isinstance(tp, type) and issubclass(tp, BaseModel):
+        base = documents(tp, odd)
+    elif origin is Annotated:
+        base = _constrained(values(args[0], odd), list(args[1:]))
+    elif origin in (Union, types.UnionType):
+        base = st.one_of([values(a, odd) for a in args])
+    elif origin is Literal:
+        base = st.sampled_from(args)
+    elif origin is list:
+        base = st.lists(values(args[0], odd), max_size=3)
+    elif origin is dict:
+        base = st.dictionaries(values(args[0], odd), values(args[1], odd), max_size=3)
+    else:
+        raise TypeError(tp)
+    return st.integers(0, 11).flatmap(lambda i: st.sampled_from(ODD) if i == 0 else base) if odd else base
+
+
+def documents(model: type[BaseModel], odd: bool | None = None) -> st.SearchStrategy[dict[str, Any]]:
+    """A model's documents: required fields always, optional ones sometimes; with ``odd``
+    (None: for half the documents), an odd value now and then at any depth, a required
+    field left out or a field the model does not have."""
+    if odd is None:
+        return st.booleans().flatmap(lambda o: documents(model, o))
+    required, optional = {}, {}
+    for name, info in model.model_fields.items():
+        s = _constrained(values(info.annotation, odd), info.metadata) if info.metadata else values(info.annotation, odd)
+        (required if info.is_required() else optional)[name] = s
+
+    def damage(doc: dict[str, Any], how: int, which: int) -> dict[str, Any]:
+        if not odd:
+            return doc
+        if how == 0 and required:  # a required field left out
+            doc = dict(doc)
+            doc.pop(sorted(required)[which % len(required)], None)
+        elif how == 1:  # a field the model does not have
+            doc = {**doc, "not_a_field": 1}
+        return doc
+
+    return st.builds(damage, st.fixed_dictionaries(required, optional=optional), st.integers(0, 15), st.integers(0, 99))
+
+
+def _pydantic(model: type[BaseModel], raw: bytes) -> BaseModel | None:
+    try:
+        return model.model_validate_json(raw)
+    except pydantic.ValidationError:
+        return None
+
+
+def _msgspec_alone(model: type[BaseModel], raw: bytes) -> Any:
+    try:
+        return msgspec.json.decode(raw, type=structs.struct_of(model), strict=True)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+def _decoder(model: type[BaseModel], raw: bytes) -> Any:
+    try:
+        return structs.decoder(model)(raw)
+    except pydantic.ValidationError:
+        return None
+
+
+def _models_in(model: type[BaseModel]) -> list[type[BaseModel]]:
+    """``model`` and every model its fields hold, at any depth."""
+    found: list[type[BaseModel]] = [model]
+
+    def walk(tp: Any) -> None:
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            if tp not in found:
+                found.extend(m for m in _models_in(tp) if m not in found)
+        else:
+            for a in typing.get_args(tp):
+                walk(a)
+
+    for info in model.model_fields.values():
+        walk(info.annotation)
+    return found
+
+
+#: The run header, which the projector reads, copies and writes as a struct, and the models
+#: in it (each is a struct too).
+MODELS = _models_in(RunHeader)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_the_struct_accepts_and_rejects_what_the_model_does(model: type[BaseModel], data: st.DataObject) -> None:
+    doc = data.draw(documents(model))
+    raw = json.dumps(doc).encode()  # the standard library: integers past 64 bits too
+    by_model, by_struct = _pydantic(model, raw), _decoder(model, raw)
+    assert (by_model is None) == (by_struct is None), (raw, by_model, by_struct)
+    if by_model is None:
+        return
+    assert structs.from_model(by_model) == by_struct  # the same values
+    stored = by_model.model_dump_json().encode()
+    assert structs.encode(by_struct) == stored  # the same bytes
+    assert structs.to_model(model, by_struct) == by_model
+    # What msgspec accepts alone, the model accepts, with the same values; and what the
+    # model writes, msgspec reads alone: a stored header never takes the slow path.
+    fast = _msgspec_alone(model, raw)
+    assert fast is None or fast == by_struct, (raw, fast, by_struct)
+    assert _msgspec_alone(model, stored) == by_struct
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_what_msgspec_accepts_alone_the_model_accepts(model: type[BaseModel], data: st.DataObject) -> None:
+    raw = json.dumps(data.draw(documents(model))).encode()
+    fast = _msgspec_alone(model, raw)
+    if fast is not None:
+        by_model = _pydantic(model, raw)
+        assert by_model is not None and structs.from_model(by_model) == fast, (raw, by_model, fast)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+def test_the_generated_documents_are_mostly_accepted(model: type[BaseModel]) -> None:
+    """The test above compares both answers; it tests little if nearly every document is
+    refused (or accepted). Both outcomes must be common."""
+    accepted = 0
+    n = 300
+
+    @settings(max_examples=n, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+    @given(documents(model))
+    def count(doc: dict[str, Any]) -> None:
+        nonlocal accepted
+        accepted += _pydantic(model, json.dumps(doc).encode()) is not None
+
+    count()
+    assert n * 0.1 < accepted < n * 0.95, accepted
+
+
+def test_a_struct_has_the_models_fields_in_order_with_its_defaults() -> None:
+    for model in MODELS:
+        cls = structs.struct_of(model)
+        assert cls.__struct_fields__ == tuple(model.model_fields), model
+        config = cls.__struct_config__
+        assert config.frozen and config.forbid_unknown_fields and not config.omit_defaults
+        # Built from nothing but its required fields, the struct is the model built so.
+        required = {n: f for n, f in model.model_fields.items() if f.is_required()}
+        minimal = {n: "x" for n in required}
+        try:
+            expected = model.model_validate(minimal)
+        except pydantic.ValidationError:
+            continue  # a required field is not a string: covered by the property test
+        assert structs.decoder(model)(json.dumps(minimal).encode()) == structs.from_model(expected), model
+
+
+def test_a_field_type_without_an_equivalent_is_refused_at_generation() -> None:
+    """A field type the generator does not carry over (a date; a float, which the two write
+    differently) is an error when the struct is made, not a struct that validates or
+    writes differently from the model."""
+
+    class OnADay(BaseModel):
+        day: dt.date
+
+    class Scored(BaseModel):
+        score: float
+
+    for model in (OnADay, Scored):
+        with pytest.raises(TypeError, match="no msgspec equivalent"):
+            structs.struct_of(model)
