@@ -52,7 +52,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_VENV = ROOT / ".bench-peers"
-PEER_PACKAGES = ["eventsourcing==9.5.6", "quixstreams==3.28.1", "orjson", "fastavro"]
+#: The peers, and what importing runstate's codec needs besides what Quix brings (runstate
+#: is installed there without its dependencies: Quix pins its own confluent-kafka and pydantic).
+PEER_PACKAGES = ["eventsourcing==9.5.6", "quixstreams==3.28.1", "orjson", "fastavro", "msgspec"]
 
 RUNS = 1_000
 PATCHES_PER_COMMIT = 500

@@ -29,15 +29,13 @@ import types
 import typing
 from collections.abc import Callable
 from functools import cache
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, Union
 
 import annotated_types as at
 import msgspec
 from pydantic import AwareDatetime, BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
-
-S = TypeVar("S", bound=msgspec.Struct)
 
 #: float is not among them: msgspec and pydantic write some floats differently (``1e16``
 #: against ``1e+16``), and no header field is one.
@@ -141,6 +139,10 @@ def struct_of(model: type[BaseModel]) -> type[msgspec.Struct]:
         frozen=bool(model.model_config.get("frozen")),
         forbid_unknown_fields=extra == "forbid",
         module=__name__,
+        # Not tracked by the garbage collector: a struct holds JSON values and structs of
+        # its own, frozen, so it cannot be part of a reference cycle; the projector makes
+        # one or two per accepted patch, each counting towards the next collection.
+        gc=False,
     )
 
 
@@ -163,12 +165,14 @@ def _converter(model: type[BaseModel]) -> Callable[[BaseModel], Any]:
 
 
 def _may_hold_model(tp: Any) -> bool:
+    """Whether a field of type ``tp`` may hold a model (then its value is converted)."""
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return True
     return any(_may_hold_model(a) for a in typing.get_args(tp) if not isinstance(a, (str, int, msgspec.Meta, FieldInfo)))
 
 
 def _to_struct(v: Any) -> Any:
+    """A field's value with every model in it (at any depth) as its struct."""
     if isinstance(v, BaseModel):
         return from_model(v)
     if isinstance(v, list):
@@ -180,7 +184,13 @@ def _to_struct(v: Any) -> Any:
 
 def to_model(model: type[BaseModel], value: msgspec.Struct) -> BaseModel:
     """The pydantic model of a struct (validated by the model: the edges' form)."""
-    return model.model_validate(msgspec.to_builtins(value))
+    return model.model_validate(msgspec.to_builtins(value, builtin_types=(_dt.datetime,)))
+
+
+#: A time with more than six digits of a second: msgspec rounds it to the microsecond,
+#: pydantic truncates it (``.1234567`` is ``.123457`` against ``.123456``), so a document
+#: that may hold one goes to the model. It matches in any text too; that only costs time.
+_FINER_THAN_MICROS = re.compile(rb"\.[0-9]{7}")
 
 
 @cache
@@ -188,17 +198,21 @@ def decoder(model: type[BaseModel]) -> Callable[[bytes], Any]:
     """A JSON decoder into the struct of ``model`` that accepts and rejects what
     ``model.model_validate_json`` does, with the same values: msgspec's strict decoder
     first, and only where it refuses, the model itself (pydantic takes a few forms msgspec
-    does not, such as a Unix time in a string for a datetime). What pydantic writes, msgspec
-    reads: the stored form always takes the fast path. Raises ``pydantic.ValidationError``."""
+    does not, such as a Unix time in a string for a datetime), or where the two would read
+    a value differently (a time finer than a microsecond). What pydantic writes, msgspec
+    reads: the stored form takes the fast path. Raises ``pydantic.ValidationError``."""
     fast = msgspec.json.Decoder(struct_of(model), strict=True).decode
     convert = _converter(model)
     validate = model.model_validate_json
+    finer_than_micros = _FINER_THAN_MICROS.search
 
     def decode(raw: bytes) -> Any:
-        try:
-            return fast(raw)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            return convert(validate(raw))
+        if finer_than_micros(raw) is None:
+            try:
+                return fast(raw)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                pass
+        return convert(validate(raw))
 
     return decode
 

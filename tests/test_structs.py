@@ -33,7 +33,10 @@ ODD: list[Any] = [
     "", "x", "1", "true", "x\n", "\x01", "a" * 201, "running", "user",
     "2026-01-01T00:00:00Z", "2026-01-01T00:00:00+02:00", "2026-01-01T00:00:00.123456Z",
     "2026-01-01T00:00:00", "2026-01-01", "2026-13-01T00:00:00Z", "2026-01-01T00:00:00.1234567Z",
-    "2026-01-01 00:00:00Z", 1767225600, [], ["x"], [1], {}, {"x": 1}, {"confirmed_facts": 1},
+    "2026-01-01 00:00:00Z", "2026-01-01t00:00:00z", "2026-01-01T00:00Z", "2026-01-01T23:59:60Z",
+    "2026-01-01T00:00:00.Z", "2026-01-01T00:00:00,5Z", "2026-01-01T00:00:00+24:00", "2026-02-30T00:00:00Z",
+    "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59.999999-01:00", "2026-01-01T00:00:00.999999999Z",
+    1767225600, [], ["x"], [1], {}, {"x": 1}, {"confirmed_facts": 1},
 ]  # fmt: skip
 
 _ZONES = st.sampled_from([dt.UTC, dt.timezone(dt.timedelta(hours=2)), dt.timezone(dt.timedelta(hours=-5, minutes=-30))])
@@ -126,6 +129,10 @@ def _pydantic(model: type[BaseModel], raw: bytes) -> BaseModel | None:
 
 
 def _msgspec_alone(model: type[BaseModel], raw: bytes) -> Any:
+    """What msgspec's decoder gives where :func:`structs.decoder` asks it first (None where
+    it refuses, or where the decoder goes to the model: a time finer than a microsecond)."""
+    if structs._FINER_THAN_MICROS.search(raw):
+        return None
     try:
         return msgspec.json.decode(raw, type=structs.struct_of(model), strict=True)
     except (msgspec.ValidationError, msgspec.DecodeError):
@@ -162,7 +169,7 @@ MODELS = _models_in(RunHeader)
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_the_struct_accepts_and_rejects_what_the_model_does(model: type[BaseModel], data: st.DataObject) -> None:
     doc = data.draw(documents(model))
@@ -176,14 +183,16 @@ def test_the_struct_accepts_and_rejects_what_the_model_does(model: type[BaseMode
     assert structs.encode(by_struct) == stored  # the same bytes
     assert structs.to_model(model, by_struct) == by_model
     # What msgspec accepts alone, the model accepts, with the same values; and what the
-    # model writes, msgspec reads alone: a stored header never takes the slow path.
+    # model writes, msgspec reads alone (a stored header takes the fast path), unless a
+    # text in it looks like a time finer than a microsecond.
     fast = _msgspec_alone(model, raw)
     assert fast is None or fast == by_struct, (raw, fast, by_struct)
-    assert _msgspec_alone(model, stored) == by_struct
+    if not structs._FINER_THAN_MICROS.search(stored):
+        assert _msgspec_alone(model, stored) == by_struct
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_what_msgspec_accepts_alone_the_model_accepts(model: type[BaseModel], data: st.DataObject) -> None:
     raw = json.dumps(data.draw(documents(model))).encode()
@@ -198,7 +207,7 @@ def test_the_generated_documents_are_mostly_accepted(model: type[BaseModel]) -> 
     """The test above compares both answers; it tests little if nearly every document is
     refused (or accepted). Both outcomes must be common."""
     accepted = 0
-    n = 300
+    n = 200
 
     @settings(max_examples=n, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
@@ -209,6 +218,63 @@ def test_the_generated_documents_are_mostly_accepted(model: type[BaseModel]) -> 
 
     count()
     assert n * 0.1 < accepted < n * 0.95, accepted
+
+
+#: A header with every optional object present (a wait, a transition, a deadline, a
+#: workspace, a migration, writers): each of its values is changed in turn below.
+FULL_HEADER: dict[str, Any] = {
+    "schema_version": 4, "run_id": "run_1", "revision": 7,
+    "goal": {"statement": "ship", "scope": {"include": ["src/"], "exclude": ["src/gen/"]}, "acceptance": ["tests pass"]},
+    "phase": "build", "status": "waiting", "active_task_id": "t1",
+    "last_transition": {"action": "complete t0", "result_ref": "artifact://a/1", "revision": 6,
+                        "at": "2026-01-01T00:00:00.5Z"},
+    "waiting": {"wait_id": "w1", "kind": "approval", "reason": "deploy", "until": "2026-01-02T00:00:00+02:00",
+                "since": "2026-01-01T00:00:01Z", "since_revision": 7},
+    "budgets": {"tokens_remaining": 10, "tokens_used": 5, "deadline": "2026-01-03T00:00:00Z"},
+    "workspace_ref": {"workspace_id": "ws", "base_commit": "abc", "current_commit": "def", "uncommitted_changes": None},
+    "agent_version": "1", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:01.000001Z",
+    "last_control_revision": 2, "next_seq": 3, "running_task_ids": ["t1"], "sizes": {"tasks": 2, "confirmed_facts": 1},
+    "effect_ledger_ref": None,
+    "policy": {"writers": ["a1"], "observation_max_age_s": 60, "require_observations_for_side_effects": True,
+               "external_evidence_schemes": ["jira"]},
+    "revoked_agents": ["a9"], "migrated_from": {"version": 3, "path": [3, 4]},
+}  # fmt: skip
+
+
+def _mutations(doc: Any) -> list[Any]:
+    """Every document one change away from ``doc``: each value replaced by each odd value,
+    each key removed, an unknown key added to each object, each list given an odd item."""
+    out: list[Any] = []
+    if isinstance(doc, dict):
+        out.append({**doc, "not_a_field": 1})
+        for k, v in doc.items():
+            out.append({x: y for x, y in doc.items() if x != k})
+            out += [{**doc, k: odd} for odd in ODD]
+            out += [{**doc, k: m} for m in _mutations(v)]
+    elif isinstance(doc, list):
+        out += [[*doc, odd] for odd in ODD]
+        out += [[*doc[:i], m, *doc[i + 1 :]] for i, v in enumerate(doc) for m in _mutations(v)]
+    return out
+
+
+def test_every_single_change_to_a_full_header_is_judged_as_the_model_judges_it() -> None:
+    """Deterministic and exhaustive one step away from a valid header (about 6,000 documents):
+    the edges the property test above reaches only by chance."""
+    docs = [FULL_HEADER, *_mutations(FULL_HEADER)]
+    outcomes = set()
+    for doc in docs:
+        raw = json.dumps(doc).encode()
+        by_model, by_struct = _pydantic(RunHeader, raw), _decoder(RunHeader, raw)
+        assert (by_model is None) == (by_struct is None), (raw, by_model, by_struct)
+        fast = _msgspec_alone(RunHeader, raw)
+        if by_model is not None:
+            assert structs.from_model(by_model) == by_struct, raw
+            assert structs.encode(by_struct) == by_model.model_dump_json().encode(), raw
+        if fast is not None:
+            assert by_model is not None and structs.from_model(by_model) == fast, raw
+        outcomes.add((by_model is not None, fast is not None))
+    assert outcomes == {(True, True), (True, False), (False, False)}, outcomes  # each kind of answer occurs
+    assert _pydantic(RunHeader, json.dumps(FULL_HEADER).encode()) is not None
 
 
 def test_a_struct_has_the_models_fields_in_order_with_its_defaults() -> None:
