@@ -42,31 +42,32 @@ from pydantic_core import PydanticUndefined
 _SCALARS = (str, int, bool, type(None))
 
 
-def _meta(metadata: list[Any]) -> msgspec.Meta | None:
-    """The msgspec constraints equal to pydantic's field metadata (None: none)."""
+#: annotated-types constraint -> its attribute, which is also msgspec.Meta's keyword.
+_BOUNDS: tuple[tuple[type, str], ...] = (
+    (at.Ge, "ge"), (at.Le, "le"), (at.Gt, "gt"), (at.Lt, "lt"), (at.MinLen, "min_length"), (at.MaxLen, "max_length"),
+)  # fmt: skip
+
+
+def _constraints(metadata: list[Any]) -> dict[str, Any]:
+    """msgspec.Meta's keywords for pydantic's field metadata."""
     kw: dict[str, Any] = {}
     for m in metadata:
         if isinstance(m, FieldInfo):  # Annotated[..., Field(...)] nested in a type
-            inner = _meta(m.metadata)
-            if inner is not None:
-                kw.update({k: getattr(inner, k) for k in ("ge", "le", "gt", "lt", "min_length", "max_length", "pattern")
-                           if getattr(inner, k) is not None})  # fmt: skip
-        elif isinstance(m, at.Ge):
-            kw["ge"] = m.ge
-        elif isinstance(m, at.Le):
-            kw["le"] = m.le
-        elif isinstance(m, at.Gt):
-            kw["gt"] = m.gt
-        elif isinstance(m, at.Lt):
-            kw["lt"] = m.lt
-        elif isinstance(m, at.MinLen):
-            kw["min_length"] = m.min_length
-        elif isinstance(m, at.MaxLen):
-            kw["max_length"] = m.max_length
+            kw.update(_constraints(m.metadata))
+            continue
+        bound = next((name for cls, name in _BOUNDS if isinstance(m, cls)), None)
+        if bound is not None:
+            kw[bound] = getattr(m, bound)
         elif getattr(m, "pattern", None) is not None and type(m).__name__ == "_PydanticGeneralMetadata":
             kw["pattern"] = _python_pattern(m.pattern)
         else:
             raise TypeError(f"no msgspec equivalent for the constraint {m!r}")
+    return kw
+
+
+def _meta(metadata: list[Any]) -> msgspec.Meta | None:
+    """The msgspec constraints equal to pydantic's field metadata (None: none)."""
+    kw = _constraints(metadata)
     return msgspec.Meta(**kw) if kw else None
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import pytest
 from helpers import append_all, ev, fact, fold, patch, start, task
 from rocksdict import Options, Rdict
@@ -366,65 +368,51 @@ def test_a_store_written_before_item_counts_still_projects_correctly(tmp_path: P
     log.close()
 
 
-def test_a_run_the_store_cannot_read_stops_the_projector_and_its_record_waits(tmp_path: Path) -> None:
-    """Reading a run's stored state failed (here: a header of a schema version this runstate
-    does not write). That is the store's fault, not the record's: the projector stops with
-    the store's error, and the record is neither dead-lettered nor consumed, so it is decided
-    once the store is repaired or rebuilt from the log."""
-    import json as _json
+def _header_of_another_version(raw: bytes) -> bytes:
+    h = orjson.loads(raw)
+    h["schema_version"] = 99
+    return orjson.dumps(h)
 
+
+def _header_with_a_string_revision(raw: bytes) -> bytes:
+    h = orjson.loads(raw)
+    h["revision"] = "one"
+    return orjson.dumps(h)
+
+
+@pytest.mark.parametrize(("damage", "error"), [
+    (_header_of_another_version, "schema_version 99"),
+    (_header_with_a_string_revision, "stored header of run 'r1'.*cannot be read"),
+    (lambda raw: raw[:-7], "stored header of run 'r1'.*cannot be read"),  # not JSON
+], ids=["another schema version", "a value of the wrong type", "not JSON"])  # fmt: skip
+def test_a_run_the_store_cannot_read_stops_the_projector_and_its_record_waits(
+    tmp_path: Path, damage: Callable[[bytes], bytes], error: str
+) -> None:
+    """Reading a run's stored state failed: its header is of a schema version this runstate
+    does not write, or does not decode. That is the store's fault, not the record's: the
+    projector stops with a StoreError naming the run, and the record is neither
+    dead-lettered nor consumed, so it is decided once the store is repaired or rebuilt from
+    the log."""
     from runstate.schemas.errors import StoreError
 
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     append_all(log, [patch("r1", 0, start())])
     Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
     db = Rdict(str(tmp_path / "s" / "p000"), Options(raw_mode=True))
-    h = _json.loads(db[b"h:r1"])
-    h["schema_version"] = 99
-    db[b"h:r1"] = _json.dumps(h).encode()
+    db[b"h:r1"] = damage(db[b"h:r1"])
     db.close()
     append_all(log, [patch("r1", 1, fact("f1"))])
-    with pytest.raises(StoreError, match="schema_version 99"):
+    with pytest.raises(StoreError, match=error):
         Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
     with ProjectionStore(tmp_path / "s" / "p000", read_only=True) as st:
-        assert st.next_offset() == 1 and st.dead_letters() == []
+        assert st.next_offset() == 1 and st.dead_letters() == [] and len(st.history("r1")) == 1
         # The same where a run is loaded as its record is decided (no batched read first).
         from runstate.eventlog.base import Record
         from runstate.projector.runbook import RunBook
 
         rec = Record("events", 0, 1, b"r1", encode(patch("r1", 1, fact("f2"))), 0)
-        with pytest.raises(StoreError, match="schema_version 99"):
+        with pytest.raises(StoreError, match=error):
             RunBook(st.load_doc, st.decision).apply_record(rec)
-    log.close()
-
-
-@pytest.mark.parametrize("damage", ["a string for the revision", "not JSON"])
-def test_a_damaged_stored_header_stops_the_projector_with_a_store_error_and_its_record_waits(
-    tmp_path: Path, damage: str
-) -> None:
-    """A stored header of this runstate's schema version that does not decode (a value of
-    the wrong type, bytes that are not JSON) is the store's fault too: the projector stops
-    with a StoreError naming the run, and nothing of the batch is written or consumed."""
-    import json as _json
-
-    from runstate.schemas.errors import StoreError
-
-    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
-    append_all(log, [patch("r1", 0, start())])
-    Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
-    db = Rdict(str(tmp_path / "s" / "p000"), Options(raw_mode=True))
-    if damage == "not JSON":
-        db[b"h:r1"] = db[b"h:r1"][:-7]
-    else:
-        h = _json.loads(db[b"h:r1"])
-        h["revision"] = "one"
-        db[b"h:r1"] = _json.dumps(h).encode()
-    db.close()
-    append_all(log, [patch("r1", 1, fact("f1"))])
-    with pytest.raises(StoreError, match="stored header of run 'r1'.*cannot be read"):
-        Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
-    with ProjectionStore(tmp_path / "s" / "p000", read_only=True) as st:
-        assert st.next_offset() == 1 and st.dead_letters() == [] and len(st.history("r1")) == 1
     log.close()
 
 

@@ -294,9 +294,9 @@ def test_a_struct_has_the_models_fields_in_order_with_its_defaults() -> None:
 
 
 def test_a_field_type_without_an_equivalent_is_refused_at_generation() -> None:
-    """A field type the generator does not carry over (a date; a float, which the two write
-    differently) is an error when the struct is made, not a struct that validates or
-    writes differently from the model."""
+    """A field type or constraint the generator does not carry over (a date; a float, which
+    the two write differently; a multiple; a pattern with a '$' before its end) is an error
+    when the struct is made, not a struct that validates or writes differently."""
 
     class OnADay(BaseModel):
         day: dt.date
@@ -304,6 +304,12 @@ def test_a_field_type_without_an_equivalent_is_refused_at_generation() -> None:
     class Scored(BaseModel):
         score: float
 
-    for model in (OnADay, Scored):
+    class Even(BaseModel):
+        n: Annotated[int, pydantic.Field(multiple_of=2)]
+
+    class Anchored(BaseModel):
+        code: Annotated[str, pydantic.Field(pattern=r"^a$|^b$")]
+
+    for model in (OnADay, Scored, Even, Anchored):
         with pytest.raises(TypeError, match="no msgspec equivalent"):
             structs.struct_of(model)
