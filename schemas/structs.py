@@ -5,14 +5,15 @@ contract and the one source of truth. :func:`struct_of` derives from a model a
 ``msgspec.Struct`` with the same fields in the same order, the same types, the same
 constraints (lengths, patterns, bounds, time zones), the same defaults, frozen and closed
 (unknown fields are errors) like the model. Nothing here is written by hand field by field:
-a field added to a model is in its struct at the next import, and a type this module does
-not know how to carry over raises at import rather than being let through.
+a field added to a model is in its struct at the next import, and what this module cannot
+carry over exactly (a type or constraint it does not know, a model's own validators or
+serializers, aliases, other model settings) raises at import rather than being let through.
 
 Why: the projector reads a run's header from the store at its first touch, copies it with
 each accepted patch and writes it back. On the same header, msgspec decodes and validates
 in about 1.8 us against pydantic's 15, encodes in 0.9 against 4.5, and copies with a change
-in 0.2 against 3.7 (measured 2026-12-04, README's performance section). Structs of scalars
-are not tracked by the garbage collector either.
+in 0.2 against 3.7 (measured 2026-12-04, README's performance section). The structs are
+not tracked by the garbage collector either (they cannot be part of a cycle).
 
 The store's format does not change: :func:`encode` writes what pydantic's
 ``model_dump_json`` writes for the same values (byte for byte), and :func:`decoder` accepts
@@ -117,9 +118,35 @@ def _default(value: Any) -> Any:
     return value
 
 
+#: The model settings a struct carries over; any other setting (aliases, strictness,
+#: whitespace stripping, ...) changes what the model accepts or writes, so it is refused.
+_CONFIG = frozenset({"frozen", "extra"})
+
+
+def _refuse_what_is_not_carried_over(model: type[BaseModel]) -> None:
+    """Raise TypeError where the model validates or writes by more than its field types,
+    constraints and defaults: its own validators or serializers, computed fields, aliases,
+    other settings. A struct would silently skip them."""
+    decorators = model.__pydantic_decorators__
+    for kind in ("validators", "field_validators", "root_validators", "model_validators",
+                 "field_serializers", "model_serializers", "computed_fields"):  # fmt: skip
+        if getattr(decorators, kind):
+            raise TypeError(f"no msgspec equivalent for {model.__name__}'s {kind.replace('_', ' ')}")
+    other = set(model.model_config) - _CONFIG
+    if other:
+        raise TypeError(f"no msgspec equivalent for {model.__name__}'s settings {sorted(other)}")
+    for name, info in model.model_fields.items():
+        if info.alias is not None or info.validation_alias is not None or info.serialization_alias is not None:
+            raise TypeError(f"no msgspec equivalent for the alias of {model.__name__}.{name}")
+        if info.exclude:
+            raise TypeError(f"no msgspec equivalent for the excluded field {model.__name__}.{name}")
+
+
 @cache
 def struct_of(model: type[BaseModel]) -> type[msgspec.Struct]:
-    """The msgspec struct of a pydantic model (cached: one class per model)."""
+    """The msgspec struct of a pydantic model (cached: one class per model). Raises
+    TypeError for what it cannot carry over exactly (see the module docstring)."""
+    _refuse_what_is_not_carried_over(model)
     fields: list[tuple[str, Any, Any] | tuple[str, Any]] = []
     for name, info in model.model_fields.items():
         tp = _type(info.annotation)

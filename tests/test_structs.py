@@ -294,9 +294,10 @@ def test_a_struct_has_the_models_fields_in_order_with_its_defaults() -> None:
 
 
 def test_a_field_type_without_an_equivalent_is_refused_at_generation() -> None:
-    """A field type or constraint the generator does not carry over (a date; a float, which
-    the two write differently; a multiple; a pattern with a '$' before its end) is an error
-    when the struct is made, not a struct that validates or writes differently."""
+    """What the generator does not carry over (a date; a float, which the two write
+    differently; a multiple; a pattern with a '$' before its end; a model's own validator;
+    an alias; a setting such as stripping whitespace) is an error when the struct is made,
+    not a struct that validates or writes differently."""
 
     class OnADay(BaseModel):
         day: dt.date
@@ -310,6 +311,21 @@ def test_a_field_type_without_an_equivalent_is_refused_at_generation() -> None:
     class Anchored(BaseModel):
         code: Annotated[str, pydantic.Field(pattern=r"^a$|^b$")]
 
-    for model in (OnADay, Scored, Even, Anchored):
+    class Checked(BaseModel):
+        n: int
+
+        @pydantic.field_validator("n")
+        @classmethod
+        def positive(cls, v: int) -> int:
+            return v
+
+    class Aliased(BaseModel):
+        n: int = pydantic.Field(alias="N")
+
+    class Stripped(BaseModel):
+        model_config = pydantic.ConfigDict(str_strip_whitespace=True)
+        s: str
+
+    for model in (OnADay, Scored, Even, Anchored, Checked, Aliased, Stripped):
         with pytest.raises(TypeError, match="no msgspec equivalent"):
             structs.struct_of(model)
