@@ -272,11 +272,6 @@ def header_from_model(header: RunHeader) -> Header:
     return structs.from_model(header)  # type: ignore[no-any-return]
 
 
-def header_model(header: Header) -> RunHeader:
-    """The :class:`RunHeader` of a working header (validated: the edges' form)."""
-    return RunHeader.model_validate(_header_data(header))
-
-
 def _header_data(header: Header) -> dict[str, Any]:
     """A working header as plain data, its datetimes kept as they are."""
     return msgspec.to_builtins(header, builtin_types=(datetime,))  # type: ignore[no-any-return]
