@@ -94,7 +94,9 @@ def values(tp: Any, odd: bool) -> st.SearchStrategy[Any]:
     elif origin is list:
         base = st.lists(values(args[0], odd), max_size=3)
     elif origin is dict:
-        base = st.dictionaries(values(args[0], odd), values(args[1], odd), max_size=3)
+        # JSON keys are strings whatever was drawn: an odd key (a list, say) would only
+        # break the drawing, so keys are drawn from the valid values.
+        base = st.dictionaries(values(args[0], False), values(args[1], odd), max_size=3)
     else:
         raise TypeError(tp)
     return st.integers(0, 11).flatmap(lambda i: st.sampled_from(ODD) if i == 0 else base) if odd else base
@@ -220,7 +222,7 @@ def test_the_generated_documents_are_mostly_accepted(model: type[BaseModel]) -> 
         accepted += _pydantic(model, json.dumps(doc).encode()) is not None
 
     count()
-    assert n * 0.1 < accepted < n * 0.95, accepted
+    assert n * 0.1 < accepted < n * 0.98, accepted  # about 35-87 % (measured), per model
 
 
 #: A header with every optional object present (a wait, a transition, a deadline, a
