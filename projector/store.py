@@ -256,7 +256,7 @@ class ProjectionStore:
         except pydantic.ValidationError as e:
             raise self._unreadable_header(run_id, raw, e) from e
         if header.schema_version != CURRENT_SCHEMA_VERSION:
-            raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.schema_version}")
+            raise self._other_version(run_id, header.schema_version)
 
         def load_one(kind: str, id_: str) -> Entry | None:
             value = self._get(keys.item_key(run_id, kind, id_))
@@ -269,6 +269,10 @@ class ProjectionStore:
 
         return RunDoc(header, load_one=load_one, load_all=load_all)
 
+    def _other_version(self, run_id: str, version: object) -> StoreError:
+        """The error for a run stored in a schema version this runstate does not write."""
+        return StoreError(f"run {run_id!r} in {self.path} has schema_version {version}")
+
     def _unreadable_header(self, run_id: str, raw: bytes, e: Exception) -> StoreError:
         """The error for a stored header that does not decode: another schema version
         (which may lack or add fields), else a damaged record."""
@@ -277,7 +281,7 @@ class ProjectionStore:
         except (orjson.JSONDecodeError, AttributeError):
             version = CURRENT_SCHEMA_VERSION
         if version != CURRENT_SCHEMA_VERSION:
-            return StoreError(f"run {run_id!r} in {self.path} has schema_version {version}")
+            return self._other_version(run_id, version)
         return StoreError(f"the stored header of run {run_id!r} in {self.path} cannot be read: {e}")
 
     def read_state_data(self, run_id: str) -> dict[str, Any] | None:
@@ -291,7 +295,7 @@ class ProjectionStore:
             return None
         header = orjson.loads(raw)
         if header.get("schema_version") != CURRENT_SCHEMA_VERSION:
-            raise StoreError(f"run {run_id!r} in {self.path} has schema_version {header.get('schema_version')}")
+            raise self._other_version(run_id, header.get("schema_version"))
         items: dict[bytes, list[bytes]] = {}
         prefix = keys.run_items_prefix(run_id)
         start = len(prefix)

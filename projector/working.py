@@ -224,11 +224,9 @@ class RunDoc:
         """Assemble the public document (lists in insertion order)."""
         # The header's fields as plain values (its datetimes kept), validated with the items,
         # which are validated models already (pydantic does not re-validate instances).
-        data = _header_data(self.header)
-        goal = data["goal"]
-        goal["constraints"] = self.sorted_items("constraints")
-        data = {name: data[name] for name in _HEADER_FIELDS if name not in _HEADER_ONLY}
-        data["goal"] = goal
+        header = _header_data(self.header)
+        data = {name: header[name] for name in _HEADER_FIELDS if name not in _HEADER_ONLY}
+        data["goal"] = {**header["goal"], "constraints": self.sorted_items("constraints")}
         for kind in COLLECTIONS:
             if kind != "constraints":
                 data[kind] = self.sorted_items(kind)

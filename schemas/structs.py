@@ -210,11 +210,6 @@ def _to_struct(v: Any) -> Any:
     return v
 
 
-def to_model(model: type[BaseModel], value: msgspec.Struct) -> BaseModel:
-    """The pydantic model of a struct (validated by the model: the edges' form)."""
-    return model.model_validate(msgspec.to_builtins(value, builtin_types=(_dt.datetime,)))
-
-
 #: A time with more than six digits of a second: msgspec rounds it to the microsecond,
 #: pydantic truncates it (``.1234567`` is ``.123457`` against ``.123456``), so a document
 #: that may hold one goes to the model. It matches in any text too; that only costs time.

@@ -126,6 +126,11 @@ def documents(model: type[BaseModel], odd: bool | None = None) -> st.SearchStrat
     return st.builds(damage, st.fixed_dictionaries(required, optional=optional), st.integers(0, 15), st.integers(0, 99))
 
 
+def _to_model(model: type[BaseModel], value: Any) -> BaseModel:
+    """The pydantic model of a struct, validated by the model."""
+    return model.model_validate(msgspec.to_builtins(value, builtin_types=(dt.datetime,)))
+
+
 def _pydantic(model: type[BaseModel], raw: bytes) -> BaseModel | None:
     try:
         return model.model_validate_json(raw)
@@ -186,7 +191,7 @@ def test_the_struct_accepts_and_rejects_what_the_model_does(model: type[BaseMode
     assert structs.from_model(by_model) == by_struct  # the same values
     stored = by_model.model_dump_json().encode()
     assert structs.encode(by_struct) == stored  # the same bytes
-    assert structs.to_model(model, by_struct) == by_model
+    assert _to_model(model, by_struct) == by_model
     # What msgspec accepts alone, the model accepts, with the same values; and what the
     # model writes, msgspec reads alone (a stored header takes the fast path), unless a
     # text in it looks like a time finer than a microsecond.
