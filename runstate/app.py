@@ -23,7 +23,15 @@ from runstate.projector.loop import Projector, ProjectorHooks, ProjectorStats
 from runstate.projector.queries import Projection, decision_reader
 from runstate.projector.runbook import DeadLetter
 from runstate.projector.keys import patch_id_digest, split_patch_ids
-from runstate.projector.replay import FieldChange, VerifyReport, accepted_after, explain, state_at, verify
+from runstate.projector.replay import (
+    FieldChange,
+    NearestCheckpoint,
+    VerifyReport,
+    accepted_after,
+    explain,
+    state_at,
+    verify,
+)
 from runstate.schemas.errors import ContractError, LogError, RunNotFound
 from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids
 from runstate.snapshotter.history import CheckpointHistory
@@ -251,11 +259,10 @@ def snapshot(settings: Settings, *, until_caught_up: bool = False, every: int | 
         log.close()
 
 
-def nearest_checkpoint(settings: Settings) -> Callable[[str, int], RunState | None]:
-    def nearest(run_id: str, revision: int) -> RunState | None:
+def nearest_checkpoint(settings: Settings) -> NearestCheckpoint:
+    def nearest(run_id: str, revision: int) -> dict[str, Any] | None:
         with CheckpointHistory(snapshotter_dir(settings.state_dir), settings.checkpoint_key_bytes()) as hist:
-            cp = hist.nearest(run_id, revision)  # validated: digest, signature, versions
-        return None if cp is None else cp.state
+            return hist.nearest_state_data(run_id, revision)  # checked: digest, signature, versions
 
     return nearest
 

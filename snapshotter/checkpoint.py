@@ -185,13 +185,9 @@ def encode(cp: Checkpoint) -> bytes:
     return cp.model_dump_json().encode()
 
 
-def validate(raw: bytes, key: bytes | None = None) -> Checkpoint:
-    """Check a checkpoint record and return it with a current-schema state.
-
-    Raises :class:`CheckpointInvalid` when it is not JSON / not a checkpoint, from another
-    format or reducer version, its digest does not cover it as it is (any field edited),
-    it is unsigned or wrongly signed while a ``key`` is configured, its state is not its
-    run's, or the state cannot be migrated."""
+def _trusted_doc(raw: bytes, key: bytes | None) -> dict[str, Any]:
+    """A checkpoint record as plain JSON data, with a current-schema state, once everything
+    but its shape is checked (see :func:`validate`). Raises :class:`CheckpointInvalid`."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -218,6 +214,18 @@ def validate(raw: bytes, key: bytes | None = None) -> Checkpoint:
         state_json = migrated.model_dump(mode="json")
         doc = {**doc, "state": state_json, "schema_version": CURRENT_SCHEMA_VERSION,
                "state_digest": raw_state_digest(state_json)}  # fmt: skip
+    return doc  # type: ignore[no-any-return]
+
+
+def validate(raw: bytes, key: bytes | None = None) -> Checkpoint:
+    """Check a checkpoint record and return it with a current-schema state.
+
+    Raises :class:`CheckpointInvalid` when it is not JSON / not a checkpoint, from another
+    format or reducer version, its digest does not cover it as it is (any field edited),
+    it is unsigned or wrongly signed while a ``key`` is configured, its state is not its
+    run's, or the state cannot be migrated."""
+    doc = _trusted_doc(raw, key)
+    run_id = doc.get("run_id")
     try:
         cp = Checkpoint.model_validate(doc)
         decode_patch_ids(cp.patch_ids)
@@ -226,6 +234,18 @@ def validate(raw: bytes, key: bytes | None = None) -> Checkpoint:
     except ValueError as e:
         raise CheckpointInvalid(run_id, f"not a checkpoint: patch_ids: {e}") from e
     return cp
+
+
+def state_data_of(raw: bytes, key: bytes | None = None) -> dict[str, Any]:
+    """A checkpoint's state as plain JSON data (``RunState.model_dump(mode="json")`` of the
+    state :func:`validate` returns), checked as :func:`validate` checks it (format and
+    reducer versions, digest, signature with a ``key``, the state's run and revision; an
+    older schema migrated) but without building the models: a checkpoint is only ever
+    written from a validated state, and its digest proves it is that document (its
+    signature, with a key, that this runstate wrote it), the trust a projection store's
+    ``state_data`` has in what the projector wrote. Raises :class:`CheckpointInvalid`.
+    The checkpoint's other fields (decisions, patch ids, verdict) are not read."""
+    return _trusted_doc(raw, key)["state"]  # type: ignore[no-any-return]
 
 
 # --- coverage -------------------------------------------------------------------------------------

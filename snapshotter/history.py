@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from runstate.eventlog.partitioner import partition_for
 from runstate.projector.statedir import Layout
 from runstate.projector.store import ProjectionStore
 from runstate.schemas.errors import CheckpointInvalid
-from runstate.snapshotter.checkpoint import Checkpoint, validate
+from runstate.snapshotter.checkpoint import Checkpoint, state_data_of, validate
 
 
 class CheckpointHistory:
@@ -49,6 +50,20 @@ class CheckpointHistory:
         for _rev, raw in st.checkpoints_at_or_below(run_id, revision):
             try:
                 return validate(raw, self.key)
+            except CheckpointInvalid:
+                continue
+        return None
+
+    def nearest_state_data(self, run_id: str, revision: int) -> dict[str, Any] | None:
+        """The state of :meth:`nearest`'s checkpoint as plain JSON data
+        (:func:`~runstate.snapshotter.checkpoint.state_data_of`: the same checks, no models
+        built), or None."""
+        st = self._store(run_id)
+        if st is None:
+            return None
+        for _rev, raw in st.checkpoints_at_or_below(run_id, revision):
+            try:
+                return state_data_of(raw, self.key)
             except CheckpointInvalid:
                 continue
         return None

@@ -16,8 +16,9 @@ from runstate.projector.loop import Projector
 from runstate.projector.queries import Projection
 from runstate.projector.replay import replay
 from runstate.projector.runbook import RunBook
+from runstate.projector.working import RunDoc
 from runstate.schemas.patch import Decision, Patch
-from runstate.schemas.state import COLLECTIONS
+from runstate.schemas.state import COLLECTIONS, RunState
 
 
 def fold_bytes(patches: list[Patch]) -> dict[str, bytes]:
@@ -83,3 +84,40 @@ def test_projection_equals_replay_for_any_interleaving(ops: list[tuple[str, str,
                     assert d_.model_fields_set == set(Decision.model_fields)
                     assert Decision.model_validate(d_.model_dump()) == d_
         log.close()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(op, min_size=5, max_size=80), st.data())
+def test_a_run_continued_from_its_state_as_data_is_the_run_folded_from_the_start(
+        ops: list[tuple[str, str, int, bool, int]], data: st.DataObject) -> None:  # fmt: skip
+    """What a rebuild from a checkpoint does in ``state_data_at``: the state at revision c as
+    plain data, its working form (items validated only when touched), then the accepted
+    patches after c. At every n >= c the plain document is the folded state's, key for
+    key and byte for byte, and validates to that state, as the doc's own ``to_state`` does."""
+    patches = build(ops)
+    full = RunBook()
+    states: dict[int, dict[str, object]] = {}
+    accepted: dict[int, Patch] = {}
+    for i, p in enumerate(patches):
+        applied = full.apply(p, 0, i)
+        doc = full.docs.get("r0")
+        if (p.run_id == "r0" and not applied.duplicate and applied.decision is not None
+                and applied.decision.outcome == "accepted" and doc is not None):
+            accepted[doc.header.revision] = p
+            states[doc.header.revision] = doc.to_state().model_dump(mode="json")
+    head = max(states)
+    c = data.draw(st.integers(1, head), label="checkpoint revision")
+    # Untouched, the working form gives the document back as it came.
+    assert RunDoc.from_state_data(states[c]).to_state_data() == states[c]
+    start = RunDoc.from_state_data(states[c])
+    book = RunBook(load_doc=lambda r: start if r == "r0" else None)
+    for n in range(c + 1, head + 1):
+        applied = book.apply(accepted[n], 0, n)
+        assert applied.decision is not None and applied.decision.outcome == "accepted"
+        doc = book.docs["r0"]
+        assert doc is not None
+        got = doc.to_state_data()
+        assert got == states[n]
+        assert orjson.dumps(got) == RunState.model_validate(states[n]).model_dump_json().encode()
+        assert RunState.model_validate(got) == RunState.model_validate(states[n])
+        assert doc.to_state().model_dump(mode="json") == states[n]  # what state_at returns

@@ -19,11 +19,19 @@ from runstate.projector.runbook import RunBook
 from runstate.projector.working import RunDoc
 from runstate.projector.loop import Projector
 from runstate.projector.queries import Projection
-from runstate.projector.replay import state_at, verify
+from runstate.projector.replay import state_at, state_data_at, verify
 from runstate.schemas.patch import Patch
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, state_digest
 from runstate.projector.keys import patch_id_digest, split_patch_ids
-from runstate.snapshotter.checkpoint import CheckpointInvalid, decode_patch_ids, make_checkpoint, seal, validate, verdict_of
+from runstate.snapshotter.checkpoint import (
+    CheckpointInvalid,
+    decode_patch_ids,
+    make_checkpoint,
+    seal,
+    state_data_of,
+    validate,
+    verdict_of,
+)
 from runstate.snapshotter.checkpoint import encode as encode_cp
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.policy import CheckpointPolicy
@@ -148,8 +156,11 @@ def test_untrustworthy_checkpoints_are_rejected(mutate: Any, reseal: bool, reaso
     """Refused for what they say (resealed: the digest is right), or for being edited."""
     doc = orjson.loads(a_checkpoint())
     mutate(doc)
+    raw = seal(doc, None) if reseal else orjson.dumps(doc)
     with pytest.raises(CheckpointInvalid, match=reason):
-        validate(seal(doc, None) if reseal else orjson.dumps(doc))
+        validate(raw)
+    with pytest.raises(CheckpointInvalid, match=reason):  # the plain-data path checks the same
+        state_data_of(raw)
     with pytest.raises(CheckpointInvalid, match="not JSON"):
         validate(b"\x00\x01")
 
@@ -307,9 +318,8 @@ def test_time_travel_starts_from_the_nearest_checkpoint(tmp_path: Path) -> None:
             below = [r for r in revs if r <= n]
             assert (got.revision if got else None) == (max(below) if below else None)
 
-        def nearest(run: str, n: int) -> Any:
-            cp = hist.nearest(run, n)
-            return None if cp is None else validate(encode_cp(cp)).state
+            data = hist.nearest_state_data("run_0", n)  # the same checkpoint's state, as plain data
+            assert data == (got.state.model_dump(mode="json") if got else None)
 
         with Projection(state) as proj:
             for n in (1, 9, 10, 15, 26):
@@ -320,7 +330,11 @@ def test_time_travel_starts_from_the_nearest_checkpoint(tmp_path: Path) -> None:
                         want = d.to_state()
                         break
                 assert want is not None
-                assert state_digest(state_at(log, proj, "run_0", n, nearest=nearest)) == state_digest(want)
+                got_state = state_at(log, proj, "run_0", n, nearest=hist.nearest_state_data)
+                assert state_digest(got_state) == state_digest(want)
+                # The plain form, from the checkpoint's data (items validated only when touched).
+                assert state_data_at(log, proj, "run_0", n, nearest=hist.nearest_state_data) == want.model_dump(mode="json")
+                assert state_data_at(log, proj, "run_0", n) == want.model_dump(mode="json")  # from the start
     log.close()
 
 

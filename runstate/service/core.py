@@ -21,7 +21,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from runstate import app
 from runstate.projector.context import render_context
-from runstate.projector.replay import explain, state_at
+from runstate.projector.replay import explain, state_data_at
 from runstate.schemas.errors import ContractError, DecisionTimeout, RevisionNotFound, RunNotFound, RunstateError
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import RunHeader, RunState
@@ -266,18 +266,17 @@ class Service:
             if revision is not None:
                 live = _LiveRuns(self.node)
                 live.header(run_id)  # NotOwner before any log read
-                state = await asyncio.to_thread(self._state_at, live, run_id, revision)
-                return state.model_dump(mode="json")
+                return await asyncio.to_thread(self._state_data_at, live, run_id, revision)
             if min_revision is not None:
                 await self._reach(run_id, min_revision, wait_s)
             return _state_data(self.node, run_id)
 
         return await self.on_owner(run_id, fwd, local, dict)
 
-    def _state_at(self, live: _LiveRuns, run_id: str, revision: int) -> RunState:
+    def _state_data_at(self, live: _LiveRuns, run_id: str, revision: int) -> dict[str, Any]:
         log = app.open_settings_log(self.settings, create=False)
         try:
-            return state_at(log, live, run_id, revision, nearest=app.nearest_checkpoint(self.settings))
+            return state_data_at(log, live, run_id, revision, nearest=app.nearest_checkpoint(self.settings))
         finally:
             log.close()
 
