@@ -75,6 +75,13 @@ class Projection:
         st = self._store(self.layout.partition_of(run_id))
         return [] if st is None else st.accepted_since(run_id, after_revision)
 
+    def accepted_positions(self, run_id: str, after_revision: int,
+                           up_to_revision: int | None = None) -> list[tuple[int, int, int]]:  # fmt: skip
+        """``(revision, partition, offset)`` of those decisions, up to ``up_to_revision`` (see
+        :meth:`ProjectionStore.accepted_positions`)."""
+        st = self._store(self.layout.partition_of(run_id))
+        return [] if st is None else st.accepted_positions(run_id, after_revision, up_to_revision)
+
     def runs(self, status: str | None = None) -> list[RunHeader]:
         """Headers of every run (sorted by run id), optionally of one status."""
         out: list[RunHeader] = []

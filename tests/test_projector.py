@@ -59,7 +59,12 @@ def test_projection_equals_pure_replay_and_keeps_every_decision(tmp_path: Path, 
         for after in range(0, proj.state("a").revision + 1):
             want = [d for d in hist if d.outcome == "accepted" and d.revision > after]
             assert proj.accepted_since("a", after) == want
+            # what a rebuild reads of them: where each is, up to a revision
+            for up_to in (None, after, after + 1, after + 3):
+                assert proj.accepted_positions("a", after, up_to) == [
+                    (d.revision, d.partition, d.offset) for d in want if up_to is None or d.revision <= up_to]
         assert proj.accepted_since("ghost", 0) == []
+        assert proj.accepted_positions("ghost", 0) == []
         assert proj.history("ghost")[0].reason == "unknown_run"
         with pytest.raises(RunNotFound):
             proj.state("ghost")

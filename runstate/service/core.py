@@ -99,8 +99,9 @@ class _LiveRuns:  # a replay.RunRecords
     def history(self, run_id: str) -> list[Decision]:
         return self.node.read(run_id, lambda st: st.history(run_id))
 
-    def accepted_since(self, run_id: str, after_revision: int) -> list[Decision]:
-        return self.node.read(run_id, lambda st: st.accepted_since(run_id, after_revision))
+    def accepted_positions(self, run_id: str, after_revision: int,
+                           up_to_revision: int | None = None) -> list[tuple[int, int, int]]:  # fmt: skip
+        return self.node.read(run_id, lambda st: st.accepted_positions(run_id, after_revision, up_to_revision))
 
 
 def _state_data(node: Node, run_id: str) -> dict[str, Any]:
