@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from runstate.eventlog.partitioner import partition_for
 from runstate.projector.statedir import Layout
 from runstate.projector.store import ProjectionStore
 from runstate.schemas.errors import CheckpointInvalid
 from runstate.snapshotter.checkpoint import Checkpoint, state_data_of, validate
+
+#: What a check of a checkpoint record gives.
+T = TypeVar("T")
 
 
 class CheckpointHistory:
@@ -44,26 +48,23 @@ class CheckpointHistory:
     def nearest(self, run_id: str, revision: int) -> Checkpoint | None:
         """The newest *valid* checkpoint at or below ``revision`` (see
         :func:`~runstate.snapshotter.checkpoint.validate`; with this history's key), or None."""
-        st = self._store(run_id)
-        if st is None:
-            return None
-        for _rev, raw in st.checkpoints_at_or_below(run_id, revision):
-            try:
-                return validate(raw, self.key)
-            except CheckpointInvalid:
-                continue
-        return None
+        return self._newest_valid(run_id, revision, validate)
 
     def nearest_state_data(self, run_id: str, revision: int) -> dict[str, Any] | None:
         """The state of :meth:`nearest`'s checkpoint as plain JSON data
         (:func:`~runstate.snapshotter.checkpoint.state_data_of`: the same checks, no models
         built), or None."""
+        return self._newest_valid(run_id, revision, state_data_of)
+
+    def _newest_valid(self, run_id: str, revision: int, check: Callable[[bytes, bytes | None], T]) -> T | None:
+        """``check(raw, key)`` of the newest checkpoint at or below ``revision`` that it does
+        not refuse (:class:`CheckpointInvalid`: the next older one is tried), or None."""
         st = self._store(run_id)
         if st is None:
             return None
         for _rev, raw in st.checkpoints_at_or_below(run_id, revision):
             try:
-                return state_data_of(raw, self.key)
+                return check(raw, self.key)
             except CheckpointInvalid:
                 continue
         return None
