@@ -175,6 +175,29 @@ def test_checkpoint_with_an_older_state_schema_is_migrated() -> None:
     assert cp.state.schema_version == CURRENT_SCHEMA_VERSION and cp.state.open_questions[0].text == V1_DOC["open_questions"][0]
 
 
+@pytest.mark.parametrize("drop", [
+    lambda st: [st.pop(name) for name in ("revoked_agents", "artifacts", "inputs")],  # the document's
+    lambda st: st["policy"].pop("external_evidence_schemes"),  # a model's it holds
+    lambda st: st["confirmed_facts"][0].pop("scope"),  # an item's
+])  # fmt: skip
+def test_a_checkpoint_written_before_fields_existed_reads_as_data_with_their_defaults(drop: Any) -> None:
+    """Fields were added to the current schema version with defaults (a run's revoked agents,
+    artifacts and inputs; its policy's trusted evidence schemes), and may be again, at any
+    level. A checkpoint written before them is valid; as plain data it reads as the
+    validated state does: the defaults filled in, in the model's key order, and a run
+    continued from it has them too."""
+    doc = orjson.loads(a_checkpoint())
+    drop(doc["state"])
+    raw = seal(doc, None)
+    want = validate(raw).state.model_dump(mode="json")
+    got = state_data_of(raw)
+    assert got == want and orjson.dumps(got) == orjson.dumps(want)  # the same keys, in the same order
+    book = RunBook(load_doc=lambda r: RunDoc.from_state_data(state_data_of(raw)) if r == "r" else None)
+    book.apply(patch("r", 2, fact("f9")), 0, 9)
+    continued = book.docs["r"]
+    assert continued is not None and continued.to_state_data() == continued.to_state().model_dump(mode="json")
+
+
 # --- triggers ---------------------------------------------------------------------------
 
 
