@@ -114,6 +114,9 @@ class _Compiler:
         self.tables = 0
         #: writers of objects (attributes) rather than of dicts
         self.objects = objects
+        #: the records whose reader is being generated, outermost first: a record read
+        #: inside itself (a recursive schema) is read by a call, not in place
+        self.reading: list[str] = []
 
     def var(self) -> str:
         self.n += 1
@@ -164,13 +167,23 @@ class _Compiler:
         t = self.resolve(t, ns)
         if t == "null":
             return [f"{ind}{target} = None"]
+        if t in ("long", "int"):
+            return self.read_long(target, ind)
+        if t == "string":
+            n = self.var()
+            return [*self.read_long(n, ind), f"{ind}if {n} < 0 or p + {n} > len(b):",
+                    f"{ind}    raise AvroError('string of ' + str({n}) + ' bytes runs past the record')",
+                    f"{ind}{target} = b[p:p + {n}].decode()", f"{ind}p += {n}"]  # fmt: skip
         if isinstance(t, str) and t in _PRIMITIVE_READERS:
             return [f"{ind}{target}, p = {_PRIMITIVE_READERS[t]}(b, p)"]
-        if isinstance(t, str):  # a named record
-            return [f"{ind}{target}, p = {self.fn(t, 'r_')}(b, p)"]
+        if isinstance(t, str):  # a named record: its fields read in place, unless it holds itself
+            if t in self.reading:
+                return [f"{ind}{target}, p = {self.fn(t, 'r_')}(b, p)"]
+            body, names = self.record_body(t, ind)
+            return [*body, f"{ind}{target} = {{{', '.join(names)}}}"]
         if isinstance(t, list):
             i = self.var()
-            out = [f"{ind}{i}, p = _read_long(b, p)"]
+            out = self.read_long(i, ind)
             branches = [self.resolve(x, ns) for x in t]
             if len(branches) > 2 and all(isinstance(x, str) and x in self.named for x in branches):
                 # One lookup instead of an elif per branch (30 event types).
@@ -193,14 +206,27 @@ class _Compiler:
             return out
         raise NotImplementedError(f"avrofast does not compile {t!r}")
 
-    def reader_fn(self, full: str) -> None:
-        rec = self.named[full]
+    @staticmethod
+    def read_long(target: str, ind: str) -> list[str]:
+        """A long read inline: the common one-byte form (a value in -64..63: most lengths,
+        union indexes and counts) without a call, the others by ``_read_long``."""
+        return [f"{ind}{target} = b[p]", f"{ind}if {target} < 0x80:", f"{ind}    {target} = ({target} >> 1) ^ -({target} & 1)",
+                f"{ind}    p += 1", f"{ind}else:", f"{ind}    {target}, p = _read_long(b, p)"]  # fmt: skip
+
+    def record_body(self, full: str, ind: str) -> tuple[list[str], list[str]]:
+        """Lines reading the fields of record ``full`` into locals, and its dict's items."""
+        self.reading.append(full)
         ns = _namespace_of(full)
         body, names = [], []
-        for f in rec["fields"]:
+        for f in self.named[full]["fields"]:
             v = self.var()
-            body += self.read(f["type"], v, "    ", ns)
+            body += self.read(f["type"], v, ind, ns)
             names.append(f"{f['name']!r}: {v}")
+        self.reading.pop()
+        return body, names
+
+    def reader_fn(self, full: str) -> None:
+        body, names = self.record_body(full, "    ")
         self.lines += [f"def {self.fn(full, 'r_')}(b, p):", *body, f"    return {{{', '.join(names)}}}, p", ""]
 
     # -- writing ------------------------------------------------------------------------

@@ -451,3 +451,32 @@ def test_an_object_writer_refuses_a_union_it_cannot_tell_apart_by_class_name() -
     with pytest.raises(NotImplementedError):
         avrofast.compile_object_writer(schema, records=(pydantic.BaseModel,), strings=(), scalar=str)
     avrofast.compile_schema(schema)  # the dict writer names the branch: no ambiguity
+
+
+@pytest.mark.parametrize("length", [0, 63, 64, 300, 20_000])
+def test_a_record_that_holds_itself_and_long_strings_read_as_fastavro_reads_them(length: int) -> None:
+    """The generated reader reads a record's fields in place, but a record inside itself
+    by a call (else generating its reader would never end); lengths from 64 bytes on take
+    more than one byte, read by the general varint reader."""
+    import io
+
+    import fastavro
+
+    from runstate.schemas import avrofast
+
+    schema = {"type": "record", "name": "Node", "fields": [
+        {"name": "label", "type": "string"},
+        {"name": "next", "type": ["null", "Node"]},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+    ]}  # fmt: skip
+    datum = {"label": "é" * length, "next": {"label": "x", "next": {"label": "y" * length, "next": None, "tags": []},
+                                             "tags": ["t" * length]}, "tags": ["a", "b" * 70]}  # fmt: skip
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), datum)
+    read, write = avrofast.compile_schema(schema)
+    assert read(buf.getvalue(), 0) == (datum, len(buf.getvalue()))
+    out = bytearray()
+    write(out, datum)
+    assert bytes(out) == buf.getvalue()
+    with pytest.raises((avrofast.AvroError, IndexError)):
+        read(buf.getvalue()[: len(buf.getvalue()) // 2], 0)  # cut short: a string runs past the end
