@@ -166,6 +166,7 @@ def decode_header(raw: bytes) -> RunHeader:
 
 
 _decode_working_header = structs.decoder(RunHeader)
+_encode_working_header = structs.encoder(RunHeader)
 
 
 def decode_working_header(raw: bytes) -> Header:
@@ -177,7 +178,7 @@ def decode_working_header(raw: bytes) -> Header:
 
 def encode_header(header: Header) -> bytes:
     """A working header as stored: the bytes ``model_dump_json`` writes for the equal model."""
-    return structs.encode(header)
+    return _encode_working_header(header)
 
 
 def decode_decision(raw: bytes) -> Decision:

@@ -603,7 +603,7 @@ def _observation_recorded(d: Draft, e: ev.ObservationRecorded, ctx: Ctx) -> None
     if isinstance(current, Observation) and (o.observed_at or ctx.at) < current.observed_at:
         return
     d.put("environment_observations", o.subject, Observation(
-        **o.model_dump(exclude={"observed_at"}), observed_at=o.observed_at or ctx.at,
+        **{**structs.fields_of(o), "observed_at": o.observed_at or ctx.at},
         recorded_at_revision=ctx.revision,
         provenance=ctx.created() if not isinstance(current, Observation) else ctx.touched(current.provenance),
     ))  # fmt: skip
@@ -623,11 +623,11 @@ def _effect_recorded(d: Draft, e: ev.EffectRecorded, ctx: Ctx) -> None:
     if isinstance(old, Effect):
         _require(new.status in EFFECT_TRANSITIONS[old.status], "effect.transition",
                  f"effect {new.id!r} cannot go from {old.status} to {new.status}")  # fmt: skip
-        merged = {k: v for k, v in new.model_dump().items() if v is not None}
+        merged = {k: v for k, v in structs.fields_of(new).items() if v is not None}
         d.put("effect_ledger", new.id, old.model_copy(update={**merged, "updated_at_revision": ctx.revision,
                                                                "provenance": ctx.touched(old.provenance)}))  # fmt: skip
     else:
-        d.put("effect_ledger", new.id, Effect(**new.model_dump(), updated_at_revision=ctx.revision,
+        d.put("effect_ledger", new.id, Effect(**structs.fields_of(new), updated_at_revision=ctx.revision,
                                               provenance=ctx.created()))  # fmt: skip
 
 
@@ -645,7 +645,7 @@ def _waiting_started(d: Draft, e: ev.WaitingStarted, ctx: Ctx) -> None:
     _require(current is None, "waiting.already_waiting",
              f"the run already waits for {current.wait_id if current else ''!r}")  # fmt: skip
     _set(d, status="waiting",
-         waiting=HeaderWaiting(**e.waiting.__dict__, since=ctx.at, since_revision=ctx.revision))  # fmt: skip
+         waiting=HeaderWaiting(**structs.fields_of(e.waiting), since=ctx.at, since_revision=ctx.revision))  # fmt: skip
 
 
 @reducer(ev.WaitingResolved)

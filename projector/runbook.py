@@ -22,7 +22,7 @@ from runstate.eventlog.base import Record
 from runstate.projector.decide import decide
 from runstate.projector.reducer import READS
 from runstate.projector.working import Changes, Entry, RunDoc
-from runstate.schemas.codec import decode
+from runstate.schemas.codec import read_patch
 from runstate.schemas.errors import DecodeError, StoreError
 from runstate.schemas.patch import Decision, Patch
 
@@ -74,7 +74,7 @@ def read_record(rec: Record) -> Patch | DeadLetter:
             key = rec.key.decode() if rec.key is not None else None
         except UnicodeDecodeError as e:
             raise DecodeError("key_not_utf8", detail=f"record key {rec.key!r}: {e.reason} at byte {e.start}") from e
-        patch = decode(rec.value)
+        patch = read_patch(rec.value)
         if key != patch.run_id:
             raise DecodeError("key_mismatch", detail=f"record key {key!r} is not the patch's run_id {patch.run_id!r}")
     except DecodeError as e:

@@ -270,7 +270,7 @@ class RunDoc:
             if live:
                 live.sort(key=_seq)
                 lists[kind] = [item for _, item in live]
-        return _assembled(orjson.loads(structs.encode(self.header)), lists)
+        return _assembled(orjson.loads(_encode_header(self.header)), lists)
 
     def as_changes(self) -> Changes:
         """Everything of the run as one change set (to write a restored run)."""
@@ -342,6 +342,7 @@ class RunDoc:
 _HEADER_FIELDS = tuple(RunHeader.model_fields)
 #: A stored header's decoder (the store's: see ``keys.decode_working_header``).
 _decode_header = structs.decoder(RunHeader)
+_encode_header = structs.encoder(RunHeader)
 
 
 def header_from_model(header: RunHeader) -> Header:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from helpers import append_all
+from helpers import append_all, fold
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import orjson
@@ -77,6 +77,12 @@ def test_projection_equals_replay_for_any_interleaving(ops: list[tuple[str, str,
                 assert header is not None and header.sizes == {
                     k: len(v) for k in COLLECTIONS if (v := state.goal.constraints if k == "constraints" else getattr(state, k))}
                 assert list(header.sizes) == [k for k in COLLECTIONS if k in header.sizes]  # one form: stored bytes agree
+            # Read from the log, the core gets each patch as its struct (codec.read_patch);
+            # folded as the validated models it was appended as, the same runs result.
+            models = fold(placed)
+            assert {r: d_ and d_.to_state().model_dump_json() for r, d_ in book.docs.items()} == {
+                r: d_ and d_.to_state().model_dump_json() for r, d_ in models.docs.items()}
+            assert {k: d_.model_copy(update={"content_digest": None}) for k, d_ in book.decided.items()} == models.decided
             for run in RUNS:
                 decided = [d_ for (r, _), d_ in book.decided.items() if r == run]
                 assert proj.history(run) == sorted(decided, key=lambda x: x.offset)

@@ -141,7 +141,7 @@ def _pydantic(model: type[BaseModel], raw: bytes) -> BaseModel | None:
 def _msgspec_alone(model: type[BaseModel], raw: bytes) -> Any:
     """What msgspec's decoder gives where :func:`structs.decoder` asks it first (None where
     it refuses, or where the decoder goes to the model: a time finer than a microsecond)."""
-    if structs._FINER_THAN_MICROS.search(raw):
+    if structs.FINER_THAN_MICROS.search(raw):
         return None
     try:
         return msgspec.json.decode(raw, type=structs.struct_of(model), strict=True)
@@ -190,14 +190,14 @@ def test_the_struct_accepts_and_rejects_what_the_model_does(model: type[BaseMode
         return
     assert structs.from_model(by_model) == by_struct  # the same values
     stored = by_model.model_dump_json().encode()
-    assert structs.encode(by_struct) == stored  # the same bytes
+    assert structs.encoder(model)(by_struct) == stored  # the same bytes
     assert _to_model(model, by_struct) == by_model
     # What msgspec accepts alone, the model accepts, with the same values; and what the
     # model writes, msgspec reads alone (a stored header takes the fast path), unless a
     # text in it looks like a time finer than a microsecond.
     fast = _msgspec_alone(model, raw)
     assert fast is None or fast == by_struct, (raw, fast, by_struct)
-    if not structs._FINER_THAN_MICROS.search(stored):
+    if not structs.FINER_THAN_MICROS.search(stored):
         assert _msgspec_alone(model, stored) == by_struct
 
 
@@ -279,7 +279,7 @@ def test_every_single_change_to_a_full_header_is_judged_as_the_model_judges_it()
         fast = _msgspec_alone(RunHeader, raw)
         if by_model is not None:
             assert structs.from_model(by_model) == by_struct, raw
-            assert structs.encode(by_struct) == by_model.model_dump_json().encode(), raw
+            assert structs.encoder(RunHeader)(by_struct) == by_model.model_dump_json().encode(), raw
         if fast is not None:
             assert by_model is not None and structs.from_model(by_model) == fast, raw
         outcomes.add((by_model is not None, fast is not None))
@@ -304,16 +304,26 @@ def test_a_struct_has_the_models_fields_in_order_with_its_defaults() -> None:
 
 
 def test_a_field_type_without_an_equivalent_is_refused_at_generation() -> None:
-    """What the generator does not carry over (a date; a float, which the two write
-    differently; a multiple; a pattern with a '$' before its end; a model's own validator;
-    an alias; a setting such as stripping whitespace) is an error when the struct is made,
-    not a struct that validates or writes differently."""
-
-    class OnADay(BaseModel):
-        day: dt.date
+    """What the generator does not carry over (a date; a multiple; a pattern with a '$'
+    before its end; a model's own validator; an alias; a setting such as stripping
+    whitespace) is an error when the struct is made, not a struct that validates or writes
+    differently. A float is read as the model reads it, but written differently: a model
+    that may hold one has a struct and no encoder."""
 
     class Scored(BaseModel):
         score: float
+
+    class HoldsScored(BaseModel):
+        inner: list[Scored | None] = []
+
+    assert msgspec.convert({"score": 1}, structs.struct_of(Scored)).score == Scored(score=1).score
+    for model in (Scored, HoldsScored):
+        with pytest.raises(TypeError, match="no msgspec equivalent for writing"):
+            structs.encoder(model)
+    structs.encoder(RunHeader)  # the header holds none
+
+    class OnADay(BaseModel):
+        day: dt.date
 
     class Even(BaseModel):
         n: Annotated[int, pydantic.Field(multiple_of=2)]
@@ -336,6 +346,108 @@ def test_a_field_type_without_an_equivalent_is_refused_at_generation() -> None:
         model_config = pydantic.ConfigDict(str_strip_whitespace=True)
         s: str
 
-    for model in (OnADay, Scored, Even, Anchored, Checked, Aliased, Stripped):
+    for model in (OnADay, Even, Anchored, Checked, Aliased, Stripped):
         with pytest.raises(TypeError, match="no msgspec equivalent"):
             structs.struct_of(model)
+
+
+# --- the patch the projector's core reads (codec.read_patch) ---------------------------------
+
+from runstate.schemas import codec  # noqa: E402
+from runstate.schemas.errors import DecodeError  # noqa: E402
+from runstate.schemas.patch import Patch  # noqa: E402
+
+
+def _patch_fast_alone(doc: Any) -> Any:
+    """What msgspec gives for a decoded patch where read_patch asks it first (None: it
+    refuses, or read_patch goes to the model)."""
+    if structs.FINER_THAN_MICROS.search(json.dumps(doc).encode()):
+        return None
+    try:
+        return msgspec.convert(doc, codec.PatchStruct)
+    except msgspec.ValidationError:
+        return None
+
+
+def _patch_model(doc: Any) -> Patch | None:
+    try:
+        return Patch.model_validate(doc)
+    except pydantic.ValidationError:
+        return None
+
+
+def _same_patch(fast: Any, by_model: Patch) -> bool:
+    """The struct holds the model's values: validated back into the model, it writes the
+    same JSON (times with their offsets, which ``==`` on datetimes would not compare)."""
+    back = Patch.model_validate(msgspec.to_builtins(fast, builtin_types=(dt.datetime,)))
+    return back.model_dump_json() == by_model.model_dump_json()
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(doc=documents(Patch))
+def test_what_msgspec_accepts_of_a_patch_the_model_accepts_with_the_same_values(doc: dict[str, Any]) -> None:
+    """Patch documents of every shape the models allow (30 event types, valid or damaged
+    at any depth): where the struct takes one alone, the model takes it with equal values."""
+    fast = _patch_fast_alone(doc)
+    if fast is not None:
+        by_model = _patch_model(doc)
+        assert by_model is not None and _same_patch(fast, by_model), (doc, by_model, fast)
+        assert [e.type for e in fast.events] == [e.type for e in by_model.events]
+
+
+#: A patch with an event of each kind of field: times, a float, optional values, lists,
+#: nested models and defaults.
+FULL_PATCH: dict[str, Any] = {
+    "patch_id": "p1", "run_id": "run_1", "expected_revision": 3, "rebase": True,
+    "author": {"agent_id": "a1", "agent_version": "v1"}, "created_at": "2026-01-01T00:00:00.5+02:00",
+    "events": [
+        {"type": "RunStarted", "goal": {"statement": "ship", "scope": {"include": ["src/"]}, "acceptance": ["ok"]},
+         "phase": "plan", "policy": {"writers": ["a1"], "external_evidence_schemes": ["jira"]}},
+        {"type": "FactConfirmed", "fact": {"id": "f1", "statement": "s", "evidence": "artifact://x",
+                                           "observed_at": "2026-01-01T00:00:00Z", "scope": "src"},
+         "replaces_hypothesis_id": None},
+        {"type": "HypothesisProposed", "hypothesis": {"id": "h1", "statement": "s", "confidence": 0.5, "falsifier": "f"}},
+        {"type": "BudgetConsumed", "tokens": 5},
+        {"type": "WaitingStarted", "waiting": {"wait_id": "w1", "kind": "approval", "reason": "r",
+                                               "until": "2026-01-02T00:00:00-05:30"}},
+    ],
+}  # fmt: skip
+
+
+def test_every_single_change_to_a_full_patch_is_judged_as_the_model_judges_it() -> None:
+    """Deterministic and exhaustive one step away from a valid patch: whatever msgspec
+    takes alone, the model takes with the same values; both answers occur."""
+    assert _patch_model(FULL_PATCH) is not None
+    outcomes = set()
+    for doc in [FULL_PATCH, *_mutations(FULL_PATCH)]:
+        by_model, fast = _patch_model(doc), _patch_fast_alone(doc)
+        if fast is not None:
+            assert by_model is not None and _same_patch(fast, by_model), doc
+        outcomes.add((by_model is not None, fast is not None))
+    assert outcomes == {(True, True), (True, False), (False, False)}, outcomes
+
+
+def _avro_datums() -> st.SearchStrategy[dict[str, Any]]:
+    from test_schemas import PATCH_DATUMS
+
+    return PATCH_DATUMS
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(datum=_avro_datums())
+def test_read_patch_accepts_and_refuses_every_record_as_decode_does(datum: dict[str, Any]) -> None:
+    """On log records (any datum of the published schema): read_patch refuses what decode
+    refuses, with the same reason, and reads what it reads, with the same values."""
+    raw = codec.encode_datum(datum, codec.current_writer())
+    try:
+        want = codec.decode(raw)
+    except DecodeError as e:
+        with pytest.raises(DecodeError) as got:
+            codec.read_patch(raw)
+        assert (got.value.reason, got.value.detail) == (e.reason, e.detail)
+        return
+    got_patch = codec.read_patch(raw)
+    if isinstance(got_patch, Patch):
+        assert got_patch == want
+    else:
+        assert _same_patch(got_patch, want)
