@@ -126,8 +126,12 @@ def run_of(key: bytes, prefix: bytes) -> str:
 
 
 def dump(model: Model) -> bytes:
-    """A contract model as JSON bytes (pydantic's serializer: no intermediate dict)."""
-    return model.__pydantic_serializer__.to_json(model)  # type: ignore[no-any-return]
+    """A contract model as JSON bytes: the bytes of its ``model_dump_json``, by msgspec where
+    that writes the same (see :func:`structs.json_writer`), else pydantic's serializer."""
+    return _json_writer(type(model))(model)
+
+
+_json_writer = structs.json_writer
 
 
 #: Size of a patch id's digest where ids are kept by digest (restored runs, checkpoints).

@@ -16,7 +16,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from runstate.eventlog.base import Record
 from runstate.projector.decide import decide
@@ -39,9 +39,9 @@ def content_digest(value: bytes) -> str:
 InternalErrorPolicy = Literal["dead_letter", "fail"]
 
 
-@dataclass(frozen=True, slots=True)
-class Applied:
-    """The outcome of one patch: its decision, and what changed (None unless accepted now)."""
+class Applied(NamedTuple):
+    """The outcome of one patch: its decision, and what changed (None unless accepted now).
+    (A named tuple, immutable as a frozen dataclass, made in half the time: one per patch.)"""
 
     patch: Patch
     #: None only for a duplicate of a patch decided before its run was restored from a

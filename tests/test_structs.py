@@ -451,3 +451,36 @@ def test_read_patch_accepts_and_refuses_every_record_as_decode_does(datum: dict[
         assert got_patch == want
     else:
         assert _same_patch(got_patch, want)
+
+
+# --- the store's values written by msgspec (structs.json_writer) ------------------------------
+
+from runstate.projector import keys  # noqa: E402
+from runstate.schemas.patch import Decision  # noqa: E402
+from runstate.schemas.state import COLLECTIONS  # noqa: E402
+
+STORED = [Decision, *COLLECTIONS.values()]
+
+
+@pytest.mark.parametrize("model", STORED, ids=lambda m: m.__name__)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_a_stored_value_is_written_as_the_model_writes_it(model: type[BaseModel], data: st.DataObject) -> None:
+    """A decision or an item is stored as the bytes of its ``model_dump_json``, whichever
+    writer writes it (odd documents too: what validates, with any time zone, text or number
+    the model takes, including models built from their fields by the core)."""
+    doc = data.draw(documents(model, odd=data.draw(st.booleans())))
+    try:
+        value = model.model_validate(doc)
+    except pydantic.ValidationError:
+        return
+    assert keys.dump(value) == value.model_dump_json().encode()
+    from runstate.projector.working import built
+
+    assert keys.dump(built(model, dict(value.__dict__))) == value.model_dump_json().encode()
+
+
+def test_msgspec_writes_the_stored_values_that_hold_no_float() -> None:
+    writers = {m: structs.json_writer(m) for m in STORED}
+    fast = {m for m, w in writers.items() if w != m.__pydantic_serializer__.to_json}
+    assert fast == {m for m in STORED if m is not COLLECTIONS["hypotheses"]}  # a confidence is a float
