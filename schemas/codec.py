@@ -135,7 +135,7 @@ class _Writer(typing.NamedTuple):
         return _compiled(self)[1]
 
 
-#: Generated codecs by fingerprint, compiled on first use (~20 ms each: only the versions
+#: Generated codecs by fingerprint, compiled on first use (~40 ms each: only the versions
 #: a process reads or writes without resolution, usually just the current one).
 _COMPILED: dict[bytes, tuple[avrofast.Reader | None, avrofast.Writer | None]] = {}
 
