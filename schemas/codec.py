@@ -226,11 +226,12 @@ UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 def register_writer_schema(schema: dict[str, Any], version: int) -> bytes:
     """Register an extra writer schema (tests, tools reading foreign versions). Returns its
     fingerprint."""
-    global _current, _current_encoder
+    global _current, _current_encoder, _current_reader
     fp = _fp(schema)
     published()[fp] = _make_writer(version, schema, fp)
     _current = None
     _current_encoder = None
+    _current_reader = None
     return fp
 
 
@@ -275,20 +276,44 @@ def _read_record(data: bytes, writer: _Writer, reader: _Writer | None) -> Any:
     """The body of a framed record as written by ``writer``, resolved to ``reader`` (None:
     the same schema, read by the generated reader). Raises :class:`DecodeError`
     (``corrupt_record``: undecodable or trailing bytes)."""
+    read = writer.read if reader is None else None
+    if read is not None:
+        return _read_body(data, read)
     try:
-        read = writer.read if reader is None else None
-        if read is not None:
-            datum, end = read(data, HEADER_LEN)
-        else:
-            buf = io.BytesIO(data)
-            buf.seek(HEADER_LEN)
-            datum = fastavro.schemaless_reader(buf, writer.parsed, None if reader is None else reader.parsed)
-            end = buf.tell()
+        buf = io.BytesIO(data)
+        buf.seek(HEADER_LEN)
+        datum = fastavro.schemaless_reader(buf, writer.parsed, None if reader is None else reader.parsed)
+        end = buf.tell()
     except Exception as e:  # garbage raises many types (IndexError, EOFError, UnicodeDecodeError...): all "corrupt"
         raise DecodeError("corrupt_record", detail=f"{type(e).__name__}: {e}") from e
     if end != len(data):
         raise DecodeError("corrupt_record", detail=f"{len(data) - end} trailing bytes")
     return datum
+
+
+def _read_body(data: bytes, read: avrofast.Reader) -> Any:
+    """The body of a framed record read by a generated reader (see :func:`_read_record`)."""
+    try:
+        datum, end = read(data, HEADER_LEN)
+    except Exception as e:  # garbage raises many types (IndexError, EOFError, UnicodeDecodeError...): all "corrupt"
+        raise DecodeError("corrupt_record", detail=f"{type(e).__name__}: {e}") from e
+    if end != len(data):
+        raise DecodeError("corrupt_record", detail=f"{len(data) - end} trailing bytes")
+    return datum
+
+
+#: The current schema's frame header (magic + fingerprint) and its generated reader, made
+#: once: nearly every record is written with it, and finding its writer per record (the
+#: registry, the compiled-codec cache) was a fifth of ``decode_raw`` (1.2 of 6.6 us).
+_current_reader: tuple[bytes, avrofast.Reader] | None = None
+
+
+def _make_current_reader() -> tuple[bytes, avrofast.Reader] | None:
+    global _current_reader
+    w = current_writer()
+    read = w.read
+    _current_reader = None if read is None else (MAGIC + w.fingerprint, read)
+    return _current_reader
 
 
 #: :func:`encode`'s writer of the current schema, made once (every producer's hot path:
@@ -343,6 +368,9 @@ def decode_raw(data: bytes) -> dict[str, Any]:
     Raises :class:`DecodeError` with reason ``not_avro_single_object``,
     ``unknown_writer_schema`` or ``corrupt_record``.
     """
+    fast = _current_reader or _make_current_reader()
+    if fast is not None and data[:HEADER_LEN] == fast[0]:
+        return _read_body(data, fast[1])  # type: ignore[no-any-return]
     writer = _framed(data, "patch")
     current = current_writer()
     if writer.fingerprint == current.fingerprint:
