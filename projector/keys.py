@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 
-from runstate.projector.working import Entry, Header
+from runstate.projector.working import Entry, Header, decode_header_json, encode_header_json
 from runstate.schemas import structs
 from runstate.schemas.events import Model
 from runstate.schemas.patch import Decision
@@ -169,20 +169,16 @@ def decode_header(raw: bytes) -> RunHeader:
     return RunHeader.model_validate_json(raw)
 
 
-_decode_working_header = structs.decoder(RunHeader)
-_encode_working_header = structs.encoder(RunHeader)
-
-
 def decode_working_header(raw: bytes) -> Header:
     """A stored header in the projector's working form (:class:`working.Header`), validated
     as :func:`decode_header` validates it (see :func:`structs.decoder`). Raises
     ``pydantic.ValidationError``."""
-    return _decode_working_header(raw)  # type: ignore[no-any-return]
+    return decode_header_json(raw)  # type: ignore[no-any-return]
 
 
 def encode_header(header: Header) -> bytes:
     """A working header as stored: the bytes ``model_dump_json`` writes for the equal model."""
-    return _encode_working_header(header)
+    return encode_header_json(header)
 
 
 def decode_decision(raw: bytes) -> Decision:

@@ -270,7 +270,7 @@ class RunDoc:
             if live:
                 live.sort(key=_seq)
                 lists[kind] = [item for _, item in live]
-        return _assembled(orjson.loads(_encode_header(self.header)), lists)
+        return _assembled(orjson.loads(encode_header_json(self.header)), lists)
 
     def as_changes(self) -> Changes:
         """Everything of the run as one change set (to write a restored run)."""
@@ -334,15 +334,17 @@ class RunDoc:
             for id_, (n, item) in items[kind].items():
                 yield id_, (n, model.model_validate(item))
 
-        doc = cls(_decode_header(orjson.dumps(header)), load_one=load_one, load_all=load_all)
+        doc = cls(decode_header_json(orjson.dumps(header)), load_one=load_one, load_all=load_all)
         doc._data = items
         return doc
 
 
 _HEADER_FIELDS = tuple(RunHeader.model_fields)
-#: A stored header's decoder (the store's: see ``keys.decode_working_header``).
-_decode_header = structs.decoder(RunHeader)
-_encode_header = structs.encoder(RunHeader)
+#: A working header's JSON, as the store holds it: decoded and validated as ``RunHeader``
+#: would validate it, written as its ``model_dump_json`` (``keys.decode_working_header`` and
+#: ``keys.encode_header`` are these).
+decode_header_json = structs.decoder(RunHeader)
+encode_header_json = structs.encoder(RunHeader)
 
 
 def header_from_model(header: RunHeader) -> Header:

@@ -33,7 +33,7 @@ import datetime as _dt
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Annotated, Any, Literal, Union
 
@@ -230,12 +230,13 @@ def fields_of(value: BaseModel | msgspec.Struct) -> dict[str, Any]:
 
 @cache
 def _converter(model: type[BaseModel]) -> Callable[[BaseModel], Any]:
-    if any(_discriminated(f.annotation) for f in model.model_fields.values()):
+    if any(isinstance(t, FieldInfo) and t.discriminator for f in model.model_fields.values() for t in _types_in(f.annotation)):
         # Its members' structs are the tagged ones, which a model's value does not name.
         raise TypeError(f"{model.__name__} holds a discriminated union: not converted from the model")
     cls = struct_of(model)
     names = tuple(model.model_fields)
-    nested = {n for n, info in model.model_fields.items() if _may_hold_model(info.annotation)}
+    nested = {n for n, info in model.model_fields.items()
+              if any(isinstance(t, type) and issubclass(t, BaseModel) for t in _types_in(info.annotation))}  # fmt: skip
 
     def convert(value: BaseModel) -> Any:
         d = value.__dict__
@@ -244,18 +245,19 @@ def _converter(model: type[BaseModel]) -> Callable[[BaseModel], Any]:
     return convert
 
 
-def _discriminated(tp: Any) -> bool:
-    if typing.get_origin(tp) is Annotated and any(isinstance(m, FieldInfo) and m.discriminator
-                                                  for m in typing.get_args(tp)[1:]):  # fmt: skip
-        return True
-    return any(_discriminated(a) for a in typing.get_args(tp))
-
-
-def _may_hold_model(tp: Any) -> bool:
-    """Whether a field of type ``tp`` may hold a model (then its value is converted)."""
+def _types_in(tp: Any, *, into_models: bool = False, seen: set[Any] | None = None) -> Iterator[Any]:
+    """``tp`` and every type inside it, an ``Annotated``'s metadata included (not a
+    ``Literal``'s values); with ``into_models``, the field types of each model in it too."""
+    yield tp
     if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return True
-    return any(_may_hold_model(a) for a in typing.get_args(tp) if not isinstance(a, (str, int, msgspec.Meta, FieldInfo)))
+        seen = set() if seen is None else seen
+        if into_models and tp not in seen:
+            seen.add(tp)
+            for f in tp.model_fields.values():
+                yield from _types_in(f.annotation, into_models=True, seen=seen)
+    elif typing.get_origin(tp) is not Literal:
+        for a in typing.get_args(tp):
+            yield from _types_in(a, into_models=into_models, seen=seen)
 
 
 def _to_struct(v: Any) -> Any:
@@ -306,7 +308,7 @@ def encoder(model: type[BaseModel]) -> Callable[[Any], bytes]:
     """JSON of the struct of ``model``, as pydantic's ``model_dump_json`` writes the equal
     model. Raises TypeError, when it is made, for a model that may hold a float (the two
     write some floats differently)."""
-    if _holds_float(model, set()):
+    if float in _types_in(model, into_models=True):
         raise TypeError(f"no msgspec equivalent for writing {model.__name__}: it may hold a float")
     return _encoder.encode
 
@@ -329,18 +331,7 @@ def json_writer(model: type[BaseModel]) -> Callable[[BaseModel], bytes]:
     0.6 us."""
     try:
         struct_of(model)
-        floats = _holds_float(model, set())
+        encoder(model)
     except TypeError:
-        floats = True
-    return model.__pydantic_serializer__.to_json if floats else _model_encoder.encode  # type: ignore[no-any-return]
-
-
-def _holds_float(tp: Any, seen: set[Any]) -> bool:
-    if tp is float:
-        return True
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        if tp in seen:
-            return False
-        seen.add(tp)
-        return any(_holds_float(f.annotation, seen) for f in tp.model_fields.values())
-    return any(_holds_float(a, seen) for a in typing.get_args(tp))
+        return model.__pydantic_serializer__.to_json  # type: ignore[no-any-return]
+    return _model_encoder.encode
