@@ -15,11 +15,22 @@ The policy, from when a projector starts (:func:`settle`):
   splice, O(1)). Young garbage (the bulk: decoded records, decisions, request objects) is
   still collected by generations 0 and 1 before it can be frozen; generation 2 stays
   nearly empty, so its collections are short;
+- while the projector decides and stores one poll batch (:func:`batch`), automatic
+  collection is off, and what the batch leaves alive is frozen after it. Most of what a
+  batch allocates lives as long as the batch (its records, patches, decisions, the
+  changes to write) or longer (the working states it caches): each collection during the
+  batch walked those objects again and freed nothing (a batch makes no garbage cycles:
+  over 202,000 events, collecting after every batch found none; refcounting frees the
+  rest). Measured on the Kafka projector, 202,000 events: collections took 0.49-0.61 s of
+  an 8-11 s run with the collector on, 0.03-0.04 s with it off during batches;
 - what this gives up: a cycle that was alive at a collection and becomes garbage later
-  is only reclaimed by a full collection. Our data is acyclic (full collections measured
-  under load found 0-10 garbage objects), and :func:`collect_when_idle` runs a full one
-  (``unfreeze`` + ``collect`` + ``freeze``) when the projector has had nothing to read, at
-  most every ``FULL_EVERY_S``.
+  is only reclaimed by a full collection, and so is a cycle another thread (``runstate
+  serve``'s HTTP handlers) made and dropped during a batch. Our data is acyclic (full
+  collections measured under load found 0-10 garbage objects), and a full one
+  (``unfreeze`` + ``collect`` + ``freeze``) runs when the projector has had nothing to
+  read (:func:`collect_when_idle`, at most every ``FULL_EVERY_S``), and after a batch when
+  the projector has not been idle for ``FULL_OVERDUE_S`` (a pause then, but a bounded
+  amount of garbage).
 
 Frozen objects are still freed by reference counting as soon as they are unused.
 """
@@ -29,12 +40,17 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 log = logging.getLogger("runstate.heap")
 
 #: Least seconds between two full collections run by :func:`collect_when_idle`.
 FULL_EVERY_S = 600.0
+#: Most seconds without a full collection: :func:`batch` runs one after a batch when the
+#: projector has been busy (never idle) for this long.
+FULL_OVERDUE_S = 3600.0
 
 _settled = False
 _last_full = 0.0
@@ -60,18 +76,42 @@ def settle() -> None:
     log.debug("heap settled: %d objects frozen", gc.get_freeze_count())
 
 
+@contextmanager
+def batch() -> Iterator[None]:
+    """One batch of the projector's work with automatic collection off; afterwards what it
+    left alive is frozen, collection is on again (also when the batch raised), and a full
+    collection runs if one is ``FULL_OVERDUE_S`` overdue. Does nothing unless the policy is
+    on (:func:`settle`) and automatic collection is on: a process that turned it off
+    itself keeps it off."""
+    if not _settled or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
+    if time.monotonic() - _last_full >= FULL_OVERDUE_S:
+        _full("overdue")
+
+
 def collect_when_idle() -> int | None:
     """A full collection over the frozen objects too, if the policy is on and the last one
     is ``FULL_EVERY_S`` old; returns the objects collected (None when not due). Call it
     only when there is nothing else to do: it holds the GIL for as long as it walks."""
-    global _last_full
     if not _settled or time.monotonic() - _last_full < FULL_EVERY_S:
         return None
+    return _full("idle")
+
+
+def _full(why: str) -> int:
+    global _last_full
     gc.unfreeze()
     found = gc.collect()
     gc.freeze()
     _last_full = time.monotonic()
-    log.debug("idle full collection: %d unreachable objects", found)
+    log.debug("%s full collection: %d unreachable objects", why, found)
     return found
 
 

@@ -253,7 +253,8 @@ class Projector:
             while stop is None or not stop.is_set():
                 records = consumer.poll(self.batch_size, poll_timeout_s)
                 if records:
-                    self.process(records)
+                    with heap.batch():
+                        self.process(records)
                     try:
                         consumer.commit({p: part.next_offset for p, part in self.parts.items()})
                     except LogError as e:  # the mirror is for lag monitoring; positions live in the stores

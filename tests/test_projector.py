@@ -334,6 +334,57 @@ print("after idle full collection:", ref() is not None, found is not None and fo
     assert out.stdout.splitlines() == ["after ordinary collection: True", "after idle full collection: False True"]
 
 
+def test_gc_policy_batch_window_turns_collection_off_and_back_on_and_an_overdue_full_collection_reclaims() -> None:
+    """projector/heap.py's batch window, in a process of its own: nothing changes before the
+    policy is on; within a batch automatic collection is off; after it (also after one that
+    raised) it is on again, a cycle dropped during the batch is frozen, and the overdue full
+    collection after a batch reclaims it. A process that turned collection off keeps it off."""
+    import subprocess
+    import sys
+
+    code = r"""
+import gc, weakref
+from runstate.projector import heap
+
+class Node:
+    pass
+
+with heap.batch():
+    print("before settle, on in a batch:", gc.isenabled())
+heap.settle()
+with heap.batch():
+    print("in a batch:", gc.isenabled())
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    ref = weakref.ref(a)
+    del a, b
+print("after a batch:", gc.isenabled())
+gc.collect(1)
+print("after ordinary collection:", ref() is not None)
+try:
+    with heap.batch():
+        raise KeyError("x")
+except KeyError:
+    pass
+print("after a batch that raised:", gc.isenabled())
+heap.FULL_OVERDUE_S = 0.0
+with heap.batch():
+    pass
+print("after an overdue batch:", ref() is not None)
+gc.disable()
+with heap.batch():
+    pass
+print("turned off by the process, after a batch:", gc.isenabled())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "before settle, on in a batch: True", "in a batch: False", "after a batch: True",
+        "after ordinary collection: True", "after a batch that raised: True", "after an overdue batch: False",
+        "turned off by the process, after a batch: False",
+    ]  # fmt: skip
+
+
 def test_updated_is_model_copy_with_update() -> None:
     """The projector's fast copy gives what pydantic's model_copy(update=...) gives."""
     from runstate.projector.working import updated
