@@ -126,8 +126,9 @@ def run_of(key: bytes, prefix: bytes) -> str:
 
 
 def dump(model: Model) -> bytes:
-    """A contract model as JSON bytes: the bytes of its ``model_dump_json``, by msgspec where
-    that writes the same (see :func:`structs.json_writer`), else pydantic's serializer."""
+    """A contract model, or its struct, as JSON bytes: the bytes of the model's
+    ``model_dump_json``, by msgspec where that writes the same (see
+    :func:`structs.json_writer`), else pydantic's serializer."""
     return _json_writer(type(model))(model)
 
 
@@ -161,7 +162,13 @@ def encode_item(entry: Entry) -> bytes:
 
 
 def decode_item(kind: str, raw: bytes) -> Entry:
-    return decode_int(raw[:8]), COLLECTIONS[kind].model_validate_json(raw[8:])
+    """A stored item in its working form (the struct of its collection's model, validated
+    as the model's ``model_validate_json`` validates it; see :func:`structs.decoder`).
+    Raises ``pydantic.ValidationError``."""
+    return decode_int(raw[:8]), _item_decoders[kind](raw[8:])
+
+
+_item_decoders = {kind: structs.decoder(model) for kind, model in COLLECTIONS.items()}
 
 
 def decode_header(raw: bytes) -> RunHeader:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runstate.projector.working import (
     Draft,
@@ -21,26 +21,35 @@ from runstate.projector.working import (
     HeaderBudgets,
     HeaderTransition,
     HeaderWaiting,
-    built,
     updated,
 )
 from runstate.schemas import events as ev
-from runstate.schemas import structs
-from runstate.schemas.state import (
-    Constraint,
-    Effect,
-    Fact,
-    Hypothesis,
-    Observation,
-    PriorValue,
-    Artifact,
-    Input,
-    Provenance,
-    Question,
-    Task,
-    ToolCall,
-    Writer,
-)
+from runstate.schemas import state, structs
+
+# Items are built and read in their working form (projector/working.py): the struct of
+# each item's model, and so are the values in them. A struct's constructor validates nothing:
+# every value is the validated patch's or the core's own (tests/test_properties.py holds
+# each item equal to its validated round trip). The type checker is told they are the
+# models: what the reducer reads and builds type-checks against the contract.
+if TYPE_CHECKING:
+    from runstate.schemas.state import (
+        Artifact, Constraint, Effect, Fact, Hypothesis, Input, Observation, PriorValue, Provenance, Question, Task,
+        ToolCall, Writer,
+    )  # fmt: skip
+else:
+    Artifact = structs.struct_of(state.Artifact)
+    Constraint = structs.struct_of(state.Constraint)
+    Effect = structs.struct_of(state.Effect)
+    Fact = structs.struct_of(state.Fact)
+    Hypothesis = structs.struct_of(state.Hypothesis)
+    Input = structs.struct_of(state.Input)
+    Observation = structs.struct_of(state.Observation)
+    PriorValue = structs.struct_of(state.PriorValue)
+    Provenance = structs.struct_of(state.Provenance)
+    Question = structs.struct_of(state.Question)
+    Task = structs.struct_of(state.Task)
+    ToolCall = structs.struct_of(state.ToolCall)
+    Writer = structs.struct_of(state.Writer)
 
 _REFERENCE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$")
 
@@ -75,9 +84,8 @@ class Ctx:
         new = self._new
         if new is None:
             w = _writer(self.agent_id, self.agent_version)
-            # Built, not validated: every field is the validated patch's or the core's own.
-            new = self._new = built(Provenance, {"created_by": w, "created_at_revision": self.revision,
-                                                 "updated_by": w, "updated_at_revision": self.revision})  # fmt: skip
+            new = self._new = Provenance(created_by=w, created_at_revision=self.revision, updated_by=w,
+                                         updated_at_revision=self.revision)  # fmt: skip
         return new
 
     def touched(self, prior: Provenance | None) -> Provenance:
@@ -282,13 +290,11 @@ def _fact_confirmed(d: Draft, e: ev.FactConfirmed, ctx: Ctx) -> None:
         _require(d.get("hypotheses", e.replaces_hypothesis_id) is not None, "fact.unknown_hypothesis",
                  f"hypothesis {e.replaces_hypothesis_id!r} does not exist")  # fmt: skip
         d.delete("hypotheses", e.replaces_hypothesis_id)
-    # Built, not validated: every field is the validated event's or the core's own (the
-    # property tests hold each item equal to its validated round trip).
-    d.put("confirmed_facts", f.id, built(Fact, {
-        "id": f.id, "statement": f.statement, "evidence": f.evidence, "source": f.source,
-        "observed_at": f.observed_at or ctx.at, "scope": f.scope, "confirmed_at_revision": ctx.revision,
-        "replaces_hypothesis_id": e.replaces_hypothesis_id, "provenance": ctx.created(),
-    }))  # fmt: skip
+    d.put("confirmed_facts", f.id, Fact(
+        id=f.id, statement=f.statement, evidence=f.evidence, source=f.source, observed_at=f.observed_at or ctx.at,
+        scope=f.scope, confirmed_at_revision=ctx.revision, replaces_hypothesis_id=e.replaces_hypothesis_id,
+        provenance=ctx.created(),
+    ))  # fmt: skip
 
 
 @reducer(ev.FactRetracted, reads=lambda e: ("confirmed_facts", e.fact_id))
@@ -328,7 +334,7 @@ def _hypothesis_revised(d: Draft, e: ev.HypothesisRevised, ctx: Ctx) -> None:
     if e.falsifier is not None:
         _require(bool(e.falsifier.strip()), "hypothesis.falsifier_required", "a falsifier cannot be emptied")
         update["falsifier"] = e.falsifier
-    d.put("hypotheses", h.id, h.model_copy(update=update))
+    d.put("hypotheses", h.id, updated(h, update))
 
 
 @reducer(ev.HypothesisRejected, reads=lambda e: ("hypotheses", e.hypothesis_id))
@@ -374,8 +380,8 @@ def _task(d: Draft, task_id: str) -> Task:
 def _move(d: Draft, t: Task, to: str, ctx: Ctx, **update: Any) -> None:
     _require(to in TASK_TRANSITIONS[t.status], "task.transition",
              f"task {t.id!r} cannot go from {t.status} to {to}")  # fmt: skip
-    d.put("tasks", t.id, t.model_copy(update={"status": to, "updated_at_revision": ctx.revision,
-                                              "provenance": ctx.touched(t.provenance), **update}))  # fmt: skip
+    d.put("tasks", t.id, updated(t, {"status": to, "updated_at_revision": ctx.revision,
+                                     "provenance": ctx.touched(t.provenance), **update}))  # fmt: skip
     running = set(d.hget("running_task_ids"))
     if to == "running":
         _set(d, active_task_id=t.id, running_task_ids=sorted(running | {t.id}))
@@ -501,8 +507,8 @@ def _task_handed_over(d: Draft, e: ev.TaskHandedOver, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
     _require(t.owner is not None, "task.not_owned", f"task {t.id!r} has no owner to hand it over (start it first)")
     _owned_by_writer(t, ctx, "hand over")
-    d.put("tasks", t.id, t.model_copy(update={"owner": e.to_agent_id, "updated_at_revision": ctx.revision,
-                                              "provenance": ctx.touched(t.provenance)}))  # fmt: skip
+    d.put("tasks", t.id, updated(t, {"owner": e.to_agent_id, "updated_at_revision": ctx.revision,
+                                     "provenance": ctx.touched(t.provenance)}))  # fmt: skip
 
 
 @reducer(ev.TaskCancelled, reads=lambda e: ("tasks", e.task_id))
@@ -624,8 +630,8 @@ def _effect_recorded(d: Draft, e: ev.EffectRecorded, ctx: Ctx) -> None:
         _require(new.status in EFFECT_TRANSITIONS[old.status], "effect.transition",
                  f"effect {new.id!r} cannot go from {old.status} to {new.status}")  # fmt: skip
         merged = {k: v for k, v in structs.fields_of(new).items() if v is not None}
-        d.put("effect_ledger", new.id, old.model_copy(update={**merged, "updated_at_revision": ctx.revision,
-                                                               "provenance": ctx.touched(old.provenance)}))  # fmt: skip
+        d.put("effect_ledger", new.id, updated(old, {**merged, "updated_at_revision": ctx.revision,
+                                                      "provenance": ctx.touched(old.provenance)}))  # fmt: skip
     else:
         d.put("effect_ledger", new.id, Effect(**structs.fields_of(new), updated_at_revision=ctx.revision,
                                               provenance=ctx.created()))  # fmt: skip

@@ -177,7 +177,8 @@ def field_value(doc: RunDoc, path: str) -> Any:
         if not rest:
             return [item.model_dump(mode="json") for item in doc.sorted_items(head)]
         entry = doc.entry(head, rest[0])
-        return None if entry is None else _walk(entry[1].model_dump(mode="json"), rest[1:])
+        # The struct's JSON values are the model's (schemas/structs.py).
+        return None if entry is None else _walk(msgspec.to_builtins(entry[1]), rest[1:])
     if head == "goal" and not rest:
         return Goal.model_validate({**msgspec.to_builtins(doc.header.goal),
                                     "constraints": doc.sorted_items("constraints")}).model_dump(mode="json")  # fmt: skip

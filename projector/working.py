@@ -13,8 +13,13 @@ lookup can never resurrect from the store an item deleted by a batch not yet wri
 The header is held as the msgspec struct generated from :class:`RunHeader`
 (:mod:`runstate.schemas.structs`), not as the pydantic model: it is read from the store at
 a run's first touch, copied with each accepted patch and written back, and the struct does
-each several times faster with the same values and the same stored bytes. The items are
-pydantic models, as are what queries and checkpoints see (:meth:`RunDoc.to_state`).
+each several times faster with the same values and the same stored bytes. So are the
+items (each the struct of its collection's model): the core builds one or two per
+accepted patch, writes each as JSON and keeps it, and a struct does each in a third of a
+model's time, is not tracked by the garbage collector, and writes the bytes
+``model_dump_json`` writes. What queries and checkpoints see are the models
+(:meth:`RunDoc.to_state`, :meth:`RunDoc.sorted_items`) and plain data
+(:meth:`RunDoc.to_state_data`).
 
 A :class:`Draft` overlays a doc for the duration of one patch: events read and write the
 draft, a rejected patch throws it away, an accepted one commits it and reports exactly
@@ -32,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import orjson
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel
 
 from runstate.schemas import structs
 from runstate.schemas.events import GoalSpec, Model
@@ -56,7 +61,7 @@ else:
 Key = tuple[str, str]  # (collection, item id)
 #: Header fields the public document does not have (working bookkeeping, derived from it).
 _HEADER_ONLY = frozenset({"goal", "next_seq", "running_task_ids", "sizes"})
-Entry = tuple[int, Model]  # (insertion sequence, item)
+Entry = tuple[int, Model]  # (insertion sequence, item: the struct of its collection's model)
 #: ``load_one(kind, id)`` -> entry or None; ``load_all(kind)`` -> every stored (id, entry).
 LoadOne = Callable[[str, str], Entry | None]
 LoadAll = Callable[[str], Iterable[tuple[str, Entry]]]
@@ -165,9 +170,6 @@ def _assembled(header: dict[str, Any], lists: dict[str, list[Any]]) -> dict[str,
         return RunState.model_validate({k: header[k] for k in _STATE_FIELDS if k in header}).model_dump(mode="json")
 
 
-#: Per collection, a list of its items as pydantic dumps them (``RunDoc.to_state_data``).
-_ITEM_LISTS: dict[str, TypeAdapter[list[Any]]] = {kind: TypeAdapter(list[model]) for kind, model in COLLECTIONS.items()}
-
 #: The collections that are fields of RunState itself (constraints are the goal's).
 _LIST_FIELDS = tuple(k for k in COLLECTIONS if k != "constraints")
 
@@ -229,12 +231,13 @@ class RunDoc:
         return bucket
 
     def sorted_items(self, kind: str) -> list[Model]:
+        """The collection's items in insertion order, as the contract's models."""
         bucket = self.entries(kind)
         if not bucket:
             return []
         live = [e for e in bucket.values() if e is not None]
         live.sort(key=_seq)
-        return [item for _, item in live]
+        return [structs.to_model(item) for _, item in live]
 
     def to_state(self) -> RunState:
         """Assemble the public document (lists in insertion order)."""
@@ -263,9 +266,9 @@ class RunDoc:
                 models = [e for e in bucket.values() if e is not None]
                 live = [e for id_, e in data[kind].items() if id_ not in bucket]
             if models:
-                # One call into pydantic's serializer per collection (per item: 1.6 -> 1.25 ms
-                # for 500 facts).
-                dumped = _ITEM_LISTS[kind].dump_python([item for _, item in models], mode="json")
+                # The structs as plain data: what the equal models' model_dump(mode="json")
+                # gives (a float stays a float there too; tests/test_properties.py holds it).
+                dumped = msgspec.to_builtins([item for _, item in models])
                 live += zip([seq for seq, _ in models], dumped)
             if live:
                 live.sort(key=_seq)
@@ -290,7 +293,7 @@ class RunDoc:
         sources["constraints"] = list(state.goal.constraints)
         for kind in COLLECTIONS:
             for item in sources[kind]:
-                items[kind][item_id(kind, item)] = (seq, item)
+                items[kind][item_id(kind, item)] = (seq, structs.from_model(item))
                 seq += 1
         header_data = state.model_dump(include=set(_HEADER_FIELDS) - _HEADER_ONLY)
         header = header_from_model(RunHeader.model_validate(
@@ -327,12 +330,12 @@ class RunDoc:
 
         def load_one(kind: str, id_: str) -> Entry | None:
             e = items[kind].get(id_)
-            return None if e is None else (e[0], COLLECTIONS[kind].model_validate(e[1]))
+            return None if e is None else (e[0], structs.from_model(COLLECTIONS[kind].model_validate(e[1])))
 
         def load_all(kind: str) -> Iterator[tuple[str, Entry]]:
             model = COLLECTIONS[kind]
             for id_, (n, item) in items[kind].items():
-                yield id_, (n, model.model_validate(item))
+                yield id_, (n, structs.from_model(model.model_validate(item)))
 
         doc = cls(decode_header_json(orjson.dumps(header)), load_one=load_one, load_all=load_all)
         doc._data = items

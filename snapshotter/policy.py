@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from runstate.projector.working import RunDoc
 from runstate.schemas.patch import Patch
-from runstate.schemas.state import TERMINAL_STATUSES, Task
+from runstate.schemas.state import TERMINAL_STATUSES
 
 _TASK_ENDS = frozenset({"TaskCompleted", "TaskFailed", "TaskCancelled"})
 
@@ -37,7 +37,7 @@ class CheckpointPolicy:
             out.append(f"every_{self.every}")
         if types & _TASK_ENDS:
             tasks = doc.entries("tasks").values()
-            if not any(e is not None and isinstance(e[1], Task) and e[1].status == "running" for e in tasks):
+            if not any(e is not None and e[1].status == "running" for e in tasks):
                 out.append("tasks_done")
         if "WaitingStarted" in types:
             out.append("waiting")
