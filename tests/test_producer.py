@@ -178,3 +178,46 @@ def test_events_checks_a_model_built_without_validation(producer: RunProducer) -
     bad = ev.BudgetConsumed.model_construct(type="BudgetConsumed", tokens="many")
     with pytest.raises(ContractError):
         producer.events("r1", 0, [bad])
+
+
+def test_patch_ids_are_fresh_across_reads_threads_and_a_fork() -> None:
+    """Patch ids are read from the OS in blocks: every id is 32 hex digits and new, across
+    block refills and threads, and a forked child never hands out the ids its parent holds
+    (it would send patches under the parent's next ids: decided as retries, or refused as
+    reused)."""
+    import os
+    import threading
+
+    from runstate.producers import run_producer
+
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def take(n: int) -> None:
+        got = [run_producer._new_patch_id() for _ in range(n)]
+        with lock:
+            seen.extend(got)
+
+    threads = [threading.Thread(target=take, args=(3 * run_producer._IDS_PER_READ,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) == len(set(seen)) == 12 * run_producer._IDS_PER_READ
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in seen)
+
+    run_producer._new_patch_id()  # the parent holds ids read ahead
+    assert run_producer._ids
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        os.close(r)
+        os.write(w, "".join(run_producer._new_patch_id() for _ in range(5)).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        raw = f.read().decode()
+    os.waitpid(pid, 0)
+    child = {raw[i : i + 32] for i in range(0, len(raw), 32)}
+    parent = {run_producer._new_patch_id() for _ in range(5)}
+    assert len(child) == 5 and not child & parent
