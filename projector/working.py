@@ -33,13 +33,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import orjson
-from pydantic import BaseModel
 
 from runstate.schemas import structs
+from runstate.schemas.structs import built, updated
 from runstate.schemas.events import GoalSpec, Model
 from runstate.schemas.state import COLLECTIONS, ITEM_KEY, Budgets, Goal, RunHeader, RunState, Transition, Waiting
 
@@ -65,53 +65,6 @@ Entry = tuple[int, Model]  # (insertion sequence, item: the struct of its collec
 #: ``load_one(kind, id)`` -> entry or None; ``load_all(kind)`` -> every stored (id, entry).
 LoadOne = Callable[[str, str], Entry | None]
 LoadAll = Callable[[str], Iterable[tuple[str, Entry]]]
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def updated(model: M, changes: Mapping[str, Any]) -> M:
-    """``model.model_copy(update=changes)``, the same result (fields, fields set, extra and
-    private attributes copied, nothing validated) without pydantic's generic ``__copy__``
-    path: the header is copied once per patch, and ``model_copy`` was a tenth of the
-    projector's profile. A header struct (or a struct in it) is copied by
-    ``msgspec.structs.replace``, nothing validated either."""
-    if isinstance(model, msgspec.Struct):
-        return msgspec.structs.replace(model, **changes)  # type: ignore[unreachable]
-    new = _new(type(model))
-    d = dict(model.__dict__)
-    d.update(changes)
-    _setattr(new, "__dict__", d)
-    _set_fields_set(new, model.__pydantic_fields_set__ | changes.keys())
-    extra = model.__pydantic_extra__
-    _set_extra(new, None if extra is None else dict(extra))
-    private = model.__pydantic_private__
-    _set_private(new, None if private is None else dict(private))
-    return new
-
-
-# What ``built`` and ``updated`` set on a new instance: BaseModel's slots, through their
-# descriptors (object.__setattr__ looks each name up first: 1.0 -> 0.63 us a ``built``, a
-# tenth of a full replay's time was in it). Contract models define no __new__ of their own.
-_new = object.__new__
-_setattr = object.__setattr__
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
-
-
-def built(cls: type[M], fields: dict[str, Any]) -> M:
-    """An instance of ``cls`` holding ``fields`` as they are, nothing validated: what
-    ``cls(**fields)`` gives when ``fields`` names every field of the model with a value of
-    its type. Only for values the pure core assembles from models already validated and
-    from its own constants (a decision per patch: 3.0 -> 0.7 us); ``fields`` is kept, not
-    copied."""
-    new = _new(cls)
-    _setattr(new, "__dict__", fields)
-    _set_fields_set(new, set(fields))
-    _set_extra(new, None)
-    _set_private(new, None)
-    return new
 
 
 def resized(sizes: dict[str, int], kind: str, delta: int) -> dict[str, int]:
@@ -230,14 +183,16 @@ class RunDoc:
             self._complete.add(kind)
         return bucket
 
-    def sorted_items(self, kind: str) -> list[Model]:
-        """The collection's items in insertion order, as the contract's models."""
+    def sorted_items(self, kind: str, memo: dict[int, Any] | None = None) -> list[Model]:
+        """The collection's items in insertion order, as the contract's models (``memo``:
+        see :func:`structs.to_model`; one per call by default)."""
         bucket = self.entries(kind)
         if not bucket:
             return []
         live = [e for e in bucket.values() if e is not None]
         live.sort(key=_seq)
-        return [structs.to_model(item) for _, item in live]
+        memo = {} if memo is None else memo
+        return [structs.to_model(item, memo) for _, item in live]
 
     def to_state(self) -> RunState:
         """Assemble the public document (lists in insertion order)."""
@@ -245,10 +200,13 @@ class RunDoc:
         # which are validated models already (pydantic does not re-validate instances).
         header = _header_data(self.header)
         data = {name: header[name] for name in _HEADER_FIELDS if name not in _HEADER_ONLY}
-        data["goal"] = {**header["goal"], "constraints": self.sorted_items("constraints")}
+        # One memo for the whole state: the items' shared parts (the writer of each, the
+        # provenance of a patch's items) become shared models, made once.
+        memo: dict[int, Any] = {}
+        data["goal"] = {**header["goal"], "constraints": self.sorted_items("constraints", memo)}
         for kind in COLLECTIONS:
             if kind != "constraints":
-                data[kind] = self.sorted_items(kind)
+                data[kind] = self.sorted_items(kind, memo)
         return RunState.model_validate(data)
 
     def to_state_data(self) -> dict[str, Any]:

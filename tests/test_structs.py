@@ -475,9 +475,16 @@ def test_a_stored_value_is_written_as_the_model_writes_it(model: type[BaseModel]
     except pydantic.ValidationError:
         return
     assert keys.dump(value) == value.model_dump_json().encode()
-    from runstate.projector.working import built
-
-    assert keys.dump(built(model, dict(value.__dict__))) == value.model_dump_json().encode()
+    assert keys.dump(structs.built(model, dict(value.__dict__))) == value.model_dump_json().encode()
+    # Its struct (the core's working form of items): written as the model writes it, made
+    # back into the equal model (every field set, as validation sets them), and as plain
+    # data what the model dumps.
+    struct = structs.from_model(value)
+    assert keys.dump(struct) == value.model_dump_json().encode()
+    back = structs.to_model(struct)
+    assert type(back) is model and back == value and back.model_fields_set == set(model.model_fields)
+    assert back.model_dump_json() == value.model_dump_json()
+    assert msgspec.to_builtins(struct) == value.model_dump(mode="json")
 
 
 def test_msgspec_writes_the_stored_values_that_hold_no_float() -> None:
