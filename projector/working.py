@@ -196,17 +196,33 @@ class RunDoc:
 
     def to_state(self) -> RunState:
         """Assemble the public document (lists in insertion order)."""
-        # The header's fields as plain values (its datetimes kept), validated with the items,
-        # which are validated models already (pydantic does not re-validate instances).
+        # The header's fields as plain values (its datetimes kept), validated with the items:
+        # those in memory as their models (made from the structs, not validated again:
+        # pydantic does not re-validate instances) and, of a from_state_data doc, those
+        # nothing touched as the data they came as (validated here, once, in one call: each
+        # read into a struct first and made into a model again cost twice that).
         header = _header_data(self.header)
         data = {name: header[name] for name in _HEADER_FIELDS if name not in _HEADER_ONLY}
         # One memo for the whole state: the items' shared parts (the writer of each, the
         # provenance of a patch's items) become shared models, made once.
         memo: dict[int, Any] = {}
-        data["goal"] = {**header["goal"], "constraints": self.sorted_items("constraints", memo)}
+        lists: dict[str, list[Any]] = {}
+        stored = self._data
         for kind in COLLECTIONS:
-            if kind != "constraints":
-                data[kind] = self.sorted_items(kind, memo)
+            if stored is None or kind in self._complete:
+                entries = self.entries(kind).values()
+                untouched: list[tuple[int, Any]] = []
+            else:
+                bucket = self.items[kind]
+                entries = bucket.values()
+                untouched = [e for id_, e in stored[kind].items() if id_ not in bucket]
+            live = [(seq, structs.to_model(item, memo)) for seq, item in (e for e in entries if e is not None)]
+            live += untouched
+            live.sort(key=_seq)
+            lists[kind] = [item for _, item in live]
+        data["goal"] = {**header["goal"], "constraints": lists["constraints"]}
+        for kind in _LIST_FIELDS:
+            data[kind] = lists[kind]
         return RunState.model_validate(data)
 
     def to_state_data(self) -> dict[str, Any]:
