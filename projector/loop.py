@@ -40,6 +40,7 @@ from runstate.projector.runbook import DeadLetter, InternalErrorPolicy, RunBook,
 from runstate.projector.statedir import Layout
 from runstate.projector.store import PendingBatch, ProjectionStore
 from runstate.projector.working import RunDoc
+from runstate.schemas import codec
 from runstate.schemas.codec import encode_decision
 from runstate.schemas.errors import LogError, StoreError, StoreLocked
 from runstate.schemas.patch import Decision, Patch
@@ -241,6 +242,7 @@ class Projector:
         self.layout.ensure(topic, self.log.partitions(topic), self.log.identity())
         consumer = self.log.consumer(self.group_id, topic, client_id=self.client_id)
         self._consumer = consumer
+        codec.prepare()  # before the group join, not in the first batch
         if self.tune_gc:
             heap.settle()
         last_progress = 0.0

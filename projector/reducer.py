@@ -128,8 +128,9 @@ def apply_event(draft: Draft, event: ev.Model, ctx: Ctx) -> None:
     REDUCERS[event.type](draft, event, ctx)  # type: ignore[attr-defined]
 
 
-def _set(draft: Draft, **changes: Any) -> None:
-    draft.hset(**changes)
+#: ``_set(draft, **changes)``: the draft's header changes (the method itself: a wrapper
+#: was a call and a repacking of the keywords per event).
+_set = Draft.hset
 
 
 def _require(cond: bool, rule: str, message: str) -> None:

@@ -316,6 +316,14 @@ def _make_current_reader() -> tuple[bytes, avrofast.Reader] | None:
     return _current_reader
 
 
+def prepare() -> None:
+    """Generate the current schema's reader now (about 50 ms) rather than when the first
+    record is read: a projector calls it before it joins its group, so that its first batch
+    does not wait for it (idempotent)."""
+    if _current_reader is None:
+        _make_current_reader()
+
+
 #: :func:`encode`'s writer of the current schema, made once (every producer's hot path:
 #: resolving the writer per patch was a third of the encoding's own cost).
 _current_encoder: Callable[[Patch], bytes] | None = None

@@ -480,3 +480,30 @@ def test_a_record_that_holds_itself_and_long_strings_read_as_fastavro_reads_them
     assert bytes(out) == buf.getvalue()
     with pytest.raises((avrofast.AvroError, IndexError)):
         read(buf.getvalue()[: len(buf.getvalue()) // 2], 0)  # cut short: a string runs past the end
+
+
+def test_prepare_generates_the_current_reader_that_reading_then_uses() -> None:
+    """codec.prepare (what a projector calls before joining its group) makes the current
+    schema's reader, once; the first record read afterwards uses it, compiling nothing."""
+    import subprocess
+    import sys
+
+    code = r"""
+from runstate.schemas import avrofast, codec
+print("before:", codec._current_reader is None)
+codec.prepare()
+made = codec._current_reader
+codec.prepare()
+print("made once:", made is not None and codec._current_reader is made)
+compiled = []
+real = avrofast.compile_schema
+avrofast.compile_schema = lambda schema: compiled.append(schema) or real(schema)
+from runstate.schemas.patch import Patch
+patch = Patch.model_validate({"run_id": "r", "patch_id": "p", "expected_revision": 0, "created_at": "2026-12-04T10:00:00Z",
+                              "author": {"agent_id": "a", "agent_version": "1"},
+                              "events": [{"type": "RunStarted", "goal": {"statement": "g"}}]})
+print("read:", codec.read_patch(codec.encode(patch)).run_id, "compiled:", len(compiled))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["before: True", "made once: True", "read: r compiled: 0"]
