@@ -21,6 +21,11 @@ and rejects what the model's ``model_validate_json`` accepts and rejects, with t
 values (``tests/test_structs.py`` holds both, on documents generated from the models' own
 field types). Pydantic stays at the edges: queries, checkpoints, the API.
 
+The items of a run's working state are structs too (the reducer builds a fact and its
+provenance per accepted patch, the store writes and reads them): :func:`to_model` makes
+the equal models where the contract's types are handed out (``RunDoc.to_state``), and
+:func:`json_writer` writes a struct as its model's ``model_dump_json`` does.
+
 The projector also reads each patch from the log as the struct of :class:`Patch`
 (``codec.read_patch``): the events union, which pydantic tells apart by ``type``, is
 msgspec's tagged union of the event structs, each of which has its tag as an attribute.
