@@ -23,12 +23,21 @@ handling needs the decision store, so it is the caller's first step
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from runstate.projector.working import Changes, Draft, RunDoc, built
+from runstate.projector.working import Changes, Draft, RunDoc
 from runstate.projector.reducer import Ctx, RuleViolation, apply_event
 from runstate.schemas import events as ev
+from runstate.schemas import structs
 from runstate.schemas.patch import Decision, Patch, RejectReason
+
+# The core's decisions are the msgspec struct of Decision (schemas/structs.py): one per
+# patch, written to the store as the model's JSON; the model is made where decisions leave
+# the core for callers (structs.to_model). The type checker is told it is the model.
+if TYPE_CHECKING:
+    DecisionStruct = Decision
+else:
+    DecisionStruct = structs.struct_of(Decision)
 
 #: Events that commute with any concurrent patch (fresh ids are still checked).
 COMMUTING: frozenset[str] = frozenset(
@@ -57,16 +66,15 @@ class Decided(NamedTuple):
 def _decision(patch: Patch, partition: int, offset: int, revision: int, *, reason: RejectReason | None = None,
               rule: str | None = None, message: str | None = None, event_index: int | None = None,
               rebased: bool = False, digest: str | None = None) -> Decision:
-    # Every field, from the validated patch and the core's own values: built, not validated
+    # Every field, from the validated patch and the core's own values: not validated again
     # (tests hold each decision equal to its validated round trip, with every field set).
-    return built(Decision, {
-        "patch_id": patch.patch_id, "run_id": patch.run_id,
-        "outcome": "rejected" if reason else "accepted", "revision": revision,
-        "expected_revision": patch.expected_revision, "reason": reason, "rule": rule, "message": message,
-        "event_index": event_index, "rebased": rebased, "partition": partition, "offset": offset,
-        "agent_id": patch.author.agent_id, "agent_version": patch.author.agent_version,
-        "event_types": [e.type for e in patch.events], "created_at": patch.created_at, "content_digest": digest,
-    })  # fmt: skip
+    return DecisionStruct(
+        patch_id=patch.patch_id, run_id=patch.run_id, outcome="rejected" if reason else "accepted",
+        revision=revision, expected_revision=patch.expected_revision, reason=reason, rule=rule, message=message,
+        event_index=event_index, rebased=rebased, partition=partition, offset=offset,
+        agent_id=patch.author.agent_id, agent_version=patch.author.agent_version,
+        event_types=[e.type for e in patch.events], created_at=patch.created_at, content_digest=digest,
+    )  # fmt: skip
 
 
 def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int, digest: str | None = None) -> Decided:

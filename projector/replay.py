@@ -22,6 +22,7 @@ from runstate.projector.loop import Projector
 from runstate.projector.queries import Projection
 from runstate.projector.runbook import Applied, DeadLetter, RunBook
 from runstate.projector.working import RunDoc
+from runstate.schemas import structs
 from runstate.schemas.errors import RevisionNotFound, RunNotFound
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import COLLECTIONS, Goal, RunHeader, RunState, state_digest
@@ -128,7 +129,8 @@ def accepted_after(log: EventLog, state: RunState, partition: int, covers_offset
                    decided_before_restore=lambda r, p: r == run_id and decided(p))  # fmt: skip
     end = log.end_offsets(log.topics.events).get(partition, 0)
     replay((r for r in log.scan(log.topics.events, partition, covers_offset + 1, end) if r.key == key), book)
-    return sorted((d for d in book.decided.values() if d.outcome == "accepted"), key=lambda d: d.offset)
+    accepted = sorted((d for d in book.decided.values() if d.outcome == "accepted"), key=lambda d: d.offset)
+    return [structs.to_model(d) for d in accepted]  # the core's structs (projector/decide.py) as models
 
 
 @dataclass(frozen=True)

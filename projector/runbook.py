@@ -25,6 +25,7 @@ from runstate.projector.working import Changes, Entry, RunDoc
 from runstate.schemas.codec import read_patch
 from runstate.schemas.errors import DecodeError, StoreError
 from runstate.schemas.patch import Decision, Patch
+from runstate.schemas.structs import updated
 
 log = logging.getLogger("runstate.projector")
 
@@ -94,6 +95,10 @@ class RunBook:
     cache miss; ``max_cached`` bounds the number of runs kept in memory (None: unbounded,
     for replays). Eviction happens only in :meth:`settle`, after the caller has persisted
     the batch, so an evicted run never loses unwritten changes.
+
+    The decisions it takes (``Applied.decision``, ``decided``) are the core's structs of
+    :class:`Decision` (see :mod:`runstate.projector.decide`), read like the model;
+    ``structs.to_model`` makes the model. Decisions loaded from a store are models.
     """
 
     def __init__(
@@ -178,7 +183,7 @@ class RunBook:
                 return Applied(patch, prior, None, duplicate=True)
             doc = self.doc(patch.run_id)
             current = 0 if doc is None else doc.header.revision
-            reused = prior.model_copy(update={
+            reused = updated(prior, {
                 "outcome": "rejected", "revision": current, "expected_revision": patch.expected_revision,
                 "reason": "patch_id_reused", "rule": None, "event_index": None, "rebased": False,
                 "message": f"patch_id {patch.patch_id!r} was decided at offset {prior.offset} for other content",

@@ -452,8 +452,9 @@ def _decision_current() -> _Writer:
 
 
 def encode_decision(decision: Decision) -> bytes:
-    """One decision as an Avro single-object record (the decisions topic's value)."""
-    return _write_model(_decision_current(), "decision", decision, lambda d: d.model_dump(mode="json"))
+    """One decision (the model, or the core's struct of it) as an Avro single-object record
+    (the decisions topic's value)."""
+    return _write_model(_decision_current(), "decision", structs.to_model(decision), lambda d: d.model_dump(mode="json"))
 
 
 def decode_decision(data: bytes) -> Decision:

@@ -28,6 +28,7 @@ from pydantic import AwareDatetime
 
 from runstate.eventlog.partitioner import partition_for
 from runstate.projector.keys import PATCH_ID_DIGEST, patch_id_digest
+from runstate.schemas import structs
 from runstate.schemas.errors import CheckpointInvalid, MigrationRequired, describe_validation_error
 from runstate.schemas.events import Model
 from runstate.schemas.migrations import load_state
@@ -169,14 +170,15 @@ def _check_seal(doc: dict[str, Any], key: bytes | None, run_id: str | None) -> N
 def make_checkpoint(state: RunState, *, partition: int, covers_offset: int, triggers: list[str],
                     recent: list[Decision], patch_ids: Iterable[str] = (), key: bytes | None = None) -> Checkpoint:  # fmt: skip
     """The checkpoint of ``state``, sealed (digest over all of it; signed with ``key``).
-    ``patch_ids`` are the run's decided patch ids up to ``covers_offset``."""
+    ``patch_ids`` are the run's decided patch ids up to ``covers_offset``. ``recent``: the
+    run's last decisions, as models or as the core's structs of them (projector/decide.py)."""
     verdict, reconcile = verdict_of(state)
     cp = Checkpoint(
         run_id=state.run_id, revision=state.revision, partition=partition, covers_offset=covers_offset,
         schema_version=state.schema_version, agent_version=state.agent_version,
         workspace_ref=state.workspace_ref, effect_ledger=state.effect_ledger,
         pending_tool_calls=state.pending_tool_calls, state_digest=state_digest(state), triggers=triggers,
-        verdict=verdict, reconcile=reconcile, recent_decisions=recent[-RECENT_DECISIONS:],
+        verdict=verdict, reconcile=reconcile, recent_decisions=[structs.to_model(d) for d in recent[-RECENT_DECISIONS:]],
         patch_ids=encode_patch_ids(patch_ids), at=state.updated_at or state.created_at, state=state,
     )  # fmt: skip
     sealed = orjson.loads(seal(cp.model_dump(mode="json"), key))

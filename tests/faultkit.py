@@ -28,6 +28,7 @@ from runstate.projector.replay import replay
 from runstate.projector.runbook import RunBook
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Patch
+from runstate.schemas import structs
 
 
 def workload(runs: int, per_run: int, rng: random.Random) -> list[Patch]:
@@ -135,7 +136,7 @@ def drill(log: EventLog, env: dict[str, str], state: Path, *, runs: int, per_run
 
     ends = log.end_offsets(log.topics.events)
     oracle = replay(r for p_ in sorted(ends) for r in log.scan(log.topics.events, p_, 0, ends[p_]))
-    first = {key: d for key, d in oracle.decided.items()}
+    first = {key: structs.to_model(d) for key, d in oracle.decided.items()}  # the core's structs as models
     lost = twice = differing = 0
     with Projection(state) as proj:
         restored = proj.restored()

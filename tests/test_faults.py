@@ -19,6 +19,7 @@ from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.queries import Projection
 from runstate.projector.replay import replay, verify
 from runstate.schemas.codec import encode
+from runstate.schemas import structs
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +88,8 @@ def test_sigkill_at_any_moment_then_restart_equals_full_replay(tmp_path: Path) -
             hist = proj.history(f"run_{r}")
             ids = [d.patch_id for d in hist]
             assert len(ids) == len(set(ids)), f"a patch was decided twice (seed {seed})"
-            assert hist == sorted((d for (run, _), d in book.decided.items() if run == f"run_{r}"), key=lambda d: d.offset)
+            assert hist == sorted((structs.to_model(d) for (run, _), d in book.decided.items() if run == f"run_{r}"),
+                                  key=lambda d: d.offset)  # fmt: skip
             doc = book.docs[f"run_{r}"]
             assert doc is not None and proj.state(f"run_{r}") == doc.to_state()
     log.close()

@@ -27,6 +27,7 @@ from runstate.projector.replay import replay, verify
 from runstate.cli import main
 from runstate.schemas.codec import decode, encode
 from runstate.schemas.patch import Author, Patch
+from runstate.schemas import structs
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -149,7 +150,8 @@ def check_decided_once(log: KafkaLog, state: Path, runs: int) -> None:
         for r in range(runs):
             hist = proj.history(f"run_{r}")
             assert len({d.patch_id for d in hist}) == len(hist), "a patch was decided twice"
-            assert hist == sorted((d for (run, _), d in book.decided.items() if run == f"run_{r}"), key=lambda d: d.offset)
+            assert hist == sorted((structs.to_model(d) for (run, _), d in book.decided.items() if run == f"run_{r}"),
+                                  key=lambda d: d.offset)  # fmt: skip
 
 
 def test_two_projectors_share_partitions_and_survive_sigkill(kafka_bootstrap: str, kafka_topics: TopicNames, tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from runstate.producers.decisions import DecisionFeed
 from runstate.producers.run_producer import Receipt, RunProducer
 from runstate.projector.store import PendingBatch, ProjectionStore
 from runstate.projector.working import RunDoc
+from runstate.schemas import structs
 from runstate.schemas.errors import RunstateError
 from runstate.schemas.patch import Author, Decision, Patch
 from runstate.settings import Settings
@@ -288,7 +289,8 @@ class Node:
 
     def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
         if batch.decisions and self.loop is not None:
-            self.loop.call_soon_threadsafe(self.hub.publish, list(batch.decisions), True)
+            # The core's decisions are structs (projector/decide.py); waiters get models.
+            self.loop.call_soon_threadsafe(self.hub.publish, [structs.to_model(d) for d in batch.decisions], True)
 
     def _restore_progress(self, partition: int, done: int, total: int) -> None:
         self.health.restoring[partition] = RestoreProgress(done, total)
