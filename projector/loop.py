@@ -81,14 +81,14 @@ def _log_failed_decision(_where: object, err: Exception | None) -> None:
 
 
 class _Partition:
-    def __init__(self, store: ProjectionStore, cache_runs: int) -> None:
+    def __init__(self, store: ProjectionStore, cache_runs: int, cache_items_per_run: int) -> None:
         self.store = store
         restored = store.restored()
 
         def decided_before_restore(run_id: str, patch_id: str) -> bool:
             return run_id in restored and store.decided_before_restore(run_id, patch_id_digest(patch_id))
 
-        self.book = RunBook(store.load_doc, store.decision, max_cached=cache_runs,
+        self.book = RunBook(store.load_doc, store.decision, max_cached=cache_runs, max_items=cache_items_per_run,
                             decided_before_restore=decided_before_restore, load_docs=store.load_docs,
                             load_decisions=store.decisions, load_items=store.load_items)  # fmt: skip
         self.next_offset = store.next_offset()
@@ -130,6 +130,7 @@ class Projector:
         group_id: str = DEFAULT_GROUP,
         batch_size: int = 2000,
         cache_runs: int = 10_000,
+        cache_items_per_run: int = 1_000,
         on_progress: Callable[[ProjectorStats, int], None] | None = None,
         progress_every_s: float = 1.0,
         lag_every_s: float = 0.2,
@@ -147,6 +148,7 @@ class Projector:
         self.group_id = group_id
         self.batch_size = batch_size
         self.cache_runs = cache_runs
+        self.cache_items_per_run = cache_items_per_run
         self.on_progress = on_progress
         self.progress_every_s = progress_every_s
         self.lag_every_s = lag_every_s
@@ -187,7 +189,7 @@ class Projector:
                 if fresh and self.restore is not None:
                     # New machine, lost disk or moved partition: checkpoints + tail, not offset 0.
                     self.restore(p, store)
-                part = _Partition(store, self.cache_runs)
+                part = _Partition(store, self.cache_runs, self.cache_items_per_run)
                 if part.next_offset > ends.get(p, 0):
                     store.close()
                     raise StoreError(

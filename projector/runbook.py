@@ -93,8 +93,13 @@ class RunBook:
 
     ``load_doc(run_id)`` and ``load_decision(run_id, patch_id)`` reach persisted state on a
     cache miss; ``max_cached`` bounds the number of runs kept in memory (None: unbounded,
-    for replays). Eviction happens only in :meth:`settle`, after the caller has persisted
-    the batch, so an evicted run never loses unwritten changes.
+    for replays), and ``max_items`` the items a cached run may hold in memory (None:
+    unbounded): a run that holds more after a batch leaves the cache, and its next patch
+    reads its header again and each item an event touches (a long run's items would
+    otherwise all stay in memory for as long as the run is cached: the cache is bounded in
+    runs, not in their size).
+    Eviction happens only in :meth:`settle`, after the caller has persisted the batch, so
+    an evicted run never loses unwritten changes.
 
     The decisions it takes (``Applied.decision``, ``decided``) are the core's structs of
     :class:`Decision` (see :mod:`runstate.projector.decide`), read like the model;
@@ -110,7 +115,11 @@ class RunBook:
         load_docs: Callable[[list[str]], list[RunDoc | None]] | None = None,
         load_decisions: Callable[[list[tuple[str, str]]], list[Decision | None]] | None = None,
         load_items: Callable[[list[tuple[str, str, str]]], list[Entry | None]] | None = None,
+        max_items: int | None = None,
     ) -> None:
+        self._max_items = max_items
+        #: runs decided since the last settle (whose cached items may have grown)
+        self._touched: set[str] = set()
         self._load_items = load_items
         self._load_doc = load_doc
         self._load_docs = load_docs
@@ -195,6 +204,8 @@ class RunBook:
         decided = decide(self.doc(patch.run_id), patch, partition, offset, digest)
         if decided.doc is not None:
             self.docs[patch.run_id] = decided.doc
+            if self._max_items is not None:
+                self._touched.add(patch.run_id)
         if self._keep_decisions:
             self.decided[key] = decided.decision
         else:
@@ -229,6 +240,12 @@ class RunBook:
         evict least recently used runs beyond ``max_cached``."""
         self._unsettled.clear()
         self._read_ahead.clear()
+        if self._max_items is not None:
+            for run_id in self._touched:
+                doc = self.docs.get(run_id)
+                if doc is not None and doc.cached_items() > self._max_items:
+                    del self.docs[run_id]
+        self._touched.clear()
         if self._max is not None:
             while len(self.docs) > self._max:
                 self.docs.popitem(last=False)
@@ -238,4 +255,5 @@ class RunBook:
         changes) so that the next batch reloads from the store."""
         self._unsettled.clear()
         self._read_ahead.clear()
+        self._touched.clear()
         self.docs.clear()

@@ -157,6 +157,10 @@ class RunDoc:
         bucket[id_] = e  # caches absence too
         return e
 
+    def cached_items(self) -> int:
+        """How many item entries (tombstones included) the doc holds in memory."""
+        return sum(len(bucket) for bucket in self.items.values())
+
     def unread(self, kind: str, id_: str) -> bool:
         """Whether :meth:`entry` of the item would read the store now."""
         return (id_ not in self.items[kind] and kind not in self._complete and self._load_one is not None

@@ -214,7 +214,8 @@ def make_projector(settings: Settings, log: EventLog, *,
         return restore_partition(log, partition, store, progress, key=settings.checkpoint_key_bytes())
 
     return Projector(log, settings.state_dir, group_id=settings.group_id, batch_size=settings.batch_size,
-                     cache_runs=settings.cache_runs, on_progress=on_progress, restore=restore, hooks=hooks,
+                     cache_runs=settings.cache_runs, cache_items_per_run=settings.cache_items_per_run,
+                     on_progress=on_progress, restore=restore, hooks=hooks,
                      publish_decisions=settings.decisions_published(), client_id=client_id,
                      tune_gc=tune_gc)  # fmt: skip
 

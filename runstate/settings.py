@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     batch_size: int = Field(2000, ge=1, le=100_000)
     #: Runs whose working state the projector keeps in memory, per partition.
     cache_runs: int = Field(10_000, ge=1)
+    #: Items a cached run may hold in memory; a run holding more after a batch leaves the
+    #: cache (it is read again from the store at its next patch).
+    cache_items_per_run: int = Field(1_000, ge=1)
     #: Consumer group of the projector.
     group_id: str = Field("runstate-projector", min_length=1)
     #: The snapshotter checkpoints each run every this many revisions (and at safe boundaries).

@@ -13,10 +13,11 @@ from rocksdict import Options, Rdict
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.loop import Projector
 from runstate.projector.queries import Projection, state_digest
-from runstate.projector.replay import state_at, verify
+from runstate.projector.replay import replay, state_at, verify
 from runstate.projector.store import PendingBatch, ProjectionStore
 from runstate.schemas.codec import encode
 from runstate.schemas.errors import RevisionNotFound, RunNotFound
+from runstate.schemas import structs
 from runstate.schemas.patch import Patch
 
 
@@ -69,6 +70,44 @@ def test_projection_equals_pure_replay_and_keeps_every_decision(tmp_path: Path, 
         with pytest.raises(RunNotFound):
             proj.state("ghost")
         assert [h.run_id for h in proj.runs()] == ["a", "b", "c"]
+
+
+def test_a_run_holding_more_items_than_the_cache_allows_leaves_it_and_is_decided_from_the_store(
+        tmp_path: Path, embedded_log: EmbeddedLog) -> None:  # fmt: skip
+    """The working-state cache is bounded in items per run too (``cache_items_per_run``): a
+    long run never holds more than the bound after a batch (its facts would otherwise all
+    stay in memory), and what left the cache is read from the store when a patch needs it:
+    a fact id confirmed long before is still a duplicate, a retracted one can be confirmed
+    again, and the decisions and the state are the pure replay's."""
+    patches = [patch("long", 0, start())]
+    patches += [patch("long", r, fact(f"f{r}")) for r in range(1, 25)]
+    patches += [patch("long", 25, fact("f2")),  # a duplicate of a fact that left the cache
+                patch("long", 25, ev("FactRetracted", fact_id="f3", reason="wrong")),
+                patch("long", 26, fact("f3")),  # confirmed again after its retraction
+                patch("other", 0, start()), patch("other", 1, fact("o1"))]  # fmt: skip
+    append_all(embedded_log, patches)
+    pr = Projector(embedded_log, str(tmp_path / "state"), batch_size=4, cache_items_per_run=5)
+    topic = embedded_log.topics.events
+    pr.layout.ensure(topic, embedded_log.partitions(topic), embedded_log.identity())  # as run() does
+    pr.assign(list(range(embedded_log.partitions(topic))))
+    held = []
+    for p_ in pr.parts:
+        recs = list(embedded_log.scan(topic, p_, 0, 10**9))
+        for i in range(0, len(recs), 4):
+            pr.process(recs[i : i + 4])
+            doc = pr.parts[p_].book.docs.get("long")
+            held.append(0 if doc is None else doc.cached_items())
+    pr.release(list(pr.parts))
+    assert max(held) <= 5 + 4 and any(h == 0 for h in held)  # bounded, and it did leave the cache
+    book = replay(r for p_ in range(embedded_log.partitions(topic)) for r in embedded_log.scan(topic, p_, 0, 10**9))
+    with Projection(tmp_path / "state") as proj:
+        reasons = [(d.reason, d.rule) for d in proj.history("long")]
+        assert reasons[25] == ("invalid", "fact.duplicate_id") and reasons[27] == (None, None)
+        for r in ("long", "other"):
+            assert proj.history(r) == sorted((structs.to_model(d) for (run, _), d in book.decided.items() if run == r),
+                                             key=lambda d: d.offset)  # fmt: skip
+            expected = book.docs[r]
+            assert expected is not None and proj.state(r) == expected.to_state()
 
 
 def test_restart_continues_from_the_stored_offset_without_reapplying(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
