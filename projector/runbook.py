@@ -94,8 +94,8 @@ class RunBook:
     ``load_doc(run_id)`` and ``load_decision(run_id, patch_id)`` reach persisted state on a
     cache miss; ``max_cached`` bounds the number of runs kept in memory (None: unbounded,
     for replays), and ``max_items`` the items a cached run may hold in memory (None:
-    unbounded): a run that holds more after a batch leaves the cache, and its next patch
-    reads its header again and each item an event touches (a long run's items would
+    unbounded): a run a batch changed that then holds more leaves the cache, and its next
+    patch reads its header again and each item an event touches (a long run's items would
     otherwise all stay in memory for as long as the run is cached: the cache is bounded in
     runs, not in their size).
     Eviction happens only in :meth:`settle`, after the caller has persisted the batch, so
@@ -236,8 +236,9 @@ class RunBook:
                               patch.run_id, len(rec.value))  # fmt: skip
 
     def settle(self) -> None:
-        """The caller persisted everything applied so far: forget in-flight decisions and
-        evict least recently used runs beyond ``max_cached``."""
+        """The caller persisted everything applied so far: forget in-flight decisions,
+        evict the runs changed since the last settle that hold more than ``max_items``
+        items, then the least recently used runs beyond ``max_cached``."""
         self._unsettled.clear()
         self._read_ahead.clear()
         if self._max_items is not None:
