@@ -39,7 +39,7 @@ import msgspec
 import orjson
 
 from runstate.schemas import structs
-from runstate.schemas.structs import built, updated
+from runstate.schemas.structs import updated
 from runstate.schemas.events import GoalSpec, Model
 from runstate.schemas.state import COLLECTIONS, ITEM_KEY, Budgets, Goal, RunHeader, RunState, Transition, Waiting
 

@@ -189,11 +189,6 @@ def struct_of(model: type[BaseModel]) -> type[msgspec.Struct]:
 _MODEL_OF: dict[type[msgspec.Struct], type[BaseModel]] = {}
 
 
-def model_of(struct: type[msgspec.Struct]) -> type[BaseModel]:
-    """The model a struct class was made from by :func:`struct_of`."""
-    return _MODEL_OF[struct]
-
-
 def to_model(value: msgspec.Struct, memo: dict[int, Any] | None = None) -> Any:
     """The model equal to a struct made by :func:`struct_of` (a struct in it, at any depth,
     becomes its model too). Its values are trusted, not validated again: for structs the
@@ -215,11 +210,13 @@ def to_model(value: msgspec.Struct, memo: dict[int, Any] | None = None) -> Any:
 _MAKERS: dict[type, Callable[[Any, dict[int, Any]], Any]] = {}
 
 
-@cache
 def _model_maker(cls: type[msgspec.Struct]) -> Callable[[Any, dict[int, Any]], Any]:
-    """What :func:`built` does for ``cls``'s model, as one generated function reading each
-    field by name (half the time of a loop over the fields: a replay's ``to_state`` makes a
-    model of every item)."""
+    """A function making the model of a ``cls`` instance: an instance of the model holding
+    its values (each nested struct as its model), every field set as validation sets them,
+    nothing validated; generated for ``cls``, reading each field by name (half the time of
+    a loop over the fields: a replay's ``to_state`` makes a model of every item). Its
+    instance is made as pydantic's own ``model_construct`` makes one, through BaseModel's
+    slots, without the generic path."""
     model = _MODEL_OF[cls]
     nested = {n for n, info in model.model_fields.items()
               if any(isinstance(t, type) and issubclass(t, BaseModel) for t in _types_in(info.annotation))}  # fmt: skip
@@ -263,20 +260,6 @@ def _to_model(v: Any, memo: dict[int, Any]) -> Any:
 M = TypeVar("M", bound=BaseModel)
 
 
-def built(cls: type[M], fields: dict[str, Any]) -> M:
-    """An instance of ``cls`` holding ``fields`` as they are, nothing validated: what
-    ``cls(**fields)`` gives when ``fields`` names every field of the model with a value of
-    its type. Only for values assembled from models and structs already validated and from
-    the core's own constants (a decision per patch: 3.0 -> 0.7 us); ``fields`` is kept, not
-    copied."""
-    new = _new(cls)
-    _setattr(new, "__dict__", fields)
-    _set_fields_set(new, set(fields))
-    _set_extra(new, None)
-    _set_private(new, None)
-    return new
-
-
 def updated(model: M, changes: Mapping[str, Any]) -> M:
     """``model.model_copy(update=changes)``, the same result (fields, fields set, extra and
     private attributes copied, nothing validated) without pydantic's generic ``__copy__``
@@ -297,9 +280,9 @@ def updated(model: M, changes: Mapping[str, Any]) -> M:
     return new
 
 
-# What ``built`` and ``updated`` set on a new instance: BaseModel's slots, through their descriptors
-# (object.__setattr__ looks each name up first: 1.0 -> 0.63 us a ``built``, a tenth of a
-# full replay's time was in it). Contract models define no __new__ of their own.
+# What ``to_model``'s makers and ``updated`` set on a new instance: BaseModel's slots,
+# through their descriptors (object.__setattr__ looks each name up first: 1.0 -> 0.63 us an
+# instance). Contract models define no __new__ of their own.
 _new = object.__new__
 _setattr = object.__setattr__
 _set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
