@@ -187,16 +187,24 @@ class RunDoc:
             self._complete.add(kind)
         return bucket
 
-    def sorted_items(self, kind: str, memo: dict[int, Any] | None = None) -> list[Model]:
-        """The collection's items in insertion order, as the contract's models (``memo``:
-        see :func:`structs.to_model`; one per call by default)."""
+    def sorted_items(self, kind: str) -> list[Model]:
+        """The collection's items in insertion order, as the contract's models."""
         bucket = self.entries(kind)
         if not bucket:
             return []
         live = [e for e in bucket.values() if e is not None]
         live.sort(key=_seq)
-        memo = {} if memo is None else memo
+        memo: dict[int, Any] = {}
         return [structs.to_model(item, memo) for _, item in live]
+
+    def _collection(self, kind: str) -> tuple[list[Entry], list[tuple[int, dict[str, Any]]]]:
+        """A collection's live items, unordered: the entries in memory, and, of a
+        :meth:`from_state_data` doc, those nothing touched as the data they came as."""
+        data = self._data
+        if data is None or kind in self._complete:
+            return [e for e in self.entries(kind).values() if e is not None], []
+        bucket = self.items[kind]
+        return [e for e in bucket.values() if e is not None], [e for id_, e in data[kind].items() if id_ not in bucket]
 
     def to_state(self) -> RunState:
         """Assemble the public document (lists in insertion order)."""
@@ -211,16 +219,9 @@ class RunDoc:
         # provenance of a patch's items) become shared models, made once.
         memo: dict[int, Any] = {}
         lists: dict[str, list[Any]] = {}
-        stored = self._data
         for kind in COLLECTIONS:
-            if stored is None or kind in self._complete:
-                entries = self.entries(kind).values()
-                untouched: list[tuple[int, Any]] = []
-            else:
-                bucket = self.items[kind]
-                entries = bucket.values()
-                untouched = [e for id_, e in stored[kind].items() if id_ not in bucket]
-            live = [(seq, structs.to_model(item, memo)) for seq, item in (e for e in entries if e is not None)]
+            entries, untouched = self._collection(kind)
+            live: list[tuple[int, Any]] = [(seq, structs.to_model(item, memo)) for seq, item in entries]
             live += untouched
             live.sort(key=_seq)
             lists[kind] = [item for _, item in live]
@@ -234,15 +235,9 @@ class RunDoc:
         without building the state: the header as stored, each item in memory dumped,
         and the items of a :meth:`from_state_data` doc that nothing touched as they came."""
         lists: dict[str, list[Any]] = {}
-        data = self._data
         for kind in COLLECTIONS:
-            if data is None or kind in self._complete:
-                models = [e for e in self.entries(kind).values() if e is not None]
-                live: list[tuple[int, Any]] = []
-            else:
-                bucket = self.items[kind]
-                models = [e for e in bucket.values() if e is not None]
-                live = [e for id_, e in data[kind].items() if id_ not in bucket]
+            models, untouched = self._collection(kind)
+            live: list[tuple[int, Any]] = list(untouched)
             if models:
                 # The structs as plain data: what the equal models' model_dump(mode="json")
                 # gives (a float stays a float there too; tests/test_properties.py holds it).
