@@ -46,8 +46,21 @@ class Projection:
         return None if st is None else st.header(run_id)
 
     def state(self, run_id: str) -> RunState:
-        """The run's current state: :meth:`state_data` validated. Raises :class:`RunNotFound`."""
-        return RunState.model_validate(self.state_data(run_id))
+        """The run's current state: :meth:`state_json` validated. Raises :class:`RunNotFound`."""
+        st = self._store(self.layout.partition_of(run_id))
+        state = None if st is None else st.read_state(run_id)
+        if state is None:
+            raise RunNotFound(run_id)
+        return state
+
+    def state_json(self, run_id: str) -> bytes:
+        """The run's current state as JSON, the document :meth:`state` validates and
+        :meth:`state_data` parses. Raises :class:`RunNotFound`."""
+        st = self._store(self.layout.partition_of(run_id))
+        doc = None if st is None else st.read_state_json(run_id)
+        if doc is None:
+            raise RunNotFound(run_id)
+        return doc
 
     def state_data(self, run_id: str) -> dict[str, Any]:
         """The run's current state as plain JSON data: the document :meth:`state` validates

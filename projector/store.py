@@ -25,13 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pydantic
 from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
 
 from runstate.projector import keys
 from runstate.projector.runbook import DeadLetter
-from runstate.projector.working import Changes, Entry, Header, RunDoc, state_data_from_stored
+from runstate.projector.working import Changes, Entry, Header, RunDoc, state_json_from_stored
 from runstate.schemas.errors import StoreError, StoreLocked
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState
@@ -88,6 +89,9 @@ def _write_error(path: Path, e: Exception) -> StoreError:
                           f"Nothing is lost: what was not stored is read again from the log. ({text})")  # fmt: skip
     return StoreError(f"write to {path} failed: {text}")
 
+
+#: How a stored state document of the version this runstate writes begins.
+_CURRENT_VERSION_JSON = b'{"schema_version":' + str(CURRENT_SCHEMA_VERSION).encode() + b","
 
 #: Block cache per partition store (bytes).
 BLOCK_CACHE_BYTES = 64 << 20
@@ -153,6 +157,8 @@ class ProjectionStore:
             )
         self._wopts = WriteOptions()
         self._restored_ids: dict[str, frozenset[bytes]] = {}
+        #: A read-only store's one iterator, reused by :meth:`_scan`.
+        self._iter: Any = None
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -293,36 +299,62 @@ class ProjectionStore:
             return self._other_version(run_id, version)
         return StoreError(f"the stored header of run {run_id!r} in {self.path} cannot be read: {e}")
 
-    def read_state_data(self, run_id: str) -> dict[str, Any] | None:
-        """The run's assembled state as plain JSON data (see
-        :func:`~runstate.projector.working.state_data_from_stored`), or None: one read of
+    def read_state_json(self, run_id: str) -> bytes | None:
+        """The run's assembled state as JSON (see
+        :func:`~runstate.projector.working.state_json_from_stored`), or None: one read of
         its header and one scan over its items (a scan per collection cost a seek each);
         nothing validated again (the projector validated what it stored; RocksDB checks
-        each block). Raises :class:`StoreError` for another schema version."""
+        each block). Raises :class:`StoreError` for another schema version or a header
+        that does not decode."""
         raw = self._get(keys.header_key(run_id))
         if raw is None:
             return None
-        header = orjson.loads(raw)
-        if header.get("schema_version") != CURRENT_SCHEMA_VERSION:
-            raise self._other_version(run_id, header.get("schema_version"))
         items: dict[bytes, list[bytes]] = {}
         prefix = keys.run_items_prefix(run_id)
         start = len(prefix)
-        for key, value in self._prefix(prefix):
+        for key, value in self._scan(prefix):
             kind = key[start : key.index(b"\0", start)]
             values = items.get(kind)
             if values is None:
                 items[kind] = [value]
             else:
                 values.append(value)
-        return state_data_from_stored(header, items)
+        try:
+            doc = state_json_from_stored(raw, items)
+        except (msgspec.DecodeError, orjson.JSONDecodeError, pydantic.ValidationError) as e:
+            raise self._unreadable_header(run_id, raw, e) from e
+        if not doc.startswith(_CURRENT_VERSION_JSON):
+            raise self._unreadable_header(run_id, raw, ValueError(f"schema_version is not {CURRENT_SCHEMA_VERSION}"))
+        return doc
+
+    def read_state_data(self, run_id: str) -> dict[str, Any] | None:
+        """:meth:`read_state_json` parsed: the document :meth:`read_state` validates, equal
+        to its ``model_dump(mode="json")``, key for key and in order. Raises
+        :class:`StoreError` where the stored records are not JSON."""
+        doc = self.read_state_json(run_id)
+        if doc is None:
+            return None
+        try:
+            return orjson.loads(doc)  # type: ignore[no-any-return]
+        except orjson.JSONDecodeError as e:
+            raise self._unreadable_state(run_id, e) from e
 
     def read_state(self, run_id: str) -> RunState | None:
-        """The run's state, or None: :meth:`read_state_data` validated once as a whole
-        (validating the header and each item as models first, then assembling them, cost
-        twice as much). Raises :class:`StoreError` for another schema version."""
-        data = self.read_state_data(run_id)
-        return None if data is None else RunState.model_validate(data)
+        """:meth:`read_state_json` validated, once, as a whole, from the JSON (validating the
+        header and each item as models first, then assembling them, cost twice as much;
+        parsing it first and validating the data, a third more). Raises
+        :class:`StoreError` where the stored records do not validate."""
+        doc = self.read_state_json(run_id)
+        if doc is None:
+            return None
+        try:
+            return RunState.model_validate_json(doc)
+        except pydantic.ValidationError as e:
+            raise self._unreadable_state(run_id, e) from e
+
+    def _unreadable_state(self, run_id: str, e: Exception) -> StoreError:
+        """The error for a run whose stored records do not make a state document."""
+        return StoreError(f"the stored state of run {run_id!r} in {self.path} cannot be read: {e}")
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
         off = self._get(keys.dedupe_key(run_id, patch_id))
@@ -458,6 +490,32 @@ class ProjectionStore:
         # tells, and a shorter answer must never pass for the whole one.
         self._check(it)
 
+    def _scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """The entries under ``prefix``, read at once and checked like :meth:`_prefix`. A
+        read-only store reuses one iterator: its view is fixed when it is opened, so a new
+        iterator would see the same data, and making one was a sixth of a small run's
+        state query. Not for concurrent use, as a read-only store is not (it serves one
+        :class:`~runstate.projector.queries.Projection`, which is not thread-safe)."""
+        it = self._iter
+        if it is None:
+            it = self._db.iter()
+            if self.read_only:
+                self._iter = it
+        out = []
+        it.seek(prefix)
+        while it.valid():
+            k = it.key()
+            if not k.startswith(prefix):
+                break
+            out.append((k, it.value()))
+            it.next()
+        try:
+            self._check(it)
+        except StoreError:
+            self._iter = None  # a fresh one next time, its status unknown
+            raise
+        return out
+
     def _prefix_reversed(self, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
         """The entries under ``prefix`` from ``start`` (or the last key before it) backwards;
         checked like :meth:`_prefix` when the iteration runs out."""
@@ -481,6 +539,7 @@ class ProjectionStore:
     def close(self) -> None:
         """Raises :class:`StoreError` when RocksDB cannot close cleanly (after a failed
         write, say); what was written before stays, its WAL is replayed on the next open."""
+        self._iter = None  # an iterator holds the database open
         try:
             self._db.close()
         except Exception as e:

@@ -89,22 +89,59 @@ _STATE_FIELDS = tuple(RunState.model_fields)
 _state_values = operator.itemgetter(*_STATE_FIELDS)
 
 
-def state_data_from_stored(header: dict[str, Any], items: Mapping[bytes, list[bytes]]) -> dict[str, Any]:
-    """The public document from a run's stored records: its header parsed to plain JSON
-    values, and per collection (its name as bytes) its stored item values as they are
-    (8-byte big-endian insertion sequence, then the item's JSON); a collection with no
-    items may be left out. Plain data, in the order of RunState's fields:
-    ``RunState.model_validate`` of it is the run's state, and for a document this runstate
-    stored it equals that state's ``model_dump(mode="json")`` (a property test holds both,
-    and :meth:`RunDoc.to_state` equal to the state). Takes ``header`` and ``items`` over:
-    both are changed."""
-    lists: dict[str, list[Any]] = {}
+def state_json_from_stored(header: bytes, items: Mapping[bytes, list[bytes]]) -> bytes:
+    """The public document as JSON from a run's stored records: its header's stored JSON,
+    and per collection (its name as bytes) its stored item values as they are (8-byte
+    big-endian insertion sequence, then the item's JSON; a collection with no items may be
+    left out). Its keys are in the order of RunState's fields, those of its goal too: for a
+    document this runstate stored, parsed it equals the state's ``model_dump(mode="json")``
+    key for key, and validated it equals the state (a property test holds both, against
+    :meth:`RunDoc.to_state` of the same patches folded in memory). Spliced from the
+    header's top-level values as they are stored and the items' JSON, not parsed and
+    dumped again: a query parses it once, or validates it once. Sorts the lists in
+    ``items``. Raises ``msgspec.DecodeError`` for a header that is not a JSON object (and,
+    on the slow path of a header that lacks fields, ``orjson.JSONDecodeError`` or
+    ``pydantic.ValidationError``)."""
+    lists: dict[bytes, bytes] = {}
     for kind, values in items.items():
         if len(values) > 1:
             values.sort()  # by the big-endian sequence first: the order items were added
-        # One parse per collection: the items' JSON joined into one array.
-        lists[kind.decode()] = orjson.loads(b"[" + b",".join([v[8:] for v in values]) + b"]")
-    return _assembled(header, lists)
+        lists[kind] = b"[" + b",".join([v[8:] for v in values]) + b"]"
+    spans = _header_spans(header)
+    try:
+        return _splice(spans, lists)
+    except TypeError:
+        # A header stored before a field existed lacks its value (UNSET): the slow path,
+        # through the model, which gives the field its default.
+        parsed = orjson.loads(header)
+        return orjson.dumps(_assembled(parsed, {k.decode(): orjson.loads(v) for k, v in lists.items()}))
+
+
+#: The stored header's top-level values as their JSON, unparsed (msgspec.Raw), UNSET for a
+#: field it lacks (stored before the field existed).
+_HeaderSpans = msgspec.defstruct("_HeaderSpans", [(name, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET) for name in RunHeader.model_fields])
+_header_spans = msgspec.json.Decoder(_HeaderSpans).decode
+
+
+def _splicer() -> Callable[[Any, dict[bytes, bytes]], bytes]:
+    """``_splice(spans, lists)``: the document's JSON joined in RunState's field order from
+    the header's spans and each collection's JSON array (``[]`` where absent), generated
+    from the field names; the goal's constraints are spliced into the goal's object, last,
+    where :func:`_assembled` puts them. Raises TypeError for a span that is UNSET."""
+    pieces = []
+    for i, name in enumerate(_STATE_FIELDS):
+        pieces.append(repr(("{" if i == 0 else ",").encode() + orjson.dumps(name) + b":"))
+        if name in COLLECTIONS:
+            pieces.append(f"lists.get({name.encode()!r}, b'[]')")
+        elif name == "goal":
+            pieces += ["_view(spans.goal)[:-1]", repr(b',"constraints":'), "lists.get(b'constraints', b'[]')", "b'}'"]
+        else:
+            pieces.append(f"spans.{name}")
+    pieces.append("b'}'")
+    src = "def splice(spans, lists):\n    return b''.join((" + ", ".join(pieces) + "))\n"
+    ns: dict[str, Any] = {"_view": memoryview}
+    exec(compile(src, "<state document splicer>", "exec"), ns)  # noqa: S102 - generated from RunState's own field names
+    return ns["splice"]  # type: ignore[no-any-return]
 
 
 def _assembled(header: dict[str, Any], lists: dict[str, list[Any]]) -> dict[str, Any]:
@@ -125,6 +162,7 @@ def _assembled(header: dict[str, Any], lists: dict[str, list[Any]]) -> dict[str,
 
 #: The collections that are fields of RunState itself (constraints are the goal's).
 _LIST_FIELDS = tuple(k for k in COLLECTIONS if k != "constraints")
+_splice = _splicer()
 
 
 class RunDoc:

@@ -546,6 +546,77 @@ def test_a_run_the_store_cannot_read_stops_the_projector_and_its_record_waits(
     log.close()
 
 
+@pytest.mark.parametrize(("damage", "error", "data_too"), [
+    (_header_of_another_version, "schema_version 99", True),
+    (lambda raw: raw[:-7], "stored header of run 'r1'.*cannot be read", True),  # not JSON
+    (_header_with_a_string_revision, "stored state of run 'r1'.*cannot be read", False),
+], ids=["another schema version", "not JSON", "a value of the wrong type"])  # fmt: skip
+def test_a_query_of_a_run_the_store_cannot_read_is_a_store_error(
+    tmp_path: Path, damage: Callable[[bytes], bytes], error: str, data_too: bool
+) -> None:
+    """A query of a run whose stored header is of another schema version or is not JSON
+    raises a StoreError naming the run, whichever form it asks for; a value of the wrong
+    type fails the validated state the same way (the plain forms validate nothing again)."""
+    from runstate.schemas.errors import StoreError
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, [patch("r1", 0, start(), fact("f1"))])
+    Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
+    log.close()
+    db = Rdict(str(tmp_path / "s" / "p000"), Options(raw_mode=True))
+    db[b"h:r1"] = damage(db[b"h:r1"])
+    db.close()
+    with Projection(tmp_path / "s") as proj:
+        with pytest.raises(StoreError, match=error):
+            proj.state("r1")
+        for read in (proj.state_data, proj.state_json) if data_too else ():
+            with pytest.raises(StoreError, match=error):
+                read("r1")
+
+
+def test_a_query_of_a_run_with_an_item_that_is_not_json_is_a_store_error(tmp_path: Path) -> None:
+    """A stored item whose JSON is cut short fails the validated state and the plain data
+    with a StoreError naming the run, not a parser's error; other runs still read."""
+    from runstate.projector import keys
+    from runstate.schemas.errors import StoreError
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, [patch("r1", 0, start(), fact("f1")), patch("r2", 0, start(), fact("f1"))])
+    Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
+    log.close()
+    db = Rdict(str(tmp_path / "s" / "p000"), Options(raw_mode=True))
+    key = keys.item_key("r1", "confirmed_facts", "f1")
+    db[key] = db[key][:-5]
+    db.close()
+    with Projection(tmp_path / "s") as proj:
+        for read in (proj.state, proj.state_data):
+            with pytest.raises(StoreError, match="stored state of run 'r1'.*cannot be read"):
+                read("r1")
+        assert [f.id for f in proj.state("r2").confirmed_facts] == ["f1"]
+
+
+def test_a_header_stored_before_fields_existed_reads_with_their_defaults(tmp_path: Path) -> None:
+    """A stored header without fields a later runstate added (here those whose value is
+    their default) reads as the state it was: validated, as plain data (key for key, in
+    order) and as JSON, through the slow path the missing values take."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, [patch("r1", 0, start(), fact("f1"), fact("f2"))])
+    Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
+    log.close()
+    with Projection(tmp_path / "s") as proj:
+        state, data = proj.state("r1"), proj.state_data("r1")
+    db = Rdict(str(tmp_path / "s" / "p000"), Options(raw_mode=True))
+    h = orjson.loads(db[b"h:r1"])
+    assert (h.pop("revoked_agents"), h.pop("migrated_from"), h.pop("effect_ledger_ref")) == ([], None, None)
+    db[b"h:r1"] = orjson.dumps(h)
+    db.close()
+    with Projection(tmp_path / "s") as proj:
+        assert proj.state("r1") == state
+        got = proj.state_data("r1")
+        assert got == data and list(got) == list(data)
+        assert orjson.loads(proj.state_json("r1")) == data
+
+
 def test_batched_reads_read_what_single_reads_read(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
     """The batched reads of a poll batch (one MultiGet each) give each run's working state
     and each patch id's decision exactly as one read of it does, in order, None for what

@@ -112,7 +112,10 @@ def _state_data(node: Node, run_id: str) -> dict[str, Any]:
 
 
 def _state(node: Node, run_id: str) -> RunState:
-    return RunState.model_validate(_state_data(node, run_id))
+    state = node.read(run_id, lambda st: st.read_state(run_id))
+    if state is None:
+        raise RunNotFound(run_id)
+    return state
 
 
 class Service:
