@@ -75,6 +75,9 @@ def test_projection_equals_replay_for_any_interleaving(ops: list[tuple[str, str,
                 data = proj.state_data(run)
                 assert data == state.model_dump(mode="json")
                 assert orjson.dumps(data) == state.model_dump_json().encode()
+                # ... and the JSON it is parsed from, joined from the stored records, is the
+                # validated state's JSON byte for byte.
+                assert proj.state_json(run) == state.model_dump_json().encode()
                 # The header's item counts are the state's (a lookup trusts an empty count).
                 header = proj.header(run)
                 assert header is not None and header.sizes == {
