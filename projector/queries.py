@@ -55,7 +55,10 @@ class Projection:
 
     def state_json(self, run_id: str) -> bytes:
         """The run's current state as JSON, the document :meth:`state` validates and
-        :meth:`state_data` parses. Raises :class:`RunNotFound`."""
+        :meth:`state_data` parses, joined from the stored records and not validated again:
+        for records this runstate stored, the validated state's ``model_dump_json`` byte for
+        byte (a property test holds it). Raises :class:`RunNotFound`, and
+        :class:`StoreError` for a header of another schema version or not JSON."""
         st = self._store(self.layout.partition_of(run_id))
         doc = None if st is None else st.read_state_json(run_id)
         if doc is None:
