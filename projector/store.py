@@ -127,6 +127,33 @@ def _is_lock_error(e: Exception) -> bool:
     return "lock" in text and ("resource temporarily unavailable" in text or "lock hold" in text or "no locks" in text)
 
 
+def parse_state_json(doc: bytes, run_id: str, where: object = None) -> dict[str, Any]:
+    """A run's state document (:meth:`ProjectionStore.read_state_json`) parsed. Raises
+    :class:`StoreError` naming the run (and ``where`` it was stored) if it is not JSON."""
+    try:
+        return orjson.loads(doc)  # type: ignore[no-any-return]
+    except orjson.JSONDecodeError as e:
+        raise _unreadable_state(run_id, where, e) from e
+
+
+def validate_state_json(doc: bytes, run_id: str, where: object = None) -> RunState:
+    """A run's state document (:meth:`ProjectionStore.read_state_json`) validated, once, as
+    a whole, from the JSON (validating the header and each item as models first, then
+    assembling them, cost twice as much; parsing it first and validating the data, a third
+    more). Raises :class:`StoreError` naming the run (and ``where`` it was stored) if it
+    does not validate."""
+    try:
+        return RunState.model_validate_json(doc)
+    except pydantic.ValidationError as e:
+        raise _unreadable_state(run_id, where, e) from e
+
+
+def _unreadable_state(run_id: str, where: object, e: Exception) -> StoreError:
+    """The error for a run whose stored records do not make a state document."""
+    at = "" if where is None else f" in {where}"
+    return StoreError(f"the stored state of run {run_id!r}{at} cannot be read: {e}")
+
+
 class ProjectionStore:
     """One partition's projection. Read-write instances are exclusive (RocksDB's lock)."""
 
@@ -328,33 +355,17 @@ class ProjectionStore:
         return doc
 
     def read_state_data(self, run_id: str) -> dict[str, Any] | None:
-        """:meth:`read_state_json` parsed: the document :meth:`read_state` validates, equal
-        to its ``model_dump(mode="json")``, key for key and in order. Raises
-        :class:`StoreError` where the stored records are not JSON."""
+        """:meth:`read_state_json` parsed (:func:`parse_state_json`): the document
+        :meth:`read_state` validates, equal to its ``model_dump(mode="json")``, key for key
+        and in order. Raises :class:`StoreError` where the stored records are not JSON."""
         doc = self.read_state_json(run_id)
-        if doc is None:
-            return None
-        try:
-            return orjson.loads(doc)  # type: ignore[no-any-return]
-        except orjson.JSONDecodeError as e:
-            raise self._unreadable_state(run_id, e) from e
+        return None if doc is None else parse_state_json(doc, run_id, self.path)
 
     def read_state(self, run_id: str) -> RunState | None:
-        """:meth:`read_state_json` validated, once, as a whole, from the JSON (validating the
-        header and each item as models first, then assembling them, cost twice as much;
-        parsing it first and validating the data, a third more). Raises
+        """:meth:`read_state_json` validated (:func:`validate_state_json`). Raises
         :class:`StoreError` where the stored records do not validate."""
         doc = self.read_state_json(run_id)
-        if doc is None:
-            return None
-        try:
-            return RunState.model_validate_json(doc)
-        except pydantic.ValidationError as e:
-            raise self._unreadable_state(run_id, e) from e
-
-    def _unreadable_state(self, run_id: str, e: Exception) -> StoreError:
-        """The error for a run whose stored records do not make a state document."""
-        return StoreError(f"the stored state of run {run_id!r} in {self.path} cannot be read: {e}")
+        return None if doc is None else validate_state_json(doc, run_id, self.path)
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
         off = self._get(keys.dedupe_key(run_id, patch_id))

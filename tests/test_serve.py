@@ -110,6 +110,20 @@ def test_etag_is_the_revision_and_min_revision_waits_for_the_projector(served: S
         assert httpx.get(served.url + "/runs/nope-1", params={"min_revision": 1}, headers=h).status_code == 404
 
 
+def test_the_state_routes_etag_is_the_documents_top_level_revision_and_a_broken_document_is_a_store_error() -> None:
+    """The GET route sends the stored document as it is and reads only its revision for
+    the ETag: the top-level one (not a nested field of that name), and a document that is
+    not JSON anywhere is a StoreError naming the run (a 500 with the reason), not a 200."""
+    from runstate.schemas.errors import StoreError
+    from runstate.service.http import _etag_of
+
+    doc = b'{"schema_version":4,"run_id":"r","revision":7,"goal":{"revision":3},"tasks":[{"revision":9}]}'
+    assert _etag_of(doc, "r") == '"7"'
+    for broken in (doc[:-1], doc.replace(b'"tasks":[', b'"tasks":[,')):
+        with pytest.raises(StoreError, match="stored state of run 'r' cannot be read"):
+            _etag_of(broken, "r")
+
+
 def test_patch_without_wait_is_pending_and_decided_later(served: Served) -> None:
     with served.client() as rs:
         sub = rs.append("pend-1", {"expected_revision": 0, "events": [start()]})

@@ -22,6 +22,7 @@ from pydantic import BaseModel, TypeAdapter
 from runstate import app
 from runstate.projector.context import render_context
 from runstate.projector.replay import explain, state_data_at
+from runstate.projector.store import parse_state_json, validate_state_json
 from runstate.schemas.errors import ContractError, DecisionTimeout, RevisionNotFound, RunNotFound, RunstateError
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import RunHeader, RunState
@@ -104,18 +105,17 @@ class _LiveRuns:  # a replay.RunRecords
         return self.node.read(run_id, lambda st: st.accepted_positions(run_id, after_revision, up_to_revision))
 
 
-def _state_data(node: Node, run_id: str) -> dict[str, Any]:
-    data = node.read(run_id, lambda st: st.read_state_data(run_id))
-    if data is None:
+def _state_json(node: Node, run_id: str) -> bytes:
+    # Only the read holds the projector's lock; the caller parses or validates the document
+    # (or sends it as it is) after the lock is released.
+    doc = node.read(run_id, lambda st: st.read_state_json(run_id))
+    if doc is None:
         raise RunNotFound(run_id)
-    return data
+    return doc
 
 
 def _state(node: Node, run_id: str) -> RunState:
-    state = node.read(run_id, lambda st: st.read_state(run_id))
-    if state is None:
-        raise RunNotFound(run_id)
-    return state
+    return validate_state_json(_state_json(node, run_id), run_id, "this instance's projection")
 
 
 class Service:
@@ -257,25 +257,26 @@ class Service:
         """The run's state (``revision``: as it was then). ``min_revision``: wait up to
         ``wait_s`` until the projection reached it (read-your-writes), else
         :class:`Unavailable`."""
-        return RunState.model_validate(
-            await self.state_data(run_id, fwd, revision=revision, min_revision=min_revision, wait_s=wait_s))
+        doc = await self.state_json(run_id, fwd, revision=revision, min_revision=min_revision, wait_s=wait_s)
+        return validate_state_json(doc, run_id, "the projection")
 
-    async def state_data(self, run_id: str, fwd: Forward, *, revision: int | None = None,
-                         min_revision: int | None = None, wait_s: float = 5.0) -> dict[str, Any]:
-        """:meth:`state` as plain JSON data, the document ``RunState.model_dump(mode="json")``
-        gives (see :meth:`ProjectionStore.read_state_data`): what the HTTP route sends, read
-        without building and dumping the models."""
+    async def state_json(self, run_id: str, fwd: Forward, *, revision: int | None = None,
+                         min_revision: int | None = None, wait_s: float = 5.0) -> bytes:
+        """:meth:`state` as JSON, the bytes ``RunState.model_dump_json`` gives (see
+        :meth:`ProjectionStore.read_state_json`): what the HTTP route sends, joined from
+        the stored records, neither parsed nor dumped again (a run's state as of
+        ``revision`` is rebuilt as plain data and dumped)."""
 
-        async def local() -> dict[str, Any]:
+        async def local() -> bytes:
             if revision is not None:
                 live = _LiveRuns(self.node)
                 live.header(run_id)  # NotOwner before any log read
-                return await asyncio.to_thread(self._state_data_at, live, run_id, revision)
+                return orjson.dumps(await asyncio.to_thread(self._state_data_at, live, run_id, revision))
             if min_revision is not None:
                 await self._reach(run_id, min_revision, wait_s)
-            return _state_data(self.node, run_id)
+            return _state_json(self.node, run_id)
 
-        return await self.on_owner(run_id, fwd, local, dict)
+        return await self.on_owner(run_id, fwd, local, orjson.dumps)
 
     def _state_data_at(self, live: _LiveRuns, run_id: str, revision: int) -> dict[str, Any]:
         log = app.open_settings_log(self.settings, create=False)
