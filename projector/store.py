@@ -133,7 +133,7 @@ def parse_state_json(doc: bytes, run_id: str, where: object = None) -> dict[str,
     try:
         return orjson.loads(doc)  # type: ignore[no-any-return]
     except orjson.JSONDecodeError as e:
-        raise _unreadable_state(run_id, where, e) from e
+        raise unreadable_state(run_id, where, e) from e
 
 
 def validate_state_json(doc: bytes, run_id: str, where: object = None) -> RunState:
@@ -145,10 +145,10 @@ def validate_state_json(doc: bytes, run_id: str, where: object = None) -> RunSta
     try:
         return RunState.model_validate_json(doc)
     except pydantic.ValidationError as e:
-        raise _unreadable_state(run_id, where, e) from e
+        raise unreadable_state(run_id, where, e) from e
 
 
-def _unreadable_state(run_id: str, where: object, e: Exception) -> StoreError:
+def unreadable_state(run_id: str, where: object, e: Exception) -> StoreError:
     """The error for a run whose stored records do not make a state document."""
     at = "" if where is None else f" in {where}"
     return StoreError(f"the stored state of run {run_id!r}{at} cannot be read: {e}")

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runstate.app import unencodable
+from runstate.projector.store import unreadable_state
 from runstate.schemas.errors import (
     ContractError,
     DecisionTimeout,
@@ -38,7 +39,6 @@ from runstate.schemas.errors import (
     RevisionNotFound,
     RunNotFound,
     RunstateError,
-    StoreError,
 )
 from runstate.schemas.patch import Decision, PatchDraft
 from runstate.schemas.state import RunHeader, RunState
@@ -447,7 +447,7 @@ def _etag_of(doc: bytes, run_id: str) -> str:
     try:
         return f'"{_revision_of(doc).revision}"'
     except msgspec.DecodeError as e:
-        raise StoreError(f"the stored state of run {run_id!r} cannot be read: {e}") from e
+        raise unreadable_state(run_id, None, e) from e
 
 
 def _may(who: Identity, run_id: str) -> bool:
