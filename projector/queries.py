@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from runstate.projector.runbook import DeadLetter
 from runstate.projector.statedir import Layout
@@ -20,6 +20,8 @@ from runstate.schemas.patch import Decision
 from runstate.schemas.state import RunHeader, RunState, state_digest
 
 __all__ = ["Projection", "decision_reader", "state_digest"]
+
+T = TypeVar("T")
 
 
 class Projection:
@@ -47,11 +49,7 @@ class Projection:
 
     def state(self, run_id: str) -> RunState:
         """The run's current state: :meth:`state_json` validated. Raises :class:`RunNotFound`."""
-        st = self._store(self.layout.partition_of(run_id))
-        state = None if st is None else st.read_state(run_id)
-        if state is None:
-            raise RunNotFound(run_id)
-        return state
+        return self._state(run_id, lambda st: st.read_state(run_id))
 
     def state_json(self, run_id: str) -> bytes:
         """The run's current state as JSON, the document :meth:`state` validates and
@@ -59,22 +57,22 @@ class Projection:
         for records this runstate stored, the validated state's ``model_dump_json`` byte for
         byte (a property test holds it). Raises :class:`RunNotFound`, and
         :class:`StoreError` for a header of another schema version or not JSON."""
-        st = self._store(self.layout.partition_of(run_id))
-        doc = None if st is None else st.read_state_json(run_id)
-        if doc is None:
-            raise RunNotFound(run_id)
-        return doc
+        return self._state(run_id, lambda st: st.read_state_json(run_id))
 
     def state_data(self, run_id: str) -> dict[str, Any]:
         """The run's current state as plain JSON data: the document :meth:`state` validates
         (equal to its ``model_dump(mode="json")``, keys in the same order), without
         building the models; for callers that pass the state on as JSON (serve, prompts).
         Raises :class:`RunNotFound`."""
+        return self._state(run_id, lambda st: st.read_state_data(run_id))
+
+    def _state(self, run_id: str, read: Callable[[ProjectionStore], T | None]) -> T:
+        """``read`` on the run's partition store; :class:`RunNotFound` where it gives None."""
         st = self._store(self.layout.partition_of(run_id))
-        data = None if st is None else st.read_state_data(run_id)
-        if data is None:
+        got = None if st is None else read(st)
+        if got is None:
             raise RunNotFound(run_id)
-        return data
+        return got
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
         st = self._store(self.layout.partition_of(run_id))
