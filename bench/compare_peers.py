@@ -32,6 +32,10 @@ Figures (each worker prints one JSON line):
   (the same document as plain JSON data) on a store of 10,000 runs (random runs, p50 /
   p99) against the floor: a RocksDB ``get`` of the same state's JSON document +
   ``orjson.loads`` (plain data too).
+- the validated forms' lower bounds, measured in the same workers: pydantic alone
+  (``RunState.model_validate_json``) validating the rebuilt state, and the floor's document.
+  No validated rebuild or ``state`` can take less, so where a bound's own ratio is above
+  the goal, that goal cannot be met while the result is the pydantic ``RunState``.
 
 Goals (issue 11): append >= 1.0x eventsourcing; rebuild from a checkpoint <= 2x
 eventsourcing's from a snapshot, a full replay <= 1.0x its; state query <= 2x the floor at
@@ -138,6 +142,7 @@ def _rs_one_run_store(work: Path, patches: int) -> tuple[Any, Any, Any, int]:
 
 def rs_rebuild(work: Path, patches: int, samples: int) -> None:
     from runstate.projector.replay import state_at, state_data_at
+    from runstate.schemas.state import RunState
 
     log, proj, hist, head = _rs_one_run_store(work, patches)
     nearest = hist.nearest_state_data
@@ -154,6 +159,16 @@ def rs_rebuild(work: Path, patches: int, samples: int) -> None:
                 rebuild(log, proj, "run_one", rev, nearest=near)
                 lat.append(time.perf_counter() - t)
             out[form + name] = statistics.median(lat) * 1e3
+    # The validated form's lower bound: pydantic alone validating the state the rebuild
+    # returns, from its JSON (no log, no store, no reducer).
+    for name, rev in (("head_ms", head), ("tail48_ms", behind)):
+        doc = state_at(log, proj, "run_one", rev, nearest=nearest).model_dump_json()
+        lat = []
+        for _ in range(samples):
+            t = time.perf_counter()
+            RunState.model_validate_json(doc)
+            lat.append(time.perf_counter() - t)
+        out["pydantic_" + name] = statistics.median(lat) * 1e3
     hist.close()
     proj.close()
     log.close()
@@ -169,6 +184,7 @@ def rs_query(work: Path, runs: int, samples: int) -> None:
     from runstate.projector.loop import Projector
     from runstate.projector.queries import Projection
     from runstate.schemas.patch import Author
+    from runstate.schemas.state import RunState
 
     log = EmbeddedLog(work / "log.db", partitions=4)
     prod = RunProducer(log, Author(agent_id="bench", agent_version="1"))
@@ -187,7 +203,8 @@ def rs_query(work: Path, runs: int, samples: int) -> None:
         picks = [f"run_{rng.randrange(runs)}" for _ in range(samples)]
         for run in picks[:200]:
             proj.state(run)
-        state_lat, data_lat, floor_lat = [], [], []
+        docs = {run: floor_db[run.encode()] for run in set(picks)}
+        state_lat, data_lat, floor_lat, pydantic_lat = [], [], [], []
         for run in picks:
             t = time.perf_counter()
             proj.state(run)
@@ -199,10 +216,15 @@ def rs_query(work: Path, runs: int, samples: int) -> None:
             t = time.perf_counter()
             orjson.loads(floor_db[k])
             floor_lat.append(time.perf_counter() - t)
+            doc = docs[run]  # the validated form's lower bound: pydantic alone, no store
+            t = time.perf_counter()
+            RunState.model_validate_json(doc)
+            pydantic_lat.append(time.perf_counter() - t)
     floor_db.close()
     emit({"state_p50_ms": _q(state_lat, 0.5), "state_p99_ms": _q(state_lat, 0.99),
           "data_p50_ms": _q(data_lat, 0.5), "data_p99_ms": _q(data_lat, 0.99),
-          "floor_p50_ms": _q(floor_lat, 0.5), "floor_p99_ms": _q(floor_lat, 0.99)})  # fmt: skip
+          "floor_p50_ms": _q(floor_lat, 0.5), "floor_p99_ms": _q(floor_lat, 0.99),
+          "pydantic_p50_ms": _q(pydantic_lat, 0.5), "pydantic_p99_ms": _q(pydantic_lat, 0.99)})  # fmt: skip
 
 
 def _q(xs: list[float], q: float) -> float:
@@ -585,6 +607,13 @@ def spread(xs: list[float]) -> str:
 Row = tuple[str, str, str, float, str]
 
 
+def _bound(ratio: float, goal: float) -> str:
+    """The goal column of a lower bound's row: whether the goal is within reach of it."""
+    if ratio > goal:
+        return f"bound above {goal}: the validated goal cannot be met"
+    return f"bound within {goal}"
+
+
 def report(rows: list[Row]) -> None:
     print()
     print("| figure | runstate | peer | ratio (median of pairs) | goal |")
@@ -636,6 +665,15 @@ def main() -> None:
                 ratio = statistics.median(x / y for x, y in zip(a, b))
                 rows.append((f"rebuild one run ({label}) {what} (ms)", spread(a),
                              "eventsourcing " + spread(b), ratio, f"<= {goal}: {'met' if ratio <= goal else 'NOT met'}"))  # fmt: skip
+        # What pydantic alone takes to validate the rebuilt RunState: no validated rebuild
+        # can take less, so a ratio here above the goal means the validated goal cannot be met
+        # while the result is the pydantic model.
+        for key, what in (("head_ms", "at the head"), ("tail48_ms", "48 events after a checkpoint")):
+            a = [x["pydantic_" + key] for x, _ in ps]
+            b = [y[key] for _, y in ps]
+            ratio = statistics.median(x / y for x, y in zip(a, b))
+            rows.append((f"lower bound of the validated rebuild {what}: `RunState.model_validate_json` of its result alone (ms)",
+                         spread(a), "eventsourcing " + spread(b), ratio, _bound(ratio, 2.0)))  # fmt: skip
     if "query" in only:
         runs, samples = (2_000, 2_000) if args.quick else (10_000, 5_000)
         print(f"query: state of random runs among {runs:,}", flush=True)
@@ -647,6 +685,12 @@ def main() -> None:
                 ratio = statistics.median(x / y for x, y in zip(a, b))
                 rows.append((f"{what}, {runs:,} runs, {q} (ms)", spread(a), "get + orjson.loads " + spread(b),
                              ratio, f"<= 2.0: {'met' if ratio <= 2.0 else 'NOT met'}"))  # fmt: skip
+        for q in ("p50", "p99"):  # no validated `state` can take less than pydantic alone
+            a = [x[f"pydantic_{q}_ms"] for x in rs]
+            b = [x[f"floor_{q}_ms"] for x in rs]
+            ratio = statistics.median(x / y for x, y in zip(a, b))
+            rows.append((f"lower bound of `state`: `RunState.model_validate_json` of the floor's document alone, {q} (ms)",
+                         spread(a), "get + orjson.loads " + spread(b), ratio, _bound(ratio, 2.0)))  # fmt: skip
     if "scale" in only:
         small, big, tail = (1_000, 20_000, 5_000) if args.quick else (1_000, 100_000, 10_000)
         print(f"scale: a tail of {tail:,} two-event patches after {small:,} / {big:,} runs", flush=True)
