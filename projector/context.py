@@ -9,18 +9,25 @@ Environment observations are shown as what was seen at a time, flagged stale aft
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
-from runstate.schemas.state import RunState, Task
+import msgspec
+
+from runstate.schemas.state import RunState
 
 
 def _when(t: datetime | None) -> str:
     return t.isoformat(timespec="seconds") if t else "?"
 
 
-def render_context(state: RunState, *, now: datetime | None = None,
+def render_context(state: RunState | msgspec.Struct, *, now: datetime | None = None,
                    stale_after: timedelta = timedelta(minutes=15)) -> str:
-    """Render ``state`` as compact text. ``now`` (the caller's clock) enables stale flags."""
-    s = state
+    """Render ``state`` as compact text. ``now`` (the caller's clock) enables stale flags.
+
+    ``state`` is the :class:`RunState` or its msgspec struct (``structs.struct_of``: the
+    same fields with the same types, what the queries decode for this without building the
+    models, see ``store.decode_state_json``); both give the same text (a property test)."""
+    s: Any = state
     lines: list[str] = []
     add = lines.append
     add(f"RUN {s.run_id} | status: {s.status} | phase: {s.phase or '-'} | revision {s.revision} | agent {s.agent_version}")
@@ -49,7 +56,7 @@ def render_context(state: RunState, *, now: datetime | None = None,
             add(f"  - [{q.id}] {q.text}")
 
     add("PLAN / TASKS (intentions, not results):" if s.tasks else "PLAN / TASKS: none")
-    by_status: dict[str, list[Task]] = {}
+    by_status: dict[str, list[Any]] = {}
     for t in s.tasks:
         by_status.setdefault(t.status, []).append(t)
     scoped_goal = bool(s.goal.scope.include or s.goal.scope.exclude)

@@ -1,4 +1,4 @@
-"""Read-side queries over the projection stores (state, lists, history, dead letters).
+"""Read-side queries over the projection stores (state, context, lists, history, dead letters).
 
 A :class:`Projection` opens each partition's store read-only on first use and keeps it
 open: the view is consistent as of that open (RocksDB read-only instances include the
@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from runstate.projector.context import render_context
 from runstate.projector.runbook import DeadLetter
 from runstate.projector.statedir import Layout
 from runstate.projector.store import ProjectionStore
@@ -65,6 +67,13 @@ class Projection:
         building the models; for callers that pass the state on as JSON (serve, prompts).
         Raises :class:`RunNotFound`."""
         return self._state(run_id, lambda st: st.read_state_data(run_id))
+
+    def context(self, run_id: str, *, now: datetime | None = None) -> str:
+        """The run's compact context for a prompt (:func:`render_context` of its current
+        state; ``now`` enables the stale flags), rendered from :meth:`state_json` decoded
+        into the state's msgspec struct, with no model built. Raises :class:`RunNotFound`,
+        and :class:`StoreError` where :meth:`state` would."""
+        return render_context(self._state(run_id, lambda st: st.read_state_struct(run_id)), now=now)
 
     def _state(self, run_id: str, read: Callable[[ProjectionStore], T | None]) -> T:
         """``read`` on the run's partition store; :class:`RunNotFound` where it gives None."""

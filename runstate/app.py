@@ -18,7 +18,6 @@ from typing import IO, Any
 from runstate.eventlog import EventLog, open_log
 from runstate.producers.decisions import TopicDecisions
 from runstate.producers.run_producer import DecisionSource, Receipt, RunProducer
-from runstate.projector.context import render_context
 from runstate.projector.loop import Projector, ProjectorHooks, ProjectorStats
 from runstate.projector.queries import Projection, decision_reader
 from runstate.projector.runbook import DeadLetter
@@ -345,7 +344,8 @@ def dead_letters(settings: Settings) -> list[DeadLetter]:
 
 
 def get_context(settings: Settings, run_id: str, now: datetime | None = None) -> str:
-    return render_context(get_state(settings, run_id), now=now or datetime.now(UTC))
+    with Projection(settings.state_dir) as proj:
+        return proj.context(run_id, now=now or datetime.now(UTC))
 
 
 def run_verify(settings: Settings, on_progress: Callable[[int, int], None] | None = None,

@@ -25,7 +25,6 @@ from typing import Any
 
 from runstate.eventlog import open_log
 from runstate.progress import Progress
-from runstate.projector.context import render_context
 from runstate.projector.loop import Projector
 from runstate.projector.queries import Projection, decision_reader
 from runstate.producers.run_producer import RunProducer
@@ -267,7 +266,7 @@ def run_demo(workdir: str, n_runs: int = 3, echo: Callable[[str], None] = print,
             echo("")
             echo("=" * 78)
             try:
-                echo(render_context(proj.state(r)).rstrip())
+                echo(proj.context(r).rstrip())
             except Exception as e:  # show what is there even if one run failed
                 echo(f"{r}: {e}")
     echo("")

@@ -556,7 +556,8 @@ def test_a_query_of_a_run_the_store_cannot_read_is_a_store_error(
 ) -> None:
     """A query of a run whose stored header is of another schema version or is not JSON
     raises a StoreError naming the run, whichever form it asks for; a value of the wrong
-    type fails the validated state the same way (the plain forms validate nothing again)."""
+    type fails the validated state and the context (decoded as the validated state's
+    struct) the same way (the plain forms validate nothing again)."""
     from runstate.schemas.errors import StoreError
 
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
@@ -567,16 +568,17 @@ def test_a_query_of_a_run_the_store_cannot_read_is_a_store_error(
     db[b"h:r1"] = damage(db[b"h:r1"])
     db.close()
     with Projection(tmp_path / "s") as proj:
-        with pytest.raises(StoreError, match=error):
-            proj.state("r1")
+        for read in (proj.state, proj.context):
+            with pytest.raises(StoreError, match=error):
+                read("r1")
         for read in (proj.state_data, proj.state_json) if data_too else ():
             with pytest.raises(StoreError, match=error):
                 read("r1")
 
 
 def test_a_query_of_a_run_with_an_item_that_is_not_json_is_a_store_error(tmp_path: Path) -> None:
-    """A stored item whose JSON is cut short fails the validated state and the plain data
-    with a StoreError naming the run, not a parser's error; other runs still read."""
+    """A stored item whose JSON is cut short fails the validated state, the plain data and
+    the context with a StoreError naming the run, not a parser's error; other runs still read."""
     from runstate.projector import keys
     from runstate.schemas.errors import StoreError
 
@@ -589,10 +591,11 @@ def test_a_query_of_a_run_with_an_item_that_is_not_json_is_a_store_error(tmp_pat
     db[key] = db[key][:-5]
     db.close()
     with Projection(tmp_path / "s") as proj:
-        for read in (proj.state, proj.state_data):
+        for read in (proj.state, proj.state_data, proj.context):
             with pytest.raises(StoreError, match="stored state of run 'r1'.*cannot be read"):
                 read("r1")
         assert [f.id for f in proj.state("r2").confirmed_facts] == ["f1"]
+        assert "[f1] statement f1" in proj.context("r2")
 
 
 def test_a_header_stored_before_fields_existed_reads_with_their_defaults(tmp_path: Path) -> None:
@@ -604,7 +607,7 @@ def test_a_header_stored_before_fields_existed_reads_with_their_defaults(tmp_pat
     Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
     log.close()
     with Projection(tmp_path / "s") as proj:
-        state, data = proj.state("r1"), proj.state_data("r1")
+        state, data, context = proj.state("r1"), proj.state_data("r1"), proj.context("r1")
     db = Rdict(str(tmp_path / "s" / "p000"), Options(raw_mode=True))
     h = orjson.loads(db[b"h:r1"])
     assert (h.pop("revoked_agents"), h.pop("migrated_from"), h.pop("effect_ledger_ref")) == ([], None, None)
@@ -615,6 +618,7 @@ def test_a_header_stored_before_fields_existed_reads_with_their_defaults(tmp_pat
         got = proj.state_data("r1")
         assert got == data and list(got) == list(data)
         assert orjson.loads(proj.state_json("r1")) == data
+        assert proj.context("r1") == context
 
 
 def test_batched_reads_read_what_single_reads_read(tmp_path: Path, embedded_log: EmbeddedLog) -> None:

@@ -3,7 +3,7 @@ any interleaving of valid, invalid, stale, rebased and duplicate patches."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 import tempfile
 from pathlib import Path
 from helpers import append_all, fold
@@ -14,6 +14,7 @@ import orjson
 from workloads import RUNS, build, op
 
 from runstate.eventlog.embedded import EmbeddedLog
+from runstate.projector.context import render_context
 from runstate.projector.loop import Projector
 from runstate.projector.queries import Projection
 from runstate.projector.replay import replay
@@ -22,6 +23,11 @@ from runstate.projector.working import RunDoc
 from runstate.schemas.patch import Decision, Patch
 from runstate.schemas.state import COLLECTIONS, RunState
 from runstate.schemas import structs
+
+
+#: The clock of the contexts the properties render (an observation older than 15 minutes
+#: at it is flagged stale).
+NOW = datetime(2026, 8, 11, 12, 0, tzinfo=UTC)
 
 
 def fold_bytes(patches: list[Patch]) -> dict[str, bytes]:
@@ -78,6 +84,9 @@ def test_projection_equals_replay_for_any_interleaving(ops: list[tuple[str, str,
                 # ... and the JSON it is parsed from, joined from the stored records, is the
                 # validated state's JSON byte for byte.
                 assert proj.state_json(run) == state.model_dump_json().encode()
+                # The context, rendered from the state's struct (no model built), is the
+                # validated state's.
+                assert proj.context(run, now=NOW) == render_context(state, now=NOW)
                 # The header's item counts are the state's (a lookup trusts an empty count).
                 header = proj.header(run)
                 assert header is not None and header.sizes == {

@@ -62,6 +62,20 @@ class Run:
         return self.doc.items[kind][id_][1]
 
 
+def _context(state: Any, now: Any = None) -> str:
+    """``render_context`` of the validated ``state``, held equal to the context rendered
+    from the state's msgspec struct (what the queries render, building no model)."""
+    from runstate.projector.context import render_context
+    from runstate.schemas import structs
+    from runstate.schemas.state import RunState
+
+    text = render_context(state, now=now)
+    struct = structs.decoder(RunState)(state.model_dump_json().encode())
+    assert type(struct) is structs.struct_of(RunState)  # msgspec's own path, not the model's
+    assert render_context(struct, now=now) == text
+    return text
+
+
 @pytest.fixture
 def run() -> Run:
     r = Run()
@@ -328,15 +342,13 @@ def test_an_exhausted_budget_or_a_passed_deadline_refuses_new_work(run: Run) -> 
 def test_context_flags_exhausted_budgets_and_overdue_waits() -> None:
     from datetime import UTC, datetime
 
-    from runstate.projector.context import render_context
-
     r = Run("ctx")
     r.ok(start())
     r.ok(ev("BudgetSet", tokens_remaining=10))
     r.ok(ev("BudgetConsumed", tokens=10))
     r.ok(ev("WaitingStarted", waiting={"wait_id": "w", "kind": "timer", "reason": "cool down",
                                        "until": "2026-08-11T09:00:00Z"}))  # fmt: skip
-    text = render_context(r.doc.to_state(), now=datetime(2026, 8, 11, 10, 0, tzinfo=UTC))
+    text = _context(r.doc.to_state(), now=datetime(2026, 8, 11, 10, 0, tzinfo=UTC))
     assert "tokens remaining 0 (EXHAUSTED)" in text and "(OVERDUE)" in text
 
 
@@ -371,8 +383,6 @@ def test_active_task_stays_right_with_several_running(run: Run) -> None:
 
 
 def test_a_goal_change_cancels_the_dependents_of_what_it_cancels() -> None:
-    from runstate.projector.context import render_context
-
     r = Run("g")
     r.ok(start(include=["src", "docs"]))
     r.ok(task("docs", scope=["docs/auth"]), task("review", deps=["docs"]), task("free"))
@@ -382,20 +392,19 @@ def test_a_goal_change_cancels_the_dependents_of_what_it_cancels() -> None:
     assert by_id["docs"].status == "cancelled"
     assert by_id["review"].status == "cancelled" and "docs" in (by_id["review"].reason or "")
     assert by_id["free"].status == "pending"  # no scope: kept, and flagged for review
-    assert "[free] task free (no scope under a scoped goal: review)" in render_context(st)
+    assert "[free] task free (no scope under a scoped goal: review)" in _context(st)
 
 
 def test_an_external_effect_ledger_must_be_read_before_resuming() -> None:
     from helpers import V1_DOC
 
-    from runstate.projector.context import render_context
     from runstate.schemas.migrations import load_state
     from runstate.snapshotter.checkpoint import verdict_of
 
     state = load_state(V1_DOC)
     verdict, _ = verdict_of(state)
     assert verdict == "needs_reconciliation"
-    assert "effects://run_128@rev4" in render_context(state)
+    assert "effects://run_128@rev4" in _context(state)
 
 
 def test_a_waiting_run_of_an_old_version_migrates() -> None:
@@ -527,3 +536,38 @@ def test_revoking_an_agent_rejects_its_patches_and_invalidates_what_it_did_since
     d = r.send(None, fact("again"), agent="rogue")
     assert (d.outcome, d.reason) == ("rejected", "unauthorized") and "revoked" in (d.message or "")
     assert r.send(None, fact("fine"), agent="agent-1").outcome == "accepted"
+
+
+def test_every_section_of_the_context_reads_the_same_from_the_states_struct() -> None:
+    """A run with something in every section of the context (constraints and a correction,
+    facts, a hypothesis, a question, tasks in each status, a wait, observations fresh and
+    stale, artifacts, inputs, a side-effecting call in flight, effects, budgets, a
+    transition): the text from the struct is the text from the validated state."""
+    from datetime import UTC, datetime
+
+    r = Run("every")
+    r.ok(start(include=["src"], exclude=["public_api"]))
+    r.ok(ev("ConstraintSet", constraint={"key": "timeout", "value": "30 min", "source": "user://m1"}),
+         ev("ConstraintSet", constraint={"key": "timeout", "value": "15 min", "source": "user://m2"}))
+    r.ok(ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "it is RS256"}),
+         ev("ArtifactRecorded", artifact={"id": "artifact://diff/7", "kind": "patch", "digest": "sha256:ab"}))
+    r.ok(fact("f1", scope="src/auth"), fact("f2", evidence=None, source="user://msg_3"),
+         ev("HypothesisProposed", hypothesis={"id": "h1", "statement": "maybe", "confidence": 0.66, "falsifier": "a test"}),
+         ev("QuestionOpened", question={"id": "q1", "text": "HS256 still pinned?"}))
+    r.ok(task("t1", scope=["src/auth"]), task("t2", deps=["t1"], scope=["src"]), task("t3"), task("t4", scope=["src"]))
+    r.ok(ev("TaskStarted", task_id="t1"), ev("TaskStarted", task_id="t4"))
+    r.ok(ev("TaskBlocked", task_id="t4", reason="needs a review"))
+    r.ok(ev("ObservationRecorded", observation={"subject": "svc", "observed_state": "up",
+                                                "observed_at": "2026-08-11T09:00:00Z", "evidence": "artifact://r/1"}),
+         ev("ObservationRecorded", observation={"subject": "db", "observed_state": "migrated", "evidence": "artifact://r/2"}))
+    r.ok(ev("ToolCallStarted", call_id="c1", tool="deploy", side_effect=True),
+         ev("EffectRecorded", effect={"id": "e1", "status": "started", "target": "prod"}))
+    r.ok(ev("BudgetSet", tokens_remaining=100), ev("BudgetConsumed", tokens=130))
+    r.ok(ev("WaitingStarted", waiting={"wait_id": "w1", "kind": "approval", "reason": "deploy",
+                                       "until": "2026-08-11T09:30:00Z"}))
+    text = _context(r.doc.to_state(), now=datetime(2026, 8, 11, 10, 0, tzinfo=UTC))
+    for part in ("constraint timeout = 15 min (corrects '30 min'", "[f2] statement f2 (source: input user://msg_3",
+                 "confidence 0.66", "OPEN QUESTIONS", "running  [t1]", "blocked  [t4]", "(after t1)",
+                 "STALE", "(OVERDUE)", "ARTIFACTS: 1 known; INPUTS: 1 recorded", "c1: deploy (side effect)",
+                 "1 with unknown outcome", "(OVER BUDGET)"):  # fmt: skip
+        assert part in text, part

@@ -22,7 +22,7 @@ from pydantic import BaseModel, TypeAdapter
 from runstate import app
 from runstate.projector.context import render_context
 from runstate.projector.replay import explain, state_data_at
-from runstate.projector.store import parse_state_json, validate_state_json
+from runstate.projector.store import decode_state_json, parse_state_json, validate_state_json
 from runstate.schemas.errors import ContractError, DecisionTimeout, RevisionNotFound, RunNotFound, RunstateError
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import RunHeader, RunState
@@ -116,6 +116,12 @@ def _state_json(node: Node, run_id: str) -> bytes:
 
 def _state(node: Node, run_id: str) -> RunState:
     return validate_state_json(_state_json(node, run_id), run_id, "this instance's projection")
+
+
+def _state_struct(node: Node, run_id: str) -> Any:
+    """The run's state as its msgspec struct (``store.decode_state_json``): for readers of
+    its fields that hand out no model."""
+    return decode_state_json(_state_json(node, run_id), run_id, "this instance's projection")
 
 
 class Service:
@@ -333,7 +339,7 @@ class Service:
         async def local() -> str:
             if min_revision is not None:
                 await self._reach(run_id, min_revision, 5.0)
-            return render_context(_state(self.node, run_id), now=datetime.now(UTC))
+            return render_context(_state_struct(self.node, run_id), now=datetime.now(UTC))
 
         return await self.on_owner(run_id, fwd, local, lambda body: str(body["context"]))
 
