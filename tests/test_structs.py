@@ -27,7 +27,7 @@ from pydantic import AwareDatetime, BaseModel
 from pydantic.fields import FieldInfo
 
 from runstate.schemas import structs
-from runstate.schemas.state import RunHeader
+from runstate.schemas.state import RunHeader, RunState
 
 #: Values of every JSON type and the edges the contract's types have: one is put in place
 #: of a generated value now and then, wherever it may land.
@@ -156,6 +156,14 @@ def _decoder(model: type[BaseModel], raw: bytes) -> Any:
         return None
 
 
+def _may_hold_a_float(model: type[BaseModel]) -> bool:
+    try:
+        structs.encoder(model)
+    except TypeError:
+        return True
+    return False
+
+
 def _models_in(model: type[BaseModel]) -> list[type[BaseModel]]:
     """``model`` and every model its fields hold, at any depth."""
     found: list[type[BaseModel]] = [model]
@@ -176,9 +184,12 @@ def _models_in(model: type[BaseModel]) -> list[type[BaseModel]]:
 #: The run header, which the projector reads, copies and writes as a struct, and the models
 #: in it (each is a struct too).
 MODELS = _models_in(RunHeader)
+#: ... and every model of the whole state: the queries decode a run's state document into
+#: its struct for the compact context (``store.decode_state_json``).
+DECODED = MODELS + [m for m in _models_in(RunState) if m not in MODELS]
 
 
-@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("model", DECODED, ids=lambda m: m.__name__)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_the_struct_accepts_and_rejects_what_the_model_does(model: type[BaseModel], data: st.DataObject) -> None:
@@ -190,7 +201,8 @@ def test_the_struct_accepts_and_rejects_what_the_model_does(model: type[BaseMode
         return
     assert structs.from_model(by_model) == by_struct  # the same values
     stored = by_model.model_dump_json().encode()
-    assert structs.encoder(model)(by_struct) == stored  # the same bytes
+    if not _may_hold_a_float(model):  # msgspec writes some floats otherwise (structs.encoder)
+        assert structs.encoder(model)(by_struct) == stored  # the same bytes
     assert _to_model(model, by_struct) == by_model
     # What msgspec accepts alone, the model accepts, with the same values; and what the
     # model writes, msgspec reads alone (a stored header takes the fast path), unless a
@@ -201,7 +213,7 @@ def test_the_struct_accepts_and_rejects_what_the_model_does(model: type[BaseMode
         assert _msgspec_alone(model, stored) == by_struct
 
 
-@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("model", DECODED, ids=lambda m: m.__name__)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_what_msgspec_accepts_alone_the_model_accepts(model: type[BaseModel], data: st.DataObject) -> None:
@@ -212,7 +224,7 @@ def test_what_msgspec_accepts_alone_the_model_accepts(model: type[BaseModel], da
         assert by_model is not None and structs.from_model(by_model) == fast, (raw, by_model, fast)
 
 
-@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("model", DECODED, ids=lambda m: m.__name__)
 def test_the_generated_documents_are_mostly_accepted(model: type[BaseModel]) -> None:
     """The test above compares both answers; it tests little if nearly every document is
     refused (or accepted). Both outcomes must be common."""
