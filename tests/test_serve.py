@@ -287,6 +287,11 @@ def test_mcp_session_lists_tools_proposes_a_patch_and_reads_the_decision(served:
                 assert bad.is_error
                 hist = await session.call_tool("run_history", {"run_id": "mcp-1"})
                 assert not hist.is_error
+                got = await session.call_tool("run_state", {"run_id": "mcp-1"})
+                assert not got.is_error, got
+                state = got.structured_content or json.loads(got.content[0].text)
+                assert state == httpx.get(served.url + "/runs/mcp-1", headers=headers).json()
+                assert state["revision"] == 1 and state["goal"]["statement"] == "fix login"
 
     asyncio.run(main())
     with served.client() as rs:

@@ -22,10 +22,10 @@ from pydantic import BaseModel, TypeAdapter
 from runstate import app
 from runstate.projector.context import render_context
 from runstate.projector.replay import explain, state_data_at
-from runstate.projector.store import decode_state_json, parse_state_json, validate_state_json
+from runstate.projector.store import decode_state_json
 from runstate.schemas.errors import ContractError, DecisionTimeout, RevisionNotFound, RunNotFound, RunstateError
 from runstate.schemas.patch import Decision
-from runstate.schemas.state import RunHeader, RunState
+from runstate.schemas.state import RunHeader
 from runstate.service.auth import AuthError, Identity
 from runstate.service.node import Node, NotOwner
 from runstate.service.routing import Router, Unavailable
@@ -112,10 +112,6 @@ def _state_json(node: Node, run_id: str) -> bytes:
     if doc is None:
         raise RunNotFound(run_id)
     return doc
-
-
-def _state(node: Node, run_id: str) -> RunState:
-    return validate_state_json(_state_json(node, run_id), run_id, "this instance's projection")
 
 
 def _state_struct(node: Node, run_id: str) -> Any:
@@ -258,20 +254,14 @@ class Service:
                 return None
             raise
 
-    async def state(self, run_id: str, fwd: Forward, *, revision: int | None = None, min_revision: int | None = None,
-                    wait_s: float = 5.0) -> RunState:
-        """The run's state (``revision``: as it was then). ``min_revision``: wait up to
-        ``wait_s`` until the projection reached it (read-your-writes), else
-        :class:`Unavailable`."""
-        doc = await self.state_json(run_id, fwd, revision=revision, min_revision=min_revision, wait_s=wait_s)
-        return validate_state_json(doc, run_id, "the projection")
-
     async def state_json(self, run_id: str, fwd: Forward, *, revision: int | None = None,
                          min_revision: int | None = None, wait_s: float = 5.0) -> bytes:
-        """:meth:`state` as JSON, the bytes ``RunState.model_dump_json`` gives (see
-        :meth:`ProjectionStore.read_state_json`): what the HTTP route sends, joined from
-        the stored records, neither parsed nor dumped again (a run's state as of
-        ``revision`` is rebuilt as plain data and dumped)."""
+        """The run's state (``revision``: as it was then) as JSON, the bytes
+        ``RunState.model_dump_json`` gives (see :meth:`ProjectionStore.read_state_json`):
+        what the HTTP route sends and the MCP tool parses, joined from the stored records,
+        neither validated nor dumped again (a run's state as of ``revision`` is rebuilt as
+        plain data and dumped). ``min_revision``: wait up to ``wait_s`` until the projection
+        reached it (read-your-writes), else :class:`Unavailable`."""
 
         async def local() -> bytes:
             if revision is not None:

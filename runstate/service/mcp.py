@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 
+from runstate.projector.store import parse_state_json
 from runstate.schemas.patch import PatchDraft
 from runstate.service.auth import Identity, Tokens
 from runstate.service.core import Forward, Service
@@ -46,8 +47,10 @@ def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
         """The run's whole typed state (JSON), with its revision."""
         who, headers = _who(ctx, tokens)
         who.may_read(run_id)
-        state = await service.state(run_id, Forward("GET", f"/runs/{run_id}", headers=headers))
-        return state.model_dump(mode="json")
+        # The document the HTTP route sends (the validated state's JSON, as stored), parsed:
+        # the state's model_dump(mode="json"), without building the models.
+        doc = await service.state_json(run_id, Forward("GET", f"/runs/{run_id}", headers=headers))
+        return parse_state_json(doc, run_id, "the projection")
 
     async def propose_patch(run_id: str, patch: PatchDraft, ctx: Context, wait_s: float = 5.0) -> dict[str, Any]:
         """Append events to the run, based on the revision you read (expected_revision).
