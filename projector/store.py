@@ -32,7 +32,7 @@ from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, Writ
 
 from runstate.projector import keys
 from runstate.projector.runbook import DeadLetter
-from runstate.projector.working import Changes, Entry, Header, RunDoc, state_json_from_stored
+from runstate.projector.working import Changes, Entry, Header, RunDoc, header_spans, state_json_from_stored
 from runstate.schemas import structs
 from runstate.schemas.errors import StoreError, StoreLocked
 from runstate.schemas.patch import Decision
@@ -91,8 +91,10 @@ def _write_error(path: Path, e: Exception) -> StoreError:
     return StoreError(f"write to {path} failed: {text}")
 
 
-#: How a stored state document of the version this runstate writes begins.
-_CURRENT_VERSION_JSON = b'{"schema_version":' + str(CURRENT_SCHEMA_VERSION).encode() + b","
+#: The schema version this runstate writes, as stored JSON; and how a stored state
+#: document of that version begins.
+_CURRENT_VERSION = str(CURRENT_SCHEMA_VERSION).encode()
+_CURRENT_VERSION_JSON = b'{"schema_version":' + _CURRENT_VERSION + b","
 
 #: Block cache per partition store (bytes).
 BLOCK_CACHE_BYTES = 64 << 20
@@ -455,6 +457,37 @@ class ProjectionStore:
     def headers(self) -> Iterator[RunHeader]:
         for _, v in self._prefix(keys.HEADERS):
             yield keys.decode_header(v)
+
+    def headers_json(self, status: str | None = None) -> Iterator[tuple[str, bytes]]:
+        """Each run's header in run id order as ``(run_id, JSON)``, the bytes
+        ``RunHeader.model_dump_json`` gives: the stored bytes as they are (the projector
+        validated what it stored and wrote the model's bytes; RocksDB checks each block),
+        not validated again; a header stored before a field existed goes through the model,
+        which gives the field its default. ``status``: only the runs of that status. For
+        listing (serve's ``GET /runs``), which holds the projector's lock while it reads:
+        10,000 runs took 321 ms validated one by one. Raises :class:`StoreError` for another
+        schema version or a header that is not a JSON object."""
+        want = None if status is None else orjson.dumps(status)
+        for key, raw in self._prefix(keys.HEADERS):
+            run_id = key[len(keys.HEADERS) :].decode()
+            try:
+                spans = header_spans(raw)
+            except msgspec.DecodeError as e:
+                raise self._unreadable_header(run_id, raw, e) from e
+            if any(v is msgspec.UNSET for v in msgspec.structs.astuple(spans)):
+                try:  # stored before a field existed: the model gives it its default
+                    header = keys.decode_header(raw)
+                except pydantic.ValidationError as e:
+                    raise self._unreadable_header(run_id, raw, e) from e
+                if header.schema_version != CURRENT_SCHEMA_VERSION:
+                    raise self._other_version(run_id, header.schema_version)
+                if status is None or header.status == status:
+                    yield run_id, header.model_dump_json().encode()
+                continue
+            if bytes(spans.schema_version) != _CURRENT_VERSION:
+                raise self._unreadable_header(run_id, raw, ValueError(f"schema_version is not {CURRENT_SCHEMA_VERSION}"))
+            if want is None or bytes(spans.status) == want:
+                yield run_id, raw
 
     def restored(self) -> dict[str, int]:
         """Runs restored from checkpoints -> the last offset their checkpoint covered. Their

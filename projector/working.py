@@ -107,7 +107,7 @@ def state_json_from_stored(header: bytes, items: Mapping[bytes, list[bytes]]) ->
         if len(values) > 1:
             values.sort()  # by the big-endian sequence first: the order items were added
         lists[kind] = b"[" + b",".join([v[8:] for v in values]) + b"]"
-    spans = _header_spans(header)
+    spans = header_spans(header)
     try:
         return _splice(spans, lists)
     except TypeError:
@@ -120,7 +120,10 @@ def state_json_from_stored(header: bytes, items: Mapping[bytes, list[bytes]]) ->
 #: The stored header's top-level values as their JSON, unparsed (msgspec.Raw), UNSET for a
 #: field it lacks (stored before the field existed).
 _HeaderSpans = msgspec.defstruct("_HeaderSpans", [(name, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET) for name in RunHeader.model_fields])
-_header_spans = msgspec.json.Decoder(_HeaderSpans).decode
+#: ``header_spans(raw)``: a stored header's top-level values, each as its stored JSON
+#: (``msgspec.Raw``; ``msgspec.UNSET`` for a field the header lacks). Checks only that
+#: ``raw`` is one JSON object (else ``msgspec.DecodeError``).
+header_spans = msgspec.json.Decoder(_HeaderSpans).decode
 
 
 def _splicer() -> Callable[[Any, dict[bytes, bytes]], bytes]:

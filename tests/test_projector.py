@@ -621,6 +621,44 @@ def test_a_header_stored_before_fields_existed_reads_with_their_defaults(tmp_pat
         assert proj.context("r1") == context
 
 
+def test_listing_gives_each_header_as_the_model_writes_it(tmp_path: Path) -> None:
+    """``headers_json`` lists each run's header in run id order as
+    ``RunHeader.model_dump_json`` gives it (the stored bytes; a header stored before fields
+    existed through the model, with their defaults), of one status when asked; a header of
+    another schema version, or that is not JSON, is a StoreError naming the run."""
+    from runstate.schemas.errors import StoreError
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, [patch("r2", 0, start(), fact("f1")), patch("r1", 0, start()),
+                     patch("r3", 0, start(), ev("RunCompleted", summary="done"))])  # fmt: skip
+    Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
+    log.close()
+    path = tmp_path / "s" / "p000"
+    db = Rdict(str(path), Options(raw_mode=True))
+    h = orjson.loads(db[b"h:r2"])
+    del h["revoked_agents"], h["effect_ledger_ref"]  # as stored before those fields existed
+    db[b"h:r2"] = orjson.dumps(h)
+    db.close()
+    with ProjectionStore(path, read_only=True) as st:
+        models = list(st.headers())
+        assert list(st.headers_json()) == [(m.run_id, m.model_dump_json().encode()) for m in models]
+        assert [r for r, _ in st.headers_json()] == ["r1", "r2", "r3"]
+        assert [r for r, _ in st.headers_json("running")] == ["r1", "r2"]
+        assert [r for r, _ in st.headers_json("completed")] == ["r3"]
+        assert orjson.loads(dict(st.headers_json())["r2"])["revoked_agents"] == []
+    for damage, error in ((_header_of_another_version, "run 'r1'.*schema_version 99"),
+                          (lambda raw: raw[:-7], "stored header of run 'r1'.*cannot be read")):  # fmt: skip
+        db = Rdict(str(path), Options(raw_mode=True))
+        good = db[b"h:r1"]
+        db[b"h:r1"] = damage(good)
+        db.close()
+        with ProjectionStore(path, read_only=True) as st, pytest.raises(StoreError, match=error):
+            list(st.headers_json())
+        db = Rdict(str(path), Options(raw_mode=True))
+        db[b"h:r1"] = good
+        db.close()
+
+
 def test_batched_reads_read_what_single_reads_read(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
     """The batched reads of a poll batch (one MultiGet each) give each run's working state
     and each patch id's decision exactly as one read of it does, in order, None for what

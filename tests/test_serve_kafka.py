@@ -74,6 +74,11 @@ def test_any_instance_answers_and_the_survivor_takes_over(kafka_bootstrap: str, 
         for i in range(3):
             for n, run_id in enumerate(runs):
                 step("a" if (n + i) % 2 else "b", "b" if (n + i) % 2 else "a", run_id)
+        # a list asks every instance for the runs of the partitions it owns, through either
+        for c in clients.values():
+            assert [h.run_id for h in c.runs()] == sorted(runs)
+            assert [(h.run_id, h.revision) for h in c.runs(status="running")] == sorted((r, seen[r]) for r in runs)
+            assert c.runs(status="completed") == []
         a_parts = owned(a.url)
         assert a_parts, "a owns partitions before it dies"
         foreign = [r for r in runs if partition_for(r, 6) not in a_parts]

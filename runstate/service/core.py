@@ -114,6 +114,9 @@ def _state_json(node: Node, run_id: str) -> bytes:
     return doc
 
 
+_HEADERS = TypeAdapter(list[RunHeader])
+
+
 def _state_struct(node: Node, run_id: str) -> Any:
     """The run's state as its msgspec struct (``store.decode_state_json``): for readers of
     its fields that hand out no model."""
@@ -359,13 +362,21 @@ class Service:
 
         return await self.on_owner(run_id, fwd, local, TypeAdapter(list[FieldChangeOut]).validate_python)
 
-    async def runs(self, status: str | None, fwd: Forward) -> list[RunHeader]:
-        def local() -> list[RunHeader]:
-            per = self.node.read_partitions(lambda _p, st: [h for h in st.headers() if status is None or h.status == status])
+    async def runs(self, status: str | None, fwd: Forward) -> list[tuple[str, bytes]]:
+        """Every run's header (of ``status``) as ``(run_id, JSON)``, sorted by run id, from
+        every partition, asked of their owners: this instance's as stored
+        (:meth:`ProjectionStore.headers_json`: the projector's lock is held only for the
+        read), another instance's answer validated."""
+
+        def local() -> list[tuple[str, bytes]]:
+            per = self.node.read_partitions(lambda _p, st: list(st.headers_json(status)))
             return [h for hs in per.values() for h in hs]
 
-        parts = await self.scatter(fwd, local, TypeAdapter(list[RunHeader]).validate_python)
-        return sorted((h for hs in parts for h in hs), key=lambda h: h.run_id)
+        def parse(body: Any) -> list[tuple[str, bytes]]:
+            return [(h.run_id, h.model_dump_json().encode()) for h in _HEADERS.validate_python(body)]
+
+        parts = await self.scatter(fwd, local, parse)
+        return sorted((h for hs in parts for h in hs), key=lambda h: h[0])
 
     async def checkpoints(self, run_id: str, fwd: Forward) -> list[Checkpoint]:
         """The checkpoints this instance's snapshotter wrote of the run, else another's."""
