@@ -32,15 +32,29 @@ LOG4J_VERSION = "2.24.3"
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
-  <groupId>runstate</groupId><artifactId>kafka-broker</artifactId><version>1</version>
+  <groupId>runstate</groupId><artifactId>{name}</artifactId><version>1</version>
   <packaging>pom</packaging>
   <dependencies>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{kafka}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>{log4j}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>{log4j}</version></dependency>
+{dependencies}
   </dependencies>
 </project>
 """
+
+#: The broker: ``kafka_2.13`` with its runtime dependencies and a log4j2 binding.
+BROKER_ARTIFACTS = (
+    f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}",
+    f"org.apache.logging.log4j:log4j-slf4j-impl:{LOG4J_VERSION}",
+    f"org.apache.logging.log4j:log4j-core:{LOG4J_VERSION}",
+)
+AVRO_VERSION = "1.12.1"
+#: The reference implementations the interop tests run (tests/test_interop_java.py): Apache
+#: Avro's Java library and Kafka's Java client and console tools.
+INTEROP_ARTIFACTS = (
+    f"org.apache.avro:avro:{AVRO_VERSION}",
+    f"org.apache.kafka:kafka-tools:{KAFKA_VERSION}",
+    f"org.apache.kafka:kafka-clients:{KAFKA_VERSION}",
+    "org.slf4j:slf4j-nop:2.0.17",
+)
 
 _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 <Configuration status="WARN">
@@ -71,30 +85,51 @@ def missing_tools() -> list[str]:
     return [t for t in ("java", "mvn") if shutil.which(t) is None]
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("RUNSTATE_KAFKA_CACHE", Path.home() / ".cache" / "runstate" / f"kafka-{KAFKA_VERSION}"))
+def cache_dir(name: str | None = None) -> Path:
+    """Where the jars of ``name`` (default: the broker's) are cached:
+    ``~/.cache/runstate/<name>``, under ``RUNSTATE_KAFKA_CACHE``'s parent when that is set."""
+    broker = Path(os.environ.get("RUNSTATE_KAFKA_CACHE", Path.home() / ".cache" / "runstate" / f"kafka-{KAFKA_VERSION}"))
+    return broker if name is None else broker.parent / name
 
 
 def resolve_jars() -> Path:
     """The directory of the broker's jars, resolved from Maven Central on first use."""
-    libs = cache_dir() / "libs"
-    done = cache_dir() / ".complete"
-    if done.exists():
+    return resolve_maven(None, BROKER_ARTIFACTS)
+
+
+def resolve_interop_jars() -> Path:
+    """The directory of the Java reference implementations' jars (Avro, Kafka's client and
+    tools), resolved from Maven Central on first use."""
+    return resolve_maven(f"interop-avro{AVRO_VERSION}-kafka{KAFKA_VERSION}", INTEROP_ARTIFACTS)
+
+
+def resolve_maven(name: str | None, artifacts: tuple[str, ...]) -> Path:
+    """A directory holding ``artifacts`` (``group:artifact:version``) with their runtime
+    dependencies, resolved once by Maven into :func:`cache_dir` and reused after.
+
+    Raises :class:`BrokerError` naming what is missing (Java, Maven) or what Maven said."""
+    libs = cache_dir(name) / "libs"
+    done = cache_dir(name) / ".complete"
+    wanted = "\n".join(artifacts)
+    if done.exists() and done.read_text() in (wanted, KAFKA_VERSION):
         return libs
     if missing := missing_tools():
-        raise BrokerError(f"cannot provision Kafka: {', '.join(missing)} not found on PATH (need Java 17+ and Maven)")
-    cache_dir().mkdir(parents=True, exist_ok=True)
+        raise BrokerError(f"cannot provision {', '.join(artifacts)}: {', '.join(missing)} not found on PATH "
+                          "(need Java 17+ and Maven)")  # fmt: skip
+    cache_dir(name).mkdir(parents=True, exist_ok=True)
+    deps = "\n".join("    <dependency><groupId>{}</groupId><artifactId>{}</artifactId><version>{}</version></dependency>"
+                     .format(*a.split(":")) for a in artifacts)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "pom.xml").write_text(_POM.format(kafka=KAFKA_VERSION, log4j=LOG4J_VERSION))
+        (Path(tmp) / "pom.xml").write_text(_POM.format(name=name or "kafka-broker", dependencies=deps))
         staging = Path(tmp) / "libs"
         cmd = ["mvn", "-B", "-q", "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
         out = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=900)
         if out.returncode != 0:
-            raise BrokerError(f"maven could not resolve kafka_2.13:{KAFKA_VERSION}: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+            raise BrokerError(f"maven could not resolve {', '.join(artifacts)}: {out.stdout[-2000:]}{out.stderr[-2000:]}")
         if libs.exists():
             shutil.rmtree(libs)
         shutil.move(str(staging), libs)
-    done.write_text(KAFKA_VERSION)
+    done.write_text(wanted)
     return libs
 
 
@@ -218,12 +253,12 @@ class LocalKafka:
 
 def _main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["run", "start", "stop", "jars"])
+    ap.add_argument("command", choices=["run", "start", "stop", "jars", "interop-jars"])
     ap.add_argument("--dir", default=".runstate/kafka", help="broker work directory")
     args = ap.parse_args()
     workdir = Path(args.dir)
-    if args.command == "jars":
-        print(resolve_jars())
+    if args.command in ("jars", "interop-jars"):
+        print(resolve_jars() if args.command == "jars" else resolve_interop_jars())
         return 0
     if args.command == "stop":
         info = json.loads((workdir / "broker.json").read_text())

@@ -6,7 +6,13 @@ Wire format (Avro specification, "single object encoding")::
 
 The fingerprint names the *writer* schema; the reader decodes with Avro schema
 resolution from that writer schema to the current one, then applies upcasters for
-changes of meaning. Every published version lives in ``schemas/avro/patch.vN.avsc`` and
+changes of meaning. Records are byte-for-byte what Apache Avro's Java
+``BinaryMessageEncoder`` writes (tests/test_interop_java.py runs it).
+
+runstate 0.1.0 wrote the fingerprint byte-reversed. Such records are still read: a
+published schema is also looked up under its reversed fingerprint (:data:`LEGACY_ORDER`),
+which can be told apart because no two published schemas share either form (checked when
+the registry loads). Nothing writes that order any more. Every published version lives in ``schemas/avro/patch.vN.avsc`` and
 is never edited: a change to the models is published as a new version
 (``python -m runstate.schemas.codec --publish``), and a test fails while the models and the latest
 published schema differ.
@@ -185,13 +191,31 @@ def _make_writer(version: int, schema: dict[str, Any], fp: bytes) -> _Writer:
 
 
 def _fp(schema: dict[str, Any]) -> bytes:
-    return bytes.fromhex(fingerprint(to_parsing_canonical_form(fastavro.parse_schema(schema)), "CRC-64-AVRO"))[::-1]
+    """The spec's fingerprint of ``schema``: CRC-64-AVRO of its parsing canonical form,
+    least significant byte first (fastavro's hex already lists the bytes in that order)."""
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(fastavro.parse_schema(schema)), "CRC-64-AVRO"))
+
+
+#: Whether records whose fingerprint is byte-reversed (written by runstate 0.1.0) are read.
+LEGACY_ORDER = True
 
 
 def published(kind: str = "patch") -> dict[bytes, _Writer]:
     """Every published writer schema of ``kind``, by its 8-byte little-endian fingerprint
     (one registry per kind: ``published()`` and ``published("patch")`` are the same dict)."""
     return _published(kind)
+
+
+@lru_cache(maxsize=len(KINDS))
+def _legacy(kind: str) -> dict[bytes, _Writer]:
+    """The published writers of ``kind`` by their byte-reversed fingerprint (runstate 0.1.0's
+    order). Raises RuntimeError if a reversed fingerprint equals a published one (then the
+    two orders could not be told apart)."""
+    writers = published(kind)
+    out = {fp[::-1]: w for fp, w in writers.items()}
+    if clash := out.keys() & writers.keys():
+        raise RuntimeError(f"a reversed fingerprint equals a published one: {sorted(f.hex() for f in clash)}")
+    return out
 
 
 @lru_cache(maxsize=len(KINDS))
@@ -229,6 +253,7 @@ def register_writer_schema(schema: dict[str, Any], version: int) -> bytes:
     global _current, _current_encoder, _current_reader
     fp = _fp(schema)
     published()[fp] = _make_writer(version, schema, fp)
+    _legacy.cache_clear()
     _current = None
     _current_encoder = None
     _current_reader = None
@@ -365,8 +390,10 @@ def _framed(data: bytes, kind: str) -> _Writer:
         raise DecodeError("not_avro_single_object", detail=f"{len(data)} bytes, header {data[:2].hex() or 'empty'}")
     fp = bytes(data[2:HEADER_LEN])
     writer = published(kind).get(fp)
+    if writer is None and LEGACY_ORDER:
+        writer = _legacy(kind).get(fp)
     if writer is None:
-        raise DecodeError("unknown_writer_schema", detail=f"fingerprint {fp[::-1].hex()}")
+        raise DecodeError("unknown_writer_schema", detail=f"fingerprint {fp.hex()} (little-endian)")
     return writer
 
 

@@ -54,3 +54,24 @@ def kafka_topics() -> TopicNames:
     """Topic names unique to one test, so tests share the broker but not data."""
     t = f"t{uuid.uuid4().hex[:10]}"
     return TopicNames.with_prefix(t)
+
+
+@pytest.fixture(scope="session")
+def java_interop() -> Path:
+    """The jars of the Java reference implementations (Apache Avro, Kafka's client and
+    tools), resolved from Maven Central once into ``~/.cache/runstate``.
+
+    Without Java/Maven the interop tests are skipped with what is missing, except in CI
+    (``CI=true``), where that fails the run."""
+    from runstate.compose.kafka_local import BrokerError, missing_tools, resolve_interop_jars
+
+    missing = missing_tools()
+    if missing:
+        msg = f"the Java interop tests need Java 17+ and Maven ({', '.join(missing)} not on PATH)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    try:
+        return resolve_interop_jars()
+    except BrokerError as e:
+        pytest.fail(f"the Java reference jars could not be resolved: {e}")

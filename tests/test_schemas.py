@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 from helpers import CLIENT_EXAMPLE, V1_DOC, patch
@@ -12,7 +13,7 @@ from runstate.schemas import codec
 from runstate.schemas.errors import ContractError, DecodeError, MigrationRequired, UnknownEventType
 from runstate.schemas.events import EVENT_TYPE_NAMES
 from runstate.schemas.migrations import load_state
-from runstate.schemas.patch import Decision, parse_draft
+from runstate.schemas.patch import Decision, Patch, parse_draft
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION
 
 
@@ -507,3 +508,40 @@ print("read:", codec.read_patch(codec.encode(patch)).run_id, "compiled:", len(co
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["before: True", "made once: True", "read: r compiled: 0"]
+
+
+def test_records_written_before_the_spec_byte_order_still_decode() -> None:
+    """runstate 0.1.0 wrote the fingerprint byte-reversed (big-endian). Those records, as
+    that code wrote them for every published schema, still decode to what was written;
+    what runstate writes now carries the spec's little-endian order."""
+    legacy = json.loads((Path(__file__).parent / "data" / "avro_pre_spec_order.json").read_text())["records"]
+    files = {(f.name.split(".v")[0], int(f.name.split(".v")[1].split(".")[0])) for f in codec.AVRO_DIR.glob("*.avsc")}
+    assert {(r["kind"], r["version"]) for r in legacy} == files
+    for r in legacy:
+        data = bytes.fromhex(r["hex"])
+        if r["kind"] == "patch":
+            w = next(w for w in codec.published().values() if w.version == r["version"])
+            assert data[2:10] == w.fingerprint[::-1] != w.fingerprint
+            assert codec.decode(data) == Patch.model_validate(r["value"])
+            assert codec.encode(Patch.model_validate(r["value"]), writer=w)[2:10] == w.fingerprint
+        else:
+            assert codec.decode_decision(data) == Decision.model_validate(r["value"])
+
+
+def test_the_fingerprint_is_the_spec_s_crc_64_avro_little_endian() -> None:
+    """The Avro spec's CRC-64-AVRO of a schema's parsing canonical form, computed here from
+    the spec's own algorithm, written least significant byte first."""
+    from fastavro.schema import to_parsing_canonical_form
+
+    empty = 0xC15D213AA4D7A795
+    table = []
+    for i in range(256):
+        fp = i
+        for _ in range(8):
+            fp = (fp >> 1) ^ (empty & -(fp & 1))
+        table.append(fp)
+    for w in [*codec.published().values(), *codec.published("decision").values()]:
+        fp = empty
+        for byte in to_parsing_canonical_form(w.parsed).encode():
+            fp = (fp >> 8) ^ table[(fp ^ byte) & 0xFF]
+        assert w.fingerprint == fp.to_bytes(8, "little")
