@@ -4,12 +4,14 @@ Avro's Java library reads the records runstate writes and runstate reads what it
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 from helpers import CLIENT_EXAMPLE, patch
 from javakit import run_java
 
+from runstate.eventlog.base import TopicNames
 from runstate.schemas import codec
 from runstate.schemas.patch import Decision, Patch
 
@@ -72,3 +74,91 @@ def test_java_decodes_every_record_runstate_writes_and_writes_the_same_bytes(jav
         if kind == "patch":
             assert as_java_read["events"][0]["fact"]["statement"] == "session token 实际使用 RS256 — ✓"
             assert int(version) == next(w.version for p, w in _patches() if p.patch_id == expected.patch_id)
+
+
+def _run_ids() -> list[str]:
+    """A few hundred run ids, non-ASCII ones and odd lengths among them."""
+    ids = [f"run_{i}" for i in range(250)] + [f"运行-{i}" for i in range(20)] + [f"run-ü-{i}" for i in range(20)]
+    return ids + ["r", "ab", "abc", "x" * 199, "🙂" * 5, "run with spaces"]
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_kafka_s_java_producer_puts_each_run_where_runstate_does(java_interop: Path, kafka_bootstrap: str,
+                                                                 kafka_topics: TopicNames, tmp_path: Path) -> None:  # fmt: skip
+    """Kafka's Java producer (default partitioner) puts every run on the partition that
+    runstate's Kafka producer and its embedded log pick; a patch the Java client produced is
+    decided by the projector like any other; Kafka's console consumer reads our records."""
+    from runstate.eventlog.embedded import EmbeddedLog
+    from runstate.eventlog.kafka import KafkaLog
+    from runstate.producers.run_producer import RunProducer
+    from runstate.projector.loop import Projector
+    from runstate.projector.queries import Projection
+    from runstate.schemas.patch import Author
+
+    partitions = 7
+    log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
+    log.create_topics(partitions)
+    ids = _run_ids()
+    java = run_java(java_interop, "KafkaProduce", kafka_bootstrap, kafka_topics.deadletter,
+                    stdin="".join(f"{r.encode().hex()} 00\n" for r in ids))  # fmt: skip
+    by_java = {bytes.fromhex(k).decode(): int(p) for k, p, _ in (ln.split(" ") for ln in java)}
+    assert len(by_java) == len(ids)
+
+    prod = RunProducer(log, Author(agent_id="interop", agent_version="1"))
+    by_runstate = {r: prod.append(prod.events(r, 0, [{"type": "RunStarted", "goal": {"statement": r}}])).partition
+                   for r in ids}  # fmt: skip
+    prod.close()
+    embedded = EmbeddedLog(tmp_path / "log.db", partitions=partitions)
+    eprod = embedded.producer()
+    by_embedded = {r: eprod.append(embedded.topics.events, r, b"x").partition for r in ids}
+    eprod.close()
+    embedded.close()
+    assert by_java == by_runstate == by_embedded
+    assert len(set(by_java.values())) == partitions
+
+    # A patch the Java client produced, keyed by its run, decided like any other.
+    p = patch("run_7", 1, {"type": "PhaseChanged", "phase": "diagnose"}, patch_id="from-java")
+    (line,) = run_java(java_interop, "KafkaProduce", kafka_bootstrap, kafka_topics.events,
+                       stdin=f"{b'run_7'.hex()} {codec.encode(p).hex()}\n")  # fmt: skip
+    assert int(line.split(" ")[1]) == by_runstate["run_7"]
+    state_dir = tmp_path / "state"
+    Projector(log, str(state_dir), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.05)
+    proj = Projection(state_dir)
+    d = proj.decision("run_7", "from-java")
+    assert d is not None and (d.outcome, d.revision, d.agent_id) == ("accepted", 2, p.author.agent_id), d
+    assert proj.state("run_7").phase == "diagnose"
+    proj.close()
+
+    # Kafka's console consumer reads every record we wrote, on the partition we wrote it to.
+    out = subprocess.run(
+        ["java", "-cp", f"{java_interop}/*", "org.apache.kafka.tools.consumer.ConsoleConsumer",
+         "--bootstrap-server", kafka_bootstrap, "--topic", kafka_topics.events, "--from-beginning",
+         "--max-messages", str(len(ids) + 1), "--timeout-ms", "60000",
+         "--property", "print.key=true", "--property", "print.partition=true", "--property", "key.separator=|",
+         "--property", "value.deserializer=org.apache.kafka.common.serialization.BytesDeserializer"],
+        capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen: dict[str, list[bytes]] = {}
+    for ln in out.stdout.splitlines():
+        part, key, value = ln.split("|", 2)
+        assert int(part.removeprefix("Partition:")) == by_runstate[key]
+        seen.setdefault(key, []).append(_unescape(value))
+    assert set(seen) == set(ids)
+    assert codec.encode(p) in seen["run_7"]
+    assert all(codec.decode(v).run_id == k for k, vs in seen.items() for v in vs)
+    log.close()
+
+
+def _unescape(text: str) -> bytes:
+    """The bytes behind Kafka's ``Bytes.toString`` (printable ASCII as is, the rest ``\\xHH``)."""
+    out = bytearray()
+    i = 0
+    while i < len(text):
+        if text.startswith("\\x", i):
+            out.append(int(text[i + 2:i + 4], 16))
+            i += 4
+        else:
+            out += text[i].encode()
+            i += 1
+    return bytes(out)
