@@ -16,6 +16,13 @@ The names below are the public API; everything else is reached through its layer
 from __future__ import annotations
 
 import os as _os
+from importlib.metadata import PackageNotFoundError as _NotInstalled
+from importlib.metadata import version as _version
+
+try:
+    __version__: str = _version("runstate")
+except _NotInstalled:  # a checkout imported without installing it
+    __version__ = "0+unknown"
 
 # In a source checkout the layers are sibling folders of this one (the client fixed that
 # layout); an installed wheel has them inside it (pyproject's package-dir mapping). Adding

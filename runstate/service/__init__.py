@@ -32,12 +32,14 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, adve
     non-loopback ``host`` without one."""
     import uvicorn
 
-    from runstate.service.auth import Tokens
+    from runstate.service.auth import ANONYMOUS, Tokens
     from runstate.service.http import create_app
     from runstate.service.node import Node
     from runstate.service.routing import Router
 
-    tokens = Tokens.load(settings.tokens_file, settings.agent_id)
+    # Without a token a caller is "anonymous" unless the operator named the agent (RUNSTATE_AGENT_ID).
+    anonymous = settings.agent_id if "agent_id" in settings.model_fields_set else ANONYMOUS
+    tokens = Tokens.load(settings.tokens_file, anonymous)
     if not tokens.enabled:
         if not _loopback(host):
             raise ContractError(f"without a tokens file (--tokens-file / RUNSTATE_TOKENS_FILE) serve binds to "

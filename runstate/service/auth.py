@@ -27,6 +27,8 @@ from pydantic import BaseModel, Field, ValidationError
 from runstate.schemas.errors import ContractError, RunstateError, describe_validation_error
 
 Role = Literal["read", "write"]
+#: Who a caller without a token is, on a server without a tokens file.
+ANONYMOUS = "anonymous"
 
 
 class AuthError(RunstateError):

@@ -191,14 +191,18 @@ class Service:
 
     # -- writes ----------------------------------------------------------------------------
 
-    async def submit(self, who: Identity, run_id: str, data: Any, wait_s: float | None, fwd: Forward) -> Submitted:
+    async def submit(self, who: Identity, run_id: str, data: Any, wait_s: float | None, fwd: Forward,
+                     channel: str = "http") -> Submitted:  # fmt: skip
         """Validate, append and (``wait_s``) await the decision of one patch. The author is
-        the caller's identity. Raises :class:`ContractError`, :class:`PatchTooLarge`,
-        :class:`AuthError`."""
+        the caller's identity; a trusted caller (no tokens file) may name one, and is else
+        recorded as ``<its identity>@<channel>`` (``anonymous@http``). Raises
+        :class:`ContractError`, :class:`PatchTooLarge`, :class:`AuthError`."""
         who.may_write(run_id)
         if not isinstance(data, dict):
             raise ContractError(f"a patch must be a JSON object, got {type(data).__name__}")
         author = data.get("author")
+        if who.trusted and author is None:
+            data = {**data, "author": {"agent_id": who.agent_id, "agent_version": channel}}
         if not who.trusted:
             claimed = author.get("agent_id") if isinstance(author, dict) else None
             if claimed is not None and claimed != who.agent_id:

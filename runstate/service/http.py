@@ -43,6 +43,7 @@ from runstate.schemas.errors import (
 from runstate.schemas.patch import Decision, PatchDraft
 from runstate.schemas.state import RunHeader, RunState
 from runstate.service.auth import AuthError, Identity, Tokens
+from runstate.service.errors import answer, body
 from runstate.service.core import FieldChangeOut, Forward, RemoteError, ResumeOut, Service, Submitted
 from runstate.service.node import Node
 from runstate.service.routing import FORWARDED, Router, Unavailable
@@ -87,31 +88,15 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 def error_response(status: int, code: str, message: str, field: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message, "field": field}}, status, headers=headers)
+    return JSONResponse(body(code, message, field), status, headers=headers)
 
 
 def translate(e: Exception) -> JSONResponse:
-    """The one mapping of errors to responses."""
-    if isinstance(e, RemoteError):
-        return JSONResponse(e.body, e.status)
-    if isinstance(e, AuthError):
-        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-        return error_response(e.status, "unauthorized" if e.status == 401 else "forbidden", str(e), headers=headers)
-    if isinstance(e, PatchTooLarge):
-        return error_response(413, "patch_too_large", str(e))
-    if isinstance(e, ContractError):
-        return error_response(422, "invalid", str(e), e.field)
-    if isinstance(e, RunNotFound | RevisionNotFound):
-        return error_response(404, "not_found", str(e))
-    if isinstance(e, DecisionTimeout):
-        return error_response(404, "not_decided", "no decision on this patch (yet)")
-    if isinstance(e, Unavailable):
-        return error_response(503, "unavailable", str(e), headers={"Retry-After": str(max(1, round(e.retry_after)))})
-    if isinstance(e, LogError):
-        return error_response(503, "log_unavailable", str(e), headers={"Retry-After": "1"})
-    if isinstance(e, RunstateError):
-        return error_response(500, "internal", f"{type(e).__name__}: {e}")
-    raise e
+    """The response to ``e`` (:func:`runstate.service.errors.answer`); re-raises what is not runstate's."""
+    got = answer(e)
+    if got is None:
+        raise e
+    return JSONResponse(got.body, got.status, headers=got.headers)
 
 
 class Metrics:
