@@ -22,6 +22,10 @@ from runstate.schemas.errors import DeliveryError
 
 Headers = tuple[tuple[str, bytes], ...]
 
+#: The logger that receives the Kafka client's (librdkafka's) own log lines: quiet unless
+#: the CLI runs with ``-v``.
+LIBRDKAFKA_LOGGER = "runstate.kafka.librdkafka"
+
 
 class Record(NamedTuple):
     """One log record as read back. (A named tuple: the projector builds one per record

@@ -498,6 +498,17 @@ class EmbeddedReader(LogReader):
             self._log.close()
 
 
+def _lock_holder(content: bytes) -> str:
+    """Who holds a group lock, from what its holder wrote into it (``<pid>\\n<client id>\\n``):
+    ``runstate serve at <url> (pid N)`` for a serve instance, else ``pid N``."""
+    lines = content.decode(errors="replace").splitlines()
+    pid = lines[0].strip() if lines and lines[0].strip() else "?"
+    client = lines[1].strip() if len(lines) > 1 else ""
+    if client.startswith("runstate-serve|"):
+        return f"runstate serve at {client.removeprefix('runstate-serve|')} (pid {pid})"
+    return f"pid {pid}"
+
+
 class EmbeddedConsumer(LogConsumer):
     """The single member of a consumer group on the embedded log."""
 
@@ -521,11 +532,12 @@ class EmbeddedConsumer(LogConsumer):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as e:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            holder = _lock_holder(os.pread(fd, 4096, 0))
             os.close(fd)
             raise LogError(
-                f"consumer group {self._group!r} on {self._log.path} already has a member (pid {holder}); "
-                "the embedded log allows one projector per group"
+                f"consumer group {self._group!r} on {self._log.path} already has a member: {holder}. The embedded "
+                "log allows one projector per group: stop that process, ask it (runstate serve answers over "
+                "HTTP), or move to Kafka to run several"
             ) from e
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n{self._client_id}\n".encode(), 0)

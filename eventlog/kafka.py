@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -22,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from runstate.eventlog.base import (
+    LIBRDKAFKA_LOGGER,
     Appended,
     DeliveryCallback,
     EventLog,
@@ -77,6 +80,9 @@ LEADER_WAIT_S = 30.0
 T = TypeVar("T")
 
 
+LIBRDKAFKA_LOG = logging.getLogger(LIBRDKAFKA_LOGGER)
+
+
 def _retrying(call: Callable[[], T], retry: frozenset[int], deadline: float, what: str) -> T:
     """``call()``, asked again every 0.1 s until ``deadline`` (``time.monotonic``) while it
     fails with one of the ``retry`` codes (conditions that clear by themselves). Raises
@@ -108,10 +114,31 @@ class KafkaLog(EventLog):
         self._admin = AdminClient({"bootstrap.servers": bootstrap, **self._common()})
         self._parts: dict[str, int] = {}
         self._meta: Consumer | None = None
+        self._reached = False
+
+    def _reachable(self, timeout_s: float = 3.0) -> None:
+        """Raise :class:`LogConfigError` at once when no bootstrap address accepts a TCP
+        connection, instead of after the client's metadata timeout (15 s). Checked once."""
+        if self._reached:
+            return
+        why = []
+        for addr in self.bootstrap.split(","):
+            host, _, port = addr.strip().rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
+                    self._reached = True
+                    return
+            except (OSError, ValueError) as e:
+                why.append(f"{addr.strip()}: {getattr(e, 'strerror', None) or e}")
+        raise LogConfigError(f"cannot reach Kafka at {self.bootstrap} ({'; '.join(why)}): is the broker running "
+                             "and is this its address? (`runstate -v` shows the Kafka client's log)")  # fmt: skip
 
     def _common(self) -> dict[str, Any]:
-        # Settings that apply to every client (security, timeouts) pass through.
-        return {k: v for k, v in self.config.items() if not k.startswith(("producer.", "consumer."))}
+        # Settings that apply to every client (security, timeouts) pass through. librdkafka's
+        # own log goes to a logger of ours (quiet unless asked: `runstate -v`), not to stderr,
+        # where an unreachable broker printed hundreds of lines before the one error that matters.
+        common = {k: v for k, v in self.config.items() if not k.startswith(("producer.", "consumer."))}
+        return {"logger": LIBRDKAFKA_LOG, **common}
 
     def describe(self) -> str:
         return f"kafka://{self.bootstrap}"
@@ -119,6 +146,7 @@ class KafkaLog(EventLog):
     def identity(self) -> str:
         """``kafka:<cluster id>/<events topic id>``: a topic deleted and created again under
         the same name has another id."""
+        self._reachable()
         try:
             cluster = self._admin.describe_cluster(request_timeout=15).result()
             topic = self.topics.events
@@ -132,6 +160,7 @@ class KafkaLog(EventLog):
     def partitions(self, topic: str) -> int:
         n = self._parts.get(topic)
         if n is None:
+            self._reachable()
             try:
                 md = self._admin.list_topics(topic=topic, timeout=15)
             except KafkaException as e:
@@ -148,6 +177,7 @@ class KafkaLog(EventLog):
     def create_topics(self, partitions: int, replication: int = 1) -> list[str]:
         if partitions < 1 or replication < 1:
             raise LogConfigError("partitions and replication must be >= 1")
+        self._reachable()
         wanted = [
             NewTopic(self.topics.events, partitions, replication),
             NewTopic(self.topics.checkpoints, partitions, replication,

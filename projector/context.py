@@ -30,7 +30,7 @@ def render_context(state: RunState | msgspec.Struct, *, now: datetime | None = N
     s: Any = state
     lines: list[str] = []
     add = lines.append
-    add(f"RUN {s.run_id} | status: {s.status} | phase: {s.phase or '-'} | revision {s.revision} | agent {s.agent_version}")
+    add(f"RUN {s.run_id} | status: {s.status} | phase: {s.phase or '-'} | revision {s.revision} | agent version {s.agent_version}")
     add(f"GOAL: {s.goal.statement}")
     if s.goal.scope.include or s.goal.scope.exclude:
         add(f"  scope: include [{', '.join(s.goal.scope.include)}] exclude [{', '.join(s.goal.scope.exclude)}]")

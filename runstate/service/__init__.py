@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import errno
 import os
 import signal
+import socket
 import sys
 from typing import Any
 
-from runstate.schemas.errors import ContractError
+from runstate.schemas.errors import ContractError, ListenError
 from runstate.settings import Settings
 
 log = logging.getLogger("runstate.serve")
@@ -22,6 +24,28 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (``port`` 0: a free one), made before anything
+    else starts so that a port in use is one clear error. Raises :class:`ListenError`."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ListenError(f"port {port} on {host} is in use (another runstate serve?): "
+                              "choose another with --port, or 0 for a free one") from e  # fmt: skip
+        raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    sock.set_inheritable(True)
+    return sock
 
 
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, advertise: str | None = None,
@@ -44,8 +68,8 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, adve
         if not _loopback(host):
             raise ContractError(f"without a tokens file (--tokens-file / RUNSTATE_TOKENS_FILE) serve binds to "
                                 f"127.0.0.1 only, not {host!r}: anyone who reaches it could write any run")  # fmt: skip
-        print(f"runstate serve: no tokens file: anyone on this machine may read and write; bound to {host} only",
-              file=sys.stderr)  # fmt: skip
+    sock = bind(host, port)
+    port = int(sock.getsockname()[1])
     scheme = "https" if ssl_certfile else "http"
     me = advertise or f"{scheme}://{host}:{port}"
     server_box: dict[str, Any] = {}
@@ -69,7 +93,10 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, adve
     # handler it found: ours notes it, so that a clean shutdown exits 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
+    if not tokens.enabled:
+        print(f"runstate serve: no tokens file: anyone on this machine may read and write; bound to {host} only",
+              file=sys.stderr)  # fmt: skip
     print(f"runstate serve: {me} ({node.log.describe()}, {node.partitions} partitions)", file=sys.stderr, flush=True)
-    server.run()
+    server.run(sockets=[sock])
     if node.health.failed:
         raise SystemExit(1)

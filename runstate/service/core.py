@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import httpx
+import msgspec
 import orjson
 from pydantic import BaseModel, TypeAdapter
 
@@ -25,7 +26,7 @@ from runstate.projector.replay import explain, state_data_at
 from runstate.projector.store import decode_state_json
 from runstate.schemas.errors import ContractError, DecisionTimeout, RevisionNotFound, RunNotFound, RunstateError
 from runstate.schemas.patch import Decision
-from runstate.schemas.state import RunHeader
+from runstate.schemas.state import RunHeader, RunSummary
 from runstate.service.auth import AuthError, Identity
 from runstate.service.node import Node, NotOwner
 from runstate.service.routing import Router, Unavailable
@@ -114,7 +115,18 @@ def _state_json(node: Node, run_id: str) -> bytes:
     return doc
 
 
-_HEADERS = TypeAdapter(list[RunHeader])
+_SUMMARIES = TypeAdapter(list[RunSummary])
+#: A stored header's public fields as their JSON spans: a listing drops the projector's
+#: bookkeeping without parsing the rest (msgspec skips the fields the struct does not name).
+_SummarySpans = msgspec.defstruct("_SummarySpans", [(name, msgspec.Raw) for name in RunSummary.model_fields])
+_summary_spans = msgspec.json.Decoder(_SummarySpans).decode
+_encode_spans = msgspec.json.Encoder().encode
+
+
+def summary_json(header_json: bytes) -> bytes:
+    """The :class:`RunSummary` JSON of a stored header's JSON (``RunHeader.model_dump_json``):
+    the same bytes, field for field, without :data:`HEADER_INTERNAL_FIELDS`."""
+    return _encode_spans(_summary_spans(header_json))
 
 
 def _state_struct(node: Node, run_id: str) -> Any:
@@ -367,17 +379,17 @@ class Service:
         return await self.on_owner(run_id, fwd, local, TypeAdapter(list[FieldChangeOut]).validate_python)
 
     async def runs(self, status: str | None, fwd: Forward) -> list[tuple[str, bytes]]:
-        """Every run's header (of ``status``) as ``(run_id, JSON)``, sorted by run id, from
+        """Every run's summary (of ``status``) as ``(run_id, JSON)``, sorted by run id, from
         every partition, asked of their owners: this instance's as stored
         (:meth:`ProjectionStore.headers_json`: the projector's lock is held only for the
         read), another instance's answer validated."""
 
         def local() -> list[tuple[str, bytes]]:
             per = self.node.read_partitions(lambda _p, st: list(st.headers_json(status)))
-            return [h for hs in per.values() for h in hs]
+            return [(run_id, summary_json(doc)) for hs in per.values() for run_id, doc in hs]
 
         def parse(body: Any) -> list[tuple[str, bytes]]:
-            return [(h.run_id, h.model_dump_json().encode()) for h in _HEADERS.validate_python(body)]
+            return [(h.run_id, h.model_dump_json().encode()) for h in _SUMMARIES.validate_python(body)]
 
         parts = await self.scatter(fwd, local, parse)
         return sorted((h for hs in parts for h in hs), key=lambda h: h[0])

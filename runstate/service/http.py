@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+import runstate
 from runstate.app import unencodable
 from runstate.projector.store import unreadable_state
 from runstate.schemas.errors import (
@@ -41,7 +42,7 @@ from runstate.schemas.errors import (
     RunstateError,
 )
 from runstate.schemas.patch import Decision, PatchDraft
-from runstate.schemas.state import RunHeader, RunState
+from runstate.schemas.state import RunState, RunStatus, RunSummary
 from runstate.service.auth import AuthError, Identity, Tokens
 from runstate.service.errors import answer, body
 from runstate.service.core import FieldChangeOut, Forward, RemoteError, ResumeOut, Service, Submitted
@@ -166,7 +167,9 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
             if router is not None:
                 await router.close()
 
-    api = FastAPI(title="runstate", version="1", lifespan=lifespan,
+    # No /docs or /redoc: FastAPI's pages load their scripts from a CDN, blank on a machine
+    # without internet. /openapi.json is the API's description.
+    api = FastAPI(title="runstate", version=runstate.__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Where is this run now? Typed, durable Run State for AI agents.")  # fmt: skip
 
     @api.exception_handler(RunstateError)
@@ -196,16 +199,16 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
                        tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in raw if k in keep), body,
                        forwarded=any(k == FORWARDED_B for k, _v in raw))  # fmt: skip
 
-    async def read_body(request: Request) -> bytes:
+    async def read_body(request: Request, run_id: str) -> bytes:
         limit = 2 * node.settings.max_patch_bytes  # JSON text is larger than its Avro encoding
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise PatchTooLarge("?", int(declared), limit)
+            raise PatchTooLarge(run_id, int(declared), limit, as_json=True)
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise PatchTooLarge("?", size, limit)
+                raise PatchTooLarge(run_id, size, limit, as_json=True)
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -231,7 +234,7 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         """Append a patch (the CLI's patch JSON). The author is the token's identity. With
         ``wait``: 200 with the decision (accepted or rejected), 202 when not decided in time."""
         who = ident(request)
-        body = await read_body(request)
+        body = await read_body(request, run_id)
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError as e:
@@ -295,9 +298,9 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         ident(request).may_read(run_id)
         return json_out(await service.resume(run_id, fwd(request)))
 
-    @api.get("/runs", response_model=list[RunHeader], responses=_errors(401, 503))
-    async def get_runs(request: Request, status: Annotated[str | None, Query(max_length=32)] = None) -> Response:
-        """Headers of every run (every partition, asked of their owners)."""
+    @api.get("/runs", response_model=list[RunSummary], responses=_errors(401, 503))
+    async def get_runs(request: Request, status: RunStatus | None = None) -> Response:
+        """Every run (every partition, asked of their owners): its summary, the header without the projector's bookkeeping."""
         who = ident(request)
         headers = await service.runs(status, fwd(request))
         if who.runs is not None:
@@ -315,12 +318,9 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         after = int(last_event_id) if last_event_id is not None and last_event_id.isdigit() else None
         q = node.hub.subscribe(run_id)  # before reading history: nothing falls between
         try:
-            missed: list[Decision] = []
-            if after is not None:
-                try:
-                    missed = [d for d in await service.history(run_id, fwd(request)) if d.offset > after]
-                except RunNotFound:
-                    missed = []
+            # A run nothing was decided on is 404, as on every other route (RunNotFound).
+            history = await service.history(run_id, fwd(request))
+            missed: list[Decision] = [] if after is None else [d for d in history if d.offset > after]
         except BaseException:
             node.hub.unsubscribe(run_id, q)
             raise

@@ -27,7 +27,8 @@ from fastapi import FastAPI
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 import runstate
@@ -122,8 +123,20 @@ def event_json_schema(event_type: str) -> dict[str, Any]:
     return _EVENT_SCHEMAS[event_type]
 
 
+class _Server(MCPServer):
+    """The SDK's server, answering ``prompts/get`` of a prompt it does not have as the
+    protocol's invalid-params error (the SDK raises a bare ValueError there, which reaches
+    the client as an internal error and leaves a traceback in the log)."""
+
+    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None,
+                         context: Context[Any, Any] | None = None) -> Any:  # fmt: skip
+        if name not in {p.name for p in await self.list_prompts()}:
+            raise MCPError(INVALID_PARAMS, f"unknown prompt {name!r}: runstate offers no prompts")
+        return await super().get_prompt(name, arguments, context)
+
+
 def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
-    server = MCPServer(name="runstate", version=runstate.__version__, instructions=INSTRUCTIONS)
+    server = _Server(name="runstate", version=runstate.__version__, instructions=INSTRUCTIONS)
 
     async def run_context(run_id: str, ctx: Context) -> str:
         """The run's compact context: goal, confirmed facts, open hypotheses and questions,

@@ -1,0 +1,145 @@
+"""The first hour of a new user, as reproduced from outside: every mistake gets one line
+naming what is wrong (exit 1), never a traceback; serve says where it listens; the HTTP
+edges answer as the rest of the API does. Real processes throughout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import start
+from servekit import ServeProcess, free_port
+
+from runstate.schemas.state import HEADER_INTERNAL_FIELDS, RunHeader, RunSummary
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str = "",
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "runstate.cli", *args], cwd=cwd, input=stdin, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def one_line_error(out: subprocess.CompletedProcess[str]) -> str:
+    text = (out.stdout + out.stderr).strip()
+    assert out.returncode == 1, text
+    assert "Traceback" not in text and len(text.splitlines()) == 1, text
+    return text
+
+
+@pytest.mark.parametrize("command", [["project", "--until-caught-up"], ["snapshot", "--until-caught-up"],
+                                     ["state", "r1"], ["runs"], ["verify"], ["serve", "--port", "0"]])  # fmt: skip
+def test_a_state_dir_that_is_a_file_is_one_line_naming_it(tmp_path: Path, command: list[str]) -> None:
+    (tmp_path / "afile").write_text("")
+    line = one_line_error(cli("--log", str(tmp_path / "log.db"), "--state-dir", "afile", *command, cwd=tmp_path))
+    assert "'afile' is a file, not a directory" in line and "run `runstate project` first" not in line
+
+
+@pytest.mark.parametrize("command", [["project", "--until-caught-up"], ["status"], ["topics", "create"],
+                                     ["serve", "--port", "0"]])  # fmt: skip
+def test_an_unreachable_kafka_is_one_line_without_the_client_s_log(tmp_path: Path, command: list[str]) -> None:
+    out = cli("--log", f"kafka://127.0.0.1:{free_port()}", *command, cwd=tmp_path, timeout=30)
+    line = one_line_error(out)
+    assert "cannot reach Kafka at 127.0.0.1:" in line and "Connection refused" in line
+
+
+@pytest.fixture(scope="module")
+def open_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProcess, Path]]:
+    """``serve --port 0`` on an embedded log, without tokens."""
+    work = tmp_path_factory.mktemp("first-hour")
+    env = {"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state")}
+    proc = ServeProcess(env, work)
+    proc.proc.kill()
+    proc.proc.wait()
+    proc._err.close()
+    # the same, on port 0: the URL it announces is where it listens
+    err = open(work / "serve0.log", "wb")
+    proc.proc = subprocess.Popen([sys.executable, "-m", "runstate.cli", "serve", "--port", "0"], cwd=work,
+                                 env={**os.environ, **env}, stdout=err, stderr=err)  # fmt: skip
+    proc._err, proc.stderr_path = err, work / "serve0.log"
+    try:
+        for _ in range(300):
+            announced = [ln for ln in proc.stderr_path.read_text().splitlines() if ln.startswith("runstate serve: http")]
+            if announced or proc.proc.poll() is not None:
+                break
+            import time
+
+            time.sleep(0.1)
+        assert announced, proc.log()
+        url = announced[0].split()[2]
+        assert not url.endswith(":0"), url
+        proc.url = url
+        proc.port = int(url.rsplit(":", 1)[1])
+        proc.wait_ready()
+        yield proc, work
+    finally:
+        assert proc.stop() == 0, proc.log()
+
+
+def test_serve_on_port_0_announces_the_port_it_got_and_a_port_in_use_is_one_line(open_serve: tuple[ServeProcess, Path],
+                                                                                 tmp_path: Path) -> None:  # fmt: skip
+    proc, _ = open_serve
+    assert httpx.get(proc.url + "/healthz").status_code == 200
+    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    line = one_line_error(cli("serve", "--port", str(proc.port), cwd=tmp_path, env=env))
+    assert f"port {proc.port} on 127.0.0.1 is in use" in line
+
+
+def test_a_second_projector_is_told_who_holds_the_log_in_one_line(open_serve: tuple[ServeProcess, Path]) -> None:
+    proc, work = open_serve
+    line = one_line_error(cli("project", "--until-caught-up", cwd=work, env={
+        "RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state2")}))  # fmt: skip
+    assert f"runstate serve at {proc.url} (pid {proc.proc.pid})" in line and "stop that process" in line
+
+
+def test_the_http_edges_answer_as_the_rest_of_the_api(open_serve: tuple[ServeProcess, Path]) -> None:
+    proc, _ = open_serve
+    url = proc.url
+    r = httpx.post(url + "/runs/edge-1/patches?wait=5", json={"expected_revision": 0, "events": [start()]})
+    assert r.json()["decision"]["outcome"] == "accepted", r.text
+    # the decision stream of an unknown run is 404 like every other route; a known one streams
+    with httpx.stream("GET", url + "/runs/nobody/events", timeout=5) as s:
+        assert s.status_code == 404 and s.read() and s.json()["error"]["code"] == "not_found"
+    with httpx.stream("GET", url + "/runs/edge-1/events", timeout=5) as s:
+        assert s.status_code == 200 and s.headers["content-type"].startswith("text/event-stream")
+    bogus = httpx.get(url + "/runs", params={"status": "bogus"})
+    assert bogus.status_code == 422 and bogus.json()["error"]["field"] == "status", bogus.text
+    assert httpx.get(url + "/runs", params={"status": "running"}).json()[0]["run_id"] == "edge-1"
+    # the listing is the documented summary: no projector bookkeeping
+    (listed,) = httpx.get(url + "/runs").json()
+    assert list(listed) == list(RunSummary.model_fields) and not set(HEADER_INTERNAL_FIELDS) & set(listed)
+    assert [f for f in RunHeader.model_fields if f not in HEADER_INTERNAL_FIELDS] == list(RunSummary.model_fields)
+    big = httpx.post(url + "/runs/edge-1/patches", content=b"x" * (2 * 1024 * 1024 + 10),
+                     headers={"content-type": "application/json"})  # fmt: skip
+    assert big.status_code == 413
+    assert "run 'edge-1'" in big.json()["error"]["message"] and "RUNSTATE_MAX_PATCH_BYTES" in big.json()["error"]["message"]
+    # FastAPI's /docs would load its scripts from a CDN: off; the API's description stays
+    assert httpx.get(url + "/docs").status_code == 404
+    assert httpx.get(url + "/openapi.json").json()["info"]["title"] == "runstate"
+
+
+def test_the_cli_prints_words_not_python(tmp_path: Path) -> None:
+    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+           "RUNSTATE_AGENT_VERSION": "1.0"}  # fmt: skip
+    patch = '{"expected_revision": 0, "events": [%s, {"type": "TaskCreated", "task": {"id": "t1", "title": "look"}}]}'
+    import json
+
+    assert cli("publish", "r1", "-", cwd=tmp_path, env=env, stdin=patch % json.dumps(start())).returncode == 0
+    assert cli("project", "--until-caught-up", cwd=tmp_path, env=env).returncode == 0
+    state = cli("state", "r1", cwd=tmp_path, env=env).stdout
+    assert "tasks: 1 pending" in state and "{" not in state
+    assert "verified 1 run over 1 record: projection equals replay" in cli("verify", cwd=tmp_path, env=env).stdout
+    assert "| agent version 1.0" in cli("context", "r1", cwd=tmp_path, env=env).stdout.splitlines()[0]
+
+
+def test_the_repository_is_licensed_apache_2() -> None:
+    assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"] == "Apache-2.0"
