@@ -40,10 +40,22 @@ V1_DOC = {  # the client's reference document
 }  # fmt: skip
 
 
+ROOT = Path(__file__).resolve().parents[1]
+#: The pages whose examples the tests run: the README and the docs site.
+DOC_PAGES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
+
+
+def doc_blocks(lang: str, page: str | None = None) -> list[str]:
+    """The fenced code blocks of ``lang`` in ``page`` (every page: None), as written."""
+    out = []
+    for name in DOC_PAGES if page is None else (page,):
+        out += re.findall(rf"```{lang}\n(.*?)```", (ROOT / name).read_text(), flags=re.S)
+    return out
+
+
 def readme_blocks(lang: str) -> list[str]:
     """The README's fenced code blocks of ``lang``, as written."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    return re.findall(rf"```{lang}\n(.*?)```", readme, flags=re.S)
+    return doc_blocks(lang, "README.md")
 
 
 def patch(run_id: str, expected: int, *events: dict[str, Any], rebase: bool = False, patch_id: str | None = None,

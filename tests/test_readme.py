@@ -1,4 +1,5 @@
-"""The README's examples are executed as written (STYLE: README examples run in tests)."""
+"""The README's and the docs' examples are executed as written, and the docs build as a
+site with ``mkdocs build --strict`` (STYLE: examples run in tests)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import DOC_PAGES, doc_blocks
 from helpers import readme_blocks as blocks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,15 +37,49 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
     assert "run_started" in outputs["runstate checkpoints run_128"]
     assert "verdict: SAFE" in outputs["runstate resume run_128"]
 
-    python_blocks = [b for b in blocks("python") if "RunProducer" in b]
-    [api] = python_blocks
-    # A projector must be running for submit() to get its decision, as the README implies.
-    script = ("import threading\nfrom runstate import Projector, open_log\n"
-              "stop = threading.Event()\nt = threading.Thread(target=Projector(open_log('.runstate/log.db'), "
-              "'.runstate/state').run, kwargs={'stop': stop, 'poll_timeout_s': 0.02})\nt.start()\ntry:\n"
-              + "".join(f"    {line}\n" for line in api.splitlines())
-              + "    assert decision.outcome == 'accepted', decision\n    assert state.phase == 'fix'\n"
-              "    assert data == state.model_dump(mode='json')\n"
-              "finally:\n    stop.set()\n    t.join()\n")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    # Each Python example of the README and the docs, from a copy of the tour's end state.
+    examples = [b for b in doc_blocks("python") if "RunProducer" in b]
+    assert len(examples) == 2, "the README's agent step and docs/python.md's"
+    for i, api in enumerate(examples):
+        shutil.copytree(tmp_path, tmp_path.parent / f"{tmp_path.name}-{i}")
+        # A projector must be running for submit() to get its decision, as the example says.
+        script = ("import threading\nfrom runstate import Projector, open_log\n"
+                  "stop = threading.Event()\nt = threading.Thread(target=Projector(open_log('.runstate/log.db'), "
+                  "'.runstate/state').run, kwargs={'stop': stop, 'poll_timeout_s': 0.02})\nt.start()\ntry:\n"
+                  + "".join(f"    {line}\n" for line in api.splitlines())
+                  + "    assert decision.outcome == 'accepted', decision\n    assert state.phase == 'fix'\n"
+                  "    assert data == state.model_dump(mode='json')\n"
+                  "finally:\n    stop.set()\n    t.join()\n")  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path.parent / f"{tmp_path.name}-{i}", env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+
+
+def test_every_example_in_the_readme_and_the_docs_is_run_by_a_test() -> None:
+    """A new example on a page fails here until a test runs it: the console tour and the two
+    ``RunProducer`` examples (above), the ``runstate.client`` example (tests/test_serve.py)."""
+    python = doc_blocks("python")
+    assert len(python) == 3 and sum("RunProducer" in b for b in python) == 2
+    assert sum("runstate.client" in b for b in python) == 1
+    assert len(doc_blocks("console")) == 1 and len(blocks("console")) == 1
+    assert "README.md" in DOC_PAGES and "docs/index.md" in DOC_PAGES
+
+
+def test_the_docs_build_as_a_site_in_strict_mode(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert (tmp_path / "site" / "rules" / "index.html").exists()
+
+
+def test_the_readme_is_a_first_page_and_no_page_carries_the_lab_notebook() -> None:
+    """At most about 300 lines; no commit hashes or session dates in the README's or the
+    docs' prose (measurements with their dates live in bench/HISTORY.md)."""
+    import re
+
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+    for page in DOC_PAGES:
+        text = (ROOT / page).read_text()
+        assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), page
+        assert not re.search(r"\b(at|commit|since|before|after) [0-9a-f]{7}\b", text), page

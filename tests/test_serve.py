@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import fact, readme_blocks, start
+from helpers import doc_blocks, fact, start
 from servekit import ServeProcess
 
 from runstate.client import AsyncClient, Client, ServiceError
@@ -313,10 +313,10 @@ def test_openapi_fuzz_no_5xx_and_documented_errors(served: Served) -> None:
 
 
 def test_readme_client_example_runs_as_written(served: Served) -> None:
-    """The README's ``runstate.client`` block, against this server with a token (the README
-    shows a tokenless laptop server); run_128 is brought to revision 2 first, as the block
-    assumes after the tour."""
-    [block] = [b for b in readme_blocks("python") if "runstate.client" in b]
+    """The docs' ``runstate.client`` block (docs/serve.md), against this server with a token
+    (the page shows a tokenless laptop server); run_128 is brought to revision 2 first, as
+    the block assumes after the tour."""
+    [block] = [b for b in doc_blocks("python") if "runstate.client" in b]
     with served.client() as rs:
         started(rs, "run_128")
         assert rs.submit("run_128", {"expected_revision": 1, "events": [fact("f1")]}).revision == 2
