@@ -1,6 +1,9 @@
 """runstate: a durable, typed answer to "where is this agent run now?".
 
-One import root over the layers (each its own folder in the repository)::
+One import root over the layers. Each layer keeps the folder the client gave it at the
+repository's root; ``runstate/<layer>`` is a symbolic link to it, so that a checkout, an
+editable install and the tools that read imports (import-linter) all see one package, and
+the wheel maps the folders (``pyproject.toml``'s ``package-dir``)::
 
     runstate.schemas      the contract: events, patch, decision, Run State, Avro codec, migrations
     runstate.eventlog     the log interface, the embedded SQLite log, the Kafka backend
@@ -15,7 +18,6 @@ The names below are the public API; everything else is reached through its layer
 
 from __future__ import annotations
 
-import os as _os
 from importlib.metadata import PackageNotFoundError as _NotInstalled
 from importlib.metadata import version as _version
 
@@ -24,24 +26,11 @@ try:
 except _NotInstalled:  # a checkout imported without installing it
     __version__ = "0+unknown"
 
-# In a source checkout the layers are sibling folders of this one (the client fixed that
-# layout); an installed wheel has them inside it (pyproject's package-dir mapping). Adding
-# the checkout's root to this package's path makes ``runstate.schemas`` resolve to
-# ``schemas/`` when the checkout itself is imported (from its root, or without installing),
-# so every way of running imports the same files.
-_here = _os.path.dirname(_os.path.abspath(__file__))
-_root = _os.path.dirname(_here)
-_LAYERS = ("schemas", "eventlog", "producers", "projector", "snapshotter")
-if not _os.path.isdir(_os.path.join(_here, "schemas")) and all(
-    _os.path.isfile(_os.path.join(_root, layer, "__init__.py")) for layer in _LAYERS
-):
-    __path__.append(_root)  # noqa: F821 - defined for packages
-
-from runstate.eventlog import EventLog, open_log  # noqa: E402
-from runstate.producers import Receipt, RunProducer  # noqa: E402
-from runstate.projector import Projection, Projector, decision_reader  # noqa: E402
-from runstate.schemas import Author, Decision, Patch, PatchDraft, RunState  # noqa: E402
-from runstate.schemas.errors import (  # noqa: E402
+from runstate.eventlog import EventLog, open_log
+from runstate.producers import Receipt, RunProducer
+from runstate.projector import Projection, Projector, decision_reader
+from runstate.schemas import Author, Decision, Patch, PatchDraft, RunState
+from runstate.schemas.errors import (
     CheckpointInvalid,
     ContractError,
     DecisionTimeout,
@@ -58,7 +47,7 @@ from runstate.schemas.errors import (  # noqa: E402
     StoreLocked,
     UnknownEventType,
 )
-from runstate.snapshotter import Snapshotter  # noqa: E402
+from runstate.snapshotter import Snapshotter
 
 __all__ = [
     "Author", "CheckpointInvalid", "ContractError", "Decision", "DecisionTimeout", "DecodeError",

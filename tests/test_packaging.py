@@ -28,7 +28,7 @@ def _python(code: str, cwd: Path, **env: str) -> str:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A wheel built from a copy of the checkout (the working tree is left untouched)."""
     src = tmp_path_factory.mktemp("src") / "runstate"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
                                                              ".runstate", ".hypothesis", ".pytest_cache"))  # fmt: skip
     out = tmp_path_factory.mktemp("wheel")
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
@@ -72,5 +72,17 @@ def test_the_checkout_imports_its_own_folders_from_its_root_and_from_elsewhere(w
     cwd = ROOT if where == "root" else tmp_path
     out = _python("import runstate.schemas, runstate.projector.store as s, runstate.compose\n"
                   "print(runstate.schemas.__file__); print(s.__file__); print(runstate.compose.__file__)", cwd)  # fmt: skip
-    assert out.splitlines() == [str(ROOT / "schemas" / "__init__.py"), str(ROOT / "projector" / "store.py"),
-                                str(ROOT / "compose" / "__init__.py")]  # fmt: skip
+    # runstate/<layer> links to the layer's folder: the same files, by either path
+    assert [str(Path(f).resolve()) for f in out.splitlines()] == [
+        str(ROOT / "schemas" / "__init__.py"), str(ROOT / "projector" / "store.py"), str(ROOT / "compose" / "__init__.py")]
+
+
+def test_the_checkout_imports_without_being_installed(tmp_path: Path) -> None:
+    """A plain checkout on PYTHONPATH, no install: runstate/<layer> are links to the folders."""
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-S", "-c", "import runstate.projector.store as s; print(s.__file__)"],
+                         cwd=tmp_path, env={**clean, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    # -S: without site-packages the third-party imports fail after the layers resolved
+    assert "No module named 'runstate.projector'" not in out.stderr, out.stderr
+    assert "No module named 'runstate" not in out.stderr, out.stderr
