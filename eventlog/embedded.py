@@ -255,8 +255,8 @@ class EmbeddedLog(EventLog):
         return {int(p): int(o) for p, o in rows}
 
     def read(self, topic: str, partition: int, offsets: Sequence[int]) -> list[Record]:
-        # One SELECT per chunk of offsets rather than per offset (a rebuild reads a run's
-        # accepted patches: 24 records 0.35 -> 0.1 ms); the order asked for is kept.
+        # One SELECT per chunk of offsets rather than per offset (a rebuild reads all of a
+        # run's accepted patches); the order asked for is kept.
         found: dict[int, Record] = {}
         try:
             for i in range(0, len(offsets), _READ_CHUNK):

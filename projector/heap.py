@@ -4,8 +4,8 @@ Python's cyclic garbage collector.
 Why it needs a policy: a full (generation 2) collection walks every tracked object while
 holding the GIL. A projector's working set is large and long-lived (modules, pydantic
 validators, the cache of run states: about 100 objects per cached run), so with the
-default settings ``runstate serve`` stalled every thread for 120-450 ms every few seconds
-under 500 patches/s (1,000 to 10,000 runs), and those stalls were its append p99.
+default settings ``runstate serve`` stalled every thread for hundreds of milliseconds every
+few seconds under load, and those stalls were its append p99.
 
 The policy, from when a projector starts (:func:`settle`):
 
@@ -20,15 +20,12 @@ The policy, from when a projector starts (:func:`settle`):
   batch allocates lives as long as the batch (its records, patches, decisions, the
   changes to write) or longer (the working states it caches): each collection during the
   batch walked those objects again and freed nothing (a batch makes no garbage cycles:
-  with collection off during every batch of 202,000 events, a full collection at the end
-  found 214 unreachable objects, all made once, by msgspec's first conversions;
-  refcounting frees the rest). Measured on the Kafka projector, 202,000 events:
-  collections took 0.36-0.61 s of an 8-12 s run with the collector on, 0.03-0.04 s with
-  it off during batches;
+  a full collection after a long run with collection off during every batch found only
+  objects made once, by msgspec's first conversions; refcounting frees the rest);
 - what this gives up: a cycle that was alive at a collection and becomes garbage later
   is only reclaimed by a full collection, and so is a cycle another thread (``runstate
   serve``'s HTTP handlers) made and dropped during a batch. Our data is acyclic (full
-  collections measured under load found 0-10 garbage objects), and a full one
+  collections under load find next to no garbage), and a full one
   (``unfreeze`` + ``collect`` + ``freeze``) runs when the projector has had nothing to
   read (:func:`collect_when_idle`, at most every ``FULL_EVERY_S``), and after a batch when
   the projector has not been idle for ``FULL_OVERDUE_S`` (a pause then, but a bounded

@@ -177,8 +177,8 @@ class RunDoc:
                  load_one: LoadOne | None = None, load_all: LoadAll | None = None) -> None:  # fmt: skip
         self.header = header
         # A bucket per collection as it is first touched: most runs touch one or two of
-        # the ten, and a projector's first touch of a run builds a doc (ten dicts each
-        # were 6 us of a first touch at 100,000 runs).
+        # the ten, and a projector's first touch of a run builds a doc (ten empty dicts
+        # each time were a visible part of a first touch).
         self.items: dict[str, dict[str, Entry | None]] = items if items is not None else defaultdict(dict)
         self._load_one = load_one
         self._load_all = load_all

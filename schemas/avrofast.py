@@ -1,9 +1,9 @@
 """Avro binary reader and writer compiled from a published schema into straight-line Python.
 
 Why: fastavro's ``schemaless_reader``/``writer`` walk the parsed schema on every call (a
-dispatch per field, union resolution, a file-like object): for a two-event patch that was
-~11 µs to read and ~15 µs to write, the largest single cost on the producer and a seventh
-of the projector's. Generated code for one schema reads the bytes with no dispatch.
+dispatch per field, union resolution, a file-like object), the largest single cost on the
+producer and a large one of the projector's. Generated code for one schema reads the bytes
+with no dispatch.
 
 One source of truth: the code is generated from the published ``.avsc`` (the contract
 other languages read), at first use; nothing here restates a field. Scope: the types our

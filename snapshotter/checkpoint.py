@@ -282,7 +282,7 @@ def _complete(state: dict[str, Any]) -> bool:
     levels fields were ever added (the document, the models it holds, the items of its
     collections): a dump of a validated state always has. Items are counted, not named
     (fields are only ever added within a schema version, so a dump of an older model has
-    fewer), in C: naming each item's keys was 0.35 ms of a 500-fact state."""
+    fewer), in C: naming each item's keys in Python was slow on large states."""
     if tuple(state) != _STATE_FIELDS:
         return False
     for name, fields in _HELD.items():

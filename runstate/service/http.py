@@ -217,7 +217,7 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
             content = model.model_dump_json().encode()
         else:
             # pydantic's JSON writer in one call: the same bytes as dumping to Python data and
-            # orjson (10,000 run headers: 103 -> 53 ms, measured).
+            # orjson, in about half the time.
             content = pydantic.TypeAdapter(type(model)).dump_json(model)
         return Response(content, status, headers=headers, media_type="application/json")
 
