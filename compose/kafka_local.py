@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import fcntl
 import json
 import os
 import shutil
@@ -113,6 +114,16 @@ def resolve_maven(name: str | None, artifacts: tuple[str, ...]) -> Path:
     wanted = "\n".join(artifacts)
     if done.exists() and done.read_text() in (wanted, KAFKA_VERSION):
         return libs
+    cache_dir(name).mkdir(parents=True, exist_ok=True)
+    # Several processes (test workers) may ask at once: one resolves, the others wait for it.
+    with open(cache_dir(name) / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists() and done.read_text() in (wanted, KAFKA_VERSION):
+            return libs
+        return _resolve(name, artifacts, libs, done, wanted)
+
+
+def _resolve(name: str | None, artifacts: tuple[str, ...], libs: Path, done: Path, wanted: str) -> Path:
     if missing := missing_tools():
         raise BrokerError(f"cannot provision {', '.join(artifacts)}: {', '.join(missing)} not found on PATH "
                           "(need Java 17+ and Maven)")  # fmt: skip

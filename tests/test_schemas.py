@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import CLIENT_EXAMPLE, V1_DOC, patch
+from helpers import CLIENT_EXAMPLE, V1_DOC, examples, patch
 
 from runstate.schemas import codec
 from runstate.schemas.errors import ContractError, DecodeError, MigrationRequired, UnknownEventType
@@ -297,7 +297,7 @@ def test_the_generated_codec_is_used_for_the_current_schema() -> None:
     assert w.read is not None and w.write is not None
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(datum=PATCH_DATUMS)
 def test_generated_writer_and_reader_match_fastavro_on_any_datum(datum: Any) -> None:
     w = codec.current_writer()
@@ -308,7 +308,7 @@ def test_generated_writer_and_reader_match_fastavro_on_any_datum(datum: Any) -> 
     assert back == _fastavro_read(ours) == _named_branches_to_plain(datum)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(datum=PATCH_DATUMS, cut=st.integers(0, 10_000), pos=st.integers(0, 10_000), byte=st.integers(0, 255),
        how=st.sampled_from(["truncate", "flip", "append"]))  # fmt: skip
 def test_a_damaged_record_is_refused_whenever_fastavro_refuses_it(datum: Any, cut: int, pos: int, byte: int, how: str) -> None:
@@ -421,7 +421,7 @@ def test_the_object_writer_is_used_for_the_models_own_schemas() -> None:
     assert codec._object_writer(codec._decision_current(), "decision") is not None
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(p=PATCHES)
 def test_models_written_directly_are_the_bytes_of_their_dump(p: Patch) -> None:
     """encode() writes the model's attributes; the reference dumps it to the JSON form and
@@ -432,7 +432,7 @@ def test_models_written_directly_are_the_bytes_of_their_dump(p: Patch) -> None:
     assert codec.decode(codec.encode(p)) == p
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(d=_model(Decision))
 def test_decisions_written_directly_are_the_bytes_of_their_dump(d: Decision) -> None:
     w = codec._decision_current()

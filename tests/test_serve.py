@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import doc_blocks, fact, start
+from helpers import doc_blocks, examples, fact, start
 from servekit import ServeProcess
 
 from runstate.client import AsyncClient, Client, ServiceError
@@ -304,7 +304,7 @@ def test_openapi_fuzz_no_5xx_and_documented_errors(served: Served) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "schemathesis.cli", "run", served.url + "/openapi.json",
          "--checks", "not_a_server_error,response_schema_conformance,status_code_conformance",
-         "--exclude-path-regex", "/events$", "--max-examples", "25", "--seed", "7", "--no-color",
+         "--exclude-path-regex", "/events$", "--max-examples", str(examples(25, floor=5)), "--seed", "7", "--no-color",
          "--phases", "examples,coverage,fuzzing", "--request-timeout", "20", "--max-failures", "5",
          "-H", f"Authorization: Bearer {served.tokens['planner']}"],
         capture_output=True, text=True, timeout=600, cwd=served.workdir,

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from helpers import V1_DOC, append_all, ev, fact, patch, start, task
+from helpers import V1_DOC, append_all, ev, examples, fact, patch, start, task
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from workloads import build, op
@@ -49,7 +49,7 @@ def fold(patches: list[Patch], book: RunBook | None = None) -> RunBook:
 # --- checkpoint + tail == full replay ---------------------------------------------------
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.lists(op, min_size=5, max_size=80), st.data())
 def test_checkpoint_plus_tail_equals_full_replay(ops: list[Any], data: st.DataObject) -> None:
     """Restore every run from a checkpoint at a random cut, decide the tail: same states
@@ -98,7 +98,7 @@ def side_effect_ops() -> st.SearchStrategy[list[tuple[str, int]]]:
                               st.integers(0, 3)), max_size=25)  # fmt: skip
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(side_effect_ops())
 def test_verdict_needs_reconciliation_exactly_when_an_effect_is_unresolved(steps: list[tuple[str, int]]) -> None:
     """Oracle: walk the accepted events independently of the reducer."""

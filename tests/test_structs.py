@@ -22,6 +22,7 @@ import msgspec
 import pydantic
 import pytest
 from hypothesis import HealthCheck, given, settings
+from helpers import examples
 from hypothesis import strategies as st
 from pydantic import AwareDatetime, BaseModel
 from pydantic.fields import FieldInfo
@@ -190,7 +191,7 @@ DECODED = MODELS + [m for m in _models_in(RunState) if m not in MODELS]
 
 
 @pytest.mark.parametrize("model", DECODED, ids=lambda m: m.__name__)
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_the_struct_accepts_and_rejects_what_the_model_does(model: type[BaseModel], data: st.DataObject) -> None:
     doc = data.draw(documents(model))
@@ -214,7 +215,7 @@ def test_the_struct_accepts_and_rejects_what_the_model_does(model: type[BaseMode
 
 
 @pytest.mark.parametrize("model", DECODED, ids=lambda m: m.__name__)
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_what_msgspec_accepts_alone_the_model_accepts(model: type[BaseModel], data: st.DataObject) -> None:
     raw = json.dumps(data.draw(documents(model))).encode()
@@ -229,7 +230,7 @@ def test_the_generated_documents_are_mostly_accepted(model: type[BaseModel]) -> 
     """The test above compares both answers; it tests little if nearly every document is
     refused (or accepted). Both outcomes must be common."""
     accepted = 0
-    n = 200
+    n = examples(200, floor=60)
 
     @settings(max_examples=n, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
@@ -395,7 +396,7 @@ def _same_patch(fast: Any, by_model: Patch) -> bool:
     return back.model_dump_json() == by_model.model_dump_json()
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(doc=documents(Patch))
 def test_what_msgspec_accepts_of_a_patch_the_model_accepts_with_the_same_values(doc: dict[str, Any]) -> None:
     """Patch documents of every shape the models allow (30 event types, valid or damaged
@@ -445,7 +446,7 @@ def _avro_datums() -> st.SearchStrategy[dict[str, Any]]:
     return PATCH_DATUMS
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(datum=_avro_datums())
 def test_read_patch_accepts_and_refuses_every_record_as_decode_does(datum: dict[str, Any]) -> None:
     """On log records (any datum of the published schema): read_patch refuses what decode
@@ -475,7 +476,7 @@ STORED = [Decision, *COLLECTIONS.values()]
 
 
 @pytest.mark.parametrize("model", STORED, ids=lambda m: m.__name__)
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_a_stored_value_is_written_as_the_model_writes_it(model: type[BaseModel], data: st.DataObject) -> None:
     """A decision or an item is stored as the bytes of its ``model_dump_json``, whichever
