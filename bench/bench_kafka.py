@@ -32,9 +32,9 @@ from confluent_kafka import Producer
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import PRODUCER_DEFAULTS, KafkaLog
 from runstate.producers.run_producer import RunProducer
-from runstate.projector.working import RunDoc
-from runstate.projector.loop import Projector
-from runstate.projector.store import PendingBatch, ProjectionStore
+from runstate.projector.core.working import RunDoc
+from runstate.projector.runtime.loop import Projector
+from runstate.projector.store.partition import PendingBatch, ProjectionStore
 from runstate.schemas.patch import Author, Decision, Patch
 
 #: The workload's facts cite artifact:// references it never registers: the runs trust that

@@ -29,9 +29,9 @@ from pathlib import Path
 
 
 from runstate.eventlog.embedded import EmbeddedLog
-from runstate.projector.context import render_context
-from runstate.projector.loop import Projector
-from runstate.projector.queries import Projection
+from runstate.projector.read.context import render_context
+from runstate.projector.runtime.loop import Projector
+from runstate.projector.read.queries import Projection
 from runstate.schemas.codec import decode, encode
 from runstate.schemas.patch import Author, Patch
 

@@ -27,12 +27,12 @@ from pathlib import Path
 
 
 from runstate.eventlog.embedded import EmbeddedLog
-from runstate.projector.loop import Projector
-from runstate.projector.queries import Projection
+from runstate.projector.runtime.loop import Projector
+from runstate.projector.read.queries import Projection
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Author, Patch
 from runstate.snapshotter.policy import CheckpointPolicy
-from runstate.snapshotter.service import Snapshotter
+from runstate.snapshotter.loop import Snapshotter
 from runstate.snapshotter.recovery import RestoreReport, restore_partition
 
 T0 = datetime(2026, 8, 11, tzinfo=UTC)

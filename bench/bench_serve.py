@@ -40,7 +40,7 @@ import httpx
 
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.producers.run_producer import RunProducer
-from runstate.projector.queries import Projection, decision_reader
+from runstate.projector.read.queries import Projection, decision_reader
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Author, Patch
 

@@ -115,12 +115,12 @@ def rs_append(work: Path, patches: int) -> None:
 def _rs_one_run_store(work: Path, patches: int) -> tuple[Any, Any, Any, int]:
     """One run of ``2 * patches`` events, projected, checkpointed every 50 revisions."""
     from runstate.app import open_settings_log
-    from runstate.projector.loop import Projector
-    from runstate.projector.queries import Projection
+    from runstate.projector.runtime.loop import Projector
+    from runstate.projector.read.queries import Projection
     from runstate.settings import Settings
     from runstate.snapshotter.history import CheckpointHistory
     from runstate.snapshotter.policy import CheckpointPolicy
-    from runstate.snapshotter.service import Snapshotter, snapshotter_dir
+    from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
     from runstate.producers.run_producer import RunProducer
     from runstate.schemas.patch import Author
 
@@ -142,7 +142,7 @@ def _rs_one_run_store(work: Path, patches: int) -> tuple[Any, Any, Any, int]:
 
 
 def rs_rebuild(work: Path, patches: int, samples: int) -> None:
-    from runstate.projector.replay import state_at, state_data_at
+    from runstate.projector.read.replay import state_at, state_data_at
     from runstate.schemas.state import RunState
 
     log, proj, hist, head = _rs_one_run_store(work, patches)
@@ -182,8 +182,8 @@ def rs_query(work: Path, runs: int, samples: int) -> None:
 
     from runstate.eventlog.embedded import EmbeddedLog
     from runstate.producers.run_producer import RunProducer
-    from runstate.projector.loop import Projector
-    from runstate.projector.queries import Projection
+    from runstate.projector.runtime.loop import Projector
+    from runstate.projector.read.queries import Projection
     from runstate.schemas.patch import Author
     from runstate.schemas.state import RunState
 
@@ -366,7 +366,7 @@ def fill_topic(bootstrap: str, prefix: str, patches_per_run: int) -> int:
 
 def rs_kafka_project(work: Path, bootstrap: str, prefix: str, events: int) -> None:
     from runstate.eventlog.kafka import KafkaLog
-    from runstate.projector.loop import Projector
+    from runstate.projector.runtime.loop import Projector
 
     log = KafkaLog(bootstrap, topics=_kafka_topics(prefix))
     # As `runstate project` follows the log (the GC policy on); a group of its own per sample.
@@ -516,7 +516,7 @@ def rs_scale(work: Path, runs: int, tail_patches: int) -> None:
     runs) after ``runs`` runs were projected: flat in the number of runs is the goal."""
     from runstate.eventlog.embedded import EmbeddedLog
     from runstate.producers.run_producer import RunProducer
-    from runstate.projector.loop import Projector
+    from runstate.projector.runtime.loop import Projector
     from runstate.schemas.patch import Author
 
     log = EmbeddedLog(work / "log.db", partitions=4)

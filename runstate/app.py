@@ -18,11 +18,11 @@ from typing import IO, Any
 from runstate.eventlog import EventLog, open_log
 from runstate.producers.decisions import TopicDecisions
 from runstate.producers.run_producer import DecisionSource, Receipt, RunProducer
-from runstate.projector.loop import Projector, ProjectorHooks, ProjectorStats
-from runstate.projector.queries import Projection, decision_reader
-from runstate.projector.runbook import DeadLetter
-from runstate.projector.keys import patch_id_digest, split_patch_ids
-from runstate.projector.replay import (
+from runstate.projector.runtime.loop import Projector, ProjectorHooks, ProjectorStats
+from runstate.projector.read.queries import Projection, decision_reader
+from runstate.projector.core.outcomes import DeadLetter
+from runstate.projector.store.keys import patch_id_digest, split_patch_ids
+from runstate.projector.read.replay import (
     FieldChange,
     NearestCheckpoint,
     VerifyReport,
@@ -35,8 +35,8 @@ from runstate.schemas.errors import ContractError, LogError, RunNotFound
 from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.policy import CheckpointPolicy
-from runstate.snapshotter.service import Snapshotter, snapshotter_dir
-from runstate.projector.store import ProjectionStore
+from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
+from runstate.projector.store.partition import ProjectionStore
 from runstate.snapshotter.recovery import RestoreReport, check_checkpoints, restore_partition
 from runstate.schemas.patch import Author, Decision
 from runstate.schemas.state import RunHeader, RunState
@@ -203,7 +203,7 @@ def make_projector(settings: Settings, log: EventLog, *,
                    tune_gc: bool = False) -> Projector:
     """The projector as configured: restores a partition without a local store from
     checkpoints, and on Kafka copies decisions to the decisions topic. ``tune_gc``: for a
-    process that keeps projecting (projector/heap.py)."""
+    process that keeps projecting (projector/runtime/gc_policy.py)."""
 
     def restore(partition: int, store: ProjectionStore) -> RestoreReport:
         def progress(done: int, total: int) -> None:

@@ -22,8 +22,8 @@ import pydantic
 from runstate import app
 from runstate.eventlog.base import LIBRDKAFKA_LOGGER
 from runstate.progress import Progress
-from runstate.projector.statedir import check_state_dir
-from runstate.projector.loop import ProjectorStats
+from runstate.projector.store.statedir import check_state_dir
+from runstate.projector.runtime.loop import ProjectorStats
 from runstate.schemas.errors import ContractError, RunstateError, describe_validation_error
 from runstate.settings import Settings
 

@@ -25,8 +25,8 @@ from typing import Any
 
 from runstate.eventlog import open_log
 from runstate.progress import Progress
-from runstate.projector.loop import Projector
-from runstate.projector.queries import Projection, decision_reader
+from runstate.projector.runtime.loop import Projector
+from runstate.projector.read.queries import Projection, decision_reader
 from runstate.producers.run_producer import RunProducer
 from runstate.schemas.patch import Author
 

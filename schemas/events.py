@@ -7,7 +7,7 @@ object names it ``<kind>_id``.
 
 These models check *shape* (types, required fields, unknown fields). The rules that need
 the run's state or name a runtime policy (evidence required, confidence in [0, 1], task
-transitions, ...) live in the reducer (``runstate.projector.reducer``, one function per
+transitions, ...) live in the reducer (``runstate.projector.core.reducer``, one function per
 event type) so that a violation is a rejected decision with the rule's name, visible to
 the agent, rather than a local exception only.
 """

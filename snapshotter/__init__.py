@@ -3,7 +3,7 @@
 from runstate.snapshotter.checkpoint import Checkpoint, CheckpointInvalid, validate
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.policy import CheckpointPolicy
-from runstate.snapshotter.service import Snapshotter, snapshotter_dir
+from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.snapshotter.recovery import restore_partition
 
 __all__ = [

@@ -27,7 +27,7 @@ import pydantic
 from pydantic import AwareDatetime
 
 from runstate.eventlog.partitioner import partition_for
-from runstate.projector.keys import PATCH_ID_DIGEST, patch_id_digest
+from runstate.projector.store.keys import PATCH_ID_DIGEST, patch_id_digest
 from runstate.schemas import structs
 from runstate.schemas.errors import CheckpointInvalid, MigrationRequired, describe_validation_error
 from runstate.schemas.events import Model
@@ -171,7 +171,7 @@ def make_checkpoint(state: RunState, *, partition: int, covers_offset: int, trig
                     recent: list[Decision], patch_ids: Iterable[str] = (), key: bytes | None = None) -> Checkpoint:  # fmt: skip
     """The checkpoint of ``state``, sealed (digest over all of it; signed with ``key``).
     ``patch_ids`` are the run's decided patch ids up to ``covers_offset``. ``recent``: the
-    run's last decisions, as models or as the core's structs of them (projector/decide.py)."""
+    run's last decisions, as models or as the core's structs of them (projector/core/decide.py)."""
     verdict, reconcile = verdict_of(state)
     cp = Checkpoint(
         run_id=state.run_id, revision=state.revision, partition=partition, covers_offset=covers_offset,

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from runstate.eventlog.partitioner import partition_for
-from runstate.projector.statedir import Layout
-from runstate.projector.store import ProjectionStore
+from runstate.projector.store.statedir import Layout
+from runstate.projector.store.partition import ProjectionStore
 from runstate.schemas.errors import CheckpointInvalid
 from runstate.snapshotter.checkpoint import Checkpoint, state_data_of, validate
 

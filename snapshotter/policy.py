@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runstate.projector.working import RunDoc
+from runstate.projector.core.working import RunDoc
 from runstate.schemas.patch import Patch
 from runstate.schemas.state import TERMINAL_STATUSES
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runstate.eventlog.base import EventLog
-from runstate.projector.store import ProjectionStore, RestoredRun
+from runstate.projector.store.partition import ProjectionStore, RestoredRun
 from runstate.schemas.errors import CheckpointInvalid
 from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids, is_coverage_key, validate, validate_coverage
 

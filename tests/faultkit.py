@@ -23,9 +23,9 @@ from pathlib import Path
 from helpers import ev, fact, patch, start, task
 
 from runstate.eventlog.base import EventLog
-from runstate.projector.queries import Projection
-from runstate.projector.replay import replay
-from runstate.projector.runbook import RunBook
+from runstate.projector.read.queries import Projection
+from runstate.projector.read.replay import replay
+from runstate.projector.core.runbook import RunBook
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Patch
 from runstate.schemas import structs

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from runstate.eventlog.base import EventLog
-from runstate.projector.runbook import RunBook
+from runstate.projector.core.runbook import RunBook
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Author, Patch
 

@@ -18,10 +18,11 @@ from helpers import ev, patch, start
 from runstate.cli import main
 from runstate.eventlog.base import Record
 from runstate.eventlog.embedded import EmbeddedLog
-from runstate.projector.loop import Projector
-from runstate.projector.queries import Projection
-from runstate.projector.replay import verify
-from runstate.projector.runbook import DeadLetter, RunBook
+from runstate.projector.runtime.loop import Projector
+from runstate.projector.read.queries import Projection
+from runstate.projector.read.replay import verify
+from runstate.projector.core.runbook import RunBook
+from runstate.projector.core.outcomes import DeadLetter
 from runstate.schemas.codec import encode
 from runstate.schemas.errors import ContractError
 from runstate.schemas.patch import parse_draft

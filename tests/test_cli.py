@@ -84,7 +84,7 @@ def test_publish_wait_prints_the_decision(tmp_path: Path, env: dict[str, str]) -
 
     settings = Settings(log=env["RUNSTATE_LOG"], state_dir=env["RUNSTATE_STATE_DIR"])
     from runstate.eventlog import open_log
-    from runstate.projector.loop import Projector
+    from runstate.projector.runtime.loop import Projector
 
     log = open_log(settings.log)
     t = threading.Thread(target=Projector(log, settings.state_dir).run, kwargs={"stop": stop, "poll_timeout_s": 0.02})

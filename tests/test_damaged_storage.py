@@ -17,9 +17,9 @@ from helpers import append_all, fact, patch, start
 
 from runstate.cli import main
 from runstate.eventlog.embedded import EmbeddedLog
-from runstate.projector.loop import Projector
-from runstate.projector.queries import Projection
-from runstate.projector.replay import verify
+from runstate.projector.runtime.loop import Projector
+from runstate.projector.read.queries import Projection
+from runstate.projector.read.replay import verify
 from runstate.schemas.errors import LogError, StoreError
 
 
@@ -164,7 +164,7 @@ def test_a_corrupt_store_stops_the_projector_which_lets_go_and_the_patches_wait(
 
 
 def test_verify_deep_checks_the_log_file_and_every_checkpoint(tmp_path: Path) -> None:
-    from runstate.snapshotter.service import Snapshotter
+    from runstate.snapshotter.loop import Snapshotter
 
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     append_all(log, _run_history(8))

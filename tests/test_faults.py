@@ -16,8 +16,8 @@ from faultkit import drill, workload
 from helpers import fact, patch, start
 
 from runstate.eventlog.embedded import EmbeddedLog
-from runstate.projector.queries import Projection
-from runstate.projector.replay import replay, verify
+from runstate.projector.read.queries import Projection
+from runstate.projector.read.replay import replay, verify
 from runstate.schemas.codec import encode
 from runstate.schemas import structs
 

@@ -92,8 +92,8 @@ def test_kafka_s_java_producer_puts_each_run_where_runstate_does(java_interop: P
     from runstate.eventlog.embedded import EmbeddedLog
     from runstate.eventlog.kafka import KafkaLog
     from runstate.producers.run_producer import RunProducer
-    from runstate.projector.loop import Projector
-    from runstate.projector.queries import Projection
+    from runstate.projector.runtime.loop import Projector
+    from runstate.projector.read.queries import Projection
     from runstate.schemas.patch import Author
 
     partitions = 7

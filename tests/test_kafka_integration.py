@@ -22,8 +22,8 @@ from runstate.compose.kafka_local import LocalKafka
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import KafkaLog
 from runstate.producers.run_producer import Receipt, RunProducer
-from runstate.projector.queries import Projection
-from runstate.projector.replay import replay, verify
+from runstate.projector.read.queries import Projection
+from runstate.projector.read.replay import replay, verify
 from runstate.cli import main
 from runstate.schemas.codec import decode, encode
 from runstate.schemas.patch import Author, Patch
@@ -96,7 +96,7 @@ def test_cli_end_to_end_on_kafka_with_dead_letters_and_lag(kafka_bootstrap: str,
 
     # publish --wait against a projector consuming from Kafka.
     from runstate.eventlog import open_log
-    from runstate.projector.loop import Projector
+    from runstate.projector.runtime.loop import Projector
 
     klog = open_log(f"kafka://{kafka_bootstrap}", topics=kafka_topics)
     stop = threading.Event()
@@ -264,7 +264,7 @@ def test_broker_restart_while_producing_loses_and_duplicates_nothing(own_broker:
 def test_new_machine_restores_from_the_compacted_checkpoints_topic(kafka_bootstrap: str, kafka_topics: TopicNames,
                                                                    tmp_path: Path) -> None:  # fmt: skip
     from runstate.snapshotter.policy import CheckpointPolicy
-    from runstate.snapshotter.service import Snapshotter
+    from runstate.snapshotter.loop import Snapshotter
     from runstate.snapshotter.recovery import restore_partition
 
     log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
@@ -278,7 +278,7 @@ def test_new_machine_restores_from_the_compacted_checkpoints_topic(kafka_bootstr
     Snapshotter(log, str(tmp_path / "a"), policy=CheckpointPolicy(every=8)).run(until_caught_up=True, poll_timeout_s=0.05)
     # Machine B has no local state at all: it restores from Kafka, then reads the tail.
     reports = []
-    from runstate.projector.loop import Projector
+    from runstate.projector.runtime.loop import Projector
 
     b = Projector(log, str(tmp_path / "b"), restore=lambda p, s: reports.append(restore_partition(log, p, s)))
     b.run(until_caught_up=True, poll_timeout_s=0.05)

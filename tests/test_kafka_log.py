@@ -15,7 +15,7 @@ from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import KafkaLog
 from runstate.eventlog.partitioner import partition_for
 from runstate.producers.run_producer import RunProducer
-from runstate.projector.loop import Projector
+from runstate.projector.runtime.loop import Projector
 from runstate.schemas.errors import LogConfigError
 from runstate.schemas.patch import Author
 

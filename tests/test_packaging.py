@@ -70,17 +70,17 @@ def test_an_installed_wheel_imports_only_runstate_from_anywhere(wheel: Path, tmp
 @pytest.mark.parametrize("where", ["root", "elsewhere"])
 def test_the_checkout_imports_its_own_folders_from_its_root_and_from_elsewhere(where: str, tmp_path: Path) -> None:
     cwd = ROOT if where == "root" else tmp_path
-    out = _python("import runstate.schemas, runstate.projector.store as s, runstate.compose\n"
+    out = _python("import runstate.schemas, runstate.projector.store.partition as s, runstate.compose\n"
                   "print(runstate.schemas.__file__); print(s.__file__); print(runstate.compose.__file__)", cwd)  # fmt: skip
     # runstate/<layer> links to the layer's folder: the same files, by either path
     assert [str(Path(f).resolve()) for f in out.splitlines()] == [
-        str(ROOT / "schemas" / "__init__.py"), str(ROOT / "projector" / "store.py"), str(ROOT / "compose" / "__init__.py")]
+        str(ROOT / "schemas" / "__init__.py"), str(ROOT / "projector" / "store" / "partition.py"), str(ROOT / "compose" / "__init__.py")]
 
 
 def test_the_checkout_imports_without_being_installed(tmp_path: Path) -> None:
     """A plain checkout on PYTHONPATH, no install: runstate/<layer> are links to the folders."""
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-S", "-c", "import runstate.projector.store as s; print(s.__file__)"],
+    out = subprocess.run([sys.executable, "-S", "-c", "import runstate.projector.store.partition as s; print(s.__file__)"],
                          cwd=tmp_path, env={**clean, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                          timeout=60)  # fmt: skip
     # -S: without site-packages the third-party imports fail after the layers resolved

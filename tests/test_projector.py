@@ -11,10 +11,10 @@ from helpers import append_all, ev, fact, fold, patch, start, task
 from rocksdict import Options, Rdict
 
 from runstate.eventlog.embedded import EmbeddedLog
-from runstate.projector.loop import Projector
-from runstate.projector.queries import Projection, state_digest
-from runstate.projector.replay import replay, state_at, verify
-from runstate.projector.store import PendingBatch, ProjectionStore
+from runstate.projector.runtime.loop import Projector
+from runstate.projector.read.queries import Projection, state_digest
+from runstate.projector.read.replay import replay, state_at, verify
+from runstate.projector.store.partition import PendingBatch, ProjectionStore
 from runstate.schemas.codec import encode
 from runstate.schemas.errors import RevisionNotFound, RunNotFound
 from runstate.schemas import structs
@@ -218,7 +218,7 @@ def test_a_reopened_store_keeps_its_bloom_filters_and_block_cache(tmp_path: Path
     filter policy and an 8 MB cache. Without the filter every point read that misses (a
     new patch id, a fresh item id) reads and caches a data block, so misses fill the
     block cache as hits do; with it they read about 1 % of that."""
-    from runstate.projector.store import BLOCK_CACHE_BYTES
+    from runstate.projector.store.partition import BLOCK_CACHE_BYTES
 
     path = tmp_path / "p"
     st = ProjectionStore(path)
@@ -287,7 +287,7 @@ def test_positions_are_mirrored_rarely_while_busy_and_always_on_stop(tmp_path: P
 
 
 def test_explain_lists_every_patch_that_changed_a_field(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
-    from runstate.projector.replay import explain
+    from runstate.projector.read.replay import explain
 
     append_all(embedded_log, story("a"))
     project(embedded_log, tmp_path / "s")
@@ -304,7 +304,7 @@ def test_explain_lists_every_patch_that_changed_a_field(tmp_path: Path, embedded
 def test_a_record_that_breaks_the_core_is_dead_lettered_not_fatal(tmp_path: Path, embedded_log: EmbeddedLog,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """A reducer bug must not make one record a poison pill: the projector goes on."""
-    from runstate.projector import reducer
+    from runstate.projector.core import reducer
 
     def broken(d: object, e: object, ctx: object) -> None:
         raise ZeroDivisionError("reducer bug")
@@ -327,8 +327,8 @@ def test_explain_never_assembles_the_whole_state(tmp_path: Path, embedded_log: E
                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """explain reads the explained field per revision, not the run's state (which would cost
     revisions x state size)."""
-    from runstate.projector.replay import explain
-    from runstate.projector.working import RunDoc
+    from runstate.projector.read.replay import explain
+    from runstate.projector.core.working import RunDoc
 
     append_all(embedded_log, story("a"))
     project(embedded_log, tmp_path / "s")
@@ -343,7 +343,7 @@ def test_explain_never_assembles_the_whole_state(tmp_path: Path, embedded_log: E
 
 
 def test_gc_policy_freezes_survivors_and_an_idle_full_collection_reclaims_frozen_cycles() -> None:
-    """projector/heap.py, in a process of its own (the policy is per process): a cycle that
+    """projector/runtime/gc_policy.py, in a process of its own (the policy is per process): a cycle that
     survived a collection is frozen (not reclaimed by ordinary collections) until the idle
     full collection, which does reclaim it."""
     import subprocess
@@ -351,12 +351,12 @@ def test_gc_policy_freezes_survivors_and_an_idle_full_collection_reclaims_frozen
 
     code = r"""
 import gc, weakref
-from runstate.projector import heap
+from runstate.projector.runtime import gc_policy
 
 class Node:
     pass
 
-heap.settle()
+gc_policy.settle()
 a, b = Node(), Node()
 a.other, b.other = b, a
 ref = weakref.ref(a)
@@ -364,8 +364,8 @@ gc.collect(1)  # the cycle survives a generation-1 collection: frozen by the pol
 del a, b
 gc.collect(1)
 print("after ordinary collection:", ref() is not None)
-heap.FULL_EVERY_S = 0.0
-found = heap.collect_when_idle()
+gc_policy.FULL_EVERY_S = 0.0
+found = gc_policy.collect_when_idle()
 print("after idle full collection:", ref() is not None, found is not None and found >= 2)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -374,7 +374,7 @@ print("after idle full collection:", ref() is not None, found is not None and fo
 
 
 def test_gc_policy_batch_window_turns_collection_off_and_back_on_and_an_overdue_full_collection_reclaims() -> None:
-    """projector/heap.py's batch window, in a process of its own: nothing changes before the
+    """projector/runtime/gc_policy.py's batch window, in a process of its own: nothing changes before the
     policy is on; within a batch automatic collection is off; after it (also after one that
     raised) it is on again, a cycle dropped during the batch is frozen, and the overdue full
     collection after a batch reclaims it. A process that turned collection off keeps it off."""
@@ -383,15 +383,15 @@ def test_gc_policy_batch_window_turns_collection_off_and_back_on_and_an_overdue_
 
     code = r"""
 import gc, weakref
-from runstate.projector import heap
+from runstate.projector.runtime import gc_policy
 
 class Node:
     pass
 
-with heap.batch():
+with gc_policy.batch():
     print("before settle, on in a batch:", gc.isenabled())
-heap.settle()
-with heap.batch():
+gc_policy.settle()
+with gc_policy.batch():
     print("in a batch:", gc.isenabled())
     a, b = Node(), Node()
     a.other, b.other = b, a
@@ -401,17 +401,17 @@ print("after a batch:", gc.isenabled())
 gc.collect(1)
 print("after ordinary collection:", ref() is not None)
 try:
-    with heap.batch():
+    with gc_policy.batch():
         raise KeyError("x")
 except KeyError:
     pass
 print("after a batch that raised:", gc.isenabled())
-heap.FULL_OVERDUE_S = 0.0
-with heap.batch():
+gc_policy.FULL_OVERDUE_S = 0.0
+with gc_policy.batch():
     pass
 print("after an overdue batch:", ref() is not None)
 gc.disable()
-with heap.batch():
+with gc_policy.batch():
     pass
 print("turned off by the process, after a batch:", gc.isenabled())
 """
@@ -426,7 +426,7 @@ print("turned off by the process, after a batch:", gc.isenabled())
 
 def test_updated_is_model_copy_with_update() -> None:
     """The projector's fast copy gives what pydantic's model_copy(update=...) gives."""
-    from runstate.projector.working import updated
+    from runstate.projector.core.working import updated
     from runstate.schemas.state import Budgets, RunHeader
 
     b = Budgets(tokens_used=3, tokens_remaining=7)
@@ -442,7 +442,7 @@ def test_updated_is_model_copy_with_update() -> None:
 def test_a_drafts_item_counts_follow_every_put_and_delete() -> None:
     """The header counts items per collection, and a lookup in a collection it counts as
     empty does not read the store: every path that adds or removes an item must count."""
-    from runstate.projector.working import Draft, RunDoc, header_from_model, updated
+    from runstate.projector.core.working import Draft, RunDoc, header_from_model, updated
     from runstate.schemas.state import Fact, RunHeader
 
     stored = {("confirmed_facts", "f_old"): (0, None)}
@@ -538,7 +538,7 @@ def test_a_run_the_store_cannot_read_stops_the_projector_and_its_record_waits(
         assert st.next_offset() == 1 and st.dead_letters() == [] and len(st.history("r1")) == 1
         # The same where a run is loaded as its record is decided (no batched read first).
         from runstate.eventlog.base import Record
-        from runstate.projector.runbook import RunBook
+        from runstate.projector.core.runbook import RunBook
 
         rec = Record("events", 0, 1, b"r1", encode(patch("r1", 1, fact("f2"))), 0)
         with pytest.raises(StoreError, match=error):
@@ -579,7 +579,7 @@ def test_a_query_of_a_run_the_store_cannot_read_is_a_store_error(
 def test_a_query_of_a_run_with_an_item_that_is_not_json_is_a_store_error(tmp_path: Path) -> None:
     """A stored item whose JSON is cut short fails the validated state, the plain data and
     the context with a StoreError naming the run, not a parser's error; other runs still read."""
-    from runstate.projector import keys
+    from runstate.projector.store import keys
     from runstate.schemas.errors import StoreError
 
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
@@ -716,9 +716,9 @@ def test_each_read_ahead_hint_is_the_first_read_its_reducer_makes(event: dict[st
     """``reducer.READS`` moves a read ahead of the decision: it must be one the reducer
     makes, or the read-ahead is wasted (and the read it meant to save still happens).
     Every collection is counted non-empty, so each lookup reads the (recording) store."""
-    from runstate.projector.decide import decide
-    from runstate.projector.reducer import READS
-    from runstate.projector.working import RunDoc, updated
+    from runstate.projector.core.decide import decide
+    from runstate.projector.core.reducer import READS
+    from runstate.projector.core.working import RunDoc, updated
     from runstate.schemas.state import COLLECTIONS
 
     class FirstRead(Exception):
@@ -739,6 +739,6 @@ def test_each_read_ahead_hint_is_the_first_read_its_reducer_makes(event: dict[st
 
 
 def test_every_hint_is_tested() -> None:
-    from runstate.projector.reducer import READS
+    from runstate.projector.core.reducer import READS
 
     assert sorted(READS) == sorted(str(e["type"]) for e in _HINTED_EVENTS)

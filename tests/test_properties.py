@@ -14,12 +14,12 @@ import orjson
 from workloads import RUNS, build, op
 
 from runstate.eventlog.embedded import EmbeddedLog
-from runstate.projector.context import render_context
-from runstate.projector.loop import Projector
-from runstate.projector.queries import Projection
-from runstate.projector.replay import replay
-from runstate.projector.runbook import RunBook
-from runstate.projector.working import RunDoc
+from runstate.projector.read.context import render_context
+from runstate.projector.runtime.loop import Projector
+from runstate.projector.read.queries import Projection
+from runstate.projector.read.replay import replay
+from runstate.projector.core.runbook import RunBook
+from runstate.projector.core.working import RunDoc
 from runstate.schemas.patch import Decision, Patch
 from runstate.schemas.state import COLLECTIONS, RunState
 from runstate.schemas import structs

@@ -16,16 +16,16 @@ import pytest
 from helpers import append_all, ev, fact, fold, patch, start
 
 from runstate.eventlog.embedded import EmbeddedLog
-from runstate.projector.loop import Projector
-from runstate.projector.queries import Projection
-from runstate.projector.replay import verify
+from runstate.projector.runtime.loop import Projector
+from runstate.projector.read.queries import Projection
+from runstate.projector.read.replay import verify
 from runstate.schemas.errors import CheckpointInvalid
 from runstate.schemas.state import state_digest
 from runstate.snapshotter.checkpoint import encode as encode_cp
 from runstate.snapshotter.checkpoint import is_coverage_key, make_checkpoint, seal, validate
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.recovery import restore_partition
-from runstate.snapshotter.service import CheckpointWriter, Snapshotter
+from runstate.snapshotter.loop import CheckpointWriter, Snapshotter
 
 
 def _restore(log: EmbeddedLog, state: Path, key: bytes | None = None) -> Projector:

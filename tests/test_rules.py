@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from helpers import ev, fact, patch, start, task
 
-from runstate.projector.runbook import RunBook
-from runstate.projector.working import RunDoc
+from runstate.projector.core.runbook import RunBook
+from runstate.projector.core.working import RunDoc
 from runstate.schemas.patch import Decision, Patch
 
 
@@ -65,7 +65,7 @@ class Run:
 def _context(state: Any, now: Any = None) -> str:
     """``render_context`` of the validated ``state``, held equal to the context rendered
     from the state's msgspec struct (what the queries render, building no model)."""
-    from runstate.projector.context import render_context
+    from runstate.projector.read.context import render_context
     from runstate.schemas import structs
     from runstate.schemas.state import RunState
 

@@ -183,7 +183,7 @@ def test_documents_runstate_0_1_wrote_still_load() -> None:
 
 
 def test_where_a_state_came_from_survives_its_working_form() -> None:
-    from runstate.projector.working import RunDoc
+    from runstate.projector.core.working import RunDoc
 
     state = load_state(copy.deepcopy(V1_DOC))
     again = RunDoc.from_state(state).to_state()

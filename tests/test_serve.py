@@ -21,7 +21,7 @@ from servekit import ServeProcess
 from runstate.client import AsyncClient, Client, ServiceError
 from runstate.schemas.errors import ContractError, RunNotFound
 from runstate.schemas.patch import Decision
-from runstate.projector.queries import Projection
+from runstate.projector.read.queries import Projection
 from runstate.schemas.state import RunState
 from runstate.service.auth import add_token
 

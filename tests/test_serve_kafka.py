@@ -17,7 +17,7 @@ from runstate.client import Client
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.partitioner import partition_for
 from runstate.eventlog.kafka import KafkaLog
-from runstate.projector.replay import verify
+from runstate.projector.read.replay import verify
 from runstate.schemas.errors import DecisionTimeout
 from runstate.schemas.patch import Decision
 

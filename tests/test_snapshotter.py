@@ -15,14 +15,14 @@ from hypothesis import strategies as st
 from workloads import build, op
 
 from runstate.eventlog.embedded import EmbeddedLog
-from runstate.projector.runbook import RunBook
-from runstate.projector.working import RunDoc
-from runstate.projector.loop import Projector
-from runstate.projector.queries import Projection
-from runstate.projector.replay import state_at, state_data_at, verify
+from runstate.projector.core.runbook import RunBook
+from runstate.projector.core.working import RunDoc
+from runstate.projector.runtime.loop import Projector
+from runstate.projector.read.queries import Projection
+from runstate.projector.read.replay import state_at, state_data_at, verify
 from runstate.schemas.patch import Patch
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, state_digest
-from runstate.projector.keys import patch_id_digest, split_patch_ids
+from runstate.projector.store.keys import patch_id_digest, split_patch_ids
 from runstate.snapshotter.checkpoint import (
     CheckpointInvalid,
     decode_patch_ids,
@@ -35,7 +35,7 @@ from runstate.snapshotter.checkpoint import (
 from runstate.snapshotter.checkpoint import encode as encode_cp
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.policy import CheckpointPolicy
-from runstate.snapshotter.service import Snapshotter, snapshotter_dir
+from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.snapshotter.recovery import restore_partition
 
 

@@ -468,7 +468,7 @@ def test_read_patch_accepts_and_refuses_every_record_as_decode_does(datum: dict[
 
 # --- the store's values written by msgspec (structs.json_writer) ------------------------------
 
-from runstate.projector import keys  # noqa: E402
+from runstate.projector.store import keys  # noqa: E402
 from runstate.schemas.patch import Decision  # noqa: E402
 from runstate.schemas.state import COLLECTIONS  # noqa: E402
 

@@ -8,8 +8,8 @@ from typing import Any
 from helpers import ev, fact, patch, start, task
 from hypothesis import strategies as st
 
-from runstate.projector.runbook import RunBook
-from runstate.projector.working import RunDoc
+from runstate.projector.core.runbook import RunBook
+from runstate.projector.core.working import RunDoc
 from runstate.schemas.patch import Patch
 
 RUNS = ["r0", "r1", "r2"]

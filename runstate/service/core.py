@@ -21,9 +21,9 @@ import orjson
 from pydantic import BaseModel, TypeAdapter
 
 from runstate import app
-from runstate.projector.context import render_context
-from runstate.projector.replay import explain, state_data_at
-from runstate.projector.store import decode_state_json
+from runstate.projector.read.context import render_context
+from runstate.projector.read.replay import explain, state_data_at
+from runstate.projector.store.partition import decode_state_json
 from runstate.schemas.errors import ContractError, DecisionTimeout, RevisionNotFound, RunNotFound, RunstateError
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import RunHeader, RunSummary

@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import runstate
 from runstate.app import unencodable
-from runstate.projector.store import unreadable_state
+from runstate.projector.store.partition import unreadable_state
 from runstate.schemas.errors import (
     ContractError,
     DecisionTimeout,

@@ -32,7 +32,7 @@ from mcp_types import INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotatio
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 import runstate
-from runstate.projector.store import parse_state_json
+from runstate.projector.store.partition import parse_state_json
 from runstate.schemas.errors import ContractError
 from runstate.schemas.events import EVENT_TYPE_NAMES, EVENT_TYPES
 from runstate.service.auth import Identity, Tokens

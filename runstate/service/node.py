@@ -34,14 +34,14 @@ from runstate.eventlog.base import EventLog
 from runstate.eventlog.partitioner import partition_for
 from runstate.producers.decisions import DecisionFeed
 from runstate.producers.run_producer import Receipt, RunProducer
-from runstate.projector.store import PendingBatch, ProjectionStore
-from runstate.projector.working import RunDoc
+from runstate.projector.store.partition import PendingBatch, ProjectionStore
+from runstate.projector.core.working import RunDoc
 from runstate.schemas import structs
 from runstate.schemas.errors import RunstateError
 from runstate.schemas.patch import Author, Decision, Patch
 from runstate.settings import Settings
 from runstate.snapshotter.policy import CheckpointPolicy
-from runstate.snapshotter.service import Snapshotter
+from runstate.snapshotter.loop import Snapshotter
 
 log = logging.getLogger("runstate.serve")
 T = TypeVar("T")
@@ -289,7 +289,7 @@ class Node:
 
     def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
         if batch.decisions and self.loop is not None:
-            # The core's decisions are structs (projector/decide.py); waiters get models.
+            # The core's decisions are structs (projector/core/decide.py); waiters get models.
             self.loop.call_soon_threadsafe(self.hub.publish, [structs.to_model(d) for d in batch.decisions], True)
 
     def _restore_progress(self, partition: int, done: int, total: int) -> None:

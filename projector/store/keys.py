@@ -1,6 +1,6 @@
 """The keyspace of a partition's projection store: every key and every value encoding.
 
-Only :mod:`runstate.projector.store` reads and writes these keys; everything else (the
+Only :mod:`runstate.projector.store.partition` reads and writes these keys; everything else (the
 snapshotter's checkpoint history, recovery) goes through the store's methods. Keys are
 bytes; ``\\0`` separates parts (ids cannot contain control characters, see
 ``schemas.events.Id``), and offsets/revisions are fixed-width hex so that keys sort in
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 
-from runstate.projector.working import Entry, Header, decode_header_json, encode_header_json
+from runstate.projector.core.working import Entry, Header, decode_header_json, encode_header_json
 from runstate.schemas import structs
 from runstate.schemas.events import Model
 from runstate.schemas.patch import Decision

@@ -15,18 +15,19 @@ Order of checks (first that fails decides):
 5. accepted: revision + 1 (one revision per patch), ``agent_version`` from the author.
 
 Rules of individual events are not here: each event's reducer checks its own rules while
-it applies the event to a draft (:mod:`runstate.projector.reducer`); decide runs them in
+it applies the event to a draft (:mod:`runstate.projector.core.reducer`); decide runs them in
 order and turns the first :class:`RuleViolation` into ``invalid``. Duplicate ``patch_id``
 handling needs the decision store, so it is the caller's first step
-(:class:`runstate.projector.runbook.RunBook`).
+(:class:`runstate.projector.core.runbook.RunBook`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-from runstate.projector.working import Changes, Draft, RunDoc
-from runstate.projector.reducer import Ctx, RuleViolation, apply_event
+from runstate.projector.core.working import Changes, Draft, RunDoc
+from runstate.projector.core.outcomes import Decided
+from runstate.projector.core.reducer import Ctx, RuleViolation, apply_event
 from runstate.schemas import events as ev
 from runstate.schemas import structs
 from runstate.schemas.patch import Decision, Patch, RejectReason
@@ -50,17 +51,6 @@ def commutes(event: ev.Model) -> bool:
     if event.type == "FactConfirmed":  # type: ignore[attr-defined]
         return event.replaces_hypothesis_id is None  # type: ignore[attr-defined, no-any-return]
     return event.type in COMMUTING  # type: ignore[attr-defined]
-
-
-class Decided(NamedTuple):
-    """What :func:`decide` returns: the decision and, when accepted, the run's new
-    working state and what changed. (Not to be confused with a checkpoint's resume
-    verdict, :data:`runstate.snapshotter.checkpoint.ResumeVerdict`.) A named tuple:
-    immutable, and made in half a frozen dataclass's time (one per patch)."""
-
-    decision: Decision
-    doc: RunDoc | None = None
-    changes: Changes | None = None
 
 
 def _decision(patch: Patch, partition: int, offset: int, revision: int, *, reason: RejectReason | None = None,

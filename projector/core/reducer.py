@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from runstate.projector.working import (
+from runstate.projector.core.working import (
     Draft,
     Header,
     HeaderBudgets,
@@ -26,7 +26,7 @@ from runstate.projector.working import (
 from runstate.schemas import events as ev
 from runstate.schemas import state, structs
 
-# Items are built and read in their working form (projector/working.py): the struct of
+# Items are built and read in their working form (projector/core/working.py): the struct of
 # each item's model, and so are the values in them. A struct's constructor validates nothing:
 # every value is the validated patch's or the core's own (tests/test_properties.py holds
 # each item equal to its validated round trip). The type checker is told they are the

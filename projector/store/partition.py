@@ -1,6 +1,6 @@
 """The projection store: one RocksDB per partition of the events topic.
 
-Its keys and value encodings are defined in one place, :mod:`runstate.projector.keys`;
+Its keys and value encodings are defined in one place, :mod:`runstate.projector.store.keys`;
 nothing else touches them. What the store holds per partition: run headers and items
 (the working state, written per change), every decision (history + idempotency index),
 dead letters, the runs restored from checkpoints, the snapshotter's checkpoint history
@@ -30,9 +30,9 @@ import orjson
 import pydantic
 from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
 
-from runstate.projector import keys
-from runstate.projector.runbook import DeadLetter
-from runstate.projector.working import Changes, Entry, Header, RunDoc, header_spans, state_json_from_stored
+from runstate.projector.store import keys
+from runstate.projector.core.outcomes import DeadLetter
+from runstate.projector.core.working import Changes, Entry, Header, RunDoc, header_spans, state_json_from_stored
 from runstate.schemas import structs
 from runstate.schemas.errors import StoreError, StoreLocked
 from runstate.schemas.patch import Decision
@@ -289,7 +289,7 @@ class ProjectionStore:
 
     def load_doc(self, run_id: str) -> RunDoc | None:
         """The run's working state, or None. Reads only the header now; items are read
-        when first touched (see :mod:`runstate.projector.working`). Raises
+        when first touched (see :mod:`runstate.projector.core.working`). Raises
         :class:`StoreError` for another schema version."""
         return self._doc(run_id, self._get(keys.header_key(run_id)))
 
@@ -346,7 +346,7 @@ class ProjectionStore:
 
     def read_state_json(self, run_id: str) -> bytes | None:
         """The run's assembled state as JSON (see
-        :func:`~runstate.projector.working.state_json_from_stored`), or None: one read of
+        :func:`~runstate.projector.core.working.state_json_from_stored`), or None: one read of
         its header and one scan over its items (a scan per collection cost a seek each);
         nothing validated again (the projector validated what it stored; RocksDB checks
         each block). Raises :class:`StoreError` for another schema version or a header
@@ -562,7 +562,7 @@ class ProjectionStore:
         read-only store reuses one iterator: its view is fixed when it is opened, so a new
         iterator would see the same data, and making one was a sixth of a small run's
         state query. Not for concurrent use, as a read-only store is not (it serves one
-        :class:`~runstate.projector.queries.Projection`, which is not thread-safe)."""
+        :class:`~runstate.projector.read.queries.Projection`, which is not thread-safe)."""
         it = self._iter
         if it is None:
             it = self._db.iter()

@@ -18,10 +18,11 @@ from typing import Any, Protocol
 import msgspec
 
 from runstate.eventlog.base import EventLog, Record
-from runstate.projector.loop import Projector
-from runstate.projector.queries import Projection
-from runstate.projector.runbook import Applied, DeadLetter, RunBook
-from runstate.projector.working import RunDoc
+from runstate.projector.runtime.loop import Projector
+from runstate.projector.read.queries import Projection
+from runstate.projector.core.runbook import RunBook
+from runstate.projector.core.outcomes import Applied, DeadLetter
+from runstate.projector.core.working import RunDoc
 from runstate.schemas import structs
 from runstate.schemas.errors import RevisionNotFound, RunNotFound
 from runstate.schemas.patch import Decision
@@ -56,7 +57,7 @@ def _accepted_records(log: EventLog, positions: list[tuple[int, int, int]]) -> l
 
 class RunRecords(Protocol):
     """What :func:`state_at` and :func:`explain` read of a projection: a
-    :class:`~runstate.projector.queries.Projection`, or serve's live stores."""
+    :class:`~runstate.projector.read.queries.Projection`, or serve's live stores."""
 
     def header(self, run_id: str) -> RunHeader | None: ...
 
@@ -130,7 +131,7 @@ def accepted_after(log: EventLog, state: RunState, partition: int, covers_offset
     end = log.end_offsets(log.topics.events).get(partition, 0)
     replay((r for r in log.scan(log.topics.events, partition, covers_offset + 1, end) if r.key == key), book)
     accepted = sorted((d for d in book.decided.values() if d.outcome == "accepted"), key=lambda d: d.offset)
-    return [structs.to_model(d) for d in accepted]  # the core's structs (projector/decide.py) as models
+    return [structs.to_model(d) for d in accepted]  # the core's structs (projector/core/decide.py) as models
 
 
 @dataclass(frozen=True)

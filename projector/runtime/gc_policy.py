@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-log = logging.getLogger("runstate.heap")
+log = logging.getLogger("runstate.gc_policy")
 
 #: Least seconds between two full collections run by :func:`collect_when_idle`.
 FULL_EVERY_S = 600.0
@@ -72,7 +72,7 @@ def settle() -> None:
     gc.freeze()
     _last_full = time.monotonic()
     gc.callbacks.append(_freeze_survivors)
-    log.debug("heap settled: %d objects frozen", gc.get_freeze_count())
+    log.debug("gc settled: %d objects frozen", gc.get_freeze_count())
 
 
 @contextmanager

@@ -34,12 +34,13 @@ from threading import Event
 from typing import Protocol
 
 from runstate.eventlog.base import EventLog, LogConsumer, Record
-from runstate.projector import heap
-from runstate.projector.keys import patch_id_digest
-from runstate.projector.runbook import DeadLetter, InternalErrorPolicy, RunBook, read_record
-from runstate.projector.statedir import Layout
-from runstate.projector.store import PendingBatch, ProjectionStore
-from runstate.projector.working import RunDoc
+from runstate.projector.runtime import gc_policy
+from runstate.projector.store.keys import patch_id_digest
+from runstate.projector.core.runbook import InternalErrorPolicy, RunBook, read_record
+from runstate.projector.core.outcomes import DeadLetter
+from runstate.projector.store.statedir import Layout
+from runstate.projector.store.partition import PendingBatch, ProjectionStore
+from runstate.projector.core.working import RunDoc
 from runstate.schemas import codec
 from runstate.schemas.codec import encode_decision
 from runstate.schemas.errors import LogError, StoreError, StoreLocked
@@ -152,7 +153,7 @@ class Projector:
         self.on_progress = on_progress
         self.progress_every_s = progress_every_s
         self.lag_every_s = lag_every_s
-        #: Long-running processes only (serve, ``runstate project``): see projector/heap.py.
+        #: Long-running processes only (serve, ``runstate project``): see projector/runtime/gc_policy.py.
         self.tune_gc = tune_gc
         self.stats = ProjectorStats()
         self.parts: dict[int, _Partition] = {}
@@ -246,7 +247,7 @@ class Projector:
         self._consumer = consumer
         codec.prepare()  # before the group join, not in the first batch
         if self.tune_gc:
-            heap.settle()
+            gc_policy.settle()
         last_progress = 0.0
         last_lag = 0.0
         last_read = time.monotonic()
@@ -257,7 +258,7 @@ class Projector:
             while stop is None or not stop.is_set():
                 records = consumer.poll(self.batch_size, poll_timeout_s)
                 if records:
-                    with heap.batch():
+                    with gc_policy.batch():
                         self.process(records)
                     try:
                         consumer.commit({p: part.next_offset for p, part in self.parts.items()})
@@ -265,7 +266,7 @@ class Projector:
                         log.warning("cannot mirror positions: %s", e)
                 now = time.monotonic()
                 if not records and self.tune_gc:
-                    heap.collect_when_idle()
+                    gc_policy.collect_when_idle()
                 if records or not self.parts:
                     last_read = now
                 # Reading the log end costs broker round trips: at most every lag_every_s,

@@ -15,13 +15,13 @@ import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from runstate.eventlog.base import Record
-from runstate.projector.decide import decide
-from runstate.projector.reducer import READS
-from runstate.projector.working import Changes, Entry, RunDoc
+from runstate.projector.core.decide import decide
+from runstate.projector.core.outcomes import Applied, DeadLetter
+from runstate.projector.core.reducer import READS
+from runstate.projector.core.working import Changes, Entry, RunDoc
 from runstate.schemas.codec import read_patch
 from runstate.schemas.errors import DecodeError, StoreError
 from runstate.schemas.patch import Decision, Patch
@@ -38,30 +38,6 @@ def content_digest(value: bytes) -> str:
 #: dead-letter the record and go on (decisions are all-or-nothing, so no state is
 #: half-applied, and a replay dead-letters it the same way), or raise.
 InternalErrorPolicy = Literal["dead_letter", "fail"]
-
-
-class Applied(NamedTuple):
-    """The outcome of one patch: its decision, and what changed (None unless accepted now).
-    (A named tuple, immutable as a frozen dataclass, made in half the time: one per patch.)"""
-
-    patch: Patch
-    #: None only for a duplicate of a patch decided before its run was restored from a
-    #: checkpoint (known by id; its decision is not kept)
-    decision: Decision | None
-    changes: Changes | None
-    duplicate: bool = False
-
-
-@dataclass
-class DeadLetter:
-    """A record that could not be turned into a decision, and why."""
-
-    partition: int
-    offset: int
-    reason: str
-    detail: str
-    key: str | None
-    size: int
 
 
 def read_record(rec: Record) -> Patch | DeadLetter:
@@ -102,7 +78,7 @@ class RunBook:
     an evicted run never loses unwritten changes.
 
     The decisions it takes (``Applied.decision``, ``decided``) are the core's structs of
-    :class:`Decision` (see :mod:`runstate.projector.decide`), read like the model;
+    :class:`Decision` (see :mod:`runstate.projector.core.decide`), read like the model;
     ``structs.to_model`` makes the model. Decisions loaded from a store are models.
     """
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import orjson
 
 from runstate.eventlog.base import Appended, EventLog
-from runstate.projector.loop import Projector, ProjectorStats
-from runstate.projector.store import PendingBatch, ProjectionStore
-from runstate.projector.working import RunDoc
+from runstate.projector.runtime.loop import Projector, ProjectorStats
+from runstate.projector.store.partition import PendingBatch, ProjectionStore
+from runstate.projector.core.working import RunDoc
 from runstate.schemas.patch import Decision, Patch
 from runstate.snapshotter.checkpoint import RECENT_DECISIONS, Checkpoint, coverage_keys, encode, make_checkpoint, make_coverage
 from runstate.snapshotter.policy import CheckpointPolicy
