@@ -38,8 +38,15 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
     assert "verdict: SAFE" in outputs["runstate resume run_128"]
 
     # Each Python example of the README and the docs, from a copy of the tour's end state.
+    # The README's agent handle, on the tour's log (the projector runs in its process).
+    [agent] = [b for b in doc_blocks("python") if "runstate.agent" in b]
+    shutil.copytree(tmp_path, tmp_path.parent / f"{tmp_path.name}-agent")
+    script = agent + "\nassert decision.outcome == 'accepted', decision\nassert 'fact_14' in {f.id for f in state.confirmed_facts}\n"
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path.parent / f"{tmp_path.name}-agent", env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
     examples = [b for b in doc_blocks("python") if "RunProducer" in b]
-    assert len(examples) == 2, "the README's agent step and docs/python.md's"
+    assert len(examples) == 1, "docs/python.md's"
     for i, api in enumerate(examples):
         shutil.copytree(tmp_path, tmp_path.parent / f"{tmp_path.name}-{i}")
         # A projector must be running for submit() to get its decision, as the example says.
@@ -56,10 +63,12 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
 
 
 def test_every_example_in_the_readme_and_the_docs_is_run_by_a_test() -> None:
-    """A new example on a page fails here until a test runs it: the console tour and the two
-    ``RunProducer`` examples (above), the ``runstate.client`` example (tests/test_serve.py)."""
+    """A new example on a page fails here until a test runs it: the console tour, the
+    ``runstate.agent`` and ``RunProducer`` examples (above), the ``runstate.client`` example
+    (tests/test_serve.py)."""
     python = doc_blocks("python")
-    assert len(python) == 3 and sum("RunProducer" in b for b in python) == 2
+    assert len(python) == 3 and sum("RunProducer" in b for b in python) == 1
+    assert sum("runstate.agent" in b for b in python) == 1
     assert sum("runstate.client" in b for b in python) == 1
     assert len(doc_blocks("console")) == 1 and len(blocks("console")) == 1
     assert "README.md" in DOC_PAGES and "docs/index.md" in DOC_PAGES

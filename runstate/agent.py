@@ -1,0 +1,412 @@
+"""The run as an object an agent loop holds: ``runstate.agent``.
+
+A :class:`Run` knows its run id, its author and the revision it last saw, and keeps that
+revision current from the decisions it gets. It works the same over the local log (a
+directory: the embedded log and the projections in it, the projector running in this
+process or elsewhere) and over a ``runstate serve`` (an ``http(s)://`` URL), so a worker
+moves from a laptop to a cluster by changing one string::
+
+    with open_run(".runstate", "run_7", agent_id="coder", agent_version="2.1") as run:
+        run.start("fix the login failure")
+        prompt = run.context()
+        with run.tool_call("run_tests") as call:
+            call.result("artifact://test-output/48", kind="test_output")
+        run.fact("fact_1", "the login test fails with RS256", evidence="artifact://test-output/48")
+
+Every event is the contract's own model (``runstate.agent.events`` is
+:mod:`runstate.schemas.events`): an editor completes them, and a mistake fails before
+anything is sent. This module adds no rule of its own: every rule is the reducer's, and a
+rejected patch is raised as :class:`PatchRejected` (:class:`RevisionConflict` for a
+revision conflict, with the current revision and the decisions since) — never retried
+blindly. Patches whose events all commute (a fact, a hypothesis, a question with a fresh
+id, an observation, budget use) are sent with ``rebase`` by default.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import pydantic
+from pydantic import TypeAdapter
+
+from runstate.schemas import events
+from runstate.schemas.errors import ContractError, RunstateError, describe_validation_error
+from runstate.schemas.events import Model
+from runstate.schemas.patch import Author, Decision
+from runstate.schemas.state import RunState
+
+__all__ = ["PatchRejected", "RevisionConflict", "Run", "ToolCall", "events", "open_run"]
+
+#: Event types that commute with any concurrent patch (decide.py's own list decides; this
+#: one only chooses the default of ``rebase``).
+_COMMUTING = frozenset({"FactConfirmed", "HypothesisProposed", "QuestionOpened", "ObservationRecorded",
+                        "BudgetConsumed", "ArtifactRecorded", "InputRecorded"})  # fmt: skip
+
+
+_EVENT: TypeAdapter[Any] = TypeAdapter(events.Event)
+
+
+def _event(data: dict[str, Any]) -> Model:
+    """An event from its JSON form. Raises ``ContractError`` naming the field."""
+    try:
+        return _EVENT.validate_python(data)  # type: ignore[no-any-return]
+    except pydantic.ValidationError as e:
+        field_, msg = describe_validation_error(e)
+        raise ContractError(f"invalid event: {msg}", field=field_) from e
+
+
+class PatchRejected(RunstateError):
+    """The run refused a patch: ``decision`` says why (``reason``, ``rule``, ``message``)."""
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+        rule = f" [{decision.rule}]" if decision.rule else ""
+        super().__init__(f"patch {decision.patch_id} of run {decision.run_id!r} rejected: "
+                         f"{decision.reason}{rule}: {decision.message or ''}".rstrip(": "))  # fmt: skip
+
+
+class RevisionConflict(PatchRejected):
+    """The patch was based on ``expected`` but the run is at ``current``: read again (the
+    decisions accepted since are in ``since``) and propose anew; nothing is retried for you."""
+
+    def __init__(self, decision: Decision, since: list[Decision]) -> None:
+        super().__init__(decision)
+        self.expected = decision.expected_revision
+        self.current = decision.revision
+        self.since = since
+
+
+class Backend(Protocol):
+    """Where a :class:`Run` sends patches and reads state: the local log or a serve."""
+
+    def submit(self, run_id: str, draft: dict[str, Any], timeout_s: float) -> Decision: ...
+    def state(self, run_id: str, min_revision: int | None) -> RunState: ...
+    def context(self, run_id: str, min_revision: int | None) -> str: ...
+    def history(self, run_id: str) -> list[Decision]: ...
+    def close(self) -> None: ...
+
+
+class _Local:
+    """The embedded log and projections under one directory (``log.db``, ``state/``); with
+    ``project``, a projector runs in this process for as long as the backend is open."""
+
+    def __init__(self, where: Path, author: Author, project: bool) -> None:
+        from runstate.eventlog import open_log
+        from runstate.producers import RunProducer
+        from runstate.projector import Projector, decision_reader
+
+        where.mkdir(parents=True, exist_ok=True)
+        self.state_dir = str(where / "state")
+        self.log = open_log(str(where / "log.db"))
+        self.producer = RunProducer(self.log, author, decisions=decision_reader(self.state_dir))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if project:
+            projector = Projector(self.log, self.state_dir, publish_dead_letters=False)
+            self._thread = threading.Thread(target=projector.run, name="runstate-projector", daemon=True,
+                                            kwargs={"stop": self._stop, "poll_timeout_s": 0.02})  # fmt: skip
+            self._thread.start()
+
+    def _read(self, run_id: str, min_revision: int | None, how: str, timeout_s: float = 10.0) -> Any:
+        """``Projection.<how>(run_id)``, once the projection holds ``min_revision`` (the
+        handle's own writes); without one, as it is now. Raises ``RunNotFound``."""
+        import time
+
+        from runstate.projector import Projection
+        from runstate.schemas.errors import RunNotFound
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with Projection(self.state_dir) as proj:
+                try:
+                    if min_revision is None or proj.state_data(run_id)["revision"] >= min_revision:
+                        return getattr(proj, how)(run_id)
+                except RunNotFound:
+                    if min_revision is None or time.monotonic() > deadline:
+                        raise
+                if time.monotonic() > deadline:
+                    return getattr(proj, how)(run_id)
+            time.sleep(0.02)
+
+    def submit(self, run_id: str, draft: dict[str, Any], timeout_s: float) -> Decision:
+        return self.producer.submit(self.producer.build(run_id, draft), timeout_s=timeout_s)
+
+    def state(self, run_id: str, min_revision: int | None) -> RunState:
+        return self._read(run_id, min_revision, "state")  # type: ignore[no-any-return]
+
+    def context(self, run_id: str, min_revision: int | None) -> str:
+        return self._read(run_id, min_revision, "context")  # type: ignore[no-any-return]
+
+    def history(self, run_id: str) -> list[Decision]:
+        return self._read(run_id, None, "history")  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+        self.producer.close()
+        self.log.close()
+
+
+class _Remote:
+    """A ``runstate serve`` at ``url`` (``runstate.client.Client``): the author is the token's."""
+
+    def __init__(self, url: str, token: str | None, author: Author) -> None:
+        from runstate.client import Client
+
+        self.client = Client(url, token)
+        self.author = author
+
+    def submit(self, run_id: str, draft: dict[str, Any], timeout_s: float) -> Decision:
+        return self.client.submit(run_id, {**draft, "author": self.author.model_dump()}, timeout_s=timeout_s)
+
+    def state(self, run_id: str, min_revision: int | None) -> RunState:
+        return self.client.state(run_id, min_revision=min_revision)
+
+    def context(self, run_id: str, min_revision: int | None) -> str:
+        return self.client.context(run_id, min_revision=min_revision)
+
+    def history(self, run_id: str) -> list[Decision]:
+        return self.client.history(run_id)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@dataclass
+class ToolCall:
+    """A tool call in flight (:meth:`Run.tool_call`): name its result with :meth:`result`."""
+
+    call_id: str
+    tool: str
+    ref: str | None = None
+    artifact: events.ArtifactSpec | None = field(default=None, repr=False)
+
+    def result(self, ref: str, *, kind: str | None = None, digest: str | None = None) -> str:
+        """The reference of what the tool returned (``artifact://…``): recorded with its
+        success, it becomes an artifact of the run that facts may cite as evidence. Returns
+        ``ref``."""
+        self.ref = ref
+        if kind is not None or digest is not None:
+            self.artifact = events.ArtifactSpec(id=ref, kind=kind or "tool_result", digest=digest, call_id=self.call_id)
+        return ref
+
+
+class Run:
+    """One run as an agent worker sees it. Not thread-safe: one handle per worker."""
+
+    def __init__(self, backend: Backend, run_id: str, *, timeout_s: float = 10.0) -> None:
+        self.backend = backend
+        self.run_id = run_id
+        self.timeout_s = timeout_s
+        #: the revision this handle last saw (0: not started, or not read yet)
+        self.revision = 0
+        self._state: RunState | None = None
+        self._open_calls: dict[str, ToolCall] = {}
+
+    # -- reading ------------------------------------------------------------------------
+
+    def state(self) -> RunState:
+        """The run's state, at least at the revision this handle last saw."""
+        self._state = self.backend.state(self.run_id, self.revision or None)
+        self.revision = max(self.revision, self._state.revision)
+        return self._state
+
+    def context(self) -> str:
+        """The compact context for the model's prompt (at least at the last seen revision)."""
+        return self.backend.context(self.run_id, self.revision or None)
+
+    def refresh(self) -> int:
+        """Read the run again; returns its current revision."""
+        return self.state().revision
+
+    # -- writing ------------------------------------------------------------------------
+
+    def submit(self, *evs: Model | dict[str, Any], rebase: bool | None = None) -> Decision:
+        """Append ``evs`` as one patch (all or none), based on the last seen revision, and
+        return the accepted decision. ``rebase`` defaults to whether every event commutes.
+
+        Raises :class:`RevisionConflict` (with the current revision and what was accepted
+        since), :class:`PatchRejected` for any other rejection, ``ContractError`` for an
+        event that is not valid before anything is sent."""
+        built = [e if isinstance(e, Model) else _event(e) for e in evs]
+        if rebase is None:
+            rebase = all(e.type in _COMMUTING for e in built) and self.revision > 0  # type: ignore[attr-defined]
+        draft = {"expected_revision": self.revision, "events": [e.model_dump(mode="json", exclude_none=True) for e in built],
+                 "rebase": rebase}  # fmt: skip
+        decision = self.backend.submit(self.run_id, draft, self.timeout_s)
+        if decision.outcome == "accepted":
+            self.revision = decision.revision
+            self._state = None
+            return decision
+        if decision.reason in ("revision_conflict", "superseded"):
+            since = [d for d in self.backend.history(self.run_id)
+                     if d.outcome == "accepted" and d.revision > decision.expected_revision]  # fmt: skip
+            raise RevisionConflict(decision, since)
+        raise PatchRejected(decision)
+
+    def start(self, goal: str, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
+              acceptance: Sequence[str] = (), policy: dict[str, Any] | None = None) -> Decision:  # fmt: skip
+        """``RunStarted``: the run's first patch (revision 0 → 1)."""
+        spec = events.GoalSpec(statement=goal, scope=events.Scope(include=list(include), exclude=list(exclude)),
+                               acceptance=list(acceptance))  # fmt: skip
+        return self.submit(events.RunStarted(goal=spec, policy=events.RunPolicy(**(policy or {}))))
+
+    def fact(self, fact_id: str, statement: str, *, evidence: str | None = None, source: str | None = None,
+             observed_at: datetime | None = None, scope: str | None = None) -> Decision:  # fmt: skip
+        """``FactConfirmed``: needs ``evidence`` the run knows or an authoritative ``source``."""
+        return self.submit(events.FactConfirmed(fact=events.FactSpec(
+            id=fact_id, statement=statement, evidence=evidence, source=source, observed_at=observed_at, scope=scope)))
+
+    def hypothesis(self, hypothesis_id: str, statement: str, *, confidence: float, falsifier: str) -> Decision:
+        """``HypothesisProposed``: a guess, with how sure and how to prove it wrong."""
+        return self.submit(events.HypothesisProposed(hypothesis=events.HypothesisSpec(
+            id=hypothesis_id, statement=statement, confidence=confidence, falsifier=falsifier)))
+
+    def confirm(self, hypothesis_id: str, *, fact_id: str, statement: str, evidence: str | None = None,
+                source: str | None = None) -> Decision:  # fmt: skip
+        """The hypothesis becomes a fact (``FactConfirmed(replaces_hypothesis_id=…)``)."""
+        return self.submit(events.FactConfirmed(
+            fact=events.FactSpec(id=fact_id, statement=statement, evidence=evidence, source=source),
+            replaces_hypothesis_id=hypothesis_id))
+
+    def observe(self, subject: str, state: str, *, version: str | None = None, evidence: str | None = None,
+                observed_at: datetime | None = None) -> Decision:  # fmt: skip
+        """``ObservationRecorded``: what was seen of an external system, never a fact."""
+        return self.submit(events.ObservationRecorded(observation=events.ObservationSpec(
+            subject=subject, observed_state=state, observed_version=version, evidence=evidence, observed_at=observed_at)))
+
+    def task(self, task_id: str, title: str, *, depends_on: Sequence[str] = (), scope: Sequence[str] = ()) -> Decision:
+        """``TaskCreated``: a pending task (dependencies must exist: checked here against the
+        last state read, and by the reducer)."""
+        self._known_tasks(depends_on)
+        return self.submit(events.TaskCreated(task=events.TaskSpec(
+            id=task_id, title=title, depends_on=list(depends_on), scope=list(scope))))
+
+    def start_task(self, task_id: str) -> Decision:
+        self._known_tasks([task_id])
+        return self.submit(events.TaskStarted(task_id=task_id))
+
+    def complete_task(self, task_id: str, *, evidence: str) -> Decision:
+        self._known_tasks([task_id])
+        return self.submit(events.TaskCompleted(task_id=task_id, evidence=evidence))
+
+    def block_task(self, task_id: str, *, reason: str) -> Decision:
+        self._known_tasks([task_id])
+        return self.submit(events.TaskBlocked(task_id=task_id, reason=reason))
+
+    def wait_for_approval(self, wait_id: str, reason: str, *, until: datetime | None = None) -> Decision:
+        """``WaitingStarted`` of kind approval: side-effecting calls are refused until resolved."""
+        return self.submit(events.WaitingStarted(waiting=events.WaitingSpec(wait_id=wait_id, kind="approval",
+                                                                             reason=reason, until=until)))  # fmt: skip
+
+    def resolve_wait(self, wait_id: str) -> Decision:
+        return self.submit(events.WaitingResolved(wait_id=wait_id))
+
+    def budget(self, *, tokens_remaining: int | None = None, deadline: datetime | None = None) -> Decision:
+        return self.submit(events.BudgetSet(tokens_remaining=tokens_remaining, deadline=deadline))
+
+    def consume(self, tokens: int) -> Decision:
+        return self.submit(events.BudgetConsumed(tokens=tokens))
+
+    def complete(self, *, summary: str | None = None, evidence: str | None = None) -> Decision:
+        return self.submit(events.RunCompleted(summary=summary, evidence=evidence))
+
+    @contextmanager
+    def tool_call(self, tool: str, *, side_effect: bool = False, costly: bool = False,
+                  relies_on: Sequence[tuple[str, str]] = (), call_id: str | None = None) -> Iterator[ToolCall]:  # fmt: skip
+        """Record ``ToolCallStarted`` before the body and ``ToolSucceeded`` (with the result
+        named by :meth:`ToolCall.result`) after it; an exception in the body is recorded as
+        ``ToolFailed`` and re-raised. ``relies_on``: ``(subject, observed_version)`` of the
+        observations a side-effecting call depends on (refused when stale)."""
+        call = ToolCall(call_id or f"call_{uuid.uuid4().hex[:12]}", tool)
+        self.submit(events.ToolCallStarted(call_id=call.call_id, tool=tool, side_effect=side_effect, costly=costly,
+                                           relies_on=[events.ObservedVersion(subject=s, observed_version=v)
+                                                      for s, v in relies_on]))  # fmt: skip
+        self._open_calls[call.call_id] = call
+        try:
+            yield call
+        except BaseException as e:
+            if self._open_calls.pop(call.call_id, None) is None:
+                raise  # close() already recorded it as failed
+            self.submit(events.ToolFailed(call_id=call.call_id, error=f"{type(e).__name__}: {e}"[:2000],
+                                          result_ref=call.ref))  # fmt: skip
+            raise
+        self._open_calls.pop(call.call_id, None)
+        done: list[Model] = [] if call.artifact is None else [events.ArtifactRecorded(artifact=call.artifact)]
+        self.submit(*done, events.ToolSucceeded(call_id=call.call_id, result_ref=call.ref), rebase=False)
+
+    @contextmanager
+    def effect(self, kind: str, target: str, idempotency_key: str, *, effect_id: str | None = None,
+               call_id: str | None = None) -> Iterator[str]:  # fmt: skip
+        """Record the side effect *before* making it (``EffectRecorded`` started), then
+        committed after the body or failed if it raises. A crash between the two leaves the
+        run ``needs_reconciliation`` with this effect named. Yields the effect id."""
+        eid = effect_id or f"effect_{uuid.uuid4().hex[:12]}"
+
+        def spec(status: str, evidence: str | None = None) -> events.EffectRecorded:
+            return events.EffectRecorded(effect=events.EffectSpec(
+                id=eid, status=status, kind=kind, target=target, idempotency_key=idempotency_key, call_id=call_id,
+                evidence=evidence))  # type: ignore[arg-type]
+
+        self.submit(spec("started"))
+        try:
+            yield eid
+        except BaseException as e:
+            self.submit(spec("failed", evidence=f"{type(e).__name__}: {e}"[:2000]))
+            raise
+        self.submit(spec("committed"))
+
+    def close(self) -> None:
+        """Record every tool call still open as failed (never left in flight silently), then
+        release the backend."""
+        try:
+            for call in list(self._open_calls.values()):
+                self.submit(events.ToolFailed(call_id=call.call_id, error="the run handle closed with the call open"))
+            self._open_calls.clear()
+        finally:
+            self.backend.close()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _known_tasks(self, task_ids: Sequence[str]) -> None:
+        """Refuse, before sending, a task id the last state read does not have."""
+        if self._state is None or not task_ids:
+            return
+        known = {t.id for t in self._state.tasks}
+        unknown = [t for t in task_ids if t not in known]
+        if unknown:
+            raise ContractError(f"run {self.run_id!r} at revision {self._state.revision} has no task "
+                                f"{', '.join(map(repr, unknown))}", field="task_id")  # fmt: skip
+
+
+def open_run(where: str | Path, run_id: str, *, agent_id: str, agent_version: str, token: str | None = None,
+             project: bool = True, timeout_s: float = 10.0) -> Run:  # fmt: skip
+    """A :class:`Run` handle on ``run_id``.
+
+    ``where``: an ``http(s)://`` URL of a ``runstate serve`` (``token`` if it needs one), or
+    a directory holding the embedded log and its projections (``log.db``, ``state/``),
+    created if missing; there ``project`` runs the projector in this process while the
+    handle is open (leave it off when ``runstate project`` or ``serve`` runs on that log).
+    The handle reads the run's revision now if the run exists."""
+    author = Author(agent_id=agent_id, agent_version=agent_version)
+    text = str(where)
+    backend: Backend = (_Remote(text, token, author) if text.startswith(("http://", "https://"))
+                        else _Local(Path(text), author, project))  # fmt: skip
+    run = Run(backend, run_id, timeout_s=timeout_s)
+    try:
+        run.refresh()
+    except RunstateError:
+        pass  # not started yet
+    return run
