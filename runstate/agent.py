@@ -24,14 +24,15 @@ id, an observation, budget use) are sent with ``rebase`` by default.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import pydantic
 from pydantic import TypeAdapter
@@ -42,7 +43,9 @@ from runstate.schemas.events import Model
 from runstate.schemas.patch import Author, Decision
 from runstate.schemas.state import RunState
 
-__all__ = ["PatchRejected", "RevisionConflict", "Run", "ToolCall", "events", "open_run"]
+__all__ = ["AsyncRun", "PatchRejected", "RevisionConflict", "Run", "ToolCall", "events", "open_run", "open_async_run"]
+
+R = TypeVar("R")
 
 #: Event types that commute with any concurrent patch (decide.py's own list decides; this
 #: one only chooses the default of ``rebase``).
@@ -60,6 +63,27 @@ def _event(data: dict[str, Any]) -> Model:
     except pydantic.ValidationError as e:
         field_, msg = describe_validation_error(e)
         raise ContractError(f"invalid event: {msg}", field=field_) from e
+
+
+def _draft(revision: int, evs: Sequence[Model | dict[str, Any]], rebase: bool | None) -> dict[str, Any]:
+    """The patch draft of ``evs`` based on ``revision``; ``rebase`` defaults to whether every
+    event commutes. Raises ``ContractError`` for an event that is not valid."""
+    built = [e if isinstance(e, Model) else _event(e) for e in evs]
+    if rebase is None:
+        rebase = all(e.type in _COMMUTING for e in built) and revision > 0  # type: ignore[attr-defined]
+    return {"expected_revision": revision, "events": [e.model_dump(mode="json", exclude_none=True) for e in built],
+            "rebase": rebase}  # fmt: skip
+
+
+def _since(decision: Decision, history: list[Decision]) -> list[Decision]:
+    return [d for d in history if d.outcome == "accepted" and d.revision > decision.expected_revision]
+
+
+def _settled(decision: Decision, revision: int) -> int:
+    """The handle's revision after an accepted ``decision``; raises :class:`PatchRejected`."""
+    if decision.outcome != "accepted":
+        raise PatchRejected(decision)
+    return max(revision, decision.revision)
 
 
 class PatchRejected(RunstateError):
@@ -199,58 +223,16 @@ class ToolCall:
         return ref
 
 
-class Run:
-    """One run as an agent worker sees it. Not thread-safe: one handle per worker."""
+class _Builders(Generic[R]):
+    """The typed wrappers over the contract's events, shared by :class:`Run` and
+    :class:`AsyncRun`: each returns what ``submit`` returns (a decision, or an awaitable of
+    one). Nothing here adds a rule: the reducer decides."""
 
-    def __init__(self, backend: Backend, run_id: str, *, timeout_s: float = 10.0) -> None:
-        self.backend = backend
-        self.run_id = run_id
-        self.timeout_s = timeout_s
-        #: the revision this handle last saw (0: not started, or not read yet)
-        self.revision = 0
-        self._state: RunState | None = None
-        self._open_calls: dict[str, ToolCall] = {}
+    run_id: str
+    _state: RunState | None
 
-    # -- reading ------------------------------------------------------------------------
-
-    def state(self) -> RunState:
-        """The run's state, at least at the revision this handle last saw."""
-        self._state = self.backend.state(self.run_id, self.revision or None)
-        self.revision = max(self.revision, self._state.revision)
-        return self._state
-
-    def context(self) -> str:
-        """The compact context for the model's prompt (at least at the last seen revision)."""
-        return self.backend.context(self.run_id, self.revision or None)
-
-    def refresh(self) -> int:
-        """Read the run again; returns its current revision."""
-        return self.state().revision
-
-    # -- writing ------------------------------------------------------------------------
-
-    def submit(self, *evs: Model | dict[str, Any], rebase: bool | None = None) -> Decision:
-        """Append ``evs`` as one patch (all or none), based on the last seen revision, and
-        return the accepted decision. ``rebase`` defaults to whether every event commutes.
-
-        Raises :class:`RevisionConflict` (with the current revision and what was accepted
-        since), :class:`PatchRejected` for any other rejection, ``ContractError`` for an
-        event that is not valid before anything is sent."""
-        built = [e if isinstance(e, Model) else _event(e) for e in evs]
-        if rebase is None:
-            rebase = all(e.type in _COMMUTING for e in built) and self.revision > 0  # type: ignore[attr-defined]
-        draft = {"expected_revision": self.revision, "events": [e.model_dump(mode="json", exclude_none=True) for e in built],
-                 "rebase": rebase}  # fmt: skip
-        decision = self.backend.submit(self.run_id, draft, self.timeout_s)
-        if decision.outcome == "accepted":
-            self.revision = decision.revision
-            self._state = None
-            return decision
-        if decision.reason in ("revision_conflict", "superseded"):
-            since = [d for d in self.backend.history(self.run_id)
-                     if d.outcome == "accepted" and d.revision > decision.expected_revision]  # fmt: skip
-            raise RevisionConflict(decision, since)
-        raise PatchRejected(decision)
+    def submit(self, *evs: Model | dict[str, Any], rebase: bool | None = None) -> R:
+        raise NotImplementedError
 
     def start(self, goal: str, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
               acceptance: Sequence[str] = (), policy: dict[str, Any] | None = None) -> Decision:  # fmt: skip
@@ -319,6 +301,61 @@ class Run:
     def complete(self, *, summary: str | None = None, evidence: str | None = None) -> Decision:
         return self.submit(events.RunCompleted(summary=summary, evidence=evidence))
 
+    def _known_tasks(self, task_ids: Sequence[str]) -> None:
+        """Refuse, before sending, a task id the last state read does not have."""
+        if self._state is None or not task_ids:
+            return
+        known = {t.id for t in self._state.tasks}
+        unknown = [t for t in task_ids if t not in known]
+        if unknown:
+            raise ContractError(f"run {self.run_id!r} at revision {self._state.revision} has no task "
+                                f"{', '.join(map(repr, unknown))}", field="task_id")  # fmt: skip
+
+
+class Run(_Builders[Decision]):
+    """One run as an agent worker sees it. Not thread-safe: one handle per worker."""
+
+    def __init__(self, backend: Backend, run_id: str, *, timeout_s: float = 10.0) -> None:
+        self.backend = backend
+        self.run_id = run_id
+        self.timeout_s = timeout_s
+        #: the revision this handle last saw (0: not started, or not read yet)
+        self.revision = 0
+        self._state: RunState | None = None
+        self._open_calls: dict[str, ToolCall] = {}
+
+    # -- reading ------------------------------------------------------------------------
+
+    def state(self) -> RunState:
+        """The run's state, at least at the revision this handle last saw."""
+        self._state = self.backend.state(self.run_id, self.revision or None)
+        self.revision = max(self.revision, self._state.revision)
+        return self._state
+
+    def context(self) -> str:
+        """The compact context for the model's prompt (at least at the last seen revision)."""
+        return self.backend.context(self.run_id, self.revision or None)
+
+    def refresh(self) -> int:
+        """Read the run again; returns its current revision."""
+        return self.state().revision
+
+    # -- writing ------------------------------------------------------------------------
+
+    def submit(self, *evs: Model | dict[str, Any], rebase: bool | None = None) -> Decision:
+        """Append ``evs`` as one patch (all or none), based on the last seen revision, and
+        return the accepted decision. ``rebase`` defaults to whether every event commutes.
+
+        Raises :class:`RevisionConflict` (with the current revision and what was accepted
+        since), :class:`PatchRejected` for any other rejection, ``ContractError`` for an
+        event that is not valid before anything is sent."""
+        decision = self.backend.submit(self.run_id, _draft(self.revision, evs, rebase), self.timeout_s)
+        if decision.reason in ("revision_conflict", "superseded"):
+            raise RevisionConflict(decision, _since(decision, self.backend.history(self.run_id)))
+        self.revision = _settled(decision, self.revision)
+        self._state = None
+        return decision
+
     @contextmanager
     def tool_call(self, tool: str, *, side_effect: bool = False, costly: bool = False,
                   relies_on: Sequence[tuple[str, str]] = (), call_id: str | None = None) -> Iterator[ToolCall]:  # fmt: skip
@@ -380,15 +417,167 @@ class Run:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _known_tasks(self, task_ids: Sequence[str]) -> None:
-        """Refuse, before sending, a task id the last state read does not have."""
-        if self._state is None or not task_ids:
-            return
-        known = {t.id for t in self._state.tasks}
-        unknown = [t for t in task_ids if t not in known]
-        if unknown:
-            raise ContractError(f"run {self.run_id!r} at revision {self._state.revision} has no task "
-                                f"{', '.join(map(repr, unknown))}", field="task_id")  # fmt: skip
+
+class AsyncBackend(Protocol):
+    async def submit(self, run_id: str, draft: dict[str, Any], timeout_s: float) -> Decision: ...
+    async def state(self, run_id: str, min_revision: int | None) -> RunState: ...
+    async def context(self, run_id: str, min_revision: int | None) -> str: ...
+    async def history(self, run_id: str) -> list[Decision]: ...
+    async def close(self) -> None: ...
+
+
+class _AsyncLocal:
+    """The local backend for asyncio callers: the embedded log's calls block, so each runs
+    in a worker thread (``asyncio.to_thread``)."""
+
+    def __init__(self, local: _Local) -> None:
+        self.local = local
+
+    async def submit(self, run_id: str, draft: dict[str, Any], timeout_s: float) -> Decision:
+        return await asyncio.to_thread(self.local.submit, run_id, draft, timeout_s)
+
+    async def state(self, run_id: str, min_revision: int | None) -> RunState:
+        return await asyncio.to_thread(self.local.state, run_id, min_revision)
+
+    async def context(self, run_id: str, min_revision: int | None) -> str:
+        return await asyncio.to_thread(self.local.context, run_id, min_revision)
+
+    async def history(self, run_id: str) -> list[Decision]:
+        return await asyncio.to_thread(self.local.history, run_id)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.local.close)
+
+
+class _AsyncRemote:
+    """A ``runstate serve`` through ``runstate.client.AsyncClient``."""
+
+    def __init__(self, url: str, token: str | None, author: Author) -> None:
+        from runstate.client import AsyncClient
+
+        self.client = AsyncClient(url, token)
+        self.author = author
+
+    async def submit(self, run_id: str, draft: dict[str, Any], timeout_s: float) -> Decision:
+        return await self.client.submit(run_id, {**draft, "author": self.author.model_dump()}, timeout_s=timeout_s)
+
+    async def state(self, run_id: str, min_revision: int | None) -> RunState:
+        return await self.client.state(run_id, min_revision=min_revision)
+
+    async def context(self, run_id: str, min_revision: int | None) -> str:
+        return await self.client.context(run_id, min_revision=min_revision)
+
+    async def history(self, run_id: str) -> list[Decision]:
+        return await self.client.history(run_id)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class AsyncRun(_Builders[Awaitable[Decision]]):
+    """:class:`Run` for asyncio: the same methods, awaited (``await run.fact(...)``), and
+    ``async with`` scopes for tool calls and effects."""
+
+    def __init__(self, backend: AsyncBackend, run_id: str, *, timeout_s: float = 10.0) -> None:
+        self.backend = backend
+        self.run_id = run_id
+        self.timeout_s = timeout_s
+        self.revision = 0
+        self._state: RunState | None = None
+        self._open_calls: dict[str, ToolCall] = {}
+
+    async def state(self) -> RunState:
+        self._state = await self.backend.state(self.run_id, self.revision or None)
+        self.revision = max(self.revision, self._state.revision)
+        return self._state
+
+    async def context(self) -> str:
+        return await self.backend.context(self.run_id, self.revision or None)
+
+    async def refresh(self) -> int:
+        return (await self.state()).revision
+
+    async def submit(self, *evs: Model | dict[str, Any], rebase: bool | None = None) -> Decision:  # type: ignore[override]
+        """As :meth:`Run.submit`."""
+        decision = await self.backend.submit(self.run_id, _draft(self.revision, evs, rebase), self.timeout_s)
+        if decision.reason in ("revision_conflict", "superseded"):
+            raise RevisionConflict(decision, _since(decision, await self.backend.history(self.run_id)))
+        self.revision = _settled(decision, self.revision)
+        self._state = None
+        return decision
+
+    @asynccontextmanager
+    async def tool_call(self, tool: str, *, side_effect: bool = False, costly: bool = False,
+                        relies_on: Sequence[tuple[str, str]] = (), call_id: str | None = None) -> AsyncIterator[ToolCall]:  # fmt: skip
+        """As :meth:`Run.tool_call`."""
+        call = ToolCall(call_id or f"call_{uuid.uuid4().hex[:12]}", tool)
+        await self.submit(events.ToolCallStarted(call_id=call.call_id, tool=tool, side_effect=side_effect, costly=costly,
+                                                 relies_on=[events.ObservedVersion(subject=s, observed_version=v)
+                                                            for s, v in relies_on]))  # fmt: skip
+        self._open_calls[call.call_id] = call
+        try:
+            yield call
+        except BaseException as e:
+            if self._open_calls.pop(call.call_id, None) is None:
+                raise
+            await self.submit(events.ToolFailed(call_id=call.call_id, error=f"{type(e).__name__}: {e}"[:2000],
+                                                result_ref=call.ref))  # fmt: skip
+            raise
+        self._open_calls.pop(call.call_id, None)
+        done: list[Model] = [] if call.artifact is None else [events.ArtifactRecorded(artifact=call.artifact)]
+        await self.submit(*done, events.ToolSucceeded(call_id=call.call_id, result_ref=call.ref), rebase=False)
+
+    @asynccontextmanager
+    async def effect(self, kind: str, target: str, idempotency_key: str, *, effect_id: str | None = None,
+                     call_id: str | None = None) -> AsyncIterator[str]:  # fmt: skip
+        """As :meth:`Run.effect`."""
+        eid = effect_id or f"effect_{uuid.uuid4().hex[:12]}"
+
+        def spec(status: str, evidence: str | None = None) -> events.EffectRecorded:
+            return events.EffectRecorded(effect=events.EffectSpec(
+                id=eid, status=status, kind=kind, target=target, idempotency_key=idempotency_key, call_id=call_id,
+                evidence=evidence))  # type: ignore[arg-type]
+
+        await self.submit(spec("started"))
+        try:
+            yield eid
+        except BaseException as e:
+            await self.submit(spec("failed", evidence=f"{type(e).__name__}: {e}"[:2000]))
+            raise
+        await self.submit(spec("committed"))
+
+    async def aclose(self) -> None:
+        """As :meth:`Run.close`."""
+        try:
+            for call in list(self._open_calls.values()):
+                await self.submit(events.ToolFailed(call_id=call.call_id, error="the run handle closed with the call open"))
+            self._open_calls.clear()
+        finally:
+            await self.backend.close()
+
+    async def __aenter__(self) -> AsyncRun:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def open_async_run(where: str | Path, run_id: str, *, agent_id: str, agent_version: str,
+                         token: str | None = None, project: bool = True, timeout_s: float = 10.0) -> AsyncRun:  # fmt: skip
+    """:func:`open_run` for asyncio: an :class:`AsyncRun` (``async with await open_async_run(...)``)."""
+    author = Author(agent_id=agent_id, agent_version=agent_version)
+    text = str(where)
+    backend: AsyncBackend
+    if text.startswith(("http://", "https://")):
+        backend = _AsyncRemote(text, token, author)
+    else:
+        backend = _AsyncLocal(await asyncio.to_thread(_Local, Path(text), author, project))
+    run = AsyncRun(backend, run_id, timeout_s=timeout_s)
+    try:
+        await run.refresh()
+    except RunstateError:
+        pass  # not started yet
+    return run
 
 
 def open_run(where: str | Path, run_id: str, *, agent_id: str, agent_version: str, token: str | None = None,

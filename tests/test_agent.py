@@ -138,3 +138,40 @@ def test_the_same_handle_works_against_a_real_serve(tmp_path: Path) -> None:
             assert run.state().revision == run.revision == 4
     finally:
         assert serve.stop() == 0, serve.log()
+
+
+def test_the_async_twin_does_the_same_on_the_local_log_and_on_a_serve(tmp_path: Path) -> None:
+    import asyncio
+
+    from runstate.agent import open_async_run
+    from runstate.service.auth import add_token
+
+    async def work(where: str, token: str | None = None) -> None:
+        async with await open_async_run(where, "ar1", agent_id="async-agent", agent_version="1", token=token) as run:
+            await run.start("async work")
+            await run.task("t1", "look")
+            await run.start_task("t1")
+            async with run.tool_call("search") as call:
+                call.result("artifact://search/2", kind="search_result")
+            await run.fact("f1", "found", evidence="artifact://search/2")
+            await run.complete_task("t1", evidence="artifact://search/2")
+            with pytest.raises(RuntimeError):
+                async with run.effect("email", "user@example", "idem-1"):
+                    raise RuntimeError("smtp down")
+            state = await run.state()
+            assert (state.revision, state.tasks[0].status) == (run.revision, "completed")
+            assert [e.status for e in state.effect_ledger] == ["failed"]
+            assert "[f1] found" in await run.context()
+            with pytest.raises(PatchRejected):
+                await run.fact("f2", "no evidence")
+
+    asyncio.run(work(str(tmp_path / "local")))
+    tokens = str(tmp_path / "tokens.json")
+    token = add_token(tokens, "async-agent")
+    serve = ServeProcess({"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+                          "RUNSTATE_TOKENS_FILE": tokens}, tmp_path)  # fmt: skip
+    try:
+        serve.wait_ready()
+        asyncio.run(work(serve.url, token))
+    finally:
+        assert serve.stop() == 0, serve.log()
