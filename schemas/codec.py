@@ -43,6 +43,7 @@ from pydantic import BaseModel
 
 from runstate.schemas import avrofast, structs
 from runstate.schemas.errors import ContractError, DecodeError, describe_validation_error
+from runstate.schemas.generated.structs import Patch as PatchStruct
 from runstate.schemas.patch import Decision, Patch
 
 AVRO_DIR = Path(__file__).parent / "avro"
@@ -434,27 +435,25 @@ _convert = msgspec.convert
 #: What the projector's core reads a patch into: the struct generated from :class:`Patch`
 #: (schemas/structs.py), with the model's fields and their structs. The type checker is
 #: told it is the model, as for the working header.
-PatchStruct: type[Patch] = structs.struct_of(Patch)  # type: ignore[assignment]
 _finer_than_micros = structs.FINER_THAN_MICROS.search
 
 
-def read_patch(data: bytes) -> Patch:
+def read_patch(data: bytes) -> PatchStruct:
     """:func:`decode` for the projector's core: the same patch, accepted and refused as
-    :func:`decode` accepts and refuses it, as the struct of :class:`Patch` when msgspec
-    validates it (about twice as fast as pydantic), else as the model.
-    The core reads a patch by its fields, so it takes either form.
-
-    Only where msgspec refuses a patch, or might read it differently (a time finer than a
-    microsecond, anywhere in the record), does the model decide: pydantic takes a few
-    forms msgspec does not (a time without a ``T``, say); ``tests/test_structs.py`` holds
-    the two equal on any record. Raises :class:`DecodeError` as :func:`decode` does."""
+    :func:`decode` accepts and refuses it, always as the struct of :class:`Patch` (the
+    core's one form). msgspec validates it (about twice as fast as pydantic); only where
+    msgspec refuses a patch, or might read it differently (a time finer than a
+    microsecond, anywhere in the record), does the model decide, and its values become the
+    struct: pydantic takes a few forms msgspec does not (a time without a ``T``, say);
+    ``tests/test_structs.py`` holds the two equal on any record. Raises
+    :class:`DecodeError` as :func:`decode` does."""
     datum = decode_raw(data)
     if _finer_than_micros(data) is None:
         try:
-            return _convert(datum, PatchStruct)  # type: ignore[no-any-return]
+            return _convert(datum, PatchStruct)
         except msgspec.ValidationError:
             pass
-    return _validated(datum)
+    return structs.from_model(_validated(datum))  # type: ignore[no-any-return]
 
 
 def _publish() -> None:

@@ -39,6 +39,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from functools import cache
+from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 import annotated_types as at
@@ -166,8 +167,17 @@ def _tagged_union(union: Any, tag: Any, metadata: list[Any]) -> Any:
     return Union[tuple(_tagged_struct_of(m, tag) for m in members)]  # noqa: UP007 (built from a tuple)
 
 
-@cache
 def _tagged_struct_of(model: type[BaseModel], tag: str) -> type[msgspec.Struct]:
+    if _REFERENCE:
+        return _reference_tagged(model, tag)
+    cls = _generated(model, tag)
+    if cls.__struct_config__.tag_field != tag:
+        raise TypeError(f"the generated {model.__name__} is not tagged by {tag!r}: regenerate (see GENERATED)")
+    return cls
+
+
+@cache
+def _reference_tagged(model: type[BaseModel], tag: str) -> type[msgspec.Struct]:
     info = model.model_fields.get(tag)
     values = typing.get_args(info.annotation) if info is not None and typing.get_origin(info.annotation) is Literal else ()
     if len(values) != 1 or not isinstance(values[0], str) or info is None or info.metadata:
@@ -175,17 +185,56 @@ def _tagged_struct_of(model: type[BaseModel], tag: str) -> type[msgspec.Struct]:
     return _define(model, tag_field=tag, tag=values[0], namespace={tag: values[0]})
 
 
-@cache
 def struct_of(model: type[BaseModel]) -> type[msgspec.Struct]:
-    """The msgspec struct of a pydantic model (cached: one class per model). Raises
-    TypeError for what it cannot carry over exactly (see the module docstring)."""
+    """The msgspec struct of a pydantic model: the class generated for it in
+    :mod:`runstate.schemas.generated.structs` (one class per model). Raises TypeError for a
+    model that has none there (regenerate: see :data:`GENERATED`)."""
+    if _REFERENCE:
+        return _reference_struct_of(model)
+    return _generated(model)
+
+
+@cache
+def _reference_struct_of(model: type[BaseModel]) -> type[msgspec.Struct]:
+    """The struct derived from the model now (what the generated module must hold)."""
     cls = _define(model)
+    _MODEL_OF[cls] = model
+    return cls
+
+
+def _generated(model: type[BaseModel], tag: str | None = None) -> type[msgspec.Struct]:
+    """The generated class of a contract model; a model defined elsewhere (a test's, a
+    caller's) is derived now, as the generator would."""
+    if not model.__module__.startswith("runstate.schemas."):
+        return _reference_struct_of(model) if tag is None else _reference_tagged(model, tag)
+    from runstate.schemas.generated import structs as generated
+
+    cls = getattr(generated, model.__name__, None)
+    if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
+        # Not generated yet (a new model, or the module being written for the first time):
+        # derived now, as the generator would; tests/test_structs.py fails until it is written.
+        return _reference_struct_of(model) if tag is None else _reference_tagged(model, tag)
     _MODEL_OF[cls] = model
     return cls
 
 
 #: struct class -> the model it was made from (by :func:`struct_of`)
 _MODEL_OF: dict[type[msgspec.Struct], type[BaseModel]] = {}
+
+
+def model_of(cls: type[msgspec.Struct]) -> type[BaseModel]:
+    """The model a struct class is of: a generated class names it (``__contract__``).
+    Raises KeyError for a struct that is no model's."""
+    model = _MODEL_OF.get(cls)
+    if model is None:
+        import importlib
+
+        path = getattr(cls, "__contract__", None)
+        if path is None:
+            raise KeyError(cls)
+        module, _, name = path.rpartition(".")
+        model = _MODEL_OF[cls] = getattr(importlib.import_module(module), name)
+    return model
 
 
 def to_model(value: msgspec.Struct, memo: dict[int, Any] | None = None) -> Any:
@@ -216,7 +265,7 @@ def _model_maker(cls: type[msgspec.Struct]) -> Callable[[Any, dict[int, Any]], A
     a loop over the fields: a replay's ``to_state`` makes a model of every item). Its
     instance is made as pydantic's own ``model_construct`` makes one, through BaseModel's
     slots, without the generic path."""
-    model = _MODEL_OF[cls]
+    model = model_of(cls)
     nested = {n for n, info in model.model_fields.items()
               if any(isinstance(t, type) and issubclass(t, BaseModel) for t in _types_in(info.annotation))}  # fmt: skip
     fields = ", ".join(f"{n!r}: _to_model(v.{n}, memo)" if n in nested else f"{n!r}: v.{n}" for n in cls.__struct_fields__)
@@ -308,7 +357,7 @@ def _define(model: type[BaseModel], **tagged: Any) -> type[msgspec.Struct]:
         else:
             fields.append((name, tp, _default(info.default)))
     extra = model.model_config.get("extra")
-    return msgspec.defstruct(
+    cls = msgspec.defstruct(
         model.__name__,
         fields,
         kw_only=True,
@@ -321,6 +370,8 @@ def _define(model: type[BaseModel], **tagged: Any) -> type[msgspec.Struct]:
         gc=False,
         **tagged,
     )
+    _MADE.append((cls, model))
+    return cls
 
 
 def from_model(value: BaseModel) -> Any:
@@ -441,7 +492,7 @@ def json_writer(model: type[BaseModel] | type[msgspec.Struct]) -> Callable[[Any]
     over) and may hold no float. Otherwise pydantic's own serializer. ``model`` may also be a struct made by :func:`struct_of`: its instances are
     written as the equal model's (through the model where that may hold a float)."""
     if issubclass(model, msgspec.Struct):
-        pydantic_model = _MODEL_OF[model]
+        pydantic_model = model_of(model)
         try:
             encoder(pydantic_model)
         except TypeError:
@@ -454,3 +505,129 @@ def json_writer(model: type[BaseModel] | type[msgspec.Struct]) -> Callable[[Any]
     except TypeError:
         return model.__pydantic_serializer__.to_json  # type: ignore[no-any-return]
     return _model_encoder.encode
+
+
+# --- the generated module ----------------------------------------------------------------------
+
+#: The models whose structs the core uses (their nested models come with them).
+ROOTS: tuple[str, ...] = ("RunHeader", "RunState", "Decision", "Patch", "Transition", "Waiting", "Budgets",
+                          "PriorValue", "Provenance", "Writer")  # fmt: skip
+#: Where the generated structs live, and how to write them again after a model changed.
+GENERATED = "schemas/generated/structs.py (python -m runstate.schemas.structs --write)"
+#: While the generator derives the reference structs from the models (not the generated ones).
+_REFERENCE = False
+#: The reference structs in the order they were made (a nested struct before its holder).
+_MADE: list[tuple[type[msgspec.Struct], type[BaseModel]]] = []
+
+
+def _roots() -> list[type[BaseModel]]:
+    from runstate.schemas import patch, state
+
+    return [getattr(state, n, None) or getattr(patch, n) for n in ROOTS] + list(state.COLLECTIONS.values())
+
+
+def _src(tp: Any) -> str:
+    """A struct field's type as source."""
+    if tp is type(None):
+        return "None"
+    if tp in _SCALARS:
+        return str(tp.__name__)
+    if tp is _dt.datetime:
+        return "datetime"
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return tp.__name__
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:
+        return f"Annotated[{_src(args[0])}, {', '.join(repr(m) for m in args[1:])}]"
+    if origin is Union or origin is types.UnionType:
+        return " | ".join(_src(a) for a in args)
+    if origin is Literal:
+        return f"Literal[{', '.join(repr(a) for a in args)}]"
+    if origin is list:
+        return f"list[{_src(args[0])}]"
+    if origin is dict:
+        return f"dict[{_src(args[0])}, {_src(args[1])}]"
+    raise TypeError(f"cannot write the type {tp!r} as source")
+
+
+def _field_src(f: Any) -> str:
+    line = f"    {f.name}: {_src(f.type)}"
+    if f.default is not msgspec.NODEFAULT:
+        return f"{line} = {f.default!r}"
+    if f.default_factory is msgspec.NODEFAULT:
+        return line
+    if f.default_factory in (list, dict):
+        return f"{line} = msgspec.field(default_factory={f.default_factory.__name__})"
+    made = f.default_factory()
+    if made != type(made)():
+        raise TypeError(f"cannot write the default of {f.name}: {made!r} is not its class's default")
+    return f"{line} = msgspec.field(default_factory={type(made).__name__})"
+
+
+def _class_src(cls: type[msgspec.Struct], model: type[BaseModel]) -> str:
+    cfg = cls.__struct_config__
+    opts = f"kw_only=True, frozen={cfg.frozen}, forbid_unknown_fields={cfg.forbid_unknown_fields}, gc={cfg.gc}"
+    lines = [f"    __contract__: ClassVar[str] = {model.__module__ + '.' + model.__name__!r}"]
+    if cfg.tag_field is not None:
+        opts += f", tag_field={cfg.tag_field!r}, tag={cfg.tag!r}"
+        lines.append(f"    {cfg.tag_field}: ClassVar[Literal[{cfg.tag!r}]] = {cfg.tag!r}")
+    lines += [_field_src(f) for f in msgspec.structs.fields(cls)]
+    doc = f'    """The struct of :class:`{model.__module__}.{model.__name__}` (``__contract__``)."""'
+    return f"class {cls.__name__}(msgspec.Struct, {opts}):\n{doc}\n\n" + "\n".join(lines) + "\n"
+
+
+def _reachable(roots: list[type[msgspec.Struct]]) -> list[type[msgspec.Struct]]:
+    """Every struct class the roots hold, at any depth, each after those it holds."""
+    out: dict[type[msgspec.Struct], None] = {}
+
+    def visit(tp: Any) -> None:
+        if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+            if tp in out:
+                return
+            for f in msgspec.structs.fields(tp):
+                visit(f.type)
+            out[tp] = None
+            return
+        for arg in typing.get_args(tp):
+            visit(arg)
+
+    for root in roots:
+        visit(root)
+    return list(out)
+
+
+def render() -> str:
+    """The source of the generated module: the structs derived from the models now."""
+    global _REFERENCE
+    was, _REFERENCE = _REFERENCE, True
+    try:
+        roots = [_reference_struct_of(model) for model in _roots()]
+        made = dict(_MADE)
+        classes = [(cls, made[cls]) for cls in _reachable(roots)]
+    finally:
+        _REFERENCE = was
+    names = [c.__name__ for c, _ in classes]
+    if len(names) != len(set(names)):
+        raise TypeError(f"two models give structs of one name: {sorted({n for n in names if names.count(n) > 1})}")
+    head = (
+        "# GENERATED from the contract's pydantic models by `python -m runstate.schemas.structs --write`:\n"
+        "# do not edit. tests/test_structs.py fails while this file differs from what the models generate.\n"
+        '"""msgspec structs of the contract\'s models: the projector\'s internal form (see\n'
+        ':mod:`runstate.schemas.structs`, which derives them and converts to and from the models)."""\n\n'
+        "from __future__ import annotations\n\n"
+        "from datetime import datetime\n"
+        "from typing import Annotated, ClassVar, Literal\n\n"
+        "import msgspec\n\n\n"
+    )
+    return head + "\n\n".join(_class_src(c, m) for c, m in classes)
+
+
+if __name__ == "__main__":  # pragma: no cover - maintenance entry point
+    import sys
+
+    target = Path(__file__).parent / "generated" / "structs.py"
+    if sys.argv[1:] == ["--write"]:
+        target.write_text(render())
+        print(f"wrote {target}")
+    else:
+        print(render())

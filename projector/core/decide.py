@@ -32,13 +32,10 @@ from runstate.schemas import events as ev
 from runstate.schemas import structs
 from runstate.schemas.patch import Decision, Patch, RejectReason
 
-# The core's decisions are the msgspec struct of Decision (schemas/structs.py): one per
-# patch, written to the store as the model's JSON; the model is made where decisions leave
-# the core for callers (structs.to_model). The type checker is told it is the model.
-if TYPE_CHECKING:
-    DecisionStruct = Decision
-else:
-    DecisionStruct = structs.struct_of(Decision)
+# The core's decisions are the msgspec struct of Decision (schemas/generated/structs.py): one
+# per patch, written to the store as the model's JSON; the model is made where decisions leave
+# the core for callers (structs.to_model).
+from runstate.schemas.generated.structs import Decision as DecisionStruct  # noqa: E402
 
 #: Events that commute with any concurrent patch (fresh ids are still checked).
 COMMUTING: frozenset[str] = frozenset(

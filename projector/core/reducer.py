@@ -26,30 +26,14 @@ from runstate.projector.core.working import (
 from runstate.schemas import events as ev
 from runstate.schemas import state, structs
 
-# Items are built and read in their working form (projector/core/working.py): the struct of
-# each item's model, and so are the values in them. A struct's constructor validates nothing:
-# every value is the validated patch's or the core's own (tests/test_properties.py holds
-# each item equal to its validated round trip). The type checker is told they are the
-# models: what the reducer reads and builds type-checks against the contract.
-if TYPE_CHECKING:
-    from runstate.schemas.state import (
-        Artifact, Constraint, Effect, Fact, Hypothesis, Input, Observation, PriorValue, Provenance, Question, Task,
-        ToolCall, Writer,
-    )  # fmt: skip
-else:
-    Artifact = structs.struct_of(state.Artifact)
-    Constraint = structs.struct_of(state.Constraint)
-    Effect = structs.struct_of(state.Effect)
-    Fact = structs.struct_of(state.Fact)
-    Hypothesis = structs.struct_of(state.Hypothesis)
-    Input = structs.struct_of(state.Input)
-    Observation = structs.struct_of(state.Observation)
-    PriorValue = structs.struct_of(state.PriorValue)
-    Provenance = structs.struct_of(state.Provenance)
-    Question = structs.struct_of(state.Question)
-    Task = structs.struct_of(state.Task)
-    ToolCall = structs.struct_of(state.ToolCall)
-    Writer = structs.struct_of(state.Writer)
+# Items are built and read in their working form: the msgspec structs generated from the
+# state's models (schemas/generated/structs.py), which the type checker sees as they are. A
+# struct's constructor validates nothing: every value is the validated patch's or the core's
+# own (tests/test_properties.py holds each item equal to its validated round trip).
+from runstate.schemas.generated.structs import (  # noqa: E402
+    Artifact, Constraint, Effect, Fact, Hypothesis, Input, Observation, PriorValue, Provenance, Question, Task,
+    ToolCall, Writer,
+)  # fmt: skip
 
 _REFERENCE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$")
 

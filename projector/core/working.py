@@ -43,20 +43,13 @@ from runstate.schemas.structs import updated
 from runstate.schemas.events import GoalSpec, Model
 from runstate.schemas.state import COLLECTIONS, ITEM_KEY, Budgets, Goal, RunHeader, RunState, Transition, Waiting
 
-# The working header is the msgspec struct generated from RunHeader (schemas/structs.py), and
-# so are the values in it. The struct has the model's fields and types, field for field, so
-# the type checker is told it is the model: what the reducer reads and builds type-checks
-# against the contract.
-if TYPE_CHECKING:
-    Header = RunHeader
-    HeaderTransition = Transition
-    HeaderWaiting = Waiting
-    HeaderBudgets = Budgets
-else:
-    Header = structs.struct_of(RunHeader)
-    HeaderTransition = structs.struct_of(Transition)
-    HeaderWaiting = structs.struct_of(Waiting)
-    HeaderBudgets = structs.struct_of(Budgets)
+# The working header is the msgspec struct generated from RunHeader
+# (schemas/generated/structs.py), and so are the values in it; the type checker sees them as
+# they are.
+from runstate.schemas.generated.structs import Budgets as HeaderBudgets  # noqa: E402
+from runstate.schemas.generated.structs import RunHeader as Header  # noqa: E402
+from runstate.schemas.generated.structs import Transition as HeaderTransition  # noqa: E402
+from runstate.schemas.generated.structs import Waiting as HeaderWaiting  # noqa: E402
 
 Key = tuple[str, str]  # (collection, item id)
 #: Header fields the public document does not have (working bookkeeping, derived from it).
