@@ -305,30 +305,16 @@ def _to_model(v: Any, memo: dict[int, Any]) -> Any:
     return got
 
 
-M = TypeVar("M", bound=BaseModel)
+S = TypeVar("S", bound=msgspec.Struct)
 
 
-def updated(model: M, changes: Mapping[str, Any]) -> M:
-    """``model.model_copy(update=changes)``, the same result (fields, fields set, extra and
-    private attributes copied, nothing validated) without pydantic's generic ``__copy__``
-    path: the header is copied once per patch, and ``model_copy`` was a tenth of the
-    projector's profile. A header struct (or a struct in it) is copied by
-    ``msgspec.structs.replace``, nothing validated either."""
-    if isinstance(model, msgspec.Struct):
-        return msgspec.structs.replace(model, **changes)  # type: ignore[unreachable]
-    new = _new(type(model))
-    d = dict(model.__dict__)
-    d.update(changes)
-    _setattr(new, "__dict__", d)
-    _set_fields_set(new, model.__pydantic_fields_set__ | changes.keys())
-    extra = model.__pydantic_extra__
-    _set_extra(new, None if extra is None else dict(extra))
-    private = model.__pydantic_private__
-    _set_private(new, None if private is None else dict(private))
-    return new
+def updated(struct: S, changes: Mapping[str, Any]) -> S:
+    """A copy of a struct with ``changes`` (``msgspec.structs.replace``): nothing validated,
+    as the core's values are validated where they come in."""
+    return msgspec.structs.replace(struct, **changes)
 
 
-# What ``to_model``'s makers and ``updated`` set on a new instance: BaseModel's slots,
+# What ``to_model``'s makers set on a new instance: BaseModel's slots,
 # through their descriptors (object.__setattr__ would look each name up first). Contract
 # models define no __new__ of their own.
 _new = object.__new__
@@ -374,7 +360,7 @@ def _define(model: type[BaseModel], **tagged: Any) -> type[msgspec.Struct]:
     return cls
 
 
-def from_model(value: BaseModel) -> Any:
+def from_model(value: BaseModel | msgspec.Struct) -> Any:
     """The struct equal to a validated model (its values are trusted: not validated again).
     A struct is returned as it is: a patch read by :func:`runstate.schemas.codec.read_patch`
     holds the structs of its models already."""

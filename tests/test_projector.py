@@ -425,18 +425,21 @@ print("turned off by the process, after a batch:", gc.isenabled())
 
 
 def test_updated_is_model_copy_with_update() -> None:
-    """The projector's fast copy gives what pydantic's model_copy(update=...) gives."""
-    from runstate.projector.core.working import updated
+    """The core's copy of a struct with changes gives what pydantic's model_copy(update=...)
+    gives the model, value for value; the core copies only structs (no model's private
+    attributes are written)."""
+    from runstate.schemas import structs
     from runstate.schemas.state import Budgets, RunHeader
 
     b = Budgets(tokens_used=3, tokens_remaining=7)
     for changes in ({}, {"tokens_used": 4}, {"tokens_used": 5, "tokens_remaining": None}):
-        fast, slow = updated(b, changes), b.model_copy(update=changes)
-        assert fast == slow and fast.model_fields_set == slow.model_fields_set and type(fast) is type(slow)
-        assert fast.model_dump_json() == slow.model_dump_json()
+        fast, slow = structs.updated(structs.from_model(b), changes), b.model_copy(update=changes)
+        assert structs.to_model(fast) == slow and structs.to_model(fast).model_dump_json() == slow.model_dump_json()
     h = RunHeader.model_validate({"run_id": "r", "revision": 2, "goal": {"statement": "g"}, "agent_version": "v1"})
-    fast, slow = updated(h, {"revision": 3}), h.model_copy(update={"revision": 3})
-    assert fast == slow and fast.model_dump_json() == slow.model_dump_json() and h.revision == 2
+    fast = structs.updated(structs.from_model(h), {"revision": 3})
+    assert structs.to_model(fast) == h.model_copy(update={"revision": 3}) and h.revision == 2
+    with pytest.raises(TypeError):
+        structs.updated(h, {"revision": 3})  # type: ignore[type-var]
 
 
 def test_a_drafts_item_counts_follow_every_put_and_delete() -> None:

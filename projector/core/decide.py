@@ -25,17 +25,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runstate.projector.core.working import Changes, Draft, RunDoc
+from runstate.projector.core.working import Changes, Draft, Item, RunDoc
 from runstate.projector.core.outcomes import Decided
 from runstate.projector.core.reducer import Ctx, RuleViolation, apply_event
 from runstate.schemas import events as ev
 from runstate.schemas import structs
-from runstate.schemas.patch import Decision, Patch, RejectReason
+from runstate.schemas.patch import RejectReason
 
 # The core's decisions are the msgspec struct of Decision (schemas/generated/structs.py): one
 # per patch, written to the store as the model's JSON; the model is made where decisions leave
 # the core for callers (structs.to_model).
 from runstate.schemas.generated.structs import Decision as DecisionStruct  # noqa: E402
+from runstate.schemas.generated.structs import FactConfirmed  # noqa: E402
+from runstate.schemas.generated.structs import Patch as PatchStruct  # noqa: E402
 
 #: Events that commute with any concurrent patch (fresh ids are still checked).
 COMMUTING: frozenset[str] = frozenset(
@@ -43,16 +45,16 @@ COMMUTING: frozenset[str] = frozenset(
 )
 
 
-def commutes(event: ev.Model) -> bool:
+def commutes(event: Item) -> bool:
     """True when ``event`` can be re-applied on a newer revision than it was based on."""
-    if event.type == "FactConfirmed":  # type: ignore[attr-defined]
-        return event.replaces_hypothesis_id is None  # type: ignore[attr-defined, no-any-return]
-    return event.type in COMMUTING  # type: ignore[attr-defined]
+    if isinstance(event, FactConfirmed):
+        return event.replaces_hypothesis_id is None
+    return getattr(event, "type") in COMMUTING
 
 
-def _decision(patch: Patch, partition: int, offset: int, revision: int, *, reason: RejectReason | None = None,
+def _decision(patch: PatchStruct, partition: int, offset: int, revision: int, *, reason: RejectReason | None = None,
               rule: str | None = None, message: str | None = None, event_index: int | None = None,
-              rebased: bool = False, digest: str | None = None) -> Decision:
+              rebased: bool = False, digest: str | None = None) -> DecisionStruct:
     # Every field, from the validated patch and the core's own values: not validated again
     # (tests hold each decision equal to its validated round trip, with every field set).
     return DecisionStruct(
@@ -64,7 +66,7 @@ def _decision(patch: Patch, partition: int, offset: int, revision: int, *, reaso
     )  # fmt: skip
 
 
-def decide(doc: RunDoc | None, patch: Patch, partition: int, offset: int, digest: str | None = None) -> Decided:
+def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, digest: str | None = None) -> Decided:
     """Decide ``patch`` against the run's current working state ``doc`` (None: no state).
 
     Deterministic (no clock, randomness or I/O: the same ``doc`` and ``patch`` give the

@@ -1,6 +1,7 @@
 """What the core hands out: the outcome of deciding one patch (:class:`Decided`), of folding
 one log record (:class:`Applied`), and a record that could not be decided
-(:class:`DeadLetter`). The driver, the store and the read side all import them from here."""
+(:class:`DeadLetter`). The driver, the store and the read side all import them from here.
+Patches and decisions are in the core's one form, the generated structs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from runstate.projector.core.working import Changes, RunDoc
-from runstate.schemas.patch import Decision, Patch
+from runstate.schemas.generated.structs import Decision, Patch
 
 
 class Decided(NamedTuple):

@@ -15,15 +15,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from runstate.projector.core.working import (
-    Draft,
-    Header,
-    HeaderBudgets,
-    HeaderTransition,
-    HeaderWaiting,
-    updated,
-)
+from runstate.projector.core.working import Draft, Item
+from runstate.schemas.generated.structs import Budgets as HeaderBudgets
+from runstate.schemas.generated.structs import RunHeader as Header
+from runstate.schemas.generated.structs import Transition as HeaderTransition
+from runstate.schemas.generated.structs import Waiting as HeaderWaiting
+from runstate.schemas.structs import updated
 from runstate.schemas import events as ev
+from runstate.schemas.generated import structs as gen
 from runstate.schemas import state, structs
 
 # Items are built and read in their working form: the msgspec structs generated from the
@@ -107,7 +106,7 @@ def reducer(event_type: type[E], reads: Callable[[E], tuple[str, str]] | None = 
     return register
 
 
-def apply_event(draft: Draft, event: ev.Model, ctx: Ctx) -> None:
+def apply_event(draft: Draft, event: Item, ctx: Ctx) -> None:
     """Check and apply one event to ``draft``. Raises :class:`RuleViolation`."""
     REDUCERS[event.type](draft, event, ctx)  # type: ignore[attr-defined]
 
@@ -130,8 +129,8 @@ def _reference(value: str | None, rule: str, what: str) -> None:
 # --- run lifecycle, goal, constraints, phase --------------------------------------------
 
 
-@reducer(ev.RunStarted)
-def _run_started(d: Draft, e: ev.RunStarted, ctx: Ctx) -> None:
+@reducer(gen.RunStarted)
+def _run_started(d: Draft, e: gen.RunStarted, ctx: Ctx) -> None:
     _require(not d.started, "run.already_started", "the run was already started")
     _require(bool(e.goal.statement.strip()), "goal.statement_required", "a goal needs a statement")
     d.header = Header(
@@ -147,14 +146,14 @@ def _run_started(d: Draft, e: ev.RunStarted, ctx: Ctx) -> None:
     )
 
 
-def _in_scope(path: str, scope: ev.Scope) -> bool:
+def _in_scope(path: str, scope: gen.Scope) -> bool:
     if any(path.startswith(x) for x in scope.exclude):
         return False
     return not scope.include or any(path.startswith(i) for i in scope.include)
 
 
-@reducer(ev.GoalChanged)
-def _goal_changed(d: Draft, e: ev.GoalChanged, ctx: Ctx) -> None:
+@reducer(gen.GoalChanged)
+def _goal_changed(d: Draft, e: gen.GoalChanged, ctx: Ctx) -> None:
     _require(bool(e.goal.statement.strip()), "goal.statement_required", "a goal needs a statement")
     _set(d, goal=structs.from_model(e.goal))
     cancelled: set[str] = set()
@@ -179,8 +178,8 @@ def _goal_changed(d: Draft, e: ev.GoalChanged, ctx: Ctx) -> None:
         cancelled = newly
 
 
-@reducer(ev.ConstraintSet, reads=lambda e: ("constraints", e.constraint.key))
-def _constraint_set(d: Draft, e: ev.ConstraintSet, ctx: Ctx) -> None:
+@reducer(gen.ConstraintSet, reads=lambda e: ("constraints", e.constraint.key))
+def _constraint_set(d: Draft, e: gen.ConstraintSet, ctx: Ctx) -> None:
     c = e.constraint
     prior = d.get("constraints", c.key)
     supersedes = None
@@ -194,13 +193,13 @@ def _constraint_set(d: Draft, e: ev.ConstraintSet, ctx: Ctx) -> None:
     ))  # fmt: skip
 
 
-@reducer(ev.PhaseChanged)
-def _phase_changed(d: Draft, e: ev.PhaseChanged, ctx: Ctx) -> None:
+@reducer(gen.PhaseChanged)
+def _phase_changed(d: Draft, e: gen.PhaseChanged, ctx: Ctx) -> None:
     _set(d, phase=e.phase)
 
 
-@reducer(ev.RunCompleted)
-def _run_completed(d: Draft, e: ev.RunCompleted, ctx: Ctx) -> None:
+@reducer(gen.RunCompleted)
+def _run_completed(d: Draft, e: gen.RunCompleted, ctx: Ctx) -> None:
     _reference(e.evidence, "run.evidence_reference", "evidence")
     running = d.hget("running_task_ids")
     _require(not running, "run.tasks_running",
@@ -212,15 +211,15 @@ def _run_completed(d: Draft, e: ev.RunCompleted, ctx: Ctx) -> None:
          last_transition=HeaderTransition(action="run completed", result_ref=e.evidence, revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
-@reducer(ev.RunFailed)
-def _run_failed(d: Draft, e: ev.RunFailed, ctx: Ctx) -> None:
+@reducer(gen.RunFailed)
+def _run_failed(d: Draft, e: gen.RunFailed, ctx: Ctx) -> None:
     _close_loose_ends(d, f"run failed: {e.reason}", ctx)
     _set(d, status="failed", active_task_id=None, waiting=None,
          last_transition=HeaderTransition(action=f"run failed: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
-@reducer(ev.PermissionRevoked)
-def _permission_revoked(d: Draft, e: ev.PermissionRevoked, ctx: Ctx) -> None:
+@reducer(gen.PermissionRevoked)
+def _permission_revoked(d: Draft, e: gen.PermissionRevoked, ctx: Ctx) -> None:
     revoked = d.hget("revoked_agents")
     _require(e.agent_id not in revoked, "permission.already_revoked", f"agent {e.agent_id!r} is already revoked")
     _require(e.agent_id != ctx.agent_id, "permission.self_revoked", "an agent cannot revoke itself")
@@ -241,8 +240,8 @@ def _permission_revoked(d: Draft, e: ev.PermissionRevoked, ctx: Ctx) -> None:
                 d.delete(kind, getattr(item, key))
 
 
-@reducer(ev.RunCancelled)
-def _run_cancelled(d: Draft, e: ev.RunCancelled, ctx: Ctx) -> None:
+@reducer(gen.RunCancelled)
+def _run_cancelled(d: Draft, e: gen.RunCancelled, ctx: Ctx) -> None:
     _close_loose_ends(d, f"run cancelled: {e.reason}", ctx)
     _set(d, status="cancelled", active_task_id=None, waiting=None,
          last_transition=HeaderTransition(action=f"run cancelled: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
@@ -251,8 +250,8 @@ def _run_cancelled(d: Draft, e: ev.RunCancelled, ctx: Ctx) -> None:
 # --- facts, hypotheses, questions ---------------------------------------------------------
 
 
-@reducer(ev.FactConfirmed, reads=lambda e: ("confirmed_facts", e.fact.id))
-def _fact_confirmed(d: Draft, e: ev.FactConfirmed, ctx: Ctx) -> None:
+@reducer(gen.FactConfirmed, reads=lambda e: ("confirmed_facts", e.fact.id))
+def _fact_confirmed(d: Draft, e: gen.FactConfirmed, ctx: Ctx) -> None:
     f = e.fact
     _require(d.get("confirmed_facts", f.id) is None, "fact.duplicate_id", f"fact {f.id!r} already exists")
     _require(bool(f.evidence or f.source), "fact.evidence_required",
@@ -282,8 +281,8 @@ def _fact_confirmed(d: Draft, e: ev.FactConfirmed, ctx: Ctx) -> None:
     ))  # fmt: skip
 
 
-@reducer(ev.FactRetracted, reads=lambda e: ("confirmed_facts", e.fact_id))
-def _fact_retracted(d: Draft, e: ev.FactRetracted, ctx: Ctx) -> None:
+@reducer(gen.FactRetracted, reads=lambda e: ("confirmed_facts", e.fact_id))
+def _fact_retracted(d: Draft, e: gen.FactRetracted, ctx: Ctx) -> None:
     _require(d.get("confirmed_facts", e.fact_id) is not None, "fact.unknown", f"fact {e.fact_id!r} does not exist")
     d.delete("confirmed_facts", e.fact_id)
 
@@ -292,8 +291,8 @@ def _check_confidence(value: float) -> None:
     _require(0.0 <= value <= 1.0, "hypothesis.confidence_range", f"confidence {value} is not in [0, 1]")
 
 
-@reducer(ev.HypothesisProposed, reads=lambda e: ("hypotheses", e.hypothesis.id))
-def _hypothesis_proposed(d: Draft, e: ev.HypothesisProposed, ctx: Ctx) -> None:
+@reducer(gen.HypothesisProposed, reads=lambda e: ("hypotheses", e.hypothesis.id))
+def _hypothesis_proposed(d: Draft, e: gen.HypothesisProposed, ctx: Ctx) -> None:
     h = e.hypothesis
     _require(d.get("hypotheses", h.id) is None, "hypothesis.duplicate_id", f"hypothesis {h.id!r} already exists")
     _check_confidence(h.confidence)
@@ -305,8 +304,8 @@ def _hypothesis_proposed(d: Draft, e: ev.HypothesisProposed, ctx: Ctx) -> None:
     ))  # fmt: skip
 
 
-@reducer(ev.HypothesisRevised, reads=lambda e: ("hypotheses", e.hypothesis_id))
-def _hypothesis_revised(d: Draft, e: ev.HypothesisRevised, ctx: Ctx) -> None:
+@reducer(gen.HypothesisRevised, reads=lambda e: ("hypotheses", e.hypothesis_id))
+def _hypothesis_revised(d: Draft, e: gen.HypothesisRevised, ctx: Ctx) -> None:
     h = d.get("hypotheses", e.hypothesis_id)
     _require(isinstance(h, Hypothesis), "hypothesis.unknown", f"hypothesis {e.hypothesis_id!r} does not exist")
     assert isinstance(h, Hypothesis)
@@ -322,22 +321,22 @@ def _hypothesis_revised(d: Draft, e: ev.HypothesisRevised, ctx: Ctx) -> None:
     d.put("hypotheses", h.id, updated(h, update))
 
 
-@reducer(ev.HypothesisRejected, reads=lambda e: ("hypotheses", e.hypothesis_id))
-def _hypothesis_rejected(d: Draft, e: ev.HypothesisRejected, ctx: Ctx) -> None:
+@reducer(gen.HypothesisRejected, reads=lambda e: ("hypotheses", e.hypothesis_id))
+def _hypothesis_rejected(d: Draft, e: gen.HypothesisRejected, ctx: Ctx) -> None:
     _require(d.get("hypotheses", e.hypothesis_id) is not None, "hypothesis.unknown",
              f"hypothesis {e.hypothesis_id!r} does not exist")  # fmt: skip
     d.delete("hypotheses", e.hypothesis_id)
 
 
-@reducer(ev.QuestionOpened, reads=lambda e: ("open_questions", e.question.id))
-def _question_opened(d: Draft, e: ev.QuestionOpened, ctx: Ctx) -> None:
+@reducer(gen.QuestionOpened, reads=lambda e: ("open_questions", e.question.id))
+def _question_opened(d: Draft, e: gen.QuestionOpened, ctx: Ctx) -> None:
     q = e.question
     _require(d.get("open_questions", q.id) is None, "question.duplicate_id", f"question {q.id!r} is already open")
     d.put("open_questions", q.id, Question(id=q.id, text=q.text, opened_at_revision=ctx.revision))
 
 
-@reducer(ev.QuestionResolved, reads=lambda e: ("open_questions", e.question_id))
-def _question_resolved(d: Draft, e: ev.QuestionResolved, ctx: Ctx) -> None:
+@reducer(gen.QuestionResolved, reads=lambda e: ("open_questions", e.question_id))
+def _question_resolved(d: Draft, e: gen.QuestionResolved, ctx: Ctx) -> None:
     _require(d.get("open_questions", e.question_id) is not None, "question.unknown",
              f"question {e.question_id!r} is not open")  # fmt: skip
     d.delete("open_questions", e.question_id)
@@ -403,8 +402,8 @@ def _cancel_task(d: Draft, t: Task, reason: str, ctx: Ctx) -> None:
     _move(d, t, "cancelled", ctx, reason=reason)
 
 
-@reducer(ev.TaskCreated, reads=lambda e: ("tasks", e.task.id))
-def _task_created(d: Draft, e: ev.TaskCreated, ctx: Ctx) -> None:
+@reducer(gen.TaskCreated, reads=lambda e: ("tasks", e.task.id))
+def _task_created(d: Draft, e: gen.TaskCreated, ctx: Ctx) -> None:
     t = e.task
     _require(d.get("tasks", t.id) is None, "task.duplicate_id", f"task {t.id!r} already exists")
     for dep in t.depends_on:
@@ -448,8 +447,8 @@ def _owned_by_writer(t: Task, ctx: Ctx, doing: str) -> None:
              "(the owner hands it over with TaskHandedOver)")  # fmt: skip
 
 
-@reducer(ev.TaskStarted, reads=lambda e: ("tasks", e.task_id))
-def _task_started(d: Draft, e: ev.TaskStarted, ctx: Ctx) -> None:
+@reducer(gen.TaskStarted, reads=lambda e: ("tasks", e.task_id))
+def _task_started(d: Draft, e: gen.TaskStarted, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
     _owned_by_writer(t, ctx, "start")
     _budget_allows_new_work(d, f"task {t.id!r}", ctx)
@@ -460,15 +459,15 @@ def _task_started(d: Draft, e: ev.TaskStarted, ctx: Ctx) -> None:
     _move(d, t, "running", ctx, blocked_by=None, owner=ctx.agent_id)
 
 
-@reducer(ev.TaskBlocked, reads=lambda e: ("tasks", e.task_id))
-def _task_blocked(d: Draft, e: ev.TaskBlocked, ctx: Ctx) -> None:
+@reducer(gen.TaskBlocked, reads=lambda e: ("tasks", e.task_id))
+def _task_blocked(d: Draft, e: gen.TaskBlocked, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
     _owned_by_writer(t, ctx, "block")
     _move(d, t, "blocked", ctx, blocked_by=e.reason)
 
 
-@reducer(ev.TaskCompleted, reads=lambda e: ("tasks", e.task_id))
-def _task_completed(d: Draft, e: ev.TaskCompleted, ctx: Ctx) -> None:
+@reducer(gen.TaskCompleted, reads=lambda e: ("tasks", e.task_id))
+def _task_completed(d: Draft, e: gen.TaskCompleted, ctx: Ctx) -> None:
     _require(e.evidence is not None, "task.evidence_required",
              f"completing task {e.task_id!r} needs evidence (a reference to what shows it is done)")  # fmt: skip
     _reference(e.evidence, "task.evidence_reference", "evidence")
@@ -479,16 +478,16 @@ def _task_completed(d: Draft, e: ev.TaskCompleted, ctx: Ctx) -> None:
                                        revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
-@reducer(ev.TaskFailed, reads=lambda e: ("tasks", e.task_id))
-def _task_failed(d: Draft, e: ev.TaskFailed, ctx: Ctx) -> None:
+@reducer(gen.TaskFailed, reads=lambda e: ("tasks", e.task_id))
+def _task_failed(d: Draft, e: gen.TaskFailed, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
     _owned_by_writer(t, ctx, "fail")
     _move(d, t, "failed", ctx, reason=e.reason)
     _set(d, last_transition=HeaderTransition(action=f"fail {e.task_id}: {e.reason}", revision=ctx.revision, at=ctx.at))
 
 
-@reducer(ev.TaskHandedOver, reads=lambda e: ("tasks", e.task_id))
-def _task_handed_over(d: Draft, e: ev.TaskHandedOver, ctx: Ctx) -> None:
+@reducer(gen.TaskHandedOver, reads=lambda e: ("tasks", e.task_id))
+def _task_handed_over(d: Draft, e: gen.TaskHandedOver, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
     _require(t.owner is not None, "task.not_owned", f"task {t.id!r} has no owner to hand it over (start it first)")
     _owned_by_writer(t, ctx, "hand over")
@@ -496,16 +495,16 @@ def _task_handed_over(d: Draft, e: ev.TaskHandedOver, ctx: Ctx) -> None:
                                      "provenance": ctx.touched(t.provenance)}))  # fmt: skip
 
 
-@reducer(ev.TaskCancelled, reads=lambda e: ("tasks", e.task_id))
-def _task_cancelled(d: Draft, e: ev.TaskCancelled, ctx: Ctx) -> None:
+@reducer(gen.TaskCancelled, reads=lambda e: ("tasks", e.task_id))
+def _task_cancelled(d: Draft, e: gen.TaskCancelled, ctx: Ctx) -> None:
     _cancel_task(d, _task(d, e.task_id), e.reason, ctx)
 
 
 # --- tool calls, observations, effects, workspace ----------------------------------------
 
 
-@reducer(ev.ToolCallStarted, reads=lambda e: ("pending_tool_calls", e.call_id))
-def _tool_call_started(d: Draft, e: ev.ToolCallStarted, ctx: Ctx) -> None:
+@reducer(gen.ToolCallStarted, reads=lambda e: ("pending_tool_calls", e.call_id))
+def _tool_call_started(d: Draft, e: gen.ToolCallStarted, ctx: Ctx) -> None:
     _require(d.get("pending_tool_calls", e.call_id) is None, "tool.duplicate_call",
              f"tool call {e.call_id!r} is already in flight")  # fmt: skip
     waiting = d.hget("waiting")
@@ -552,8 +551,8 @@ def _register_result(d: Draft, ref: str | None, call: ToolCall, ctx: Ctx) -> Non
                                          registered_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
 
 
-@reducer(ev.ArtifactRecorded, reads=lambda e: ("artifacts", e.artifact.id))
-def _artifact_recorded(d: Draft, e: ev.ArtifactRecorded, ctx: Ctx) -> None:
+@reducer(gen.ArtifactRecorded, reads=lambda e: ("artifacts", e.artifact.id))
+def _artifact_recorded(d: Draft, e: gen.ArtifactRecorded, ctx: Ctx) -> None:
     a = e.artifact
     _reference(a.id, "artifact.reference", "artifact id")
     _require(d.get("artifacts", a.id) is None, "artifact.duplicate_id", f"artifact {a.id!r} is already known")
@@ -561,31 +560,31 @@ def _artifact_recorded(d: Draft, e: ev.ArtifactRecorded, ctx: Ctx) -> None:
                                       registered_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
 
 
-@reducer(ev.InputRecorded, reads=lambda e: ("inputs", e.input.id))
-def _input_recorded(d: Draft, e: ev.InputRecorded, ctx: Ctx) -> None:
+@reducer(gen.InputRecorded, reads=lambda e: ("inputs", e.input.id))
+def _input_recorded(d: Draft, e: gen.InputRecorded, ctx: Ctx) -> None:
     i = e.input
     _require(d.get("inputs", i.id) is None, "input.duplicate_id", f"input {i.id!r} is already recorded")
     d.put("inputs", i.id, Input(id=i.id, origin=i.origin, text=i.text, received_at=ctx.at,
                                 recorded_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
 
 
-@reducer(ev.ToolSucceeded, reads=lambda e: ("pending_tool_calls", e.call_id))
-def _tool_succeeded(d: Draft, e: ev.ToolSucceeded, ctx: Ctx) -> None:
+@reducer(gen.ToolSucceeded, reads=lambda e: ("pending_tool_calls", e.call_id))
+def _tool_succeeded(d: Draft, e: gen.ToolSucceeded, ctx: Ctx) -> None:
     call = _finish_call(d, e.call_id)
     _register_result(d, e.result_ref, call, ctx)
     _set(d, last_transition=HeaderTransition(action=call.tool, result_ref=e.result_ref, revision=ctx.revision, at=ctx.at))
 
 
-@reducer(ev.ToolFailed, reads=lambda e: ("pending_tool_calls", e.call_id))
-def _tool_failed(d: Draft, e: ev.ToolFailed, ctx: Ctx) -> None:
+@reducer(gen.ToolFailed, reads=lambda e: ("pending_tool_calls", e.call_id))
+def _tool_failed(d: Draft, e: gen.ToolFailed, ctx: Ctx) -> None:
     call = _finish_call(d, e.call_id)
     _register_result(d, e.result_ref, call, ctx)
     _set(d, last_transition=HeaderTransition(action=f"{call.tool} failed: {e.error}", result_ref=e.result_ref,
                                        revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
-@reducer(ev.ObservationRecorded, reads=lambda e: ("environment_observations", e.observation.subject))
-def _observation_recorded(d: Draft, e: ev.ObservationRecorded, ctx: Ctx) -> None:
+@reducer(gen.ObservationRecorded, reads=lambda e: ("environment_observations", e.observation.subject))
+def _observation_recorded(d: Draft, e: gen.ObservationRecorded, ctx: Ctx) -> None:
     o = e.observation
     _require(bool(o.subject.strip()), "observation.subject_required", "an observation needs a subject")
     # One current observation per subject: a newer one replaces it (the log keeps both); a
@@ -607,8 +606,8 @@ EFFECT_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 
-@reducer(ev.EffectRecorded, reads=lambda e: ("effect_ledger", e.effect.id))
-def _effect_recorded(d: Draft, e: ev.EffectRecorded, ctx: Ctx) -> None:
+@reducer(gen.EffectRecorded, reads=lambda e: ("effect_ledger", e.effect.id))
+def _effect_recorded(d: Draft, e: gen.EffectRecorded, ctx: Ctx) -> None:
     new = e.effect
     old = d.get("effect_ledger", new.id)
     if isinstance(old, Effect):
@@ -622,16 +621,16 @@ def _effect_recorded(d: Draft, e: ev.EffectRecorded, ctx: Ctx) -> None:
                                               provenance=ctx.created()))  # fmt: skip
 
 
-@reducer(ev.WorkspaceUpdated)
-def _workspace_updated(d: Draft, e: ev.WorkspaceUpdated, ctx: Ctx) -> None:
+@reducer(gen.WorkspaceUpdated)
+def _workspace_updated(d: Draft, e: gen.WorkspaceUpdated, ctx: Ctx) -> None:
     _set(d, workspace_ref=structs.from_model(e.workspace_ref))
 
 
 # --- waiting and budgets ---------------------------------------------------------------
 
 
-@reducer(ev.WaitingStarted)
-def _waiting_started(d: Draft, e: ev.WaitingStarted, ctx: Ctx) -> None:
+@reducer(gen.WaitingStarted)
+def _waiting_started(d: Draft, e: gen.WaitingStarted, ctx: Ctx) -> None:
     current = d.hget("waiting")
     _require(current is None, "waiting.already_waiting",
              f"the run already waits for {current.wait_id if current else ''!r}")  # fmt: skip
@@ -639,21 +638,21 @@ def _waiting_started(d: Draft, e: ev.WaitingStarted, ctx: Ctx) -> None:
          waiting=HeaderWaiting(**structs.fields_of(e.waiting), since=ctx.at, since_revision=ctx.revision))  # fmt: skip
 
 
-@reducer(ev.WaitingResolved)
-def _waiting_resolved(d: Draft, e: ev.WaitingResolved, ctx: Ctx) -> None:
+@reducer(gen.WaitingResolved)
+def _waiting_resolved(d: Draft, e: gen.WaitingResolved, ctx: Ctx) -> None:
     w = d.hget("waiting")
     _require(w is not None and w.wait_id == e.wait_id, "waiting.unknown",
              f"the run does not wait for {e.wait_id!r}")  # fmt: skip
     _set(d, status="running", waiting=None)
 
 
-@reducer(ev.LeaseReleased)
-def _lease_released(d: Draft, e: ev.LeaseReleased, ctx: Ctx) -> None:
+@reducer(gen.LeaseReleased)
+def _lease_released(d: Draft, e: gen.LeaseReleased, ctx: Ctx) -> None:
     _set(d, last_transition=HeaderTransition(action=f"lease released by {e.worker_id}", revision=ctx.revision, at=ctx.at))
 
 
-@reducer(ev.BudgetSet)
-def _budget_set(d: Draft, e: ev.BudgetSet, ctx: Ctx) -> None:
+@reducer(gen.BudgetSet)
+def _budget_set(d: Draft, e: gen.BudgetSet, ctx: Ctx) -> None:
     _require(e.tokens_remaining is None or e.tokens_remaining >= 0, "budget.non_negative",
              "tokens_remaining cannot be negative")  # fmt: skip
     b = d.hget("budgets")
@@ -664,8 +663,8 @@ def _budget_set(d: Draft, e: ev.BudgetSet, ctx: Ctx) -> None:
     ))  # fmt: skip
 
 
-@reducer(ev.BudgetConsumed)
-def _budget_consumed(d: Draft, e: ev.BudgetConsumed, ctx: Ctx) -> None:
+@reducer(gen.BudgetConsumed)
+def _budget_consumed(d: Draft, e: gen.BudgetConsumed, ctx: Ctx) -> None:
     _require(e.tokens > 0, "budget.consumed_positive", f"consumed tokens must be > 0, got {e.tokens}")
     b = d.hget("budgets")
     used = b.tokens_used + e.tokens

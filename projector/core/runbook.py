@@ -22,10 +22,12 @@ from runstate.projector.core.decide import decide
 from runstate.projector.core.outcomes import Applied, DeadLetter
 from runstate.projector.core.reducer import READS
 from runstate.projector.core.working import Changes, Entry, RunDoc
-from runstate.schemas.codec import read_patch
+from runstate.schemas.codec import encode, read_patch
 from runstate.schemas.errors import DecodeError, StoreError
-from runstate.schemas.patch import Decision, Patch
-from runstate.schemas.structs import updated
+from runstate.schemas.generated.structs import Decision, Patch
+from runstate.schemas.patch import Decision as DecisionModel
+from runstate.schemas.patch import Patch as PatchModel
+from runstate.schemas.structs import from_model, updated
 
 log = logging.getLogger("runstate.projector")
 
@@ -59,6 +61,14 @@ def read_record(rec: Record) -> Patch | DeadLetter:
     return patch
 
 
+def _struct(decision: Decision | DecisionModel | None) -> Decision | None:
+    """A decision as the core holds it (a model, as the store reads it, becomes its struct)."""
+    if decision is None or isinstance(decision, Decision):
+        return decision
+    struct: Decision = from_model(decision)
+    return struct
+
+
 def _dead(rec: Record, reason: str, detail: str) -> DeadLetter:
     return DeadLetter(rec.partition, rec.offset, reason, detail, rec.key.decode(errors="replace") if rec.key else None,
                       len(rec.value))  # fmt: skip
@@ -85,11 +95,11 @@ class RunBook:
     def __init__(
         self,
         load_doc: Callable[[str], RunDoc | None] = lambda _r: None,
-        load_decision: Callable[[str, str], Decision | None] = lambda _r, _p: None,
+        load_decision: Callable[[str, str], Decision | DecisionModel | None] = lambda _r, _p: None,
         max_cached: int | None = None,
         decided_before_restore: Callable[[str, str], bool] = lambda _r, _p: False,
         load_docs: Callable[[list[str]], list[RunDoc | None]] | None = None,
-        load_decisions: Callable[[list[tuple[str, str]]], list[Decision | None]] | None = None,
+        load_decisions: Callable[[list[tuple[str, str]]], list[Decision | DecisionModel | None]] | None = None,
         load_items: Callable[[list[tuple[str, str, str]]], list[Entry | None]] | None = None,
         max_items: int | None = None,
     ) -> None:
@@ -99,11 +109,14 @@ class RunBook:
         self._load_items = load_items
         self._load_doc = load_doc
         self._load_docs = load_docs
-        self._load_decisions = load_decisions
+        # A stored decision enters the core as its struct (the one form the core holds).
+        self._load_decisions = None if load_decisions is None else (
+            lambda wanted: [_struct(d) for d in load_decisions(wanted)])  # fmt: skip
         #: stored decisions (or None: none) of patch ids read ahead by :meth:`prefetch`;
         #: each is used once, by the patch it was read for
         self._read_ahead: dict[tuple[str, str], Decision | None] = {}
-        self._load_decision = load_decision
+        self._load_decision: Callable[[str, str], Decision | None] = (
+            lambda run_id, patch_id: _struct(load_decision(run_id, patch_id)))  # fmt: skip
         self._decided_before_restore = decided_before_restore
         self._max = max_cached
         self.docs: OrderedDict[str, RunDoc | None] = OrderedDict()
@@ -152,10 +165,13 @@ class RunBook:
             if keys:
                 self._read_ahead.update(zip(keys, self._load_decisions(keys)))
 
-    def apply(self, patch: Patch, partition: int, offset: int, digest: str | None = None) -> Applied:
+    def apply(self, patch: Patch | PatchModel, partition: int, offset: int, digest: str | None = None) -> Applied:
         """Decide one patch; a ``patch_id`` already decided returns the earlier decision
         (``duplicate``), unless both have a content ``digest`` and they differ: then the
-        patch is rejected as ``patch_id_reused`` and the id keeps its first decision."""
+        patch is rejected as ``patch_id_reused`` and the id keeps its first decision. A
+        validated model (a caller's) is taken as its struct."""
+        if isinstance(patch, PatchModel):  # the struct the log would give: encoded and read back
+            return self.apply(read_patch(encode(patch)), partition, offset, digest)
         key = (patch.run_id, patch.patch_id)
         prior = self._unsettled.get(key) or self.decided.get(key)
         if prior is None:

@@ -54,7 +54,10 @@ from runstate.schemas.generated.structs import Waiting as HeaderWaiting  # noqa:
 Key = tuple[str, str]  # (collection, item id)
 #: Header fields the public document does not have (working bookkeeping, derived from it).
 _HEADER_ONLY = frozenset({"goal", "next_seq", "running_task_ids", "sizes"})
-Entry = tuple[int, Model]  # (insertion sequence, item: the struct of its collection's model)
+#: An item of a run's collections in its working form: the generated struct of the
+#: collection's model (schemas/generated/structs.py).
+Item = msgspec.Struct
+Entry = tuple[int, Item]  # (insertion sequence, item)
 #: ``load_one(kind, id)`` -> entry or None; ``load_all(kind)`` -> every stored (id, entry).
 LoadOne = Callable[[str, str], Entry | None]
 LoadAll = Callable[[str], Iterable[tuple[str, Entry]]]
@@ -299,8 +302,9 @@ class RunDoc:
         sources: dict[str, list[Model]] = {k: getattr(state, k) for k in COLLECTIONS if k != "constraints"}
         sources["constraints"] = list(state.goal.constraints)
         for kind in COLLECTIONS:
-            for item in sources[kind]:
-                items[kind][item_id(kind, item)] = (seq, structs.from_model(item))
+            for model in sources[kind]:
+                item: Item = structs.from_model(model)
+                items[kind][item_id(kind, item)] = (seq, item)
                 seq += 1
         header_data = state.model_dump(include=set(_HEADER_FIELDS) - _HEADER_ONLY)
         header = header_from_model(RunHeader.model_validate(
@@ -367,7 +371,7 @@ def _header_data(header: Header) -> dict[str, Any]:
     return msgspec.to_builtins(header, builtin_types=(datetime,))  # type: ignore[no-any-return]
 
 
-def item_id(kind: str, item: Model) -> str:
+def item_id(kind: str, item: Item) -> str:
     """The key of an item within its collection."""
     return getattr(item, ITEM_KEY.get(kind, "id"))  # type: ignore[no-any-return]
 
@@ -429,7 +433,7 @@ class Draft:
     def _base_entry(self, kind: str, id_: str) -> Entry | None:
         return None if self.base is None else self.base.entry(kind, id_)
 
-    def get(self, kind: str, id_: str) -> Model | None:
+    def get(self, kind: str, id_: str) -> Item | None:
         k = (kind, id_)
         if k in self._puts:
             return self._puts[k][1]
@@ -438,7 +442,7 @@ class Draft:
         e = self._base_entry(kind, id_)
         return None if e is None else e[1]
 
-    def put(self, kind: str, id_: str, item: Model) -> None:
+    def put(self, kind: str, id_: str, item: Item) -> None:
         k = (kind, id_)
         if k in self._puts:
             seq = self._puts[k][0]
@@ -469,7 +473,7 @@ class Draft:
         if sizes is not None:  # None: a header from before sizes were counted stays uncounted
             self.hset(sizes=resized(sizes, kind, delta))
 
-    def values(self, kind: str) -> Iterator[Model]:
+    def values(self, kind: str) -> Iterator[Item]:
         """Current items of a collection in insertion order (reads the whole collection:
         for rare events only, such as a goal change)."""
         entries: dict[str, Entry | None] = {}
