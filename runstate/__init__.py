@@ -18,6 +18,9 @@ The names below are the public API; everything else is reached through its layer
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+import importlib
 from importlib.metadata import PackageNotFoundError as _NotInstalled
 from importlib.metadata import version as _version
 
@@ -26,28 +29,54 @@ try:
 except _NotInstalled:  # a checkout imported without installing it
     __version__ = "0+unknown"
 
-from runstate.eventlog import EventLog, open_log
-from runstate.producers import Receipt, RunProducer
-from runstate.projector import Projection, Projector, decision_reader
-from runstate.schemas import Author, Decision, Patch, PatchDraft, RunState
-from runstate.schemas.errors import (
-    CheckpointInvalid,
-    ContractError,
-    DecisionTimeout,
-    DecodeError,
-    DeliveryError,
-    LogConfigError,
-    LogError,
-    MigrationRequired,
-    PatchTooLarge,
-    RevisionNotFound,
-    RunNotFound,
-    RunstateError,
-    StoreError,
-    StoreLocked,
-    UnknownEventType,
-)
-from runstate.snapshotter import Snapshotter
+# The public names are imported on first use (PEP 562), so that importing one layer (say
+# ``runstate.schemas.structs``, which writes the generated module the core imports) does not
+# import every other layer first.
+_WHERE: dict[str, str] = {
+    "EventLog": "runstate.eventlog", "open_log": "runstate.eventlog",
+    "Receipt": "runstate.producers", "RunProducer": "runstate.producers",
+    "Projection": "runstate.projector", "Projector": "runstate.projector", "decision_reader": "runstate.projector",
+    "Author": "runstate.schemas", "Decision": "runstate.schemas", "Patch": "runstate.schemas",
+    "PatchDraft": "runstate.schemas", "RunState": "runstate.schemas", "Snapshotter": "runstate.snapshotter",
+    **{name: "runstate.schemas.errors" for name in (
+        "CheckpointInvalid", "ContractError", "DecisionTimeout", "DecodeError", "DeliveryError", "LogConfigError",
+        "LogError", "MigrationRequired", "PatchTooLarge", "RevisionNotFound", "RunNotFound", "RunstateError",
+        "StoreError", "StoreLocked", "UnknownEventType")},
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'runstate' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from runstate.eventlog import EventLog, open_log
+    from runstate.producers import Receipt, RunProducer
+    from runstate.projector import Projection, Projector, decision_reader
+    from runstate.schemas import Author, Decision, Patch, PatchDraft, RunState
+    from runstate.schemas.errors import (
+        CheckpointInvalid,
+        ContractError,
+        DecisionTimeout,
+        DecodeError,
+        DeliveryError,
+        LogConfigError,
+        LogError,
+        MigrationRequired,
+        PatchTooLarge,
+        RevisionNotFound,
+        RunNotFound,
+        RunstateError,
+        StoreError,
+        StoreLocked,
+        UnknownEventType,
+    )
+    from runstate.snapshotter import Snapshotter
 
 __all__ = [
     "Author", "CheckpointInvalid", "ContractError", "Decision", "DecisionTimeout", "DecodeError",

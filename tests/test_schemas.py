@@ -515,8 +515,8 @@ def test_records_written_before_the_spec_byte_order_still_decode() -> None:
     that code wrote them for every published schema, still decode to what was written;
     what runstate writes now carries the spec's little-endian order."""
     legacy = json.loads((Path(__file__).parent / "data" / "avro_pre_spec_order.json").read_text())["records"]
-    files = {(f.name.split(".v")[0], int(f.name.split(".v")[1].split(".")[0])) for f in codec.AVRO_DIR.glob("*.avsc")}
-    assert {(r["kind"], r["version"]) for r in legacy} == files
+    # every schema published before the fix (a later one never had records in that order)
+    assert {(r["kind"], r["version"]) for r in legacy} == {("patch", 1), ("patch", 2), ("patch", 3), ("decision", 1)}
     for r in legacy:
         data = bytes.fromhex(r["hex"])
         if r["kind"] == "patch":
