@@ -186,7 +186,7 @@ def _models_in(model: type[BaseModel]) -> list[type[BaseModel]]:
 #: in it (each is a struct too).
 MODELS = _models_in(RunHeader)
 #: ... and every model of the whole state: the queries decode a run's state document into
-#: its struct for the compact context (``store.decode_state_json``).
+#: its struct for the compact context (``document.load(..., "struct")``).
 DECODED = MODELS + [m for m in _models_in(RunState) if m not in MODELS]
 
 

@@ -81,69 +81,11 @@ def _seq(entry: tuple[Any, Any]) -> Any:
 
 #: RunState's fields in order: an assembled document's keys follow it, so that the document
 #: is what the validated model dumps, key for key.
-_STATE_FIELDS = tuple(RunState.model_fields)
-_state_values = operator.itemgetter(*_STATE_FIELDS)
+STATE_FIELDS = tuple(RunState.model_fields)
+_state_values = operator.itemgetter(*STATE_FIELDS)
 
 
-def state_json_from_stored(header: bytes, items: Mapping[bytes, list[bytes]]) -> bytes:
-    """The public document as JSON from a run's stored records: its header's stored JSON,
-    and per collection (its name as bytes) its stored item values as they are (8-byte
-    big-endian insertion sequence, then the item's JSON; a collection with no items may be
-    left out). Its keys are in the order of RunState's fields, those of its goal too: for a
-    document this runstate stored, parsed it equals the state's ``model_dump(mode="json")``
-    key for key, and validated it equals the state (a property test holds both, against
-    :meth:`RunDoc.to_state` of the same patches folded in memory). Spliced from the
-    header's top-level values as they are stored and the items' JSON, not parsed and
-    dumped again: a query parses it once, or validates it once. Sorts the lists in
-    ``items``. Raises ``msgspec.DecodeError`` for a header that is not a JSON object (and,
-    on the slow path of a header that lacks fields, ``orjson.JSONDecodeError`` or
-    ``pydantic.ValidationError``)."""
-    lists: dict[bytes, bytes] = {}
-    for kind, values in items.items():
-        if len(values) > 1:
-            values.sort()  # by the big-endian sequence first: the order items were added
-        lists[kind] = b"[" + b",".join([v[8:] for v in values]) + b"]"
-    spans = header_spans(header)
-    try:
-        return _splice(spans, lists)
-    except TypeError:
-        # A header stored before a field existed lacks its value (UNSET): the slow path,
-        # through the model, which gives the field its default.
-        parsed = orjson.loads(header)
-        return orjson.dumps(_assembled(parsed, {k.decode(): orjson.loads(v) for k, v in lists.items()}))
-
-
-#: The stored header's top-level values as their JSON, unparsed (msgspec.Raw), UNSET for a
-#: field it lacks (stored before the field existed).
-_HeaderSpans = msgspec.defstruct("_HeaderSpans", [(name, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET) for name in RunHeader.model_fields])
-#: ``header_spans(raw)``: a stored header's top-level values, each as its stored JSON
-#: (``msgspec.Raw``; ``msgspec.UNSET`` for a field the header lacks). Checks only that
-#: ``raw`` is one JSON object (else ``msgspec.DecodeError``).
-header_spans = msgspec.json.Decoder(_HeaderSpans).decode
-
-
-def _splicer() -> Callable[[Any, dict[bytes, bytes]], bytes]:
-    """``_splice(spans, lists)``: the document's JSON joined in RunState's field order from
-    the header's spans and each collection's JSON array (``[]`` where absent), generated
-    from the field names; the goal's constraints are spliced into the goal's object, last,
-    where :func:`_assembled` puts them. Raises TypeError for a span that is UNSET."""
-    pieces = []
-    for i, name in enumerate(_STATE_FIELDS):
-        pieces.append(repr(("{" if i == 0 else ",").encode() + orjson.dumps(name) + b":"))
-        if name in COLLECTIONS:
-            pieces.append(f"lists.get({name.encode()!r}, b'[]')")
-        elif name == "goal":
-            pieces += ["_view(spans.goal)[:-1]", repr(b',"constraints":'), "lists.get(b'constraints', b'[]')", "b'}'"]
-        else:
-            pieces.append(f"spans.{name}")
-    pieces.append("b'}'")
-    src = "def splice(spans, lists):\n    return b''.join((" + ", ".join(pieces) + "))\n"
-    ns: dict[str, Any] = {"_view": memoryview}
-    exec(compile(src, "<state document splicer>", "exec"), ns)  # noqa: S102 - generated from RunState's own field names
-    return ns["splice"]  # type: ignore[no-any-return]
-
-
-def _assembled(header: dict[str, Any], lists: dict[str, list[Any]]) -> dict[str, Any]:
+def assembled(header: dict[str, Any], lists: dict[str, list[Any]]) -> dict[str, Any]:
     """The public document from a header as plain JSON data and each collection's items as
     plain data in insertion order (an empty collection may be left out), in the order of
     RunState's fields. Takes ``header`` over (it is changed)."""
@@ -152,16 +94,15 @@ def _assembled(header: dict[str, Any], lists: dict[str, list[Any]]) -> dict[str,
     for name in _LIST_FIELDS:
         header[name] = lists.get(name, [])
     try:
-        return dict(zip(_STATE_FIELDS, _state_values(header)))
+        return dict(zip(STATE_FIELDS, _state_values(header)))
     except KeyError:
         # A header stored before a field existed (its default is the validated model's):
         # the one slow path, through the model.
-        return RunState.model_validate({k: header[k] for k in _STATE_FIELDS if k in header}).model_dump(mode="json")
+        return RunState.model_validate({k: header[k] for k in STATE_FIELDS if k in header}).model_dump(mode="json")
 
 
 #: The collections that are fields of RunState itself (constraints are the goal's).
 _LIST_FIELDS = tuple(k for k in COLLECTIONS if k != "constraints")
-_splice = _splicer()
 
 
 class RunDoc:
@@ -283,7 +224,7 @@ class RunDoc:
             if live:
                 live.sort(key=_seq)
                 lists[kind] = [item for _, item in live]
-        return _assembled(orjson.loads(encode_header_json(self.header)), lists)
+        return assembled(orjson.loads(encode_header_json(self.header)), lists)
 
     def as_changes(self) -> Changes:
         """Everything of the run as one change set (to write a restored run)."""

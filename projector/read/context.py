@@ -26,7 +26,7 @@ def render_context(state: RunState | msgspec.Struct, *, now: datetime | None = N
 
     ``state`` is the :class:`RunState` or its msgspec struct (``structs.struct_of``: the
     same fields with the same types, what the queries decode for this without building the
-    models, see ``store.decode_state_json``); both give the same text (a property test)."""
+    models, see ``document.load(..., "struct")``); both give the same text (a property test)."""
     s: Any = state
     lines: list[str] = []
     add = lines.append

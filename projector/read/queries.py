@@ -59,21 +59,21 @@ class Projection:
         for records this runstate stored, the validated state's ``model_dump_json`` byte for
         byte (a property test holds it). Raises :class:`RunNotFound`, and
         :class:`StoreError` for a header of another schema version or not JSON."""
-        return self._state(run_id, lambda st: st.read_state_json(run_id))
+        return self._state(run_id, lambda st: st.read_state(run_id, "json"))
 
     def state_data(self, run_id: str) -> dict[str, Any]:
         """The run's current state as plain JSON data: the document :meth:`state` validates
         (equal to its ``model_dump(mode="json")``, keys in the same order), without
         building the models; for callers that pass the state on as JSON (serve, prompts).
         Raises :class:`RunNotFound`."""
-        return self._state(run_id, lambda st: st.read_state_data(run_id))
+        return self._state(run_id, lambda st: st.read_state(run_id, "data"))
 
     def context(self, run_id: str, *, now: datetime | None = None) -> str:
         """The run's compact context for a prompt (:func:`render_context` of its current
         state; ``now`` enables the stale flags), rendered from :meth:`state_json` decoded
         into the state's msgspec struct, with no model built. Raises :class:`RunNotFound`,
         and :class:`StoreError` where :meth:`state` would."""
-        return render_context(self._state(run_id, lambda st: st.read_state_struct(run_id)), now=now)
+        return render_context(self._state(run_id, lambda st: st.read_state(run_id, "struct")), now=now)
 
     def _state(self, run_id: str, read: Callable[[ProjectionStore], T | None]) -> T:
         """``read`` on the run's partition store; :class:`RunNotFound` where it gives None."""

@@ -32,8 +32,8 @@ from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, Writ
 
 from runstate.projector.store import keys
 from runstate.projector.core.outcomes import DeadLetter
-from runstate.projector.core.working import Changes, Entry, Header, RunDoc, header_spans, state_json_from_stored
-from runstate.schemas import structs
+from runstate.projector.core.working import Changes, Entry, Header, RunDoc
+from runstate.projector.store import document
 from runstate.schemas.errors import StoreError, StoreLocked
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState
@@ -128,49 +128,6 @@ def _is_lock_error(e: Exception) -> bool:
     # status is the one way to tell "in use" apart. This is the only place that looks.
     text = str(e).lower()
     return "lock" in text and ("resource temporarily unavailable" in text or "lock hold" in text or "no locks" in text)
-
-
-def parse_state_json(doc: bytes, run_id: str, where: object = None) -> dict[str, Any]:
-    """A run's state document (:meth:`ProjectionStore.read_state_json`) parsed. Raises
-    :class:`StoreError` naming the run (and ``where`` it was stored) if it is not JSON."""
-    try:
-        return orjson.loads(doc)  # type: ignore[no-any-return]
-    except orjson.JSONDecodeError as e:
-        raise unreadable_state(run_id, where, e) from e
-
-
-def validate_state_json(doc: bytes, run_id: str, where: object = None) -> RunState:
-    """A run's state document (:meth:`ProjectionStore.read_state_json`) validated, once, as
-    a whole, from the JSON (validating the header and each item as models first, then
-    assembling them, cost twice as much; parsing it first and validating the data, a third
-    more). Raises :class:`StoreError` naming the run (and ``where`` it was stored) if it
-    does not validate."""
-    try:
-        return RunState.model_validate_json(doc)
-    except pydantic.ValidationError as e:
-        raise unreadable_state(run_id, where, e) from e
-
-
-def decode_state_json(doc: bytes, run_id: str, where: object = None) -> Any:
-    """A run's state document (:meth:`ProjectionStore.read_state_json`) decoded into the
-    msgspec struct of :class:`RunState` (``structs.decoder``: it accepts and rejects what
-    :func:`validate_state_json` does, with equal values, and builds no pydantic model), for
-    readers of the state's fields that hand out no model (the compact context), several
-    times faster than validating. Raises :class:`StoreError` as
-    :func:`validate_state_json` does."""
-    try:
-        return _state_decoder(doc)
-    except pydantic.ValidationError as e:
-        raise unreadable_state(run_id, where, e) from e
-
-
-_state_decoder = structs.decoder(RunState)
-
-
-def unreadable_state(run_id: str, where: object, e: Exception) -> StoreError:
-    """The error for a run whose stored records do not make a state document."""
-    at = "" if where is None else f" in {where}"
-    return StoreError(f"the stored state of run {run_id!r}{at} cannot be read: {e}")
 
 
 class ProjectionStore:
@@ -344,13 +301,13 @@ class ProjectionStore:
             return self._other_version(run_id, version)
         return StoreError(f"the stored header of run {run_id!r} in {self.path} cannot be read: {e}")
 
-    def read_state_json(self, run_id: str) -> bytes | None:
-        """The run's assembled state as JSON (see
-        :func:`~runstate.projector.core.working.state_json_from_stored`), or None: one read of
-        its header and one scan over its items (a scan per collection cost a seek each);
-        nothing validated again (the projector validated what it stored; RocksDB checks
-        each block). Raises :class:`StoreError` for another schema version or a header
-        that does not decode."""
+    def read_state(self, run_id: str, form: document.Form = "model") -> Any:
+        """The run's state document (:func:`document.join` of its stored header and items)
+        in ``form`` (:func:`document.load`: the JSON as stored, parsed, validated, or as the
+        state's struct), or None for a run it does not hold: one read of its header and one
+        scan over its items; the JSON is not validated again (the projector validated what
+        it stored; RocksDB checks each block). Raises :class:`StoreError` for another schema
+        version, a header that does not decode, or a document that does not make ``form``."""
         raw = self._get(keys.header_key(run_id))
         if raw is None:
             return None
@@ -365,32 +322,12 @@ class ProjectionStore:
             else:
                 values.append(value)
         try:
-            doc = state_json_from_stored(raw, items)
+            doc = document.join(raw, items)
         except (msgspec.DecodeError, orjson.JSONDecodeError, pydantic.ValidationError) as e:
             raise self._unreadable_header(run_id, raw, e) from e
         if not doc.startswith(_CURRENT_VERSION_JSON):
             raise self._unreadable_header(run_id, raw, ValueError(f"schema_version is not {CURRENT_SCHEMA_VERSION}"))
-        return doc
-
-    def read_state_data(self, run_id: str) -> dict[str, Any] | None:
-        """:meth:`read_state_json` parsed (:func:`parse_state_json`): the document
-        :meth:`read_state` validates, equal to its ``model_dump(mode="json")``, key for key
-        and in order. Raises :class:`StoreError` where the stored records are not JSON."""
-        doc = self.read_state_json(run_id)
-        return None if doc is None else parse_state_json(doc, run_id, self.path)
-
-    def read_state(self, run_id: str) -> RunState | None:
-        """:meth:`read_state_json` validated (:func:`validate_state_json`). Raises
-        :class:`StoreError` where the stored records do not validate."""
-        doc = self.read_state_json(run_id)
-        return None if doc is None else validate_state_json(doc, run_id, self.path)
-
-    def read_state_struct(self, run_id: str) -> Any:
-        """:meth:`read_state_json` decoded into the state's msgspec struct
-        (:func:`decode_state_json`), or None. Raises :class:`StoreError` where the stored
-        records do not validate."""
-        doc = self.read_state_json(run_id)
-        return None if doc is None else decode_state_json(doc, run_id, self.path)
+        return document.load(doc, run_id, self.path, form)
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
         off = self._get(keys.dedupe_key(run_id, patch_id))
@@ -470,7 +407,7 @@ class ProjectionStore:
         for key, raw in self._prefix(keys.HEADERS):
             run_id = key[len(keys.HEADERS) :].decode()
             try:
-                spans = header_spans(raw)
+                spans = document.header_spans(raw)
             except msgspec.DecodeError as e:
                 raise self._unreadable_header(run_id, raw, e) from e
             if any(v is msgspec.UNSET for v in msgspec.structs.astuple(spans)):

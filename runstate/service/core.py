@@ -23,7 +23,7 @@ from pydantic import BaseModel, TypeAdapter
 from runstate import app
 from runstate.projector.read.context import render_context
 from runstate.projector.read.replay import explain, state_data_at
-from runstate.projector.store.partition import decode_state_json
+from runstate.projector.store import document
 from runstate.schemas.errors import ContractError, DecisionTimeout, RevisionNotFound, RunNotFound, RunstateError
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import RunHeader, RunSummary
@@ -109,7 +109,7 @@ class _LiveRuns:  # a replay.RunRecords
 def _state_json(node: Node, run_id: str) -> bytes:
     # Only the read holds the projector's lock; the caller parses or validates the document
     # (or sends it as it is) after the lock is released.
-    doc = node.read(run_id, lambda st: st.read_state_json(run_id))
+    doc = node.read(run_id, lambda st: st.read_state(run_id, "json"))
     if doc is None:
         raise RunNotFound(run_id)
     return doc
@@ -130,9 +130,9 @@ def summary_json(header_json: bytes) -> bytes:
 
 
 def _state_struct(node: Node, run_id: str) -> Any:
-    """The run's state as its msgspec struct (``store.decode_state_json``): for readers of
+    """The run's state as its msgspec struct (``document.load(..., "struct")``): for readers of
     its fields that hand out no model."""
-    return decode_state_json(_state_json(node, run_id), run_id, "this instance's projection")
+    return document.load(_state_json(node, run_id), run_id, "this instance's projection", "struct")
 
 
 class Service:
@@ -276,7 +276,7 @@ class Service:
     async def state_json(self, run_id: str, fwd: Forward, *, revision: int | None = None,
                          min_revision: int | None = None, wait_s: float = 5.0) -> bytes:
         """The run's state (``revision``: as it was then) as JSON, the bytes
-        ``RunState.model_dump_json`` gives (see :meth:`ProjectionStore.read_state_json`):
+        ``RunState.model_dump_json`` gives (see :meth:`ProjectionStore.read_state`):
         what the HTTP route sends and the MCP tool parses, joined from the stored records,
         neither validated nor dumped again (a run's state as of ``revision`` is rebuilt as
         plain data and dumped). ``min_revision``: wait up to ``wait_s`` until the projection

@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import runstate
 from runstate.app import unencodable
-from runstate.projector.store.partition import unreadable_state
+from runstate.projector.store.document import unreadable
 from runstate.schemas.errors import (
     ContractError,
     DecisionTimeout,
@@ -434,7 +434,7 @@ def _etag_of(doc: bytes, run_id: str) -> str:
     try:
         return f'"{_revision_of(doc).revision}"'
     except msgspec.DecodeError as e:
-        raise unreadable_state(run_id, None, e) from e
+        raise unreadable(run_id, None, e) from e
 
 
 def _may(who: Identity, run_id: str) -> bool:

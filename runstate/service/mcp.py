@@ -32,7 +32,7 @@ from mcp_types import INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotatio
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 import runstate
-from runstate.projector.store.partition import parse_state_json
+from runstate.projector.store import document
 from runstate.schemas.errors import ContractError
 from runstate.schemas.events import EVENT_TYPE_NAMES, EVENT_TYPES
 from runstate.service.auth import Identity, Tokens
@@ -151,7 +151,7 @@ def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
         who.may_read(run_id)
         # The document the HTTP route sends (the validated state's JSON, as stored), parsed.
         doc = await service.state_json(run_id, Forward("GET", f"/runs/{run_id}", headers=headers))
-        return parse_state_json(doc, run_id, "the projection")
+        return document.load(doc, run_id, "the projection", "data")  # type: ignore[no-any-return]
 
     async def propose_patch(run_id: str, patch: PatchInput, ctx: Context, wait_s: float = 5.0) -> dict[str, Any]:
         """Append events to the run, based on the revision you read (expected_revision).
