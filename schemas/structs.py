@@ -259,28 +259,18 @@ _MAKERS: dict[type, Callable[[Any, dict[int, Any]], Any]] = {}
 
 
 def _model_maker(cls: type[msgspec.Struct]) -> Callable[[Any, dict[int, Any]], Any]:
-    """A function making the model of a ``cls`` instance: an instance of the model holding
-    its values (each nested struct as its model), every field set as validation sets them,
-    nothing validated; generated for ``cls``, reading each field by name (half the time of
-    a loop over the fields: a replay's ``to_state`` makes a model of every item). Its
-    instance is made as pydantic's own ``model_construct`` makes one, through BaseModel's
-    slots, without the generic path."""
+    """A function making the model of a ``cls`` instance: the model's ``model_construct``
+    (pydantic's public way to build a model from trusted values, nothing validated) of its
+    values, each nested struct as its model, with every field set as validation sets them;
+    generated for ``cls``, reading each field by name (a replay's ``to_state`` makes a model
+    of every item)."""
     model = model_of(cls)
     nested = {n for n, info in model.model_fields.items()
               if any(isinstance(t, type) and issubclass(t, BaseModel) for t in _types_in(info.annotation))}  # fmt: skip
-    fields = ", ".join(f"{n!r}: _to_model(v.{n}, memo)" if n in nested else f"{n!r}: v.{n}" for n in cls.__struct_fields__)
-    src = (
-        "def make(v, memo):\n"
-        "    new = _new(model)\n"
-        f"    _setattr(new, '__dict__', {{{fields}}})\n"
-        "    _set_fields_set(new, set(names))\n"
-        "    _set_extra(new, None)\n"
-        "    _set_private(new, None)\n"
-        "    return new\n"
-    )
-    ns: dict[str, Any] = {"model": model, "names": frozenset(cls.__struct_fields__), "_to_model": _to_model, "_new": _new,
-                          "_setattr": _setattr, "_set_fields_set": _set_fields_set, "_set_extra": _set_extra,
-                          "_set_private": _set_private}  # fmt: skip
+    fields = ", ".join(f"{n}=_to_model(v.{n}, memo)" if n in nested else f"{n}=v.{n}" for n in cls.__struct_fields__)
+    src = f"def make(v, memo):\n    return construct(_fields_set=names, {fields})\n"
+    # One frozen set of field names shared by every instance: the models are frozen, nothing changes it.
+    ns: dict[str, Any] = {"construct": model.model_construct, "names": frozenset(cls.__struct_fields__), "_to_model": _to_model}
     exec(compile(src, f"<to_model {model.__name__}>", "exec"), ns)  # noqa: S102 - generated from the model's own field names
     return ns["make"]  # type: ignore[no-any-return]
 
@@ -312,16 +302,6 @@ def updated(struct: S, changes: Mapping[str, Any]) -> S:
     """A copy of a struct with ``changes`` (``msgspec.structs.replace``): nothing validated,
     as the core's values are validated where they come in."""
     return msgspec.structs.replace(struct, **changes)
-
-
-# What ``to_model``'s makers set on a new instance: BaseModel's slots,
-# through their descriptors (object.__setattr__ would look each name up first). Contract
-# models define no __new__ of their own.
-_new = object.__new__
-_setattr = object.__setattr__
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def _define(model: type[BaseModel], **tagged: Any) -> type[msgspec.Struct]:
