@@ -312,6 +312,36 @@ class _Builders(Generic[R]):
                                 f"{', '.join(map(repr, unknown))}", field="task_id")  # fmt: skip
 
 
+def _call_started(call: ToolCall, side_effect: bool, costly: bool,
+                  relies_on: Sequence[tuple[str, str]]) -> events.ToolCallStarted:  # fmt: skip
+    return events.ToolCallStarted(call_id=call.call_id, tool=call.tool, side_effect=side_effect, costly=costly,
+                                  relies_on=[events.ObservedVersion(subject=s, observed_version=v)
+                                             for s, v in relies_on])  # fmt: skip
+
+
+def _call_failed(call: ToolCall, error: BaseException | str) -> events.ToolFailed:
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return events.ToolFailed(call_id=call.call_id, error=text[:2000], result_ref=call.ref)
+
+
+def _call_done(call: ToolCall) -> list[Model]:
+    """The events that close a call that succeeded: its result's artifact (when named with
+    a kind or digest), then ``ToolSucceeded``."""
+    done: list[Model] = [] if call.artifact is None else [events.ArtifactRecorded(artifact=call.artifact)]
+    return [*done, events.ToolSucceeded(call_id=call.call_id, result_ref=call.ref)]
+
+
+def _effect(eid: str, status: str, kind: str, target: str, idempotency_key: str, call_id: str | None,
+            error: BaseException | None = None) -> events.EffectRecorded:  # fmt: skip
+    evidence = None if error is None else f"{type(error).__name__}: {error}"[:2000]
+    return events.EffectRecorded(effect=events.EffectSpec(id=eid, status=status, kind=kind, target=target,  # type: ignore[arg-type]
+                                                          idempotency_key=idempotency_key, call_id=call_id,
+                                                          evidence=evidence))  # fmt: skip
+
+
+_CLOSED_OPEN = "the run handle closed with the call open"
+
+
 class Run(_Builders[Decision]):
     """One run as an agent worker sees it. Not thread-safe: one handle per worker."""
 
@@ -364,21 +394,17 @@ class Run(_Builders[Decision]):
         ``ToolFailed`` and re-raised. ``relies_on``: ``(subject, observed_version)`` of the
         observations a side-effecting call depends on (refused when stale)."""
         call = ToolCall(call_id or f"call_{uuid.uuid4().hex[:12]}", tool)
-        self.submit(events.ToolCallStarted(call_id=call.call_id, tool=tool, side_effect=side_effect, costly=costly,
-                                           relies_on=[events.ObservedVersion(subject=s, observed_version=v)
-                                                      for s, v in relies_on]))  # fmt: skip
+        self.submit(_call_started(call, side_effect, costly, relies_on))
         self._open_calls[call.call_id] = call
         try:
             yield call
         except BaseException as e:
             if self._open_calls.pop(call.call_id, None) is None:
                 raise  # close() already recorded it as failed
-            self.submit(events.ToolFailed(call_id=call.call_id, error=f"{type(e).__name__}: {e}"[:2000],
-                                          result_ref=call.ref))  # fmt: skip
+            self.submit(_call_failed(call, e))
             raise
         self._open_calls.pop(call.call_id, None)
-        done: list[Model] = [] if call.artifact is None else [events.ArtifactRecorded(artifact=call.artifact)]
-        self.submit(*done, events.ToolSucceeded(call_id=call.call_id, result_ref=call.ref), rebase=False)
+        self.submit(*_call_done(call), rebase=False)
 
     @contextmanager
     def effect(self, kind: str, target: str, idempotency_key: str, *, effect_id: str | None = None,
@@ -387,26 +413,20 @@ class Run(_Builders[Decision]):
         committed after the body or failed if it raises. A crash between the two leaves the
         run ``needs_reconciliation`` with this effect named. Yields the effect id."""
         eid = effect_id or f"effect_{uuid.uuid4().hex[:12]}"
-
-        def spec(status: str, evidence: str | None = None) -> events.EffectRecorded:
-            return events.EffectRecorded(effect=events.EffectSpec(
-                id=eid, status=status, kind=kind, target=target, idempotency_key=idempotency_key, call_id=call_id,
-                evidence=evidence))  # type: ignore[arg-type]
-
-        self.submit(spec("started"))
+        self.submit(_effect(eid, "started", kind, target, idempotency_key, call_id))
         try:
             yield eid
         except BaseException as e:
-            self.submit(spec("failed", evidence=f"{type(e).__name__}: {e}"[:2000]))
+            self.submit(_effect(eid, "failed", kind, target, idempotency_key, call_id, e))
             raise
-        self.submit(spec("committed"))
+        self.submit(_effect(eid, "committed", kind, target, idempotency_key, call_id))
 
     def close(self) -> None:
         """Record every tool call still open as failed (never left in flight silently), then
         release the backend."""
         try:
             for call in list(self._open_calls.values()):
-                self.submit(events.ToolFailed(call_id=call.call_id, error="the run handle closed with the call open"))
+                self.submit(_call_failed(call, _CLOSED_OPEN))
             self._open_calls.clear()
         finally:
             self.backend.close()
@@ -511,46 +531,36 @@ class AsyncRun(_Builders[Awaitable[Decision]]):
                         relies_on: Sequence[tuple[str, str]] = (), call_id: str | None = None) -> AsyncIterator[ToolCall]:  # fmt: skip
         """As :meth:`Run.tool_call`."""
         call = ToolCall(call_id or f"call_{uuid.uuid4().hex[:12]}", tool)
-        await self.submit(events.ToolCallStarted(call_id=call.call_id, tool=tool, side_effect=side_effect, costly=costly,
-                                                 relies_on=[events.ObservedVersion(subject=s, observed_version=v)
-                                                            for s, v in relies_on]))  # fmt: skip
+        await self.submit(_call_started(call, side_effect, costly, relies_on))
         self._open_calls[call.call_id] = call
         try:
             yield call
         except BaseException as e:
             if self._open_calls.pop(call.call_id, None) is None:
-                raise
-            await self.submit(events.ToolFailed(call_id=call.call_id, error=f"{type(e).__name__}: {e}"[:2000],
-                                                result_ref=call.ref))  # fmt: skip
+                raise  # aclose() already recorded it as failed
+            await self.submit(_call_failed(call, e))
             raise
         self._open_calls.pop(call.call_id, None)
-        done: list[Model] = [] if call.artifact is None else [events.ArtifactRecorded(artifact=call.artifact)]
-        await self.submit(*done, events.ToolSucceeded(call_id=call.call_id, result_ref=call.ref), rebase=False)
+        await self.submit(*_call_done(call), rebase=False)
 
     @asynccontextmanager
     async def effect(self, kind: str, target: str, idempotency_key: str, *, effect_id: str | None = None,
                      call_id: str | None = None) -> AsyncIterator[str]:  # fmt: skip
         """As :meth:`Run.effect`."""
         eid = effect_id or f"effect_{uuid.uuid4().hex[:12]}"
-
-        def spec(status: str, evidence: str | None = None) -> events.EffectRecorded:
-            return events.EffectRecorded(effect=events.EffectSpec(
-                id=eid, status=status, kind=kind, target=target, idempotency_key=idempotency_key, call_id=call_id,
-                evidence=evidence))  # type: ignore[arg-type]
-
-        await self.submit(spec("started"))
+        await self.submit(_effect(eid, "started", kind, target, idempotency_key, call_id))
         try:
             yield eid
         except BaseException as e:
-            await self.submit(spec("failed", evidence=f"{type(e).__name__}: {e}"[:2000]))
+            await self.submit(_effect(eid, "failed", kind, target, idempotency_key, call_id, e))
             raise
-        await self.submit(spec("committed"))
+        await self.submit(_effect(eid, "committed", kind, target, idempotency_key, call_id))
 
     async def aclose(self) -> None:
         """As :meth:`Run.close`."""
         try:
             for call in list(self._open_calls.values()):
-                await self.submit(events.ToolFailed(call_id=call.call_id, error="the run handle closed with the call open"))
+                await self.submit(_call_failed(call, _CLOSED_OPEN))
             self._open_calls.clear()
         finally:
             await self.backend.close()

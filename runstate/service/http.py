@@ -32,22 +32,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import runstate
 from runstate.app import unencodable
 from runstate.projector.store.document import unreadable
-from runstate.schemas.errors import (
-    ContractError,
-    DecisionTimeout,
-    LogError,
-    PatchTooLarge,
-    RevisionNotFound,
-    RunNotFound,
-    RunstateError,
-)
+from runstate.schemas.errors import ContractError, PatchTooLarge, RunstateError
 from runstate.schemas.patch import Decision, PatchDraft
 from runstate.schemas.state import RunState, RunStatus, RunSummary
 from runstate.service.auth import AuthError, Identity, Tokens
 from runstate.service.errors import answer, body
-from runstate.service.core import FieldChangeOut, Forward, RemoteError, ResumeOut, Service, Submitted
+from runstate.service.core import FieldChangeOut, Forward, ResumeOut, Service, Submitted
 from runstate.service.node import Node
-from runstate.service.routing import FORWARDED, Router, Unavailable
+from runstate.service.routing import FORWARDED, Router
 from runstate.snapshotter.checkpoint import Checkpoint
 
 RUN_ID = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:@/-]+$")]
