@@ -148,6 +148,7 @@ class _Local:
 
         deadline = time.monotonic() + timeout_s
         while True:
+            # Opened anew each time: a read-only store sees the projection as of its opening.
             with Projection(self.state_dir) as proj:
                 try:
                     if min_revision is None or proj.state_data(run_id)["revision"] >= min_revision:
@@ -224,12 +225,18 @@ class ToolCall:
 
 
 class _Builders(Generic[R]):
-    """The typed wrappers over the contract's events, shared by :class:`Run` and
+    """A handle's own state (run id, last seen revision, open calls) and the typed wrappers
+    over the contract's events, shared by :class:`Run` and
     :class:`AsyncRun`: each returns what ``submit`` returns (a decision, or an awaitable of
     one). Nothing here adds a rule: the reducer decides."""
 
-    run_id: str
-    _state: RunState | None
+    def __init__(self, run_id: str, timeout_s: float) -> None:
+        self.run_id = run_id
+        self.timeout_s = timeout_s
+        #: the revision this handle last saw (0: not started, or not read yet)
+        self.revision = 0
+        self._state: RunState | None = None
+        self._open_calls: dict[str, ToolCall] = {}
 
     def submit(self, *evs: Model | dict[str, Any], rebase: bool | None = None) -> R:
         raise NotImplementedError
@@ -346,13 +353,8 @@ class Run(_Builders[Decision]):
     """One run as an agent worker sees it. Not thread-safe: one handle per worker."""
 
     def __init__(self, backend: Backend, run_id: str, *, timeout_s: float = 10.0) -> None:
+        super().__init__(run_id, timeout_s)
         self.backend = backend
-        self.run_id = run_id
-        self.timeout_s = timeout_s
-        #: the revision this handle last saw (0: not started, or not read yet)
-        self.revision = 0
-        self._state: RunState | None = None
-        self._open_calls: dict[str, ToolCall] = {}
 
     # -- reading ------------------------------------------------------------------------
 
@@ -499,12 +501,8 @@ class AsyncRun(_Builders[Awaitable[Decision]]):
     ``async with`` scopes for tool calls and effects."""
 
     def __init__(self, backend: AsyncBackend, run_id: str, *, timeout_s: float = 10.0) -> None:
+        super().__init__(run_id, timeout_s)
         self.backend = backend
-        self.run_id = run_id
-        self.timeout_s = timeout_s
-        self.revision = 0
-        self._state: RunState | None = None
-        self._open_calls: dict[str, ToolCall] = {}
 
     async def state(self) -> RunState:
         self._state = await self.backend.state(self.run_id, self.revision or None)
