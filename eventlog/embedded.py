@@ -30,8 +30,9 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from runstate.eventlog.base import (
     Appended,
@@ -166,7 +167,7 @@ class EmbeddedLog(EventLog):
         self._parts: dict[str, int] = {}
         self._compacted: set[str] | None = None
         self._since_compaction = 0
-        self._db = self._connect()
+        self._db = _Serialized(self._connect())
         self.wakeup = _wakeup_for(self.path)
         if create:
             self.create_topics(partitions)
@@ -396,18 +397,60 @@ class EmbeddedLog(EventLog):
         self._db.close()
 
 
-class _txn:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``/``ROLLBACK`` (takes the write lock up front, so
-    concurrent appenders queue on SQLite's busy timeout instead of failing on upgrade)."""
+class _Rows(list[Any]):
+    """A statement's rows, read whole while the connection was held."""
+
+    def fetchall(self) -> list[Any]:
+        return list(self)
+
+    def fetchone(self) -> Any:
+        return self[0] if self else None
+
+
+class _Serialized:
+    """One SQLite connection shared by the threads of one log object (a producer in one, the
+    projector in another; LangGraph's thread pool): each statement runs whole, its rows read,
+    and each transaction whole, while the connection is held, so that no thread's statement
+    lands inside another's transaction."""
 
     def __init__(self, db: sqlite3.Connection) -> None:
+        self.raw = db
+        self.lock = threading.RLock()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Rows:
+        with self.lock:
+            return _Rows(self.raw.execute(sql, params).fetchall())
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        with self.lock:
+            self.raw.executemany(sql, rows)
+
+    def close(self) -> None:
+        with self.lock:
+            self.raw.close()
+
+
+class _txn:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``/``ROLLBACK`` (takes the write lock up front, so
+    concurrent appenders queue on SQLite's busy timeout instead of failing on upgrade),
+    holding the connection for the whole transaction."""
+
+    def __init__(self, db: _Serialized) -> None:
         self.db = db
 
     def __enter__(self) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
+        self.db.lock.acquire()
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self.db.lock.release()
+            raise
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        try:
+            self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        finally:
+            self.db.lock.release()
 
 
 class EmbeddedProducer(LogProducer):
