@@ -114,7 +114,37 @@ class Backend(Protocol):
     def state(self, run_id: str, min_revision: int | None) -> RunState: ...
     def context(self, run_id: str, min_revision: int | None) -> str: ...
     def history(self, run_id: str) -> list[Decision]: ...
+    def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
+                          limit: int | None) -> list[dict[str, Any]]: ...  # fmt: skip
     def close(self) -> None: ...
+
+
+class _Live:
+    """The in-process projector's hooks, for the local backend: a decision reaches its
+    waiter when its batch is stored (no polling of the projection), and reads use the
+    projector's own stores (no read-only store opened per read)."""
+
+    def __init__(self) -> None:
+        self.stores: dict[int, Any] = {}
+        self.changed = threading.Condition()
+        #: decisions awaited by a submit in this process, once made
+        self.awaited: dict[tuple[str, str], Decision | None] = {}
+
+    def on_assign(self, partition: int, store: Any) -> None:
+        self.stores[partition] = store
+
+    def on_accepted(self, partition: int, patch: Any, decision: Any, doc: Any, batch: Any) -> None:
+        pass
+
+    def after_write(self, partition: int, batch: Any, store: Any) -> None:
+        from runstate.schemas import structs
+
+        with self.changed:
+            for d in batch.decisions:
+                key = (d.run_id, d.patch_id)
+                if key in self.awaited:
+                    self.awaited[key] = structs.to_model(d)
+            self.changed.notify_all()
 
 
 class _Local:
@@ -132,11 +162,24 @@ class _Local:
         self.producer = RunProducer(self.log, author, decisions=decision_reader(self.state_dir))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._live: _Live | None = None
+        self._layout: Any = None
         if project:
-            projector = Projector(self.log, self.state_dir, publish_dead_letters=False)
+            self._live = _Live()
+            projector = Projector(self.log, self.state_dir, publish_dead_letters=False, hooks=self._live)
             self._thread = threading.Thread(target=projector.run, name="runstate-projector", daemon=True,
                                             kwargs={"stop": self._stop, "poll_timeout_s": 0.02})  # fmt: skip
             self._thread.start()
+
+    def _store(self, run_id: str) -> Any:
+        """The in-process projector's store of the run's partition, or None (no projector here, or not yet assigned)."""
+        if self._live is None or not self._live.stores:
+            return None
+        from runstate.projector.store.statedir import Layout
+
+        if self._layout is None:
+            self._layout = Layout(self.state_dir)
+        return self._live.stores.get(self._layout.partition_of(run_id))
 
     def _read(self, run_id: str, min_revision: int | None, how: str, timeout_s: float = 10.0) -> Any:
         """``Projection.<how>(run_id)``, once the projection holds ``min_revision`` (the
@@ -161,7 +204,28 @@ class _Local:
             time.sleep(0.02)
 
     def submit(self, run_id: str, draft: dict[str, Any], timeout_s: float) -> Decision:
-        return self.producer.submit(self.producer.build(run_id, draft), timeout_s=timeout_s)
+        patch = self.producer.build(run_id, draft)
+        live = self._live
+        if live is None:
+            return self.producer.submit(patch, timeout_s=timeout_s)
+        import time
+
+        key = (run_id, patch.patch_id)
+        with live.changed:
+            live.awaited[key] = None
+        try:
+            self.producer.append(patch)
+            deadline = time.monotonic() + timeout_s
+            with live.changed:
+                while (d := live.awaited[key]) is None and time.monotonic() < deadline:
+                    live.changed.wait(0.05)
+                    if live.awaited[key] is None and (st := self._store(run_id)) is not None:
+                        # A resent patch id gets no new decision: the earlier one is the answer.
+                        live.awaited[key] = st.decision(run_id, patch.patch_id)
+            return d if d is not None else self.producer.wait(run_id, patch.patch_id, 0.0)
+        finally:
+            with live.changed:
+                live.awaited.pop(key, None)
 
     def state(self, run_id: str, min_revision: int | None) -> RunState:
         return self._read(run_id, min_revision, "state")  # type: ignore[no-any-return]
@@ -171,6 +235,20 @@ class _Local:
 
     def history(self, run_id: str) -> list[Decision]:
         return self._read(run_id, None, "history")  # type: ignore[no-any-return]
+
+    def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
+                          limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
+        import orjson
+
+        from runstate.projector import Projection
+
+        st = self._store(run_id)
+        if st is not None:  # the projector's own store: what it decided is there
+            raw = st.graph_checkpoints(run_id, ns, checkpoint_id=checkpoint_id, before=before, limit=limit)
+        else:
+            with Projection(self.state_dir) as proj:
+                raw = proj.graph_checkpoints(run_id, ns, checkpoint_id=checkpoint_id, before=before, limit=limit)
+        return [orjson.loads(r) for r in raw]
 
     def close(self) -> None:
         self._stop.set()
@@ -200,6 +278,10 @@ class _Remote:
 
     def history(self, run_id: str) -> list[Decision]:
         return self.client.history(run_id)
+
+    def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
+                          limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
+        return self.client.graph_checkpoints(run_id, ns=ns, checkpoint_id=checkpoint_id, before=before, limit=limit)
 
     def close(self) -> None:
         self.client.close()
@@ -445,6 +527,8 @@ class AsyncBackend(Protocol):
     async def state(self, run_id: str, min_revision: int | None) -> RunState: ...
     async def context(self, run_id: str, min_revision: int | None) -> str: ...
     async def history(self, run_id: str) -> list[Decision]: ...
+    async def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
+                                limit: int | None) -> list[dict[str, Any]]: ...  # fmt: skip
     async def close(self) -> None: ...
 
 
@@ -466,6 +550,10 @@ class _AsyncLocal:
 
     async def history(self, run_id: str) -> list[Decision]:
         return await asyncio.to_thread(self.local.history, run_id)
+
+    async def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
+                                limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
+        return await asyncio.to_thread(self.local.graph_checkpoints, run_id, ns, checkpoint_id, before, limit)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.local.close)
@@ -491,6 +579,11 @@ class _AsyncRemote:
 
     async def history(self, run_id: str) -> list[Decision]:
         return await self.client.history(run_id)
+
+    async def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
+                                limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
+        return await self.client.graph_checkpoints(run_id, ns=ns, checkpoint_id=checkpoint_id, before=before,
+                                                   limit=limit)  # fmt: skip
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -570,17 +663,30 @@ class AsyncRun(_Builders[Awaitable[Decision]]):
         await self.aclose()
 
 
+def backend(where: str | Path, author: Author, *, token: str | None = None, project: bool = True) -> Backend:
+    """The backend for ``where``: a ``runstate serve`` for an ``http(s)://`` URL (``token``
+    if it needs one), else the embedded log and projections in that directory (created if
+    missing; ``project``: with a projector in this process while the backend is open)."""
+    text = str(where)
+    if text.startswith(("http://", "https://")):
+        return _Remote(text, token, author)
+    return _Local(Path(text), author, project)
+
+
+async def async_backend(where: str | Path, author: Author, *, token: str | None = None,
+                        project: bool = True) -> AsyncBackend:  # fmt: skip
+    """:func:`backend` for asyncio callers."""
+    text = str(where)
+    if text.startswith(("http://", "https://")):
+        return _AsyncRemote(text, token, author)
+    return _AsyncLocal(await asyncio.to_thread(_Local, Path(text), author, project))
+
+
 async def open_async_run(where: str | Path, run_id: str, *, agent_id: str, agent_version: str,
                          token: str | None = None, project: bool = True, timeout_s: float = 10.0) -> AsyncRun:  # fmt: skip
     """:func:`open_run` for asyncio: an :class:`AsyncRun` (``async with await open_async_run(...)``)."""
     author = Author(agent_id=agent_id, agent_version=agent_version)
-    text = str(where)
-    backend: AsyncBackend
-    if text.startswith(("http://", "https://")):
-        backend = _AsyncRemote(text, token, author)
-    else:
-        backend = _AsyncLocal(await asyncio.to_thread(_Local, Path(text), author, project))
-    run = AsyncRun(backend, run_id, timeout_s=timeout_s)
+    run = AsyncRun(await async_backend(where, author, token=token, project=project), run_id, timeout_s=timeout_s)
     try:
         await run.refresh()
     except RunstateError:
@@ -598,10 +704,7 @@ def open_run(where: str | Path, run_id: str, *, agent_id: str, agent_version: st
     handle is open (leave it off when ``runstate project`` or ``serve`` runs on that log).
     The handle reads the run's revision now if the run exists."""
     author = Author(agent_id=agent_id, agent_version=agent_version)
-    text = str(where)
-    backend: Backend = (_Remote(text, token, author) if text.startswith(("http://", "https://"))
-                        else _Local(Path(text), author, project))  # fmt: skip
-    run = Run(backend, run_id, timeout_s=timeout_s)
+    run = Run(backend(where, author, token=token, project=project), run_id, timeout_s=timeout_s)
     try:
         run.refresh()
     except RunstateError:

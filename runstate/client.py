@@ -170,6 +170,12 @@ class Client(_Base):
     def explain(self, run_id: str, path: str) -> list[dict[str, Any]]:
         return list(self._request("GET", f"/runs/{run_id}/explain", params={"path": path}).json())
 
+    def graph_checkpoints(self, run_id: str, *, ns: str | None = None, checkpoint_id: str | None = None,
+                          before: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """The run's LangGraph checkpoints, newest first (``GET /runs/{id}/graph/checkpoints``)."""
+        params = _graph_params(ns, checkpoint_id, before, limit)
+        return list(self._request("GET", f"/runs/{run_id}/graph/checkpoints", params=params).json())
+
     def events(self, run_id: str, last_event_id: int | None = None) -> Iterator[Decision]:
         """The run's decisions as they happen (Server-Sent Events), after ``last_event_id``."""
         headers = {"last-event-id": str(last_event_id)} if last_event_id is not None else {}
@@ -188,6 +194,11 @@ class Client(_Base):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _graph_params(ns: str | None, checkpoint_id: str | None, before: str | None, limit: int | None) -> dict[str, Any]:
+    given = {"ns": ns, "checkpoint_id": checkpoint_id, "before": before, "limit": limit}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _sse_data(lines: Iterator[str]) -> Iterator[str]:
@@ -257,6 +268,12 @@ class AsyncClient(_Base):
     async def runs(self, status: str | None = None) -> list[RunSummary]:
         resp = await self._request("GET", "/runs", params={"status": status} if status else {})
         return _SUMMARIES.validate_json(resp.content)
+
+    async def graph_checkpoints(self, run_id: str, *, ns: str | None = None, checkpoint_id: str | None = None,
+                                before: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """As :meth:`Client.graph_checkpoints`."""
+        params = _graph_params(ns, checkpoint_id, before, limit)
+        return list((await self._request("GET", f"/runs/{run_id}/graph/checkpoints", params=params)).json())
 
     async def events(self, run_id: str, last_event_id: int | None = None) -> AsyncIterator[Decision]:
         headers = {"last-event-id": str(last_event_id)} if last_event_id is not None else {}

@@ -186,6 +186,42 @@ class WaitingSpec(Model):
     until: AwareDatetime | None = None
 
 
+#: A LangGraph checkpoint namespace: "" for the root graph, ``parent:task|child:task`` for
+#: subgraphs (LangGraph's own form; no control characters).
+GraphNamespace = Annotated[str, Field(max_length=2000, pattern=r"^[^\x00-\x1f]*$")]
+
+
+class Blob(Model):
+    """A value serialized by LangGraph's serializer: its type tag and its bytes, the bytes as
+    standard base64 text (the contract is JSON on every edge: HTTP, MCP, the store,
+    checkpoints; one encoding for all of them)."""
+
+    type: str
+    data: str
+
+
+class GraphCheckpointSpec(Model):
+    """One LangGraph checkpoint of a thread (the run): LangGraph's own ids, the checkpoint
+    and its metadata as LangGraph serialized them."""
+
+    ns: GraphNamespace = ""
+    id: Id
+    parent_id: Id | None = None
+    checkpoint: Blob
+    metadata: Blob
+
+
+class GraphWrite(Model):
+    """One pending write of a task: ``idx`` is LangGraph's (negative for its special
+    channels, whose writes replace an earlier one)."""
+
+    task_id: Id
+    idx: Long
+    channel: str
+    value: Blob
+    task_path: str = ""
+
+
 # --- events -----------------------------------------------------------------------------
 
 
@@ -414,6 +450,33 @@ class RunCancelled(Model):
     reason: str
 
 
+class GraphCheckpointSaved(Model):
+    """LangGraph's checkpointer saved a checkpoint of the thread (``runstate.integrations.langgraph``)."""
+
+    type: Literal["GraphCheckpointSaved"] = "GraphCheckpointSaved"
+    checkpoint: GraphCheckpointSpec
+
+
+class GraphWritesSaved(Model):
+    """LangGraph's checkpointer saved pending writes against a checkpoint of the thread; a
+    write whose ``(task_id, idx)`` is already there is kept as it was, except on a special
+    channel (``idx < 0``), whose write replaces it."""
+
+    type: Literal["GraphWritesSaved"] = "GraphWritesSaved"
+    ns: GraphNamespace = ""
+    checkpoint_id: Id
+    writes: list[GraphWrite]
+
+
+class GraphThreadDeleted(Model):
+    """LangGraph deleted the thread: every checkpoint and write of it leaves the Run State,
+    and the run is cancelled, so that a late write cannot bring the thread back. Accepted on
+    a run in any status (the log keeps what was deleted; erasure removes it from the log)."""
+
+    type: Literal["GraphThreadDeleted"] = "GraphThreadDeleted"
+    reason: str = "thread deleted"
+
+
 EVENT_TYPES: tuple[type[Model], ...] = (
     RunStarted, GoalChanged, ConstraintSet, PhaseChanged,
     FactConfirmed, FactRetracted,
@@ -425,13 +488,14 @@ EVENT_TYPES: tuple[type[Model], ...] = (
     WaitingStarted, WaitingResolved, LeaseReleased,
     BudgetSet, BudgetConsumed,
     PermissionRevoked, RunCompleted, RunFailed, RunCancelled,
+    GraphCheckpointSaved, GraphWritesSaved, GraphThreadDeleted,
 )  # fmt: skip
 
 #: Every event type name, in catalogue order.
 EVENT_TYPE_NAMES: tuple[str, ...] = tuple(t.__name__ for t in EVENT_TYPES)
 
 #: Events that win over the revision check (they apply whatever revision they were based on).
-CONTROL_EVENT_TYPES: frozenset[str] = frozenset({"RunCancelled", "GoalChanged", "PermissionRevoked"})
+CONTROL_EVENT_TYPES: frozenset[str] = frozenset({"RunCancelled", "GoalChanged", "PermissionRevoked", "GraphThreadDeleted"})
 
 #: Events after which no further event is accepted.
 TERMINAL_EVENT_TYPES: frozenset[str] = frozenset({"RunCompleted", "RunFailed", "RunCancelled"})

@@ -17,8 +17,10 @@ import orjson
 from pydantic import AwareDatetime
 
 from runstate.schemas.events import (
+    Blob,
     EffectSpec,
     GoalSpec,
+    GraphWrite,
     Model,
     ObservationSpec,
     RunPolicy,
@@ -179,6 +181,29 @@ class ToolCall(Model):
     started_at_revision: int
 
 
+class GraphCheckpoint(Model):
+    """A LangGraph checkpoint of the run (a LangGraph thread is a run), with the writes
+    saved against it. ``key`` is its key in the collection: the namespace's length, the
+    namespace and the id (``0:/1ef…`` at the root), so that one namespace's checkpoints are
+    one range of keys in id order (LangGraph's ids sort by time). LangGraph saves a step's
+    writes and its next checkpoint concurrently, so writes may come first: until the
+    checkpoint does, ``checkpoint`` and ``metadata`` are None and reads do not list it."""
+
+    key: str
+    ns: str = ""
+    id: str
+    parent_id: str | None = None
+    checkpoint: Blob | None = None
+    metadata: Blob | None = None
+    saved_at_revision: int
+    writes: list[GraphWrite] = []
+
+
+def graph_key(ns: str, checkpoint_id: str = "") -> str:
+    """The key of checkpoint ``checkpoint_id`` of namespace ``ns`` (its prefix when the id is empty)."""
+    return f"{len(ns)}:{ns}/{checkpoint_id}"
+
+
 class Transition(Model):
     """The last effective transition: what was done and where its result is."""
 
@@ -288,6 +313,7 @@ COLLECTIONS: dict[str, type[Model]] = {
     "pending_tool_calls": ToolCall,
     "artifacts": Artifact,
     "inputs": Input,
+    "graph_checkpoints": GraphCheckpoint,
 }
 
 
@@ -296,6 +322,7 @@ ITEM_KEY: dict[str, str] = {
     "constraints": "key",
     "environment_observations": "subject",
     "pending_tool_calls": "call_id",
+    "graph_checkpoints": "key",
 }
 
 
@@ -322,6 +349,8 @@ class RunState(Model):
     pending_tool_calls: list[ToolCall] = []
     artifacts: list[Artifact] = []
     inputs: list[Input] = []
+    #: LangGraph's checkpoints of the thread, when runstate is its checkpointer (empty otherwise)
+    graph_checkpoints: list[GraphCheckpoint] = []
     agent_version: str
     #: absent only on documents migrated from the reference schema (v3), which did not record them.
     created_at: datetime | None = None

@@ -711,6 +711,9 @@ _HINTED_EVENTS = [
     ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "it is RS256"}),
     ev("ObservationRecorded", observation={"subject": "svc", "observed_state": "up", "observed_at": "2026-01-01T00:00:00Z"}),
     ev("EffectRecorded", effect={"id": "e9", "status": "started", "target": "prod"}),
+    ev("GraphCheckpointSaved", checkpoint={"ns": "child:1", "id": "1ef-9", "checkpoint": {"type": "msgpack", "data": ""},
+                                           "metadata": {"type": "msgpack", "data": ""}}),
+    ev("GraphWritesSaved", ns="", checkpoint_id="1ef-1", writes=[]),
 ]
 
 

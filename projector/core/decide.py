@@ -41,7 +41,8 @@ from runstate.schemas.generated.structs import Patch as PatchStruct  # noqa: E40
 
 #: Events that commute with any concurrent patch (fresh ids are still checked).
 COMMUTING: frozenset[str] = frozenset(
-    {"FactConfirmed", "HypothesisProposed", "ObservationRecorded", "QuestionOpened", "BudgetConsumed"}
+    {"FactConfirmed", "HypothesisProposed", "ObservationRecorded", "QuestionOpened", "BudgetConsumed",
+     "GraphCheckpointSaved", "GraphWritesSaved"}
 )
 
 
@@ -85,7 +86,8 @@ def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
     else:
         header = doc.header
         current = header.revision
-        if header.status in ("completed", "failed", "cancelled"):
+        # Deleting a LangGraph thread is accepted in any status (its checkpoints must go).
+        if header.status in ("completed", "failed", "cancelled") and types != ["GraphThreadDeleted"]:
             return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="run_terminal",
                                      message=f"run {patch.run_id!r} is {header.status}; nothing is accepted after a terminal status"))  # fmt: skip
 

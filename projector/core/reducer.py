@@ -30,8 +30,8 @@ from runstate.schemas import state, structs
 # struct's constructor validates nothing: every value is the validated patch's or the core's
 # own (tests/test_properties.py holds each item equal to its validated round trip).
 from runstate.schemas.generated.structs import (  # noqa: E402
-    Artifact, Constraint, Effect, Fact, Hypothesis, Input, Observation, PriorValue, Provenance, Question, Task,
-    ToolCall, Writer,
+    Artifact, Constraint, Effect, Fact, GraphCheckpoint, Hypothesis, Input, Observation, PriorValue, Provenance,
+    Question, Task, ToolCall, Writer,
 )  # fmt: skip
 
 _REFERENCE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$")
@@ -674,6 +674,53 @@ def _budget_consumed(d: Draft, e: gen.BudgetConsumed, ctx: Ctx) -> None:
              f"(used {b.tokens_used}, remaining {b.tokens_remaining})")  # fmt: skip
     # Consumption already happened: it is recorded even past the budget (remaining < 0).
     _set(d, budgets=updated(b, {"tokens_used": used, "tokens_remaining": remaining}))
+
+
+# --- LangGraph's checkpoints (runstate.integrations.langgraph) ------------------------------
+
+
+@reducer(gen.GraphCheckpointSaved, reads=lambda e: ("graph_checkpoints", state.graph_key(e.checkpoint.ns, e.checkpoint.id)))
+def _graph_checkpoint_saved(d: Draft, e: gen.GraphCheckpointSaved, ctx: Ctx) -> None:
+    c = e.checkpoint
+    key = state.graph_key(c.ns, c.id)
+    prior = d.get("graph_checkpoints", key)
+    assert prior is None or isinstance(prior, GraphCheckpoint)
+    # LangGraph saves a checkpoint id once; saved again (a retried step), the new one
+    # replaces it and the writes saved against it stay.
+    d.put("graph_checkpoints", key, GraphCheckpoint(
+        key=key, ns=c.ns, id=c.id, parent_id=c.parent_id, checkpoint=c.checkpoint, metadata=c.metadata,
+        saved_at_revision=ctx.revision, writes=prior.writes if prior is not None else [],
+    ))  # fmt: skip
+
+
+@reducer(gen.GraphWritesSaved, reads=lambda e: ("graph_checkpoints", state.graph_key(e.ns, e.checkpoint_id)))
+def _graph_writes_saved(d: Draft, e: gen.GraphWritesSaved, ctx: Ctx) -> None:
+    key = state.graph_key(e.ns, e.checkpoint_id)
+    cp = d.get("graph_checkpoints", key)
+    if cp is None:  # the writes came before their checkpoint (LangGraph saves both at once)
+        cp = GraphCheckpoint(key=key, ns=e.ns, id=e.checkpoint_id, saved_at_revision=ctx.revision)
+    assert isinstance(cp, GraphCheckpoint)
+    writes = list(cp.writes)
+    at = {(w.task_id, w.idx): i for i, w in enumerate(writes)}
+    for w in e.writes:
+        i = at.get((w.task_id, w.idx))
+        if i is None:
+            at[(w.task_id, w.idx)] = len(writes)
+            writes.append(w)
+        elif w.idx < 0:  # a special channel (error, interrupt, ...): the latest write holds
+            writes[i] = w
+    d.put("graph_checkpoints", key, updated(cp, {"writes": writes, "saved_at_revision": ctx.revision}))
+
+
+@reducer(gen.GraphThreadDeleted)
+def _graph_thread_deleted(d: Draft, e: gen.GraphThreadDeleted, ctx: Ctx) -> None:
+    for cp in list(d.values("graph_checkpoints")):
+        assert isinstance(cp, GraphCheckpoint)
+        d.delete("graph_checkpoints", cp.key)
+    if d.hget("status") not in state.TERMINAL_STATUSES:
+        _close_loose_ends(d, f"thread deleted: {e.reason}", ctx)
+        _set(d, status="cancelled", active_task_id=None, waiting=None,
+             last_transition=HeaderTransition(action=f"thread deleted: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
 missing = set(ev.EVENT_TYPE_NAMES) - set(REDUCERS)

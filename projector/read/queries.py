@@ -83,6 +83,18 @@ class Projection:
             raise RunNotFound(run_id)
         return got
 
+    def graph_checkpoints(self, run_id: str, ns: str | None, *, checkpoint_id: str | None = None,
+                          before: str | None = None, limit: int | None = None) -> list[bytes]:
+        """The run's LangGraph checkpoints as stored JSON, newest first
+        (:meth:`ProjectionStore.graph_checkpoints`); an unknown run has none, and so has
+        every run before the projector made its state directory."""
+        if not self.layout.file.exists():
+            return []
+        st = self._store(self.layout.partition_of(run_id))
+        if st is None:
+            return []
+        return st.graph_checkpoints(run_id, ns, checkpoint_id=checkpoint_id, before=before, limit=limit)
+
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
         st = self._store(self.layout.partition_of(run_id))
         return None if st is None else st.decision(run_id, patch_id)

@@ -36,7 +36,7 @@ from runstate.projector.core.working import Changes, Entry, Header, RunDoc
 from runstate.projector.store import document
 from runstate.schemas.errors import StoreError, StoreLocked
 from runstate.schemas.patch import Decision
-from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState
+from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState, graph_key
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,11 @@ class PendingBatch:
             k = keys.item_key(run_id, kind, id_)
             self.puts.pop(k, None)
             self.deletes.add(k)
+
+
+def _saved(item: bytes) -> bool:
+    """Whether a stored graph checkpoint item holds its checkpoint (not only writes that came first)."""
+    return orjson.loads(item[8:])["checkpoint"] is not None
 
 
 def _write_error(path: Path, e: Exception) -> StoreError:
@@ -461,6 +466,34 @@ class ProjectionStore:
         """Every stored checkpoint as ``(run_id, encoded)``, by run then revision."""
         for k, v in self._prefix(keys.CHECKPOINTS):
             yield keys.run_of(k, keys.CHECKPOINTS), v
+
+    def graph_checkpoints(self, run_id: str, ns: str | None, *, checkpoint_id: str | None = None,
+                          before: str | None = None, limit: int | None = None) -> list[bytes]:
+        """The run's LangGraph checkpoints (each its stored JSON, a ``GraphCheckpoint``),
+        newest first: of namespace ``ns`` (None: every namespace), only ``checkpoint_id``
+        when given, only those older than ``before``, at most ``limit``. One namespace is one
+        range of keys in id order, read backwards from where the answer starts."""
+        base = keys.items_prefix(run_id, "graph_checkpoints")
+        if checkpoint_id is not None and ns is not None:
+            raw = self._get(base + graph_key(ns, checkpoint_id).encode())
+            return [raw[8:]] if raw is not None and _saved(raw) else []
+        if ns is None:
+            found = [(orjson.loads(v[8:]), v[8:]) for _, v in self._prefix(base)]
+            found = [f for f in found if f[0]["checkpoint"] is not None
+                     and (checkpoint_id is None or f[0]["id"] == checkpoint_id)
+                     and (before is None or f[0]["id"] < before)]  # fmt: skip
+            found.sort(key=lambda f: str(f[0]["id"]), reverse=True)
+            return [v for _, v in found[:limit]]
+        prefix = base + graph_key(ns).encode()
+        start = prefix + (before.encode() if before is not None else b"\xff")
+        out: list[bytes] = []
+        for k, v in self._prefix_reversed(prefix, start):
+            if (before is not None and k == start) or not _saved(v):
+                continue
+            if limit is not None and len(out) >= limit:
+                break
+            out.append(v[8:])
+        return out
 
     def dead_letters(self) -> list[DeadLetter]:
         return [DeadLetter(**orjson.loads(v)) for _, v in self._prefix(keys.DEAD_LETTERS)]

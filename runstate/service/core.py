@@ -378,6 +378,18 @@ class Service:
 
         return await self.on_owner(run_id, fwd, local, TypeAdapter(list[FieldChangeOut]).validate_python)
 
+    async def graph_checkpoints(self, run_id: str, fwd: Forward, *, ns: str | None, checkpoint_id: str | None,
+                                before: str | None, limit: int | None) -> bytes:
+        """The run's LangGraph checkpoints, newest first, as a JSON array of the stored
+        documents (:meth:`ProjectionStore.graph_checkpoints`); none for an unknown run."""
+
+        async def local() -> bytes:
+            raw = self.node.read(run_id, lambda st: st.graph_checkpoints(
+                run_id, ns, checkpoint_id=checkpoint_id, before=before, limit=limit))  # fmt: skip
+            return b"[" + b",".join(raw) + b"]"
+
+        return await self.on_owner(run_id, fwd, local, orjson.dumps)
+
     async def runs(self, status: str | None, fwd: Forward) -> list[tuple[str, bytes]]:
         """Every run's summary (of ``status``) as ``(run_id, JSON)``, sorted by run id, from
         every partition, asked of their owners: this instance's as stored

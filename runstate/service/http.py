@@ -34,7 +34,7 @@ from runstate.app import unencodable
 from runstate.projector.store.document import unreadable
 from runstate.schemas.errors import ContractError, PatchTooLarge, RunstateError
 from runstate.schemas.patch import Decision, PatchDraft
-from runstate.schemas.state import RunState, RunStatus, RunSummary
+from runstate.schemas.state import GraphCheckpoint, RunState, RunStatus, RunSummary
 from runstate.service.auth import AuthError, Identity, Tokens
 from runstate.service.errors import answer, body
 from runstate.service.core import FieldChangeOut, Forward, ResumeOut, Service, Submitted
@@ -289,6 +289,20 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         """The latest checkpoint's verdict and the patches after it, read from the log."""
         ident(request).may_read(run_id)
         return json_out(await service.resume(run_id, fwd(request)))
+
+    @api.get("/runs/{run_id}/graph/checkpoints", response_model=list[GraphCheckpoint],
+             responses=_errors(401, 403, 422, 503))  # fmt: skip
+    async def get_graph_checkpoints(request: Request, run_id: RUN_ID, ns: Annotated[str | None, Query(max_length=2000)] = None,
+                                    checkpoint_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+                                    before: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+                                    limit: Annotated[int | None, Query(ge=1, le=2**31)] = None) -> Response:  # fmt: skip
+        """The run's LangGraph checkpoints (runstate as LangGraph's checkpointer), newest
+        first: of namespace ``ns`` (absent: every namespace), only ``checkpoint_id``, only
+        those older than ``before``, at most ``limit``. An unknown run has none."""
+        ident(request).may_read(run_id)
+        doc = await service.graph_checkpoints(run_id, fwd(request), ns=ns, checkpoint_id=checkpoint_id,
+                                              before=before, limit=limit)  # fmt: skip
+        return Response(doc, 200, media_type="application/json")
 
     @api.get("/runs", response_model=list[RunSummary], responses=_errors(401, 503))
     async def get_runs(request: Request, status: RunStatus | None = None) -> Response:

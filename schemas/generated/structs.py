@@ -285,6 +285,39 @@ class Input(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tru
     provenance: Provenance | None = None
 
 
+class Blob(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
+    """The struct of :class:`runstate.schemas.events.Blob` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.events.Blob'
+    type: str
+    data: str
+
+
+class GraphWrite(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
+    """The struct of :class:`runstate.schemas.events.GraphWrite` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.events.GraphWrite'
+    task_id: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]
+    idx: Annotated[int, msgspec.Meta(ge=-9223372036854775808, le=9223372036854775807)]
+    channel: str
+    value: Blob
+    task_path: str = ''
+
+
+class GraphCheckpoint(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
+    """The struct of :class:`runstate.schemas.state.GraphCheckpoint` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.state.GraphCheckpoint'
+    key: str
+    ns: str = ''
+    id: str
+    parent_id: str | None = None
+    checkpoint: Blob | None = None
+    metadata: Blob | None = None
+    saved_at_revision: int
+    writes: list[GraphWrite] = msgspec.field(default_factory=list)
+
+
 class RunState(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
     """The struct of :class:`runstate.schemas.state.RunState` (``__contract__``)."""
 
@@ -309,6 +342,7 @@ class RunState(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     pending_tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
     artifacts: list[Artifact] = msgspec.field(default_factory=list)
     inputs: list[Input] = msgspec.field(default_factory=list)
+    graph_checkpoints: list[GraphCheckpoint] = msgspec.field(default_factory=list)
     agent_version: str
     created_at: datetime | None = None
     updated_at: datetime | None = None
@@ -762,6 +796,43 @@ class RunCancelled(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     reason: str
 
 
+class GraphCheckpointSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
+    """The struct of :class:`runstate.schemas.events.GraphCheckpointSpec` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.events.GraphCheckpointSpec'
+    ns: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]*\\Z', max_length=2000)] = ''
+    id: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]
+    parent_id: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)] | None = None
+    checkpoint: Blob
+    metadata: Blob
+
+
+class GraphCheckpointSaved(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False, tag_field='type', tag='GraphCheckpointSaved'):
+    """The struct of :class:`runstate.schemas.events.GraphCheckpointSaved` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.events.GraphCheckpointSaved'
+    type: ClassVar[Literal['GraphCheckpointSaved']] = 'GraphCheckpointSaved'
+    checkpoint: GraphCheckpointSpec
+
+
+class GraphWritesSaved(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False, tag_field='type', tag='GraphWritesSaved'):
+    """The struct of :class:`runstate.schemas.events.GraphWritesSaved` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.events.GraphWritesSaved'
+    type: ClassVar[Literal['GraphWritesSaved']] = 'GraphWritesSaved'
+    ns: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]*\\Z', max_length=2000)] = ''
+    checkpoint_id: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]
+    writes: list[GraphWrite]
+
+
+class GraphThreadDeleted(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False, tag_field='type', tag='GraphThreadDeleted'):
+    """The struct of :class:`runstate.schemas.events.GraphThreadDeleted` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.events.GraphThreadDeleted'
+    type: ClassVar[Literal['GraphThreadDeleted']] = 'GraphThreadDeleted'
+    reason: str = 'thread deleted'
+
+
 class Author(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
     """The struct of :class:`runstate.schemas.patch.Author` (``__contract__``)."""
 
@@ -777,7 +848,7 @@ class Patch(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tru
     patch_id: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]
     run_id: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]
     expected_revision: Annotated[int, msgspec.Meta(ge=0, le=9223372036854775807)]
-    events: Annotated[list[RunStarted | GoalChanged | ConstraintSet | PhaseChanged | FactConfirmed | FactRetracted | HypothesisProposed | HypothesisRevised | HypothesisRejected | QuestionOpened | QuestionResolved | TaskCreated | TaskStarted | TaskBlocked | TaskCompleted | TaskFailed | TaskCancelled | TaskHandedOver | ToolCallStarted | ToolSucceeded | ToolFailed | ArtifactRecorded | InputRecorded | ObservationRecorded | EffectRecorded | WorkspaceUpdated | WaitingStarted | WaitingResolved | LeaseReleased | BudgetSet | BudgetConsumed | PermissionRevoked | RunCompleted | RunFailed | RunCancelled], msgspec.Meta(min_length=1)]
+    events: Annotated[list[RunStarted | GoalChanged | ConstraintSet | PhaseChanged | FactConfirmed | FactRetracted | HypothesisProposed | HypothesisRevised | HypothesisRejected | QuestionOpened | QuestionResolved | TaskCreated | TaskStarted | TaskBlocked | TaskCompleted | TaskFailed | TaskCancelled | TaskHandedOver | ToolCallStarted | ToolSucceeded | ToolFailed | ArtifactRecorded | InputRecorded | ObservationRecorded | EffectRecorded | WorkspaceUpdated | WaitingStarted | WaitingResolved | LeaseReleased | BudgetSet | BudgetConsumed | PermissionRevoked | RunCompleted | RunFailed | RunCancelled | GraphCheckpointSaved | GraphWritesSaved | GraphThreadDeleted], msgspec.Meta(min_length=1)]
     author: Author
     created_at: Annotated[datetime, msgspec.Meta(tz=True)]
     rebase: bool = False

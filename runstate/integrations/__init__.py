@@ -1,0 +1,1 @@
+"""runstate under other agent frameworks: :mod:`runstate.integrations.langgraph`."""

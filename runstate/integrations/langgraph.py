@@ -1,0 +1,354 @@
+"""runstate as LangGraph's checkpointer: :class:`RunstateSaver` and :class:`AsyncRunstateSaver`.
+
+A LangGraph thread is a run (its ``thread_id`` is the run id). Each checkpoint LangGraph
+saves is a ``GraphCheckpointSaved`` event on the run's log, each batch of pending writes a
+``GraphWritesSaved``, and deleting the thread a ``GraphThreadDeleted``: decided by the
+projector like every other patch, kept in the run's state (``graph_checkpoints``), in its
+checkpoints and in its audit trail (``runstate history``, ``explain``, ``verify``). Values
+are what LangGraph's serializer writes, kept as they are.
+
+``conn`` is a directory (the embedded log and its projections, the projector running in
+this process) or the URL of a ``runstate serve`` (``token`` if it needs one)::
+
+    with RunstateSaver.from_conn_string(".runstate") as saver:
+        graph = builder.compile(checkpointer=saver)
+
+Semantics LangGraph relies on: a read right after a write sees it (each write returns once
+the projector decided it; writes may come before their checkpoint, as LangGraph
+sends them concurrently); a write of a regular channel saved again under the same
+``(task_id, idx)`` is kept as it was, a special channel's (error, interrupt, ...) replaces
+it; after :meth:`~RunstateSaver.delete_thread` the thread's run is cancelled, so that a late
+write to it is refused (:class:`~runstate.agent.PatchRejected`, ``run_terminal``) rather than
+bringing the thread back. A checkpoint larger than the patch limit is refused with
+:class:`~runstate.schemas.errors.PatchTooLarge`, which names ``RUNSTATE_MAX_PATCH_BYTES``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+import runstate
+from runstate.agent import AsyncBackend, Backend, PatchRejected, _draft, async_backend, backend
+from runstate.schemas import events
+from runstate.schemas.patch import Author, Decision
+
+__all__ = ["AsyncRunstateSaver", "RunstateSaver"]
+
+#: The author of the saver's patches unless told otherwise (a serve with tokens uses the token's).
+DEFAULT_AUTHOR = Author(agent_id="langgraph", agent_version=runstate.__version__)
+#: Rejections a write resolves by itself, once each: the run does not exist yet (start it),
+#: or a control event moved the run on since the revision the write named (name the current one).
+#: A write names revision 0 and asks for a rebase: the graph events commute with any patch.
+_START, _SUPERSEDED = "unknown_run", "superseded"
+
+
+def _blob(typed: tuple[str, bytes]) -> events.Blob:
+    return events.Blob(type=typed[0], data=base64.b64encode(typed[1]).decode("ascii"))
+
+
+def _unblob(b: dict[str, str]) -> tuple[str, bytes]:
+    return b["type"], base64.b64decode(b["data"])
+
+
+def _where(config: RunnableConfig) -> tuple[str, str, str | None]:
+    """(thread id, namespace, checkpoint id or None) of a config. Raises ValueError without a thread id."""
+    conf = config.get("configurable") or {}
+    thread_id = conf.get("thread_id")
+    if not thread_id:
+        raise ValueError("runstate's checkpointer needs configurable.thread_id (a thread is a run)")
+    return str(thread_id), str(conf.get("checkpoint_ns") or ""), get_checkpoint_id(config)
+
+
+class _Graph:
+    """What the sync and async savers share: the events they write, the tuples they read back."""
+
+    serde: SerializerProtocol
+    timeout_s: float
+
+    def _saved(self, config: RunnableConfig, checkpoint: Checkpoint,
+               metadata: CheckpointMetadata) -> tuple[str, events.GraphCheckpointSaved, RunnableConfig]:  # fmt: skip
+        thread_id, ns, parent_id = _where(config)
+        spec = events.GraphCheckpointSpec(ns=ns, id=checkpoint["id"], parent_id=parent_id,
+                                          checkpoint=_blob(self.serde.dumps_typed(checkpoint)),
+                                          metadata=_blob(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))))  # fmt: skip
+        out: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
+                                                "checkpoint_id": checkpoint["id"]}}  # fmt: skip
+        return thread_id, events.GraphCheckpointSaved(checkpoint=spec), out
+
+    def _writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                task_path: str) -> tuple[str, events.GraphWritesSaved]:  # fmt: skip
+        thread_id, ns, checkpoint_id = _where(config)
+        if checkpoint_id is None:
+            raise ValueError("put_writes needs configurable.checkpoint_id (the checkpoint the writes belong to)")
+        saved = [events.GraphWrite(task_id=task_id, idx=WRITES_IDX_MAP.get(channel, i), channel=channel,
+                                   value=_blob(self.serde.dumps_typed(value)), task_path=task_path)
+                 for i, (channel, value) in enumerate(writes)]  # fmt: skip
+        return thread_id, events.GraphWritesSaved(ns=ns, checkpoint_id=checkpoint_id, writes=saved)
+
+    def _tuple(self, thread_id: str, doc: dict[str, Any]) -> CheckpointTuple:
+        ns = doc.get("ns", "")
+        parent = doc.get("parent_id")
+        return CheckpointTuple(
+            config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": doc["id"]}},
+            checkpoint=self.serde.loads_typed(_unblob(doc["checkpoint"])),
+            metadata=self.serde.loads_typed(_unblob(doc["metadata"])),
+            parent_config=({"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
+                           if parent else None),  # fmt: skip
+            pending_writes=[(w["task_id"], w["channel"], self.serde.loads_typed(_unblob(w["value"])))
+                            for w in doc.get("writes", [])],  # fmt: skip
+        )
+
+    @staticmethod
+    def _query(config: RunnableConfig | None, filter: dict[str, Any] | None, before: RunnableConfig | None,
+               limit: int | None) -> tuple[str, str | None, str | None, str | None, int | None]:  # fmt: skip
+        """(thread, namespace or None for all, checkpoint id, before, limit to ask the store)."""
+        if config is None:
+            raise ValueError("runstate's checkpointer lists one thread at a time: give configurable.thread_id")
+        thread_id, ns, checkpoint_id = _where(config)
+        conf = config.get("configurable") or {}
+        return (thread_id, ns if "checkpoint_ns" in conf else None, checkpoint_id,
+                get_checkpoint_id(before) if before else None, None if filter else limit)  # fmt: skip
+
+    def _listed(self, thread_id: str, docs: list[dict[str, Any]], filter: dict[str, Any] | None,
+                limit: int | None) -> Iterator[CheckpointTuple]:  # fmt: skip
+        n = 0
+        for doc in docs:
+            if limit is not None and n >= limit:
+                return
+            tup = self._tuple(thread_id, doc)
+            if filter and not all(tup.metadata.get(k) == v for k, v in filter.items()):
+                continue
+            n += 1
+            yield tup
+
+
+def _outcome(d: Decision | None) -> Decision | None:
+    if d is not None and d.outcome != "accepted":
+        raise PatchRejected(d)
+    return d
+
+
+class RunstateSaver(_Graph, BaseCheckpointSaver[int]):
+    """LangGraph's ``BaseCheckpointSaver`` on runstate (synchronous; the ``a*`` methods run
+    the synchronous ones in a worker thread). Make it with :meth:`from_conn_string`."""
+
+    def __init__(self, backend: Backend, *, serde: SerializerProtocol | None = None, timeout_s: float = 30.0) -> None:
+        super().__init__(serde=serde)
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self._started: set[str] = set()
+        self._starting = threading.Lock()
+
+    @classmethod
+    @contextmanager
+    def from_conn_string(cls, conn: str | Path, *, token: str | None = None, author: Author = DEFAULT_AUTHOR,
+                         serde: SerializerProtocol | None = None) -> Iterator[RunstateSaver]:  # fmt: skip
+        """A saver on ``conn``: a directory (embedded log and projections, the projector in
+        this process while the saver is open) or a ``runstate serve`` URL."""
+        saver = cls(backend(conn, author, token=token), serde=serde)
+        try:
+            yield saver
+        finally:
+            saver.backend.close()
+
+    def _submit(self, thread_id: str, event: events.Model, *, start: bool = True, new: bool = False) -> Decision | None:
+        """Write ``event`` to the thread's run, starting the run if it does not exist (unless
+        ``start`` is off: then None). ``new``: the thread is probably new (a checkpoint with no
+        parent), so the start is tried first. A thread's first write in this process holds
+        the others to it, so that concurrent writes do not race to start the run. Raises
+        :class:`PatchRejected`."""
+        if thread_id in self._started:
+            return _outcome(self._write(thread_id, event, start, new))
+        with self._starting:
+            d = _outcome(self._write(thread_id, event, start, new))
+            self._started.add(thread_id)
+            return d
+
+    def _write(self, thread_id: str, event: events.Model, start: bool, new: bool) -> Decision | None:
+        submit, timeout = self.backend.submit, self.timeout_s
+        begun = [events.RunStarted(goal=events.GoalSpec(statement=f"LangGraph thread {thread_id}")), event]
+        d = submit(thread_id, _draft(0, begun, False), timeout) if new and start else None
+        if d is None or d.reason == "revision_conflict":  # not new, or started already
+            d = submit(thread_id, _draft(0, [event], True), timeout)
+        if d.reason == _SUPERSEDED:
+            d = submit(thread_id, _draft(d.revision, [event], True), timeout)
+        elif d.reason == _START:
+            if not start:
+                return None
+            d = submit(thread_id, _draft(0, begun, False), timeout)
+        return d
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
+        thread_id, event, out = self._saved(config, checkpoint, metadata)
+        self._submit(thread_id, event, new=event.checkpoint.parent_id is None)
+        return out
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                   task_path: str = "") -> None:  # fmt: skip
+        thread_id, event = self._writes(config, writes, task_id, task_path)
+        self._submit(thread_id, event)
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        thread_id, ns, checkpoint_id = _where(config)
+        docs = self.backend.graph_checkpoints(thread_id, ns, checkpoint_id, None, 1)
+        return self._tuple(thread_id, docs[0]) if docs else None
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:  # fmt: skip
+        thread_id, ns, checkpoint_id, before_id, ask = self._query(config, filter, before, limit)
+        yield from self._listed(thread_id, self.backend.graph_checkpoints(thread_id, ns, checkpoint_id, before_id, ask),
+                                filter, limit)  # fmt: skip
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Remove the thread's checkpoints and writes from its Run State and cancel its run
+        (a missing thread is no error). The log keeps the events until the run is erased."""
+        self._submit(str(thread_id), events.GraphThreadDeleted(), start=False)
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                   new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                          task_path: str = "") -> None:  # fmt: skip
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+                    before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:  # fmt: skip
+        for tup in await asyncio.to_thread(lambda: list(self.list(config, filter=filter, before=before, limit=limit))):
+            yield tup
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+
+class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[int]):
+    """:class:`RunstateSaver` for asyncio graphs (``ainvoke``, ``astream``): the same
+    events, sent without a thread per call over a ``runstate serve``. Its synchronous methods
+    work from other threads while its event loop runs (as LangGraph's own async savers)."""
+
+    def __init__(self, backend: AsyncBackend, *, serde: SerializerProtocol | None = None, timeout_s: float = 30.0) -> None:
+        super().__init__(serde=serde)
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.loop = asyncio.get_running_loop()
+        self._started: set[str] = set()
+        self._starting = asyncio.Lock()
+
+    @classmethod
+    @asynccontextmanager
+    async def from_conn_string(cls, conn: str | Path, *, token: str | None = None, author: Author = DEFAULT_AUTHOR,
+                               serde: SerializerProtocol | None = None) -> AsyncIterator[AsyncRunstateSaver]:  # fmt: skip
+        """As :meth:`RunstateSaver.from_conn_string`."""
+        saver = cls(await async_backend(conn, author, token=token), serde=serde)
+        try:
+            yield saver
+        finally:
+            await saver.backend.close()
+
+    async def _submit(self, thread_id: str, event: events.Model, *, start: bool = True,
+                      new: bool = False) -> Decision | None:  # fmt: skip
+        """As :meth:`RunstateSaver._submit`."""
+        if thread_id in self._started:
+            return _outcome(await self._write(thread_id, event, start, new))
+        async with self._starting:
+            d = _outcome(await self._write(thread_id, event, start, new))
+            self._started.add(thread_id)
+            return d
+
+    async def _write(self, thread_id: str, event: events.Model, start: bool, new: bool) -> Decision | None:
+        submit, timeout = self.backend.submit, self.timeout_s
+        begun = [events.RunStarted(goal=events.GoalSpec(statement=f"LangGraph thread {thread_id}")), event]
+        d = await submit(thread_id, _draft(0, begun, False), timeout) if new and start else None
+        if d is None or d.reason == "revision_conflict":
+            d = await submit(thread_id, _draft(0, [event], True), timeout)
+        if d.reason == _SUPERSEDED:
+            d = await submit(thread_id, _draft(d.revision, [event], True), timeout)
+        elif d.reason == _START:
+            if not start:
+                return None
+            d = await submit(thread_id, _draft(0, begun, False), timeout)
+        return d
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                   new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
+        thread_id, event, out = self._saved(config, checkpoint, metadata)
+        await self._submit(thread_id, event, new=event.checkpoint.parent_id is None)
+        return out
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                          task_path: str = "") -> None:  # fmt: skip
+        thread_id, event = self._writes(config, writes, task_id, task_path)
+        await self._submit(thread_id, event)
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        thread_id, ns, checkpoint_id = _where(config)
+        docs = await self.backend.graph_checkpoints(thread_id, ns, checkpoint_id, None, 1)
+        return self._tuple(thread_id, docs[0]) if docs else None
+
+    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+                    before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:  # fmt: skip
+        thread_id, ns, checkpoint_id, before_id, ask = self._query(config, filter, before, limit)
+        for tup in self._listed(thread_id, await self.backend.graph_checkpoints(thread_id, ns, checkpoint_id,
+                                                                                before_id, ask), filter, limit):  # fmt: skip
+            yield tup
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """As :meth:`RunstateSaver.delete_thread`."""
+        await self._submit(str(thread_id), events.GraphThreadDeleted(), start=False)
+
+    # LangGraph calls the synchronous methods from other threads (``graph.get_state`` in a
+    # sync context): they run on the saver's loop.
+    def _on_loop(self, coro: Any) -> Any:
+        try:
+            if asyncio.get_running_loop() is self.loop:
+                coro.close()
+                raise RuntimeError("AsyncRunstateSaver's synchronous methods cannot run on its own event loop: "
+                                   "await the a* methods (or use RunstateSaver)")  # fmt: skip
+        except RuntimeError as e:
+            if "no running event loop" not in str(e):
+                raise
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
+        return self._on_loop(self.aput(config, checkpoint, metadata, new_versions))  # type: ignore[no-any-return]
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                   task_path: str = "") -> None:  # fmt: skip
+        self._on_loop(self.aput_writes(config, writes, task_id, task_path))
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._on_loop(self.aget_tuple(config))  # type: ignore[no-any-return]
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:  # fmt: skip
+        async def collect() -> list[CheckpointTuple]:
+            return [t async for t in self.alist(config, filter=filter, before=before, limit=limit)]
+
+        yield from self._on_loop(collect())
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._on_loop(self.adelete_thread(thread_id))

@@ -1,0 +1,186 @@
+"""runstate as LangGraph's checkpointer: LangGraph's own conformance suite
+(``langgraph-checkpoint-conformance``) against both savers on the embedded log, through a
+real ``runstate serve``, and on the real Kafka broker; a real graph interrupted for approval
+and resumed from a new process; the mistakes a user can make."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from servekit import ServeProcess
+
+from runstate.agent import PatchRejected
+from runstate.integrations.langgraph import AsyncRunstateSaver, RunstateSaver
+from runstate.schemas.errors import PatchTooLarge
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "langgraph_approval.py"
+#: The base capabilities' checks in langgraph-checkpoint-conformance 0.0.2.
+BASE_CHECKS = 58
+
+
+def _validate(name: str, make: Any) -> Any:
+    """LangGraph's suite on the savers ``make()`` (an async context manager) gives; its report."""
+    from langgraph.checkpoint.conformance import checkpointer_test, validate
+
+    @checkpointer_test(name=name)
+    async def factory() -> AsyncIterator[Any]:
+        async with make() as saver:
+            yield saver
+
+    report = asyncio.run(validate(factory))
+    report.print_report()
+    return report
+
+
+def _assert_every_base_check_passes(report: Any) -> None:
+    from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES
+
+    base = [report.results[c.value] for c in BASE_CAPABILITIES]
+    failures = [f for r in base for f in r.failures]
+    assert not failures, failures
+    assert report.passed_all_base()
+    assert sum(r.tests_passed for r in base) == BASE_CHECKS
+
+
+def test_langgraph_conformance_async_saver_on_the_embedded_log(tmp_path: Path) -> None:
+    n = iter(range(100))
+
+    def make() -> Any:
+        return AsyncRunstateSaver.from_conn_string(tmp_path / f"s{next(n)}")
+
+    _assert_every_base_check_passes(_validate("AsyncRunstateSaver (embedded)", make))
+
+
+def test_langgraph_conformance_sync_saver_on_the_embedded_log(tmp_path: Path) -> None:
+    from contextlib import asynccontextmanager
+
+    n = iter(range(100))
+
+    @asynccontextmanager
+    async def make() -> AsyncIterator[RunstateSaver]:
+        with RunstateSaver.from_conn_string(tmp_path / f"s{next(n)}") as saver:
+            yield saver
+
+    _assert_every_base_check_passes(_validate("RunstateSaver (embedded)", make))
+
+
+@pytest.mark.slow
+def test_langgraph_conformance_through_a_serve(tmp_path: Path) -> None:
+    serve = ServeProcess({"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")},
+                         tmp_path)  # fmt: skip
+    try:
+        serve.wait_ready()
+        report = _validate("AsyncRunstateSaver (serve)", lambda: AsyncRunstateSaver.from_conn_string(serve.url))
+        _assert_every_base_check_passes(report)
+    finally:
+        assert serve.stop() == 0, serve.log()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_langgraph_conformance_on_the_kafka_broker(kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path) -> None:
+    from runstate.eventlog.kafka import KafkaLog
+
+    KafkaLog(kafka_bootstrap, topics=kafka_topics).create_topics(3)
+    env = {"RUNSTATE_LOG": f"kafka://{kafka_bootstrap}", "RUNSTATE_TOPIC_PREFIX": kafka_topics.events.rsplit(".", 1)[0],
+           "RUNSTATE_STATE_DIR": str(tmp_path / "state")}  # fmt: skip
+    serve = ServeProcess(env, tmp_path)
+    try:
+        serve.wait_ready(timeout_s=120)
+        report = _validate("AsyncRunstateSaver (Kafka)", lambda: AsyncRunstateSaver.from_conn_string(serve.url))
+        _assert_every_base_check_passes(report)
+    finally:
+        assert serve.stop() == 0, serve.log()
+
+
+def _example(where: Path | str, thread: str, *args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, str(EXAMPLE), str(where), thread, *args], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout))
+
+
+def _cli(where: Path, *args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "runstate.cli", *args], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "RUNSTATE_LOG": str(where / "log.db"),
+                              "RUNSTATE_STATE_DIR": str(where / "state")})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_a_graph_interrupted_for_approval_resumes_in_a_new_process(tmp_path: Path) -> None:
+    """The example: a tool-calling agent stops before a refund for a person's approval; a
+    second process resumes the thread from runstate and finishes. Then, in this process:
+    LangGraph's history of the thread, a fork from an earlier checkpoint with
+    ``update_state``, and the same thread as runstate's audit tools show it."""
+    sys.path.insert(0, str(EXAMPLE.parent))
+    import langgraph_approval  # type: ignore[import-not-found]
+    from langchain_core.messages import AIMessage
+
+    where = tmp_path / "rs"
+    first = _example(where, "refund-1")
+    assert first["waiting_for"] == [{"approve": "refund 30 on order A-1042?"}]
+    second = _example(where, "refund-1", "--approve")
+    assert second == {"last": "Done: refunded", "waiting_for": []}
+
+    config: Any = {"configurable": {"thread_id": "refund-1"}}
+    with RunstateSaver.from_conn_string(where) as saver:
+        graph = langgraph_approval.build(saver)
+        snap = graph.get_state(config)
+        assert snap.values["messages"][-1].content == "Done: refunded" and not snap.next
+        history = list(graph.get_state_history(config))
+        assert len(history) >= 5 and history[0].config == snap.config
+        # Fork: back to the checkpoint where the tools were next, with the model's call changed.
+        before_tools = next(h for h in history if h.next == ("tools",))
+        call = {"name": "refund", "args": {"order": "A-1042", "amount": 5}, "id": "call_refund_2"}
+        forked = graph.update_state(before_tools.config, {"messages": [AIMessage(content="", tool_calls=[call])]})
+        assert forked["configurable"]["checkpoint_id"] != snap.config["configurable"]["checkpoint_id"]
+        fork_state = graph.get_state(forked)
+        assert fork_state.values["messages"][-1].tool_calls[0]["args"]["amount"] == 5
+        assert fork_state.next == ("tools",)
+        assert graph.get_state(config).config == forked  # the fork is the thread's latest checkpoint
+
+    lines = _cli(where, "history", "refund-1").splitlines()
+    assert lines[0].split("\t")[2] == "accepted" and "RunStarted,GraphCheckpointSaved" in lines[0]
+    assert all("\taccepted" in line for line in lines), lines
+    assert sum("GraphCheckpointSaved" in line for line in lines) == len(history) + 1
+    key = f"0:/{forked['configurable']['checkpoint_id']}"
+    explained = _cli(where, "explain", "refund-1", f"graph_checkpoints.{key}.parent_id")
+    assert before_tools.config["configurable"]["checkpoint_id"] in explained
+    _cli(where, "verify")  # exit 0: the projection equals a replay of the log
+
+
+def test_mistakes_are_typed_errors_and_a_deleted_thread_stays_deleted(tmp_path: Path) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+    with RunstateSaver.from_conn_string(tmp_path / "rs") as saver:
+        cfg = generate_config("t1")
+        stored = saver.put(cfg, generate_checkpoint(), generate_metadata(), {})
+        saver.put_writes(stored, [("ch", "v")], "task-1")
+
+        big = generate_checkpoint(channel_values={"blob": "x" * 2_000_000})
+        with pytest.raises(PatchTooLarge, match="RUNSTATE_MAX_PATCH_BYTES"):
+            saver.put(cfg, big, generate_metadata(), {})
+        with pytest.raises(ValueError, match="thread_id"):
+            saver.get_tuple({"configurable": {}})
+        with pytest.raises(ValueError, match="one thread at a time"):
+            list(saver.list(None))
+
+        saver.delete_thread("t1")
+        assert saver.get_tuple(generate_config("t1")) is None
+        # A late write (LangGraph issue 7206) must not bring the thread back.
+        with pytest.raises(PatchRejected, match="run_terminal"):
+            saver.put_writes(stored, [("ch", "late")], "task-2")
+        with pytest.raises(PatchRejected, match="run_terminal"):
+            saver.put(cfg, generate_checkpoint(), generate_metadata(), {})
+        assert saver.get_tuple(generate_config("t1")) is None
+        saver.delete_thread("never-existed")  # no error, as LangGraph's savers
