@@ -165,6 +165,10 @@ def main() -> None:
         savers["RunstateSaver (serve, embedded)"] = remote(url)
         if args.kafka:
             prefix = f"bench-lg-{os.getpid()}"
+            from runstate.eventlog.base import TopicNames
+            from runstate.eventlog.kafka import KafkaLog
+
+            KafkaLog(args.kafka, topics=TopicNames.with_prefix(prefix)).create_topics(3)
             kurl = stack.enter_context(serve({"RUNSTATE_LOG": f"kafka://{args.kafka}", "RUNSTATE_TOPIC_PREFIX": prefix,
                                               "RUNSTATE_STATE_DIR": str(work / "kafka-state")}))  # fmt: skip
             savers["RunstateSaver (serve, Kafka)"] = remote(kurl)

@@ -184,3 +184,14 @@ def test_mistakes_are_typed_errors_and_a_deleted_thread_stays_deleted(tmp_path: 
             saver.put(cfg, generate_checkpoint(), generate_metadata(), {})
         assert saver.get_tuple(generate_config("t1")) is None
         saver.delete_thread("never-existed")  # no error, as LangGraph's savers
+
+
+def test_the_docs_example_runs_as_written(tmp_path: Path) -> None:
+    from helpers import doc_blocks
+
+    [block] = doc_blocks("python", "docs/langgraph.md")
+    script = block + ("\nassert snapshot.values == {'steps': ['looked at the failing test']}, snapshot\n"
+                      "assert len(history) == 3, history\n")  # input, the node's step, and the start
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "RunStarted,GraphCheckpointSaved" in _cli(tmp_path / ".runstate", "history", "thread-1")
