@@ -45,6 +45,9 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     for layer in (*LAYERS, "testing", "compose"):
         assert f"runstate/{layer}/__init__.py" in names
     assert "runstate/schemas/avro/patch.v1.avsc" in names and "runstate/compose/docker-compose.yml" in names
+    # The audit pages are served from the wheel itself (no CDN, no build step).
+    assert {"runstate/service/static/index.html", "runstate/service/static/app.js",
+            "runstate/service/static/app.css"} <= set(names)  # fmt: skip
 
 
 def test_an_installed_wheel_imports_only_runstate_from_anywhere(wheel: Path, tmp_path: Path) -> None:

@@ -73,6 +73,17 @@ class Submitted(BaseModel):
     decision: Decision | None = None
 
 
+class DeadLetterOut(BaseModel):
+    """A record that could not be decided: where it is in the log, and why."""
+
+    partition: int
+    offset: int
+    reason: str
+    detail: str
+    key: str | None = None
+    size: int
+
+
 class FieldChangeOut(BaseModel):
     revision: int
     offset: int
@@ -405,6 +416,15 @@ class Service:
 
         parts = await self.scatter(fwd, local, parse)
         return sorted((h for hs in parts for h in hs), key=lambda h: h[0])
+
+    async def dead_letters(self, fwd: Forward) -> list[DeadLetterOut]:
+        """Every dead letter of every partition (asked of their owners), by partition and offset."""
+        def local() -> list[DeadLetterOut]:
+            per = self.node.read_partitions(lambda _p, st: st.dead_letters())
+            return [DeadLetterOut(**vars(d)) for ds in per.values() for d in ds]
+
+        parts = await self.scatter(fwd, local, TypeAdapter(list[DeadLetterOut]).validate_python)
+        return sorted((d for ds in parts for d in ds), key=lambda d: (d.partition, d.offset))
 
     async def checkpoints(self, run_id: str, fwd: Forward) -> list[Checkpoint]:
         """The checkpoints this instance's snapshotter wrote of the run, else another's."""

@@ -14,6 +14,7 @@ or not yet at ``min_revision``).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -37,7 +38,7 @@ from runstate.schemas.patch import Decision, PatchDraft
 from runstate.schemas.state import GraphCheckpoint, RunState, RunStatus, RunSummary
 from runstate.service.auth import AuthError, Identity, Tokens
 from runstate.service.errors import answer, body
-from runstate.service.core import FieldChangeOut, Forward, ResumeOut, Service, Submitted
+from runstate.service.core import DeadLetterOut, FieldChangeOut, Forward, ResumeOut, Service, Submitted
 from runstate.service.node import Node
 from runstate.service.routing import FORWARDED, Router
 from runstate.snapshotter.checkpoint import Checkpoint
@@ -269,9 +270,14 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         return json_out(ContextOut(run_id=run_id, context=await service.context(run_id, fwd(request), min_revision)))
 
     @api.get("/runs/{run_id}/history", response_model=list[Decision], responses=_errors(401, 403, 404, 503))
-    async def get_history(request: Request, run_id: RUN_ID) -> Response:
+    async def get_history(request: Request, run_id: RUN_ID, start: Annotated[int, Query(ge=0, le=2**62)] = 0,
+                          limit: Annotated[int | None, Query(ge=1, le=100_000)] = None) -> Response:  # fmt: skip
+        """Every decision on the run's patches in log order (``start``, ``limit``: one page of
+        them; ``X-Total-Count`` says how many there are)."""
         ident(request).may_read(run_id)
-        return json_out(await service.history(run_id, fwd(request)))
+        history = await service.history(run_id, fwd(request))
+        page = history[start:None if limit is None else start + limit]
+        return json_out(page, headers={"X-Total-Count": str(len(history))})
 
     @api.get("/runs/{run_id}/explain", response_model=list[FieldChangeOut], responses=_errors(401, 403, 404, 422, 503))
     async def get_explain(request: Request, run_id: RUN_ID, path: Annotated[str, Query(min_length=1, max_length=512)]) -> Response:
@@ -305,13 +311,36 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         return Response(doc, 200, media_type="application/json")
 
     @api.get("/runs", response_model=list[RunSummary], responses=_errors(401, 503))
-    async def get_runs(request: Request, status: RunStatus | None = None) -> Response:
-        """Every run (every partition, asked of their owners): its summary, the header without the projector's bookkeeping."""
+    async def get_runs(request: Request, status: RunStatus | None = None,
+                       q: Annotated[str | None, Query(max_length=256)] = None,
+                       after: Annotated[str | None, Query(max_length=256)] = None,
+                       limit: Annotated[int | None, Query(ge=1, le=100_000)] = None) -> Response:  # fmt: skip
+        """Every run (every partition, asked of their owners): its summary, the header without
+        the projector's bookkeeping, by run id. ``q``: only ids containing it; ``after``,
+        ``limit``: one page, the ids after ``after`` (``X-Total-Count``: how many match)."""
         who = ident(request)
         headers = await service.runs(status, fwd(request))
         if who.runs is not None:
             headers = [h for h in headers if _may(who, h[0])]
-        return Response(b"[" + b",".join([doc for _, doc in headers]) + b"]", media_type="application/json")
+        if q:
+            headers = [h for h in headers if q in h[0]]
+        total = len(headers)
+        if after is not None:
+            headers = headers[bisect.bisect_right([h[0] for h in headers], after):]
+        if limit is not None:
+            headers = headers[:limit]
+        return Response(b"[" + b",".join([doc for _, doc in headers]) + b"]", media_type="application/json",
+                        headers={"X-Total-Count": str(total)})  # fmt: skip
+
+    @api.get("/deadletters", response_model=list[DeadLetterOut], responses=_errors(401, 503))
+    async def get_dead_letters(request: Request) -> Response:
+        """Records of the log that could not be decided (not decodable, not a patch), with
+        the reason, from every partition. A token limited to some runs sees those of its runs."""
+        who = ident(request)
+        letters = await service.dead_letters(fwd(request))
+        if who.runs is not None:
+            letters = [d for d in letters if d.key is not None and _may(who, d.key)]
+        return json_out(letters)
 
     @api.get("/runs/{run_id}/events", responses={200: {"content": {"text/event-stream": {}},
                                                        "description": "decisions as Server-Sent Events"},
@@ -370,6 +399,9 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         rate, restore progress."""
         return Response(await asyncio.to_thread(metrics.render), media_type=CONTENT_TYPE_LATEST)
 
+    from runstate.service.pages import mount_pages
+
+    mount_pages(api)
     api.add_middleware(CountRequests, counter=metrics.requests)
 
     if mcp_server is not None:

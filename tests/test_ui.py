@@ -1,0 +1,233 @@
+"""The audit pages of `runstate serve` (/ui), driven in headless Chromium (Debian's package,
+through Playwright) as a person would use them: against a real serve process, with real
+patches, tokens and a dead letter."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ev, fact, start, task
+from servekit import ServeProcess
+
+from runstate.client import Client
+
+pytestmark = pytest.mark.slow
+
+GOAL = "fix the login <script>window.pwned = 1</script> failure"
+#: Where the test writes the screenshots the docs show (set RUNSTATE_SCREENSHOTS=docs/img to refresh them).
+SHOTS = os.environ.get("RUNSTATE_SCREENSHOTS")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium from the system's package (run-tests.sh installs Debian's ``chromium``)."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("the browser tests need Debian's chromium (apt-get install -y chromium); run-tests.sh installs it")
+        pytest.skip("no chromium on PATH (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-background-networking",
+                                                         "--disable-component-update"])  # fmt: skip
+        yield b
+        b.close()
+
+
+def _submit(rs: Client, run_id: str, expected: int, *events: dict[str, Any]) -> Any:
+    return rs.submit(run_id, {"expected_revision": expected, "events": list(events)})
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProcess, Client]]:
+    work = tmp_path_factory.mktemp("ui")
+    serve = ServeProcess({"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"),
+                          "RUNSTATE_CHECKPOINT_EVERY": "3"}, work)  # fmt: skip
+    serve.wait_ready()
+    rs = Client(serve.url)
+    trust = {"external_evidence_schemes": ["artifact"]}
+    assert _submit(rs, "run-ui", 0, {**start(GOAL), "policy": trust}).outcome == "accepted"
+    assert _submit(rs, "run-ui", 1, task("t1")).outcome == "accepted"
+    assert _submit(rs, "run-ui", 2, ev("TaskStarted", task_id="t1")).outcome == "accepted"
+    rejected = _submit(rs, "run-ui", 3, fact("f1", evidence=None))
+    assert rejected.reason == "invalid" and rejected.rule == "fact.evidence_required"
+    assert _submit(rs, "run-ui", 3, fact("f1")).outcome == "accepted"
+    for i in range(12):
+        assert _submit(rs, f"other-{i:02d}", 0, start(f"other work {i}")).outcome == "accepted"
+    _incident(rs)
+    try:
+        yield serve, rs
+    finally:
+        rs.close()
+        assert serve.stop() == 0, serve.log()
+
+
+def _incident(rs: Client) -> None:
+    """A run with most of what a Run State holds, for the docs' picture of a run page."""
+    steps = [
+        [{**start("restore checkout for EU customers", include=["services/checkout"]),
+          "policy": {"external_evidence_schemes": ["artifact"], "observation_max_age_s": 600}}],
+        [ev("ConstraintSet", constraint={"key": "max_rollout", "value": "10%", "source": "operator"})],
+        [ev("TaskCreated", task={"id": "t1", "title": "find why eu-1 payments time out"}),
+         ev("TaskCreated", task={"id": "t2", "title": "roll back the TLS proxy in eu-1", "depends_on": ["t1"]})],
+        [ev("TaskStarted", task_id="t1")],
+        [ev("ToolCallStarted", call_id="c1", tool="read_logs")],
+        [ev("ToolSucceeded", call_id="c1", result_ref="artifact://logs/eu-1")],
+        [fact("f1", evidence="artifact://logs/eu-1") | {"fact": {"id": "f1", "evidence": "artifact://logs/eu-1",
+                                                                  "statement": "payments time out after 30 s in eu-1"}}],
+        [ev("HypothesisProposed", hypothesis={"id": "h1", "statement": "the new TLS proxy drops idle connections",
+                                              "confidence": 0.6, "falsifier": "timeouts continue with the proxy bypassed"})],
+        [ev("ObservationRecorded", observation={"subject": "deploy/checkout", "observed_state": "v2.3.1 on 40% of pods",
+                                                "observed_version": "rev-118"})],
+        [ev("ConstraintSet", constraint={"key": "max_rollout", "value": "5%", "source": "operator"})],
+        [ev("EffectRecorded", effect={"id": "e1", "status": "started", "kind": "rollback", "target": "checkout eu-1",
+                                      "idempotency_key": "rb-118"})],
+        [ev("QuestionOpened", question={"id": "q1", "text": "does eu-2 use the same proxy?"})],
+    ]
+    for i, events in enumerate(steps):
+        assert _submit(rs, "incident-42", i, *events).outcome == "accepted", events
+    assert _submit(rs, "incident-42", 5, fact("f2", evidence=None)).outcome == "rejected"
+
+
+def _page(browser: Any) -> Any:
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.on("dialog", lambda d: pytest.fail(f"the page opened a {d.type} dialog: {d.message}"))
+    page.on("pageerror", lambda e: pytest.fail(f"a script error on the page: {e}"))
+    return page
+
+
+def _shot(page: Any, name: str, tmp: Path) -> None:
+    page.screenshot(path=str(tmp / name), full_page=False)
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp / name, Path(SHOTS) / name)
+
+
+def test_the_runs_list_shows_runs_searches_and_pages(browser: Any, served: tuple[ServeProcess, Client],
+                                                    tmp_path: Path) -> None:  # fmt: skip
+    serve, _ = served
+    page = _page(browser)
+    page.goto(serve.url + "/ui")
+    page.wait_for_selector("#runs tbody tr")
+    assert page.locator("#count").inner_text() == "14 runs"
+    assert page.locator("#runs a", has_text="run-ui").count() == 1
+    _shot(page, "ui-runs.png", tmp_path)
+    page.fill("#q", "other-1")
+    page.click("button[type=submit]")
+    page.wait_for_selector("#count:has-text('2 runs')")
+    assert sorted(page.locator("#runs tbody a").all_inner_texts()) == ["other-10", "other-11"]
+    page.select_option("#status", "completed")
+    page.fill("#q", "")
+    page.click("button[type=submit]")
+    page.wait_for_selector("#count:has-text('0 runs')")
+    page.close()
+
+
+def test_a_run_page_shows_the_timeline_the_state_then_and_why(browser: Any, served: tuple[ServeProcess, Client],
+                                                             tmp_path: Path) -> None:  # fmt: skip
+    serve, rs = served
+    page = _page(browser)
+    page.goto(serve.url + "/ui/runs/run-ui")
+    page.wait_for_selector("#goal")
+    # A goal holding HTML is shown as its text, and its script never ran.
+    assert page.locator("#goal").inner_text().count("<script>window.pwned = 1</script>") == 1
+    assert page.evaluate("window.pwned") is None
+    patches = page.locator("#timeline button.patch")
+    assert patches.count() == 5
+    rejected = page.locator("#timeline button.patch.rejected")
+    assert rejected.count() == 1 and "fact.evidence_required" in rejected.inner_text()
+    assert "REJECTED" in rejected.inner_text() and page.locator("#timeline button.patch.accepted").count() == 4
+    assert "running" in page.locator("#tasks").inner_text()
+
+    # An earlier revision: the state then, and what changed against the one before.
+    page.click("#timeline button.patch[data-revision='2']")
+    page.wait_for_selector("#state h2:has-text('State at revision 2')")
+    assert "pending" in page.locator("#tasks").inner_text()
+    assert "tasks.t1" in page.locator("#changes").inner_text()
+    assert "revision=2" in page.url
+
+    # Keyboard: the timeline is walked with the arrow keys.
+    patches.nth(0).focus()
+    page.keyboard.press("ArrowDown")
+    assert page.evaluate("document.activeElement.dataset.offset") == patches.nth(1).get_attribute("data-offset")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#state h2:has-text('State at revision 2')")
+
+    # Explain a field: every patch that changed it.
+    page.click("#timeline button.patch[data-revision='4']")
+    page.wait_for_selector("#state h2:has-text('State at revision 4')")
+    page.click("[data-path='tasks.t1.status']")
+    page.wait_for_selector("#explain-list li")
+    changes = page.locator("#explain-list li").all_inner_texts()
+    assert len(changes) == 2 and '"pending"' in changes[0] and '"running"' in changes[1], changes
+    page.keyboard.press("Escape")
+
+    # Checkpoints and the resume plan.
+    page.wait_for_selector("#checkpoints tbody tr")
+    assert "safe" in page.locator("#resume").inner_text()
+
+    # Live: a new patch appears without reloading.
+    page.wait_for_selector("#live:not([hidden])")
+    assert _submit(rs, "run-ui", 4, ev("PhaseChanged", phase="verify")).outcome == "accepted"
+    page.wait_for_selector("#timeline button.patch[data-revision='5']", timeout=10_000)
+    page.wait_for_selector("#summary:has-text('phase verify')")
+    page.goto(serve.url + "/ui/runs/incident-42")
+    page.wait_for_selector("#effect_ledger")
+    assert "STALE" not in page.locator("#environment_observations").inner_text()
+    assert "(was 10% at r2)" in page.locator("#goal").inner_text()
+    _shot(page, "ui-run.png", tmp_path)
+    page.close()
+
+
+def test_unknown_runs_dead_letters_and_a_page_that_needs_a_token(browser: Any, served: tuple[ServeProcess, Client],
+                                                                 tmp_path: Path) -> None:  # fmt: skip
+    from runstate.eventlog.embedded import EmbeddedLog
+    from runstate.service.auth import add_token
+
+    serve, _ = served
+    page = _page(browser)
+    page.goto(serve.url + "/ui/runs/no-such-run")
+    page.wait_for_selector("h1:has-text('not found')")
+    page.click("text=Back to the runs")
+    page.wait_for_selector("#runs")
+
+    log = EmbeddedLog(Path(serve.stderr_path).parent / "log.db", create=False)
+    log.producer().append(log.topics.events, "run-garbage", b"\x00not a patch")
+    log.close()
+    page.goto(serve.url + "/ui/deadletters")
+    page.wait_for_selector("#deadletters tbody tr")
+    assert "run-garbage" in page.locator("#deadletters").inner_text()
+    page.close()
+
+    # A serve with tokens: the page asks for one; a token limited to some runs sees those.
+    tokens = str(tmp_path / "tokens.json")
+    reader = add_token(tokens, "auditor", role="read", runs=["team-a-*"])
+    work = tmp_path / "w"
+    work.mkdir()
+    guarded = ServeProcess({"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"),
+                            "RUNSTATE_TOKENS_FILE": tokens}, work)  # fmt: skip
+    writer = add_token(tokens, "agent")
+    try:
+        guarded.wait_ready()
+        with Client(guarded.url, writer) as rs:
+            for run in ("team-a-1", "team-b-1"):
+                assert rs.submit(run, {"expected_revision": 0, "events": [start("work")]}).outcome == "accepted"
+        page = _page(browser)
+        page.goto(guarded.url + "/ui")
+        page.wait_for_selector("h1:has-text('needs a token')")
+        page.fill("#token", reader)
+        page.click("button[type=submit]")
+        page.wait_for_selector("#runs tbody tr")
+        assert page.locator("#runs tbody a").all_inner_texts() == ["team-a-1"]
+        page.goto(guarded.url + "/ui/runs/team-b-1")
+        page.wait_for_selector(".error")
+        assert "may not access run 'team-b-1'" in page.locator(".error").inner_text()
+        page.close()
+    finally:
+        assert guarded.stop() == 0, guarded.log()
