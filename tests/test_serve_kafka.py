@@ -79,6 +79,16 @@ def test_any_instance_answers_and_the_survivor_takes_over(kafka_bootstrap: str, 
             assert [h.run_id for h in c.runs()] == sorted(runs)
             assert [(h.run_id, h.revision) for h in c.runs(status="running")] == sorted((r, seen[r]) for r in runs)
             assert c.runs(status="completed") == []
+        # what the audit pages read, through either instance: a page of runs, a page of a
+        # run's history (forwarded to its owner), the dead letters of every partition
+        for url in (a.url, b.url):
+            assert httpx.get(url + "/ui/runs/run_3", timeout=10).status_code == 200
+            page = httpx.get(url + "/runs", params={"after": "run_1", "limit": 3}, timeout=30)
+            assert [h["run_id"] for h in page.json()] == ["run_10", "run_11", "run_2"]
+            assert page.headers["x-total-count"] == "12"
+            hist = httpx.get(url + "/runs/run_3/history", params={"start": 1, "limit": 1}, timeout=30)
+            assert [d["revision"] for d in hist.json()] == [2] and hist.headers["x-total-count"] == "3"
+            assert httpx.get(url + "/deadletters", timeout=30).json() == []
         a_parts = owned(a.url)
         assert a_parts, "a owns partitions before it dies"
         foreign = [r for r in runs if partition_for(r, 6) not in a_parts]

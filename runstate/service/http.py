@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -275,7 +276,8 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         """Every decision on the run's patches in log order (``start``, ``limit``: one page of
         them; ``X-Total-Count`` says how many there are)."""
         ident(request).may_read(run_id)
-        history = await service.history(run_id, fwd(request))
+        # The owner is asked for the whole history (forwarded without the page): it is cut here.
+        history = await service.history(run_id, dataclasses.replace(fwd(request), params=()))
         page = history[start:None if limit is None else start + limit]
         return json_out(page, headers={"X-Total-Count": str(len(history))})
 
@@ -319,7 +321,9 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         the projector's bookkeeping, by run id. ``q``: only ids containing it; ``after``,
         ``limit``: one page, the ids after ``after`` (``X-Total-Count``: how many match)."""
         who = ident(request)
-        headers = await service.runs(status, fwd(request))
+        # The other instances are asked for all their runs (of ``status``): the page is cut here.
+        whole = dataclasses.replace(fwd(request), params=(("status", status),) if status else ())
+        headers = await service.runs(status, whole)
         if who.runs is not None:
             headers = [h for h in headers if _may(who, h[0])]
         if q:
