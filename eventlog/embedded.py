@@ -162,19 +162,31 @@ class EmbeddedLog(EventLog):
         self.topics = topics or TopicNames()
         self._default_partitions = partitions
         if not create and not self.path.exists():
-            raise LogConfigError(f"embedded log {self.path} does not exist")
+            raise LogConfigError(f"embedded log {self.path} does not exist (a write makes it: `runstate publish`, "
+                                 "`runstate topics create`)")  # fmt: skip
+        if not create and self.path.stat().st_size == 0:
+            # SQLite would take an empty file for a new database: a log cut to nothing would
+            # pass for a log with no runs.
+            raise LogConfigError(f"embedded log {self.path} is empty (0 bytes): truncated, or not a runstate log. "
+                                 "Restore it from a copy; only a write makes a new log where none exists.")  # fmt: skip
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._parts: dict[str, int] = {}
         self._compacted: set[str] | None = None
         self._since_compaction = 0
-        self._db = _Serialized(self._connect())
+        self._db = _Serialized(self._connect(create))
         self.wakeup = _wakeup_for(self.path)
         if create:
             self.create_topics(partitions)
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, create: bool = True) -> sqlite3.Connection:
         try:
             db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            if not create:
+                tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                if not {"topics", "heads", "records"} <= tables:
+                    db.close()
+                    raise LogConfigError(f"{self.path} is not a runstate log (an SQLite file without its tables); "
+                                         "point --log at the log, or restore it from a copy")  # fmt: skip
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.executescript(_SCHEMA)

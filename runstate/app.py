@@ -225,8 +225,9 @@ def project(settings: Settings, *, until_caught_up: bool = False,
     """Run the projector until caught up (optional) or until SIGTERM/SIGINT, which finish
     the batch in hand, store it and leave the consumer group before returning. A partition
     without a local store is restored from checkpoints first
-    (``on_restore_progress(partition, checkpoint records read, total)``)."""
-    log = open_settings_log(settings)
+    (``on_restore_progress(partition, checkpoint records read, total)``). The log must
+    exist: a reader never makes one (an empty log would pass for a log with no runs)."""
+    log = open_settings_log(settings, create=False)
     stop = threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -246,8 +247,9 @@ def project(settings: Settings, *, until_caught_up: bool = False,
 
 def snapshot(settings: Settings, *, until_caught_up: bool = False, every: int | None = None,
              on_progress: Callable[[ProjectorStats, int], None] | None = None) -> tuple[ProjectorStats, int]:
-    """Run the snapshotter; returns its stats and how many checkpoints it wrote."""
-    log = open_settings_log(settings)
+    """Run the snapshotter; returns its stats and how many checkpoints it wrote. The log
+    must exist (see :func:`project`)."""
+    log = open_settings_log(settings, create=False)
     try:
         policy = CheckpointPolicy(every=every or settings.checkpoint_every, max_age=settings.checkpoint_max_age)
         snap = Snapshotter(log, settings.state_dir, policy=policy, batch_size=settings.batch_size,

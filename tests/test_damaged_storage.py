@@ -178,3 +178,36 @@ def test_verify_deep_checks_the_log_file_and_every_checkpoint(tmp_path: Path) ->
     assert plain.exit_code == 0  # the projection still equals a replay
     deep = CliRunner().invoke(main, [*env, "verify", "--deep", "--quiet"])
     assert deep.exit_code == 1 and "PROBLEM checkpoint runstate.checkpoints[0]@" in deep.output, deep.output
+
+
+def _cli(tmp_path: Path, *args: str, state: str = "state") -> object:
+    return CliRunner().invoke(main, ["--log", str(tmp_path / "log.db"), "--state-dir", str(tmp_path / state), *args])
+
+
+def test_a_log_truncated_to_nothing_is_an_error_for_every_reader_never_a_new_log(tmp_path: Path) -> None:
+    """``log.db`` cut to 0 bytes: a command that reads (project, snapshot, verify, status)
+    refuses it and leaves it as it is; only a write (publish, topics create) makes a log."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, _run_history())
+    log.close()
+    (tmp_path / "log.db").write_bytes(b"")
+    for extra in ("log.db-wal", "log.db-shm"):
+        (tmp_path / extra).unlink(missing_ok=True)
+    for args in (["project", "--until-caught-up"], ["snapshot", "--until-caught-up"], ["verify"], ["status"]):
+        r = _cli(tmp_path, *args, state="fresh-state")
+        assert r.exit_code != 0 and "is empty" in r.output, (args, r.output)
+        assert r.exception is None or isinstance(r.exception, SystemExit), (args, r.exception)
+    assert (tmp_path / "log.db").stat().st_size == 0
+
+
+def test_a_missing_or_foreign_log_file_is_an_error_for_readers(tmp_path: Path) -> None:
+    r = _cli(tmp_path, "project", "--until-caught-up")
+    assert r.exit_code != 0 and "does not exist" in r.output, r.output
+    assert not (tmp_path / "log.db").exists()
+    db = sqlite3.connect(tmp_path / "log.db")
+    db.execute("CREATE TABLE notes (x TEXT)")
+    db.commit()
+    db.close()
+    r = _cli(tmp_path, "project", "--until-caught-up")
+    assert r.exit_code != 0 and "not a runstate log" in r.output, r.output
+    assert {row[0] for row in sqlite3.connect(tmp_path / "log.db").execute("SELECT name FROM sqlite_master")} == {"notes"}
