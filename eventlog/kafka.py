@@ -102,6 +102,17 @@ def _headers(raw: Any) -> Headers:
     return tuple((k, v if v is not None else b"") for k, v in (raw or ()))
 
 
+def _made(client: Callable[[dict[str, Any]], T], conf: dict[str, Any]) -> T:
+    """A librdkafka client; a configuration it refuses (an unknown property, a bad value:
+    what RUNSTATE_KAFKA_CONFIG added) is a :class:`LogConfigError` naming it."""
+    try:
+        return client(conf)
+    except KafkaException as e:
+        err = e.args[0] if e.args else e
+        why = err.str() if hasattr(err, "str") else str(err)
+        raise LogConfigError(f"the Kafka client refuses its configuration: {why} (check RUNSTATE_KAFKA_CONFIG)") from e
+
+
 class KafkaLog(EventLog):
     """The log on an Apache Kafka cluster at ``bootstrap`` (``HOST:PORT[,HOST:PORT]``)."""
 
@@ -111,7 +122,7 @@ class KafkaLog(EventLog):
         self.bootstrap = bootstrap
         self.topics = topics or TopicNames()
         self.config = dict(config or {})
-        self._admin = AdminClient({"bootstrap.servers": bootstrap, **self._common()})
+        self._admin = _made(AdminClient, {"bootstrap.servers": bootstrap, **self._common()})
         self._parts: dict[str, int] = {}
         self._meta: Consumer | None = None
         self._reached = False
@@ -232,7 +243,7 @@ class KafkaLog(EventLog):
     def producer(self) -> LogProducer:
         conf = {"bootstrap.servers": self.bootstrap, **PRODUCER_DEFAULTS, **self._common(),
                 **{k[len("producer."):]: v for k, v in self.config.items() if k.startswith("producer.")}}  # fmt: skip
-        return KafkaProducer(Producer(conf))
+        return KafkaProducer(_made(Producer, conf))
 
     def _consumer_conf(self, group_id: str) -> dict[str, Any]:
         return {"bootstrap.servers": self.bootstrap, "group.id": group_id, **CONSUMER_DEFAULTS, **self._common(),
@@ -243,7 +254,7 @@ class KafkaLog(EventLog):
         conf = self._consumer_conf(group_id)
         if client_id is not None:
             conf["client.id"] = client_id
-        return KafkaConsumer(Consumer(conf), topic)
+        return KafkaConsumer(_made(Consumer, conf), topic)
 
     def reader(self, topic: str, positions: dict[int, int]) -> LogReader:
         self.partitions(topic)
@@ -269,7 +280,7 @@ class KafkaLog(EventLog):
 
     def _reader(self) -> Consumer:
         # A consumer that never subscribes (assign only): it never joins a group.
-        return Consumer(self._consumer_conf(f"runstate-reader-{uuid.uuid4().hex[:8]}"))
+        return _made(Consumer, self._consumer_conf(f"runstate-reader-{uuid.uuid4().hex[:8]}"))
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -294,7 +305,7 @@ class KafkaLog(EventLog):
         (transient coordinator errors, e.g. on a young broker, are retried until then)."""
         wanted = [TopicPartition(topic, p) for p in range(self.partitions(topic))]
         deadline = time.monotonic() + timeout_s
-        c = Consumer(self._consumer_conf(group_id))
+        c = _made(Consumer, self._consumer_conf(group_id))
         try:
             tps = _retrying(lambda: c.committed(wanted, timeout=max(1.0, deadline - time.monotonic())),
                             _COORDINATOR_RETRY, deadline, f"committed offsets of group {group_id!r}")  # fmt: skip

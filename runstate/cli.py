@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -18,6 +19,7 @@ from typing import Any, TypeVar
 import click
 import orjson
 import pydantic
+import pydantic_settings
 
 from runstate import app
 from runstate.eventlog.base import LIBRDKAFKA_LOGGER
@@ -48,7 +50,12 @@ def handle_errors(fn: F) -> F:
         except ContractError as e:
             raise click.UsageError(str(e)) from e
         except pydantic.ValidationError as e:  # settings (flags and RUNSTATE_* variables)
-            raise click.UsageError(f"bad setting {describe_validation_error(e)[1]}") from e
+            field, message = describe_validation_error(e)
+            raise click.UsageError(f"bad setting {message} (RUNSTATE_{field.upper()})") from e
+        except pydantic_settings.SettingsError as e:  # a RUNSTATE_* variable that is not JSON where JSON is due
+            m = re.search(r'field "(\w+)"', str(e))
+            name = f"RUNSTATE_{m[1].upper()}" if m else "a RUNSTATE_* variable"
+            raise click.UsageError(f"bad setting {name}: not valid JSON ({e.__cause__ or e})") from e
         except RunstateError as e:
             raise click.ClickException(str(e)) from e
 

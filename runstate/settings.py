@@ -41,8 +41,8 @@ class Settings(BaseSettings):
     #: Items a cached run may hold in memory; a run holding more after a batch leaves the
     #: cache (it is read again from the store at its next patch).
     cache_items_per_run: int = Field(1_000, ge=1)
-    #: Consumer group of the projector.
-    group_id: str = Field("runstate-projector", min_length=1)
+    #: Consumer group of the projector (also part of the embedded log's lock file name: no ``/``).
+    group_id: str = Field("runstate-projector", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")
     #: The snapshotter checkpoints each run every this many revisions (and at safe boundaries).
     checkpoint_every: int = Field(50, ge=1, le=1_000_000)
     #: ... and re-checkpoints a run whose newest checkpoint is this many records behind.

@@ -38,6 +38,9 @@ def one_line_error(out: subprocess.CompletedProcess[str]) -> str:
 @pytest.mark.parametrize("command", [["project", "--until-caught-up"], ["snapshot", "--until-caught-up"],
                                      ["state", "r1"], ["runs"], ["verify"], ["serve", "--port", "0"]])  # fmt: skip
 def test_a_state_dir_that_is_a_file_is_one_line_naming_it(tmp_path: Path, command: list[str]) -> None:
+    from runstate.eventlog.embedded import EmbeddedLog
+
+    EmbeddedLog(tmp_path / "log.db").close()  # readers need a log: only writes make one
     (tmp_path / "afile").write_text("")
     line = one_line_error(cli("--log", str(tmp_path / "log.db"), "--state-dir", "afile", *command, cwd=tmp_path))
     assert "'afile' is a file, not a directory" in line and "run `runstate project` first" not in line
@@ -143,3 +146,36 @@ def test_the_cli_prints_words_not_python(tmp_path: Path) -> None:
 def test_the_repository_is_licensed_apache_2() -> None:
     assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"] == "Apache-2.0"
+
+
+@pytest.mark.parametrize(("env", "expected", "code"), [
+    ({"RUNSTATE_GROUP_ID": "../../x"}, "RUNSTATE_GROUP_ID", 2),
+    ({"RUNSTATE_KAFKA_CONFIG": "not json"}, "RUNSTATE_KAFKA_CONFIG", 2),
+    ({"RUNSTATE_KAFKA_CONFIG": '{"no.such.prop": 1}', "RUNSTATE_LOG": "kafka://127.0.0.1:9"}, "no.such.prop", 1),
+])  # fmt: skip
+def test_bad_settings_are_errors_naming_them(tmp_path: Path, env: dict[str, str], expected: str, code: int) -> None:
+    """A group id that would put the lock file elsewhere (``../``), a Kafka configuration that
+    is not JSON (a usage error, exit 2, as every bad setting), or names a property
+    librdkafka does not have (exit 1, when the client is made)."""
+    from runstate.eventlog.embedded import EmbeddedLog
+
+    EmbeddedLog(tmp_path / "log.db").close()
+    for command in (["project", "--until-caught-up"], ["status"]):
+        out = cli("--log", env.get("RUNSTATE_LOG", str(tmp_path / "log.db")), "--state-dir", "state", *command,
+                  cwd=tmp_path, env=env)  # fmt: skip
+        text = (out.stdout + out.stderr).strip()
+        assert out.returncode == code and "Traceback" not in text, text
+        assert expected in text.splitlines()[-1], text
+    assert not (tmp_path.parent / "x.lock").exists() and not (tmp_path.parent.parent / "x.lock").exists()
+
+
+@pytest.mark.parametrize("command", [["project", "--until-caught-up"], ["state", "r1"], ["runs"], ["verify"],
+                                     ["status"], ["history", "r1"]])  # fmt: skip
+def test_a_garbage_layout_file_is_one_line_naming_it(tmp_path: Path, command: list[str]) -> None:
+    from runstate.eventlog.embedded import EmbeddedLog
+
+    EmbeddedLog(tmp_path / "log.db").close()
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "layout.json").write_text("{garbage")
+    line = one_line_error(cli("--log", str(tmp_path / "log.db"), "--state-dir", "state", *command, cwd=tmp_path))
+    assert "layout.json" in line, line

@@ -7,6 +7,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from runstate.eventlog.partitioner import partition_for
 from runstate.schemas.errors import StoreError
@@ -63,7 +64,7 @@ class Layout:
         layout: a log re-created or swapped is never projected on top of the old state.
         """
         if self.file.exists():
-            have = json.loads(self.file.read_text())
+            have = self._load()
             if have.get("topic") != topic or have.get("partitions") != partitions:
                 raise StoreError(
                     f"{self.root} holds projections of topic {have.get('topic')!r} with "
@@ -87,9 +88,26 @@ class Layout:
             return self._read
         if not self.file.exists():
             raise StoreError(f"no projections in {self.root} (run `runstate project` first)")
-        have = json.loads(self.file.read_text())
-        self._read = (str(have["topic"]), int(have["partitions"]))
+        have = self._load()
+        try:
+            self._read = (str(have["topic"]), int(have["partitions"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise self._damaged(f"no {e}") from e
         return self._read
+
+    def _load(self) -> dict[str, Any]:
+        """The layout file's JSON object. Raises :class:`StoreError` naming the file when it is not one."""
+        try:
+            have = json.loads(self.file.read_bytes())
+        except (OSError, ValueError) as e:
+            raise self._damaged(str(e)) from e
+        if not isinstance(have, dict):
+            raise self._damaged("not a JSON object")
+        return have
+
+    def _damaged(self, why: str) -> StoreError:
+        return StoreError(f"{self.file} is not a layout file ({why}): restore it, or delete {self.root} to rebuild "
+                          "the projections from the log")
 
     def store_path(self, partition: int) -> Path:
         return self.root / f"p{partition:03d}"
