@@ -211,3 +211,20 @@ def test_a_missing_or_foreign_log_file_is_an_error_for_readers(tmp_path: Path) -
     r = _cli(tmp_path, "project", "--until-caught-up")
     assert r.exit_code != 0 and "not a runstate log" in r.output, r.output
     assert {row[0] for row in sqlite3.connect(tmp_path / "log.db").execute("SELECT name FROM sqlite_master")} == {"notes"}
+
+
+def test_a_store_that_lost_its_current_file_is_an_error_never_a_fresh_start(tmp_path: Path) -> None:
+    """RocksDB's CURRENT file deleted from a partition store: reads and the projector say so,
+    and the store is left as it is (RocksDB made a new, empty database there, and the next
+    projection ran on it as if the run's first patches had never been)."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, _run_history(10))
+    log.close()
+    assert _cli(tmp_path, "project", "--until-caught-up").exit_code == 0
+    store = tmp_path / "state" / "p000"
+    (store / "CURRENT").unlink()
+    before = sorted(p.name for p in store.iterdir())
+    for args in (["state", "r"], ["project", "--until-caught-up"], ["project", "--until-caught-up"], ["verify"]):
+        r = _cli(tmp_path, *args)
+        assert r.exit_code == 1 and "CURRENT" in r.output and "rebuild" in r.output, (args, r.output)
+    assert sorted(p.name for p in store.iterdir()) == before

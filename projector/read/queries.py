@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from runstate.projector.read.context import render_context
 from runstate.projector.core.outcomes import DeadLetter
 from runstate.projector.store.statedir import Layout
-from runstate.projector.store.partition import ProjectionStore
+from runstate.projector.store.partition import check_store_files, ProjectionStore
 from runstate.schemas.errors import RunNotFound, StoreError
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import RunHeader, RunState, state_digest
@@ -37,6 +37,7 @@ class Projection:
         st = self._stores.get(partition)
         if st is None:
             path = self.layout.store_path(partition)
+            check_store_files(path)
             if not (path / "CURRENT").exists():
                 return None
             st = self._stores[partition] = ProjectionStore(path, read_only=True)

@@ -135,12 +135,24 @@ def _is_lock_error(e: Exception) -> bool:
     return "lock" in text and ("resource temporarily unavailable" in text or "lock hold" in text or "no locks" in text)
 
 
+def check_store_files(path: Path) -> None:
+    """Raise :class:`StoreError` when ``path`` holds a store's files but not its ``CURRENT``
+    (RocksDB's pointer to its manifest): opened, RocksDB would start an empty database there
+    and the projection would go on as if the run's earlier patches had never been."""
+    if (path / "CURRENT").exists() or not path.is_dir():
+        return
+    if any(f.suffix == ".sst" or f.name.startswith(("MANIFEST-", "OPTIONS-")) or f.suffix == ".log" for f in path.iterdir()):
+        raise StoreError(f"projection store {path} lost its CURRENT file (RocksDB's pointer to its data): it cannot be "
+                         f"opened as it was. Delete {path} (or the whole state directory) to rebuild it from the log.")
+
+
 class ProjectionStore:
     """One partition's projection. Read-write instances are exclusive (RocksDB's lock)."""
 
     def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
         self.path = Path(path)
         self.read_only = read_only
+        check_store_files(self.path)
         try:
             if read_only:
                 if not (self.path / "CURRENT").exists():
