@@ -262,6 +262,9 @@ def verify(ctx: click.Context, deep: bool, quiet: bool) -> None:
         click.echo(f"DAMAGED record p{p}@{off}: its checksum does not match (dead-lettered, reason checksum)")
     for problem in report.problems:
         click.echo(f"PROBLEM {problem}")
+    for p, (at, end) in report.undecided.items():
+        click.echo(f"UNDECIDED p{p}: records {at}..{end - 1} are not decided yet (the projector is behind, or "
+                   "stopped on one: see its log), so they are not verified")
     for m in report.mismatches:
         click.echo(f"MISMATCH run {m.run_id}: projection revision {m.projection_revision}, replay revision "
                    f"{m.replay_revision}, first differing offset {m.first_differing_offset} ({m.detail})")  # fmt: skip
@@ -269,7 +272,8 @@ def verify(ctx: click.Context, deep: bool, quiet: bool) -> None:
         verdict = "projection equals replay"
     else:
         verdict = ", ".join(f"{n} {what}" for n, what in ((len(report.mismatches), "mismatches"),
-                            (len(report.damaged), "damaged records"), (len(report.problems), "problems")) if n)  # fmt: skip
+                            (len(report.damaged), "damaged records"), (len(report.problems), "problems"),
+                                                         (len(report.undecided), "partitions not decided to the end")) if n)  # fmt: skip
     click.echo(f"verified {_count(report.runs, 'run')} over {_count(report.records, 'record')}: {verdict}")
     if not report.ok:
         ctx.exit(1)

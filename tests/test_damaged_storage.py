@@ -228,3 +228,33 @@ def test_a_store_that_lost_its_current_file_is_an_error_never_a_fresh_start(tmp_
         r = _cli(tmp_path, *args)
         assert r.exit_code == 1 and "CURRENT" in r.output and "rebuild" in r.output, (args, r.output)
     assert sorted(p.name for p in store.iterdir()) == before
+
+
+def test_a_record_of_the_wrong_sqlite_type_is_a_dead_letter_and_verify_sees_undecided_records(tmp_path: Path) -> None:
+    """A value written into the embedded log by hand as text (not bytes): the projector
+    dead-letters it like any damaged record and goes on; and while a partition's records are
+    not all decided (the projector stopped on one), verify fails naming them."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    placed = append_all(log, _run_history(5))
+    log.close()
+    db = sqlite3.connect(tmp_path / "log.db")
+    db.execute("UPDATE records SET value='not bytes', key=42 WHERE topic='runstate.events' AND offset=?", (placed[2][2],))
+    db.commit()
+    db.close()
+    # Before any projection ran: nothing is decided, and verify says so.
+    (tmp_path / "state").mkdir()
+    log = EmbeddedLog(tmp_path / "log.db", create=False)
+    from runstate.projector.store.statedir import Layout
+
+    Layout(tmp_path / "state").ensure(log.topics.events, 1, log.identity())
+    report = verify(log, str(tmp_path / "state"))
+    assert not report.ok and report.undecided == {0: (0, 5)}
+    r = _cli(tmp_path, "verify")
+    assert r.exit_code == 1 and "not decided" in r.output, r.output
+    _project(log, tmp_path / "state")
+    with Projection(tmp_path / "state") as proj:
+        assert [(d.offset, d.reason) for d in proj.dead_letters()] == [(placed[2][2], "checksum")]
+        assert proj.state("r").revision == 2  # patches after the bad one are decided (revision conflicts)
+    report = verify(log, str(tmp_path / "state"))
+    assert report.undecided == {} and report.damaged == [(0, placed[2][2])]
+    log.close()

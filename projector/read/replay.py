@@ -235,10 +235,13 @@ class VerifyReport:
     damaged: list[tuple[int, int]] = field(default_factory=list)
     #: problems found by ``--deep`` (the log file's own check, checkpoints that do not validate)
     problems: list[str] = field(default_factory=list)
+    #: partition -> (the projection's position, the log's end) where records are not decided
+    #: yet: the projector is behind or stopped on them, and what it did not decide is not verified
+    undecided: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches and not self.damaged and not self.problems
+        return not self.mismatches and not self.damaged and not self.problems and not self.undecided
 
 
 def _first_difference(a: list[Decision], b: list[Decision]) -> int | None:
@@ -272,6 +275,8 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
     live = Projection(state_dir)
     positions = live.positions()
     report.positions = positions
+    ends = log.end_offsets(log.topics.events)
+    report.undecided = {p: (positions.get(p, 0), end) for p, end in sorted(ends.items()) if positions.get(p, 0) < end}
     scratch = Path(scratch_dir or tempfile.mkdtemp(prefix="runstate-verify-"))
     try:
         replayer = Projector(log, str(scratch), group_id="runstate-verify", publish_dead_letters=False)
