@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     #: ``runstate serve``: the tokens file (``runstate token add``); unset, ``serve`` binds to
     #: 127.0.0.1 only and takes the author from the patch or ``agent_id``.
     tokens_file: str | None = None
+    #: ``runstate serve`` with a tokens file: ``/metrics`` needs a token too unless this is set
+    #: (a scraper on a private network); the metrics name runs' activity by route and outcome.
+    metrics_public: bool = False
     #: Raw librdkafka settings (JSON object in the env var); ``producer.``/``consumer.``
     #: prefixed keys apply to one client kind only. They win over runstate's defaults.
     kafka_config: dict[str, str | int | bool] = {}

@@ -239,7 +239,10 @@ def test_health_metrics_checkpoints_and_resume(served: Served) -> None:
     health = httpx.get(served.url + "/healthz").json()
     assert health["status"] == "serving" and health["owned_partitions"] == list(range(health["partitions"]))
     assert httpx.get(served.url + "/runs/no-such-run", headers=h).status_code == 404
-    text = httpx.get(served.url + "/metrics").text
+    # A serve that needs tokens needs one for its metrics too, unless told otherwise
+    # (RUNSTATE_METRICS_PUBLIC, tests/test_first_hour.py): they name runs' activity.
+    assert httpx.get(served.url + "/metrics").status_code == 401
+    text = httpx.get(served.url + "/metrics", headers=h).text
     assert 'runstate_decisions_total{outcome="accepted",reason=""}' in text
     # requests by route template and status, the error answers included
     assert 'runstate_http_requests_total{route="/runs/{run_id}/patches",status="200"}' in text
@@ -355,3 +358,19 @@ def test_min_revision_is_not_refused_when_the_projector_applies_it_during_the_ch
         await Service(ProjectorAppliesDuringTheLagCheck(), None)._reach("r", 2, 1.0)  # type: ignore[arg-type]
 
     asyncio.run(main())
+
+
+def test_metrics_are_public_only_by_choice_where_tokens_are_needed(tmp_path: Path) -> None:
+    from runstate.service.auth import add_token
+
+    tokens = str(tmp_path / "tokens.json")
+    add_token(tokens, "agent")
+    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+           "RUNSTATE_TOKENS_FILE": tokens, "RUNSTATE_METRICS_PUBLIC": "true"}  # fmt: skip
+    proc = ServeProcess(env, tmp_path)
+    try:
+        proc.wait_ready()
+        assert httpx.get(proc.url + "/metrics").status_code == 200
+        assert httpx.get(proc.url + "/runs").status_code == 401  # only the metrics were made public
+    finally:
+        assert proc.stop() == 0, proc.log()

@@ -398,9 +398,12 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         return json_out(body, 503 if h.failed else 200)
 
     @api.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
-    async def get_metrics() -> Response:
+    async def get_metrics(request: Request) -> Response:
         """Prometheus text: lag per partition, decisions by outcome and reason, projector
-        rate, restore progress."""
+        rate, restore progress. Where serve needs tokens, any valid token reads it, unless
+        ``RUNSTATE_METRICS_PUBLIC`` is set."""
+        if not node.settings.metrics_public:
+            ident(request)
         return Response(await asyncio.to_thread(metrics.render), media_type=CONTENT_TYPE_LATEST)
 
     from runstate.service.pages import mount_pages
