@@ -24,6 +24,7 @@ ISO-8601 strings so that the author's UTC offset survives the round trip.
 from __future__ import annotations
 
 import io
+import hashlib
 import json
 import sys
 import types
@@ -436,6 +437,11 @@ _convert = msgspec.convert
 #: (schemas/structs.py), with the model's fields and their structs. The type checker is
 #: told it is the model, as for the working header.
 _finer_than_micros = structs.FINER_THAN_MICROS.search
+
+
+def content_digest(value: bytes) -> str:
+    """What identifies a patch's content: blake2b-128 of its log record (its encoded bytes)."""
+    return hashlib.blake2b(value, digest_size=16).hexdigest()
 
 
 def read_patch(data: bytes) -> PatchStruct:

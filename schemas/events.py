@@ -145,6 +145,9 @@ class RunPolicy(Model):
     #: evidence schemes the runtime cannot resolve but trusts (e.g. ``jira``): a fact may cite
     #: such a reference without the run knowing it as an artifact or input.
     external_evidence_schemes: list[str] = []
+    #: agents that may revoke a writer's permission (``PermissionRevoked``: an administrator's
+    #: act); empty: the agent that started the run. Others are rejected ``unauthorized``.
+    revokers: list[Id] = []
 
 
 class ArtifactSpec(Model):

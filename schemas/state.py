@@ -249,6 +249,8 @@ class RunHeader(Model):
     agent_version: str
     #: None only for documents migrated from the reference schema (v3), which did not record them.
     created_at: AwareDatetime | None = None
+    #: the agent that started the run (None: started before runstate recorded it)
+    created_by: str | None = None
     updated_at: AwareDatetime | None = None
     #: revision produced by the last control event (cancel, goal change): patches based on
     #: an earlier revision are rejected as superseded.
@@ -293,6 +295,8 @@ class RunSummary(Model):
     workspace_ref: WorkspaceRef | None = None
     agent_version: str
     created_at: AwareDatetime | None = None
+    #: the agent that started the run (None: started before runstate recorded it)
+    created_by: str | None = None
     updated_at: AwareDatetime | None = None
     last_control_revision: int = 0
     effect_ledger_ref: str | None = None
@@ -354,6 +358,8 @@ class RunState(Model):
     agent_version: str
     #: absent only on documents migrated from the reference schema (v3), which did not record them.
     created_at: datetime | None = None
+    #: the agent that started the run (None: started before runstate recorded it)
+    created_by: str | None = None
     updated_at: datetime | None = None
     last_control_revision: int = 0
     #: the reference schema (v3) referred to an external effect ledger; kept, never dropped, on migration.

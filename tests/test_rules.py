@@ -521,7 +521,7 @@ def test_external_evidence_schemes_are_allowed_only_where_the_policy_lists_them(
 
 def test_revoking_an_agent_rejects_its_patches_and_invalidates_what_it_did_since() -> None:
     r = Run("rev")
-    r.ok(start())
+    r.ok(start(policy={"revokers": ["operator"]}))
     r.ok(fact("early"), agent="rogue")  # before the revocation's base: kept
     base = r.revision
     r.ok(fact("late"), task("t_rogue"), agent="rogue")
@@ -536,6 +536,26 @@ def test_revoking_an_agent_rejects_its_patches_and_invalidates_what_it_did_since
     d = r.send(None, fact("again"), agent="rogue")
     assert (d.outcome, d.reason) == ("rejected", "unauthorized") and "revoked" in (d.message or "")
     assert r.send(None, fact("fine"), agent="agent-1").outcome == "accepted"
+
+
+def test_only_the_runs_revokers_may_revoke_its_creator_by_default() -> None:
+    """Revocation is an administrator's act: a writer cannot revoke another (and wipe its
+    work from revision 0); the policy's ``revokers`` may, else the agent that started the run."""
+    r = Run("who-revokes")
+    r.ok(start(), agent="lead")
+    r.ok(fact("f1"), agent="helper")
+    r.ok(fact("f2"), agent="rogue")
+    d = r.send(0, ev("PermissionRevoked", agent_id="helper", reason="I want its facts gone"), agent="rogue")
+    assert (d.outcome, d.reason) == ("rejected", "unauthorized") and "revoke" in (d.message or ""), d
+    assert {f.id for f in r.doc.to_state().confirmed_facts} == {"f1", "f2"}
+    assert r.doc.to_state().created_by == "lead"
+    assert r.send(1, ev("PermissionRevoked", agent_id="rogue", reason="it tried"), agent="lead").outcome == "accepted"
+    assert {f.id for f in r.doc.to_state().confirmed_facts} == {"f1"}
+    named = Run("named-revokers")
+    named.ok(start(policy={"revokers": ["security"]}), agent="lead")
+    d = named.send(1, ev("PermissionRevoked", agent_id="x", reason="r"), agent="lead")
+    assert d.reason == "unauthorized"
+    assert named.send(1, ev("PermissionRevoked", agent_id="x", reason="r"), agent="security").outcome == "accepted"
 
 
 def test_every_section_of_the_context_reads_the_same_from_the_states_struct() -> None:

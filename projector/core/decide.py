@@ -100,6 +100,15 @@ def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
                                  message=f"agent {patch.author.agent_id!r} may not write run {patch.run_id!r} "
                                          f"(its writers: {', '.join(header.policy.writers)})"))  # fmt: skip
 
+    if header is not None and "PermissionRevoked" in types:
+        # Revocation is an administrator's act: the policy's revokers, else the run's creator
+        # (a run whose creator was not recorded keeps the earlier rule: any writer).
+        revokers = header.policy.revokers or ([header.created_by] if header.created_by else [])
+        if revokers and patch.author.agent_id not in revokers:
+            return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="unauthorized",
+                                     message=f"agent {patch.author.agent_id!r} may not revoke permissions on run "
+                                             f"{patch.run_id!r} (its revokers: {', '.join(revokers)})"))  # fmt: skip
+
     rebased = False
     if patch.expected_revision != current:
         control_only = all(t in ev.CONTROL_EVENT_TYPES for t in types)

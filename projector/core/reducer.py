@@ -140,6 +140,7 @@ def _run_started(d: Draft, e: gen.RunStarted, ctx: Ctx) -> None:
         phase=e.phase,
         agent_version=ctx.agent_version,
         created_at=ctx.at,
+        created_by=ctx.agent_id,
         updated_at=ctx.at,
         policy=structs.from_model(e.policy),
         sizes={},

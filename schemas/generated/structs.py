@@ -77,6 +77,7 @@ class RunPolicy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     observation_max_age_s: Annotated[int, msgspec.Meta(ge=1, le=9223372036854775807)] | None = None
     require_observations_for_side_effects: bool = False
     external_evidence_schemes: list[str] = msgspec.field(default_factory=list)
+    revokers: list[Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]] = msgspec.field(default_factory=list)
 
 
 class MigratedFrom(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
@@ -104,6 +105,7 @@ class RunHeader(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     workspace_ref: WorkspaceRefSpec | None = None
     agent_version: str
     created_at: Annotated[datetime, msgspec.Meta(tz=True)] | None = None
+    created_by: str | None = None
     updated_at: Annotated[datetime, msgspec.Meta(tz=True)] | None = None
     last_control_revision: int = 0
     next_seq: int = 0
@@ -345,6 +347,7 @@ class RunState(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     graph_checkpoints: list[GraphCheckpoint] = msgspec.field(default_factory=list)
     agent_version: str
     created_at: datetime | None = None
+    created_by: str | None = None
     updated_at: datetime | None = None
     last_control_revision: int = 0
     effect_ledger_ref: str | None = None
