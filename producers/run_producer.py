@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import pydantic
 
 from runstate.eventlog.base import Appended, EventLog
-from runstate.schemas.codec import encode
+from runstate.schemas.codec import content_digest, encode
 from runstate.schemas.errors import ContractError, DecisionTimeout, PatchTooLarge
 from runstate.schemas.patch import Author, Decision, Patch, PatchDraft, check_draft_shape, validated
 
@@ -27,6 +27,8 @@ DEFAULT_MAX_PATCH_BYTES = 1024 * 1024
 #: Reads a decision for ``(run_id, patch_id)`` or None (the projection, wired by the caller:
 #: producers do not depend on the projector).
 DecisionSource = Callable[[str, str], Decision | None]
+#: Reads the decision on the record at ``(run_id, offset)`` or None (the run's history).
+DecisionAt = Callable[[str, int], Decision | None]
 
 
 def _new_patch_id() -> str:
@@ -75,12 +77,14 @@ class RunProducer:
         author: Author,
         *,
         decisions: DecisionSource | None = None,
+        decisions_at: DecisionAt | None = None,
         max_patch_bytes: int = DEFAULT_MAX_PATCH_BYTES,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.log = log
         self.author = author
         self.decisions = decisions
+        self.decisions_at = decisions_at
         self.max_patch_bytes = max_patch_bytes
         self.clock = clock
         self._producer = log.producer()
@@ -159,15 +163,32 @@ class RunProducer:
         failed since the last flush."""
         return self._producer.flush(timeout_s)
 
+    def resend_of(self, patch: Patch, earlier: Decision) -> bool:
+        """Whether ``patch`` is a resend of the patch ``earlier`` decided: the same record
+        but for its time (a resend built again takes a new ``created_at``). Then
+        ``earlier`` is its answer; else the id is reused for other content, which the
+        projector records as ``patch_id_reused``."""
+        if earlier.content_digest is None:
+            return True  # decided before digests were recorded: the id answers
+        again = patch.model_copy(update={"created_at": earlier.created_at})
+        return content_digest(self.encode(again)) == earlier.content_digest
+
     def wait(self, run_id: str, patch_id: str, timeout_s: float = 10.0, *,
-             source: DecisionSource | None = None, poll_s: float = 0.02) -> Decision:
-        """Wait for the projector's decision on a patch. Raises :class:`DecisionTimeout`."""
+             source: DecisionSource | None = None, poll_s: float = 0.02, appended: Receipt | None = None,
+             digest: str | None = None) -> Decision:  # fmt: skip
+        """Wait for the projector's decision on a patch. With ``appended`` (its receipt)
+        and ``digest`` (:func:`content_digest` of its record): where the id's decision is
+        another content's, the answer is the decision on this record (``patch_id_reused``),
+        read from the run's history. Raises :class:`DecisionTimeout`."""
         read = source or self.decisions
         if read is None:
             raise ContractError("waiting for a decision needs a decision source (the projection)")
         deadline = time.monotonic() + timeout_s
         while True:
             d = read(run_id, patch_id)
+            if d is not None and appended is not None and d.offset != appended.offset \
+                    and d.content_digest not in (None, digest):
+                d = self.decisions_at(run_id, appended.offset) if self.decisions_at is not None else None
             if d is not None:
                 return d
             if time.monotonic() >= deadline:
@@ -175,9 +196,11 @@ class RunProducer:
             time.sleep(poll_s)
 
     def submit(self, patch: Patch, timeout_s: float = 10.0) -> Decision:
-        """Append and wait for the decision."""
-        self.append(patch)
-        return self.wait(patch.run_id, patch.patch_id, timeout_s)
+        """Append and wait for the decision (this record's: see :meth:`wait`)."""
+        data = self.encode(patch)
+        where: Appended = self._producer.append(self._events_topic, patch.run_id, data)
+        receipt = Receipt(patch.patch_id, patch.run_id, where.partition, where.offset)
+        return self.wait(patch.run_id, patch.patch_id, timeout_s, appended=receipt, digest=content_digest(data))
 
     def close(self) -> None:
         self._producer.close()

@@ -15,7 +15,7 @@
 
 from runstate.projector.core.decide import decide
 from runstate.projector.core.runbook import RunBook
-from runstate.projector.read.queries import Projection, decision_reader, state_digest
+from runstate.projector.read.queries import Projection, decision_at_reader, decision_reader, state_digest
 from runstate.projector.runtime.loop import Projector
 
-__all__ = ["Projection", "Projector", "RunBook", "decide", "decision_reader", "state_digest"]
+__all__ = ["Projection", "Projector", "RunBook", "decide", "decision_at_reader", "decision_reader", "state_digest"]

@@ -154,12 +154,13 @@ class _Local:
     def __init__(self, where: Path, author: Author, project: bool) -> None:
         from runstate.eventlog import open_log
         from runstate.producers import RunProducer
-        from runstate.projector import Projector, decision_reader
+        from runstate.projector import Projector, decision_at_reader, decision_reader
 
         where.mkdir(parents=True, exist_ok=True)
         self.state_dir = str(where / "state")
         self.log = open_log(str(where / "log.db"))
-        self.producer = RunProducer(self.log, author, decisions=decision_reader(self.state_dir))
+        self.producer = RunProducer(self.log, author, decisions=decision_reader(self.state_dir),
+                                    decisions_at=decision_at_reader(self.state_dir))  # fmt: skip
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._live: _Live | None = None

@@ -19,7 +19,7 @@ from runstate.eventlog import EventLog, open_log
 from runstate.producers.decisions import TopicDecisions
 from runstate.producers.run_producer import DecisionSource, Receipt, RunProducer
 from runstate.projector.runtime.loop import Projector, ProjectorHooks, ProjectorStats
-from runstate.projector.read.queries import Projection, decision_reader
+from runstate.projector.read.queries import Projection, decision_at_reader, decision_reader
 from runstate.projector.core.outcomes import DeadLetter
 from runstate.projector.store.keys import patch_id_digest, split_patch_ids
 from runstate.projector.read.replay import (
@@ -31,6 +31,7 @@ from runstate.projector.read.replay import (
     state_at,
     verify,
 )
+from runstate.schemas.codec import content_digest
 from runstate.schemas.errors import ContractError, LogError, RunNotFound
 from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids
 from runstate.snapshotter.history import CheckpointHistory
@@ -124,6 +125,7 @@ def make_producer(settings: Settings, log: EventLog | None = None) -> RunProduce
         log,
         Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
         decisions=decision_source(settings, log),
+        decisions_at=decision_at_reader(settings.state_dir),
         max_patch_bytes=settings.max_patch_bytes,
     )
 
@@ -189,8 +191,14 @@ def publish(settings: Settings, run_id: str, data: Any, *, where: str, wait: boo
         if rebase is not None and isinstance(data, dict):
             data = {**data, "rebase": rebase}
         patch = producer.build(run_id, data, where=where)
+        if isinstance(data, dict) and data.get("patch_id") is not None and producer.decisions is not None:
+            # A resend (the same file again): the first decision answers, nothing is appended.
+            earlier = producer.decisions(run_id, patch.patch_id)
+            if earlier is not None and producer.resend_of(patch, earlier):
+                return Receipt(patch.patch_id, run_id, earlier.partition, earlier.offset), earlier
         receipt = producer.append(patch)
-        decision = producer.wait(run_id, patch.patch_id, timeout_s) if wait else None
+        digest = content_digest(producer.encode(patch))
+        decision = producer.wait(run_id, patch.patch_id, timeout_s, appended=receipt, digest=digest) if wait else None
         return receipt, decision
     finally:
         producer.close()

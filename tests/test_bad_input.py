@@ -147,3 +147,51 @@ def test_a_reused_patch_id_with_other_content_is_rejected(tmp_path: Path) -> Non
         assert proj.decision("r", "same") == hist[1]  # the id still answers with its own patch's decision
     assert verify(log, str(tmp_path / "s")).ok
     json.dumps([d.model_dump(mode="json") for d in hist])
+
+
+@pytest.mark.slow
+def test_a_reused_patch_id_is_answered_as_reused_by_publish_wait_and_by_serve(tmp_path: Path) -> None:
+    """The same patch id with other content: the producer's ``--wait`` and serve answer
+    ``patch_id_reused`` (the decision the projector recorded for it), not the first patch's
+    decision; serve appends it, so it is in the history. A resend of the same content is
+    still answered with the first decision."""
+    import threading
+
+    from servekit import ServeProcess
+
+    from runstate.client import Client
+
+    same = {"patch_id": "same-id", "expected_revision": 1}
+    serve = ServeProcess({"RUNSTATE_LOG": str(tmp_path / "s.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "s")}, tmp_path)
+    try:
+        serve.wait_ready()
+        with Client(serve.url) as rs:
+            assert rs.submit("r", {"expected_revision": 0, "events": [start()]}).outcome == "accepted"
+            first = rs.submit("r", {**same, "events": [ev("PhaseChanged", phase="a")]})
+            assert first.outcome == "accepted"
+            assert rs.submit("r", {**same, "events": [ev("PhaseChanged", phase="a")]}) == first  # a resend
+            reused = rs.submit("r", {**same, "events": [ev("PhaseChanged", phase="b")]})
+            assert (reused.outcome, reused.reason) == ("rejected", "patch_id_reused"), reused
+            assert [d.reason for d in rs.history("r")] == [None, None, "patch_id_reused"]
+            assert rs.state("r").phase == "a"
+    finally:
+        assert serve.stop() == 0, serve.log()
+
+    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    cli = CliRunner()
+    assert cli.invoke(main, ["publish", "r", "-"], env=env, input=json.dumps({"expected_revision": 0, "events": [start()]})).exit_code == 0
+    log = EmbeddedLog(tmp_path / "log.db", create=False)
+    stop = threading.Event()
+    t = threading.Thread(target=Projector(log, str(tmp_path / "state")).run, kwargs={"stop": stop, "poll_timeout_s": 0.02})
+    t.start()
+    try:
+        r = cli.invoke(main, ["publish", "r", "-", "--wait"], env=env,
+                       input=json.dumps({**same, "events": [ev("PhaseChanged", phase="a")]}))  # fmt: skip
+        assert r.exit_code == 0 and json.loads(r.output)["outcome"] == "accepted", r.output
+        r = cli.invoke(main, ["publish", "r", "-", "--wait"], env=env,
+                       input=json.dumps({**same, "events": [ev("PhaseChanged", phase="b")]}))  # fmt: skip
+        assert r.exit_code == 3 and json.loads(r.output)["reason"] == "patch_id_reused", r.output
+    finally:
+        stop.set()
+        t.join()
+        log.close()

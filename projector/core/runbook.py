@@ -11,7 +11,6 @@ something — which is what ``verify`` checks.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from runstate.projector.core.decide import decide
 from runstate.projector.core.outcomes import Applied, DeadLetter
 from runstate.projector.core.reducer import READS
 from runstate.projector.core.working import Changes, Entry, RunDoc
-from runstate.schemas.codec import encode, read_patch
+from runstate.schemas.codec import content_digest, encode, read_patch
 from runstate.schemas.errors import DecodeError, StoreError
 from runstate.schemas.generated.structs import Decision, Patch
 from runstate.schemas.patch import Decision as DecisionModel
@@ -32,9 +31,6 @@ from runstate.schemas.structs import from_model, updated
 log = logging.getLogger("runstate.projector")
 
 
-def content_digest(value: bytes) -> str:
-    """What identifies a patch's content: blake2b-128 of its log record."""
-    return hashlib.blake2b(value, digest_size=16).hexdigest()
 
 #: What to do when deciding a well-formed patch raises (a bug in the core, not bad input):
 #: dead-letter the record and go on (decisions are all-or-nothing, so no state is

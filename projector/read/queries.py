@@ -100,6 +100,11 @@ class Projection:
         st = self._store(self.layout.partition_of(run_id))
         return None if st is None else st.decision(run_id, patch_id)
 
+    def decision_at(self, run_id: str, offset: int) -> Decision | None:
+        """The decision on the run's record at ``offset``, or None."""
+        st = self._store(self.layout.partition_of(run_id))
+        return None if st is None else st.decision_at(run_id, offset)
+
     def history(self, run_id: str) -> list[Decision]:
         """Every decided patch of the run in log order (empty if none)."""
         st = self._store(self.layout.partition_of(run_id))
@@ -178,6 +183,22 @@ class Projection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def decision_at_reader(state_dir: str | os.PathLike[str]) -> Callable[[str, int], Decision | None]:
+    """``RunProducer``'s ``decisions_at``: the decision on a run's record at an offset, read
+    from the projection in ``state_dir`` (None while there is none)."""
+
+    def read(run_id: str, offset: int) -> Decision | None:
+        if not (Path(state_dir) / "layout.json").exists():
+            return None
+        try:
+            with Projection(state_dir) as proj:
+                return proj.decision_at(run_id, offset)
+        except StoreError:
+            return None
+
+    return read
 
 
 def decision_reader(state_dir: str | os.PathLike[str]) -> Callable[[str, str], Decision | None]:

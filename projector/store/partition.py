@@ -350,6 +350,11 @@ class ProjectionStore:
         off = self._get(keys.dedupe_key(run_id, patch_id))
         return None if off is None else self._decision_at(run_id, off)
 
+    def decision_at(self, run_id: str, offset: int) -> Decision | None:
+        """The decision on the run's record at ``offset`` (its history), or None."""
+        raw = self._get(keys.history_key(run_id, offset))
+        return None if raw is None else keys.decode_decision(raw)
+
     def decisions(self, wanted: list[tuple[str, str]]) -> list[Decision | None]:
         """:meth:`decision` of each ``(run_id, patch_id)``, in order, with one batched read
         of the idempotency index (RocksDB's MultiGet): nearly every patch id is new, and

@@ -234,11 +234,13 @@ class Service:
             data = {**data, "author": {"agent_id": who.agent_id, "agent_version": version or "unknown"}}
         patch = self.node.producer.build(run_id, data)
         encoded = self.node.producer.encode(patch)
+        earlier = None
         if data.get("patch_id") is not None:
             # A resend (a client retrying after a lost answer): the first decision is the
-            # answer, and appending again would only add a duplicate to the log.
+            # answer, and appending again would only add a duplicate to the log. The same id
+            # for other content is appended: the projector records it as patch_id_reused.
             earlier = await self.decision_or_none(run_id, patch.patch_id, fwd)
-            if earlier is not None:
+            if earlier is not None and self.node.producer.resend_of(patch, earlier):
                 return Submitted(status="decided", patch_id=patch.patch_id, run_id=run_id,
                                  partition=earlier.partition, offset=earlier.offset, decision=earlier)  # fmt: skip
         hub = self.node.hub
@@ -255,6 +257,8 @@ class Service:
                 # A resent patch id is a duplicate (no new decision), or the copy of the
                 # decision was lost: ask the owner before answering "pending".
                 decision = await self.decision_or_none(run_id, patch.patch_id, fwd)
+            if earlier is not None and decision is not None and decision.offset == earlier.offset:
+                decision = None  # the other content's decision, not this record's: still pending
             if decision is not None:
                 out.status, out.decision = "decided", decision
             return out
