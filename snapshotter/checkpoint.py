@@ -19,8 +19,8 @@ import functools
 import hashlib
 import hmac
 import typing
-from collections.abc import Iterable
-from typing import Any, Literal
+from collections.abc import Collection, Iterable
+from typing import Any, Literal, NamedTuple
 
 import orjson
 import pydantic
@@ -318,16 +318,37 @@ def is_coverage_key(key: bytes | None) -> bool:
     return key is not None and key.startswith(_COVERAGE_PREFIX.encode())
 
 
-def make_coverage(partition: int, covers_below: int, key: bytes | None) -> bytes:
+class Coverage(NamedTuple):
+    """A partition's coverage record: below ``covers_below`` every run with a record has a
+    published checkpoint; ``runs`` runs had one when it was written, ``runs_digest`` over
+    their ids (:func:`runs_digest`). None for both: a record written before they were
+    recorded (it cannot be checked, so it is not trusted)."""
+
+    covers_below: int
+    runs: int | None
+    runs_digest: str | None
+
+
+def runs_digest(run_ids: Iterable[str]) -> str:
+    """An order-free digest of a set of run ids: the XOR of their blake2b-64 digests, as hex."""
+    acc = 0
+    for r in run_ids:
+        acc ^= int.from_bytes(hashlib.blake2b(r.encode(), digest_size=8).digest(), "big")
+    return f"{acc:016x}"
+
+
+def make_coverage(partition: int, covers_below: int, key: bytes | None, runs: Collection[str] = ()) -> bytes:
     """The snapshotter's promise for one partition: every checkpoint it made for records
     below ``covers_below`` is published, so every run with an accepted record there has
-    one. Recovery replays every other run from the log, from this offset on."""
+    one; ``runs`` are the runs it has published checkpoints of (named by count and digest,
+    so that recovery can tell when one of them went missing from the topic). Recovery
+    replays every other run from the log, from this offset on."""
     return seal({"kind": "coverage", "format_version": FORMAT_VERSION, "partition": partition,
-                 "covers_below": covers_below}, key)  # fmt: skip
+                 "covers_below": covers_below, "runs": len(runs), "runs_digest": runs_digest(runs)}, key)  # fmt: skip
 
 
-def validate_coverage(raw: bytes, partition: int, key: bytes | None = None) -> int:
-    """``covers_below`` of a coverage record. Raises :class:`CheckpointInvalid`."""
+def validate_coverage(raw: bytes, partition: int, key: bytes | None = None) -> Coverage:
+    """A coverage record's promise. Raises :class:`CheckpointInvalid`."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -338,4 +359,7 @@ def validate_coverage(raw: bytes, partition: int, key: bytes | None = None) -> i
     below = doc.get("covers_below")
     if doc.get("partition") != partition or not isinstance(below, int) or below < 0:
         raise CheckpointInvalid(None, f"coverage record for partition {doc.get('partition')!r} found on {partition}")
-    return below
+    runs, digest = doc.get("runs"), doc.get("runs_digest")
+    if not (isinstance(runs, int) and isinstance(digest, str)):
+        runs, digest = None, None
+    return Coverage(below, runs, digest)

@@ -138,7 +138,8 @@ class CheckpointWriter:
             return  # nothing new to promise yet; a coverage that lags only lengthens a restore's tail
         self._coverage_sent[partition] = covers_below
         key = coverage_keys(self.log.partitions(topic))[partition]
-        self.producer.append_async(topic, key, make_coverage(partition, covers_below, self.key), delivered)
+        covered = self.covered.get(partition, {}).keys()  # every run of it with a checkpoint: all published now
+        self.producer.append_async(topic, key, make_coverage(partition, covers_below, self.key, covered), delivered)
         if self.producer.flush(60) or failed:
             log.error("coverage of partition %d not published; the next batch tries again", partition)
 

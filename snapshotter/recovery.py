@@ -13,9 +13,11 @@ skipped by key.
 Where the tail starts: a run without any checkpoint must be replayed from its first
 record. The partition's coverage record says below which offset every run has one (the
 snapshotter publishes it after the checkpoints); the tail starts at the lowest of that
-offset and every restored run's ``covers_offset + 1``. No valid coverage record, or a run
-whose checkpoints are all invalid: the tail starts at offset 0. Never trusted blindly,
-never lost.
+offset and every restored run's ``covers_offset + 1``. The coverage record also names how
+many runs had checkpoints when it was written, and a digest of their ids: where the runs
+with checkpoints on the topic are not those (one run's checkpoints were deleted, say), the
+tail starts at offset 0, as it does with no valid coverage record or a run whose
+checkpoints are all invalid. Never trusted blindly, never lost.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from dataclasses import dataclass, field
 from runstate.eventlog.base import EventLog
 from runstate.projector.store.partition import ProjectionStore, RestoredRun
 from runstate.schemas.errors import CheckpointInvalid
-from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids, is_coverage_key, validate, validate_coverage
+from runstate.snapshotter.checkpoint import (
+    Checkpoint, Coverage, decode_patch_ids, is_coverage_key, runs_digest, validate, validate_coverage,
+)  # fmt: skip
 
 log = logging.getLogger("runstate.recovery")
 
@@ -44,6 +48,8 @@ class RestoreReport:
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (checkpoint record offset, reason)
     #: below this offset every run of the partition has a published checkpoint (None: unknown)
     coverage: int | None = None
+    #: why the coverage was not trusted (the tail then starts at offset 0), or None
+    distrust: str | None = None
 
 
 def latest_valid_checkpoints(log_: EventLog, partition: int, on_progress: RestoreProgress | None = None,
@@ -66,9 +72,11 @@ def latest_valid_checkpoints(log_: EventLog, partition: int, on_progress: Restor
             on_progress(rec.offset + 1, end)
     if on_progress is not None:
         on_progress(end, end)
+    promise = None
     for offset, value in reversed(coverage):  # the newest valid one
         try:
-            report.coverage = validate_coverage(value, partition, key)
+            promise = validate_coverage(value, partition, key)
+            report.coverage = promise.covers_below
             break
         except CheckpointInvalid as e:
             report.rejected.append((offset, e.reason))
@@ -90,7 +98,25 @@ def latest_valid_checkpoints(log_: EventLog, partition: int, on_progress: Restor
             if cur is None or cp.covers_offset > cur.covers_offset:
                 latest[run] = cp
             break
+    if promise is not None:
+        report.distrust = _distrust(promise, set(by_run))
+        if report.distrust is not None:
+            log.warning("coverage of partition %d not trusted: %s; replaying the partition from its start",
+                        partition, report.distrust)  # fmt: skip
     return latest, set(by_run) - set(latest), report
+
+
+def _distrust(promise: Coverage, found: set[str]) -> str | None:
+    """Why the runs with checkpoints on the topic do not account for the runs the coverage
+    record was written over (one went missing: its checkpoints were deleted, tombstoned or
+    expired), or None. Runs checkpointed after the record (a batch whose coverage was not
+    published) also differ: the safe answer is the same, a replay from the start."""
+    if promise.runs is None:
+        return "the coverage record does not name the runs it covers (written by an older runstate)"
+    if len(found) != promise.runs or runs_digest(found) != promise.runs_digest:
+        return (f"it was written over {promise.runs} runs with checkpoints, the topic holds checkpoints of "
+                f"{len(found)} runs, not the same ones")
+    return None
 
 
 def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
@@ -100,7 +126,7 @@ def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
     latest, unusable, report = latest_valid_checkpoints(log_, partition, on_progress, key)
     if not latest:
         return report
-    if unusable or report.coverage is None:
+    if unusable or report.coverage is None or report.distrust is not None:
         start = 0
     else:
         start = min(report.coverage, min(cp.covers_offset for cp in latest.values()) + 1)

@@ -177,3 +177,31 @@ def test_a_restore_with_a_key_refuses_unsigned_checkpoints_and_replays_instead(t
     pr = _restore(log, state, key=b"the operator's key")
     assert pr.stats.records == 8  # nothing trusted: the whole partition replayed
     assert _digests(state) == before
+
+
+def test_a_checkpoint_missing_from_the_topic_is_noticed_and_its_run_replayed_not_lost(tmp_path: Path) -> None:
+    """20 runs, checkpoints and a coverage record published; then one run's checkpoint
+    records vanish from the checkpoints topic (a tombstone, a misconfigured retention, a
+    compaction bug). The coverage names how many runs it covers and a digest of their ids:
+    recovery sees it restored one run fewer and replays the partition from its start, so the
+    run is kept, with every later patch decided against it."""
+    import sqlite3
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    runs = [f"run-{i:02d}" for i in range(20)]
+    append_all(log, [patch(r, 0, start()) for r in runs] + [patch(r, 1, fact("f1")) for r in runs])
+    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1)).run(until_caught_up=True, poll_timeout_s=0.01)
+    assert "run-07" in {k.decode() for k in _checkpoint_keys(log)}
+    db = sqlite3.connect(tmp_path / "log.db")
+    db.execute("DELETE FROM records WHERE topic=? AND key=?", (log.topics.checkpoints, b"run-07"))
+    db.commit()
+    db.close()
+    assert "run-07" not in {k.decode() for k in _checkpoint_keys(log)}
+    append_all(log, [patch("run-07", 2, fact("f2")), patch("run-08", 2, fact("f2"))])
+    state = tmp_path / "state"
+    pr = _restore(log, state)
+    assert set(_digests(state)) == set(runs)
+    with Projection(state) as proj:
+        assert [f.id for f in proj.state("run-07").confirmed_facts] == ["f1", "f2"]
+        assert [d.reason for d in proj.history("run-07")][-1] is None  # decided against the run, not unknown_run
+    assert pr is not None and verify(log, str(state)).ok
