@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     #: ``runstate serve`` with a tokens file: ``/metrics`` needs a token too unless this is set
     #: (a scraper on a private network); the metrics name runs' activity by route and outcome.
     metrics_public: bool = False
+    #: ``runstate serve``: seconds a request body may pause between two of its parts before
+    #: the request is answered 408 (a client that stops sending must not hold a connection).
+    body_timeout_s: float = Field(30.0, gt=0, le=3600)
     #: Raw librdkafka settings (JSON object in the env var); ``producer.``/``consumer.``
     #: prefixed keys apply to one client kind only. They win over runstate's defaults.
     kafka_config: dict[str, str | int | bool] = {}

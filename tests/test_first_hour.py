@@ -179,3 +179,33 @@ def test_a_garbage_layout_file_is_one_line_naming_it(tmp_path: Path, command: li
     (tmp_path / "state" / "layout.json").write_text("{garbage")
     line = one_line_error(cli("--log", str(tmp_path / "log.db"), "--state-dir", "state", *command, cwd=tmp_path))
     assert "layout.json" in line, line
+
+
+def test_aborted_and_slow_request_bodies_leave_no_traceback_and_hold_nothing(tmp_path: Path) -> None:
+    """A client that closes in the middle of a patch body, and one that sends its body a
+    byte at a time and then stops: serve logs no traceback for the first, and answers the
+    second 408 after RUNSTATE_BODY_TIMEOUT_S instead of holding the connection forever."""
+    import socket
+    import time
+
+    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+           "RUNSTATE_BODY_TIMEOUT_S": "1"}  # fmt: skip
+    proc = ServeProcess(env, tmp_path)
+    try:
+        proc.wait_ready()
+        head = (b"POST /runs/r/patches HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 1000\r\n\r\n")  # fmt: skip
+        with socket.create_connection(("127.0.0.1", proc.port)) as s:
+            s.sendall(head + b'{"expected')
+            time.sleep(0.3)
+        with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as s:
+            s.sendall(head + b'{"expected')
+            started = time.monotonic()
+            answer = s.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+            assert b"RUNSTATE_BODY_TIMEOUT_S" in answer and time.monotonic() - started < 5
+        assert httpx.get(proc.url + "/healthz").status_code == 200
+        time.sleep(0.3)
+        assert "Traceback" not in proc.log() and "ClientDisconnect" not in proc.log(), proc.log()
+    finally:
+        assert proc.stop() == 0, proc.log()

@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import runstate
@@ -49,6 +50,18 @@ RUN_ID = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9
 FORWARDED_B = FORWARDED.encode()
 #: Longest ``wait`` a request may ask for (seconds).
 MAX_WAIT_S = 60.0
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its request body was whole."""
+
+
+class _BodyStalled(Exception):
+    """The request body stopped arriving for longer than the body timeout."""
+
+    def __init__(self, after_s: float) -> None:
+        super().__init__(after_s)
+        self.after_s = after_s
 
 
 class ErrorDetail(BaseModel):
@@ -177,6 +190,16 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         field = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
         return error_response(422, "invalid", f"{field or 'request'}: {first.get('msg', 'invalid')}", field)
 
+    @api.exception_handler(_ClientGone)
+    async def _client_gone(_req: Request, _e: _ClientGone) -> Response:
+        # The client closed the connection while sending its body: nobody reads an answer.
+        return Response(status_code=400)
+
+    @api.exception_handler(_BodyStalled)
+    async def _body_stalled(_req: Request, e: _BodyStalled) -> JSONResponse:
+        return error_response(408, "request_timeout", f"the request body stopped arriving for {e.after_s:g} s "
+                              "(RUNSTATE_BODY_TIMEOUT_S); nothing was appended", headers={"Connection": "close"})
+
     @api.exception_handler(StarletteHTTPException)
     async def _http_error(_req: Request, e: StarletteHTTPException) -> JSONResponse:
         return error_response(e.status_code, "http_" + str(e.status_code), str(e.detail))
@@ -199,7 +222,16 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise PatchTooLarge(run_id, int(declared), limit, as_json=True)
         chunks, size = [], 0
-        async for chunk in request.stream():
+        parts = request.stream().__aiter__()
+        while True:
+            try:
+                chunk = await asyncio.wait_for(parts.__anext__(), node.settings.body_timeout_s)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise _BodyStalled(node.settings.body_timeout_s) from None
+            except ClientDisconnect:
+                raise _ClientGone from None
             size += len(chunk)
             if size > limit:
                 raise PatchTooLarge(run_id, size, limit, as_json=True)
