@@ -157,13 +157,14 @@ def _check_seal(doc: dict[str, Any], key: bytes | None, run_id: str | None) -> N
     """Raises :class:`CheckpointInvalid` unless the digest covers the document as it is and,
     with a ``key``, the signature is the key's. Without a key a signature cannot be checked."""
     digest = doc.get("digest")
-    if not isinstance(digest, str) or not hmac.compare_digest(digest, hashlib.sha256(_canonical(doc)).hexdigest()):
+    # Compared as bytes: hmac.compare_digest refuses str with non-ASCII characters (TypeError).
+    if not isinstance(digest, str) or not hmac.compare_digest(digest.encode(), hashlib.sha256(_canonical(doc)).hexdigest().encode()):
         raise CheckpointInvalid(run_id, "digest does not match the checkpoint (corrupted or edited)")
     if key is not None:
         sig = doc.get("signature")
         if not sig:
             raise CheckpointInvalid(run_id, "not signed, and a checkpoint key is configured")
-        if not isinstance(sig, str) or not hmac.compare_digest(sig, _sign(digest, key)):
+        if not isinstance(sig, str) or not hmac.compare_digest(sig.encode(), _sign(digest, key).encode()):
             raise CheckpointInvalid(run_id, "wrong signature (not made with the configured checkpoint key)")
 
 

@@ -205,3 +205,18 @@ def test_a_checkpoint_missing_from_the_topic_is_noticed_and_its_run_replayed_not
         assert [f.id for f in proj.state("run-07").confirmed_facts] == ["f1", "f2"]
         assert [d.reason for d in proj.history("run-07")][-1] is None  # decided against the run, not unknown_run
     assert pr is not None and verify(log, str(state)).ok
+
+
+@pytest.mark.parametrize("field", ["digest", "signature"])
+def test_a_digest_or_signature_with_non_ascii_characters_is_an_invalid_checkpoint(field: str) -> None:
+    """Found by fuzzing (tests/fuzz_targets.py checkpoint_reader): hmac.compare_digest raised
+    TypeError for such a string, which no restore catches."""
+    doc = orjson.loads(_a_checkpoint(b"k" * 32))
+    doc[field] = doc[field][:10] + "˙Ϝ" + doc[field][12:]
+    with pytest.raises(CheckpointInvalid):
+        validate(orjson.dumps(doc), b"k" * 32)
+    from runstate.snapshotter.checkpoint import validate_coverage
+
+    with pytest.raises(CheckpointInvalid):
+        validate_coverage(orjson.dumps({"kind": "coverage", "format_version": 2, "partition": 0, "covers_below": 4,
+                                        "digest": "9d82ce33fb˙Ϝ", "signature": None}), 0)  # fmt: skip
