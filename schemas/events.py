@@ -133,6 +133,15 @@ class WorkspaceRefSpec(Model):
     uncommitted_changes: str | None = None
 
 
+class InputRecorders(Model):
+    """Who may record inputs of one origin (``InputRecorded``): the service identities of that
+    channel (the user channel's, an approver's, an operator's), not the agent itself."""
+
+    origin: Literal["user", "operator", "approval", "system_of_record"]
+    #: none: nobody may record inputs of this origin on this run
+    agents: list[Id] = []
+
+
 class RunPolicy(Model):
     """What a run asks of its writers, declared when it starts."""
 
@@ -148,6 +157,12 @@ class RunPolicy(Model):
     #: agents that may revoke a writer's permission (``PermissionRevoked``: an administrator's
     #: act); empty: the agent that started the run. Others are rejected ``unauthorized``.
     revokers: list[Id] = []
+    #: per origin, who may record inputs of it (``input.not_authorized`` for anyone else); an
+    #: origin not named here may be recorded by any writer.
+    input_recorders: list[InputRecorders] = []
+    #: artifacts only from tool results (``ToolSucceeded``/``ToolFailed``): an agent's own
+    #: ``ArtifactRecorded`` is ``artifact.not_from_tool``.
+    artifacts_from_tools: bool = False
 
 
 class ArtifactSpec(Model):

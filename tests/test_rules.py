@@ -36,9 +36,9 @@ class Run:
         assert d.outcome == "accepted", d
         return d
 
-    def bad(self, rule: str, *events: dict[str, Any]) -> Decision:
+    def bad(self, rule: str, *events: dict[str, Any], **kw: Any) -> Decision:
         before = self.snapshot()
-        d = self.send(None, *events)
+        d = self.send(None, *events, **kw)
         assert (d.outcome, d.reason, d.rule) == ("rejected", "invalid", rule), d
         assert self.snapshot() == before, "a rejected patch changed the state"
         return d
@@ -536,6 +536,26 @@ def test_revoking_an_agent_rejects_its_patches_and_invalidates_what_it_did_since
     d = r.send(None, fact("again"), agent="rogue")
     assert (d.outcome, d.reason) == ("rejected", "unauthorized") and "revoked" in (d.message or "")
     assert r.send(None, fact("fine"), agent="agent-1").outcome == "accepted"
+
+
+def test_an_agent_cannot_make_its_own_guess_an_authoritative_input_where_the_policy_names_who_may() -> None:
+    """The policy names who may record inputs of each origin (the service identities of the
+    user channel, the approver, the operator): the agent's own InputRecorded of that origin
+    is rejected, so it cannot confirm a fact with its guess as the source. Where the policy
+    also asks for it, artifacts come from tool results, not an agent's own declaration."""
+    r = Run("authority")
+    r.ok(start(policy={"input_recorders": [{"origin": "user", "agents": ["user-channel"]},
+                                           {"origin": "approval", "agents": ["approver"]}],
+                       "artifacts_from_tools": True}), agent="lead")  # fmt: skip
+    guess = ev("InputRecorded", input={"id": "user://guess", "origin": "user", "text": "it is surely RS256"})
+    r.bad("input.not_authorized", guess, agent="lead")
+    r.bad("input.not_authorized", ev("InputRecorded", input={"id": "approval://1", "origin": "approval"}), agent="lead")
+    r.ok(guess, agent="user-channel")
+    r.ok(ev("InputRecorded", input={"id": "operator://1", "origin": "operator", "text": "go"}), agent="lead")  # not named: any writer
+    r.bad("artifact.not_from_tool", ev("ArtifactRecorded", artifact={"id": "plan://next", "kind": "plan"}), agent="lead")
+    r.ok(ev("ToolCallStarted", call_id="c1", tool="read"), agent="lead")
+    r.ok(ev("ToolSucceeded", call_id="c1", result_ref="artifact://out/1"), agent="lead")
+    r.ok(fact("f1", evidence="artifact://out/1"), agent="lead")
 
 
 def test_only_the_runs_revokers_may_revoke_its_creator_by_default() -> None:

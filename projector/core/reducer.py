@@ -555,6 +555,8 @@ def _register_result(d: Draft, ref: str | None, call: ToolCall, ctx: Ctx) -> Non
 @reducer(gen.ArtifactRecorded, reads=lambda e: ("artifacts", e.artifact.id))
 def _artifact_recorded(d: Draft, e: gen.ArtifactRecorded, ctx: Ctx) -> None:
     a = e.artifact
+    _require(not d.hget("policy").artifacts_from_tools, "artifact.not_from_tool",
+             f"artifact {a.id!r}: this run takes artifacts only from tool results (its policy's artifacts_from_tools)")  # fmt: skip
     _reference(a.id, "artifact.reference", "artifact id")
     _require(d.get("artifacts", a.id) is None, "artifact.duplicate_id", f"artifact {a.id!r} is already known")
     d.put("artifacts", a.id, Artifact(id=a.id, kind=a.kind, digest=a.digest, call_id=a.call_id,
@@ -565,6 +567,10 @@ def _artifact_recorded(d: Draft, e: gen.ArtifactRecorded, ctx: Ctx) -> None:
 def _input_recorded(d: Draft, e: gen.InputRecorded, ctx: Ctx) -> None:
     i = e.input
     _require(d.get("inputs", i.id) is None, "input.duplicate_id", f"input {i.id!r} is already recorded")
+    named = next((r.agents for r in d.hget("policy").input_recorders if r.origin == i.origin), None)
+    _require(named is None or ctx.agent_id in named, "input.not_authorized",
+             f"agent {ctx.agent_id!r} may not record a {i.origin} input on this run (its policy names who may: "
+             f"{', '.join(named or [])}): an input's authority is its origin, which the agent cannot claim for itself")  # fmt: skip
     d.put("inputs", i.id, Input(id=i.id, origin=i.origin, text=i.text, received_at=ctx.at,
                                 recorded_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
 

@@ -69,6 +69,14 @@ class WorkspaceRefSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     uncommitted_changes: str | None = None
 
 
+class InputRecorders(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
+    """The struct of :class:`runstate.schemas.events.InputRecorders` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.events.InputRecorders'
+    origin: Literal['user', 'operator', 'approval', 'system_of_record']
+    agents: list[Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]] = msgspec.field(default_factory=list)
+
+
 class RunPolicy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
     """The struct of :class:`runstate.schemas.events.RunPolicy` (``__contract__``)."""
 
@@ -78,6 +86,8 @@ class RunPolicy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     require_observations_for_side_effects: bool = False
     external_evidence_schemes: list[str] = msgspec.field(default_factory=list)
     revokers: list[Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]] = msgspec.field(default_factory=list)
+    input_recorders: list[InputRecorders] = msgspec.field(default_factory=list)
+    artifacts_from_tools: bool = False
 
 
 class MigratedFrom(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
