@@ -231,3 +231,30 @@ def test_unknown_runs_dead_letters_and_a_page_that_needs_a_token(browser: Any, s
         page.close()
     finally:
         assert guarded.stop() == 0, guarded.log()
+
+
+def test_the_pages_colours_are_readable() -> None:
+    """WCAG AA: every text colour of the stylesheet against each background it is used on
+    holds a contrast ratio of at least 4.5:1 (computed as WCAG defines it)."""
+    import re
+
+    css = (Path(__file__).resolve().parents[1] / "runstate" / "service" / "static" / "app.css").read_text()
+    var = dict(re.findall(r"--([a-z-]+):\s*(#[0-9a-f]{6})", css))
+
+    def luminance(hex_: str) -> float:
+        def channel(c: float) -> float:
+            return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+        r, g, b = (int(hex_[i:i + 2], 16) / 255 for i in (1, 3, 5))
+        return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+    def ratio(a: str, b: str) -> float:
+        hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+        return (hi + 0.05) / (lo + 0.05)
+
+    changed = re.search(r"\.changed \{ background: (#[0-9a-f]{6})", css)
+    assert changed is not None
+    backgrounds = [var["bg"], var["soft"], var["bad-bg"], changed[1]]
+    for text in ("fg", "muted", "ok", "bad", "link"):
+        for bg in backgrounds:
+            assert ratio(var[text], bg) >= 4.5, (text, bg, ratio(var[text], bg))

@@ -124,7 +124,7 @@ async function runsPage() {
   const rows = runs.map((r) => el("tr", {},
     el("td", {}, el("a", { href: runLink(r.run_id), class: "mono" }, r.run_id)),
     el("td", {}, r.status), el("td", {}, r.phase ?? ""), el("td", {}, String(r.revision)),
-    el("td", {}, when(r.updated_at)), el("td", {}, r.agent_version)));
+    el("td", {}, when(r.updated_at)), el("td", {}, r.created_by ?? ""), el("td", {}, r.agent_version)));
   const next = new URLSearchParams(params);
   if (runs.length) next.set("after", runs[runs.length - 1].run_id);
   const pager = el("div", { class: "pager" },
@@ -135,7 +135,7 @@ async function runsPage() {
     form,
     el("p", { class: "muted", id: "count" }, `${total} run${total === 1 ? "" : "s"}${after ? `, after ${after}` : ""}`),
     el("table", { id: "runs" },
-      el("thead", {}, el("tr", {}, ["run", "status", "phase", "revision", "last change", "agent version"].map((h) =>
+      el("thead", {}, el("tr", {}, ["run", "status", "phase", "revision", "last change", "started by", "agent version"].map((h) =>
         el("th", { scope: "col" }, h)))),
       el("tbody", {}, rows)),
     pager,
