@@ -165,55 +165,74 @@ def free_port() -> int:
 
 class LocalKafka:
     """One KRaft broker+controller JVM in ``workdir``. ``start()`` returns the bootstrap
-    address once the broker answers; ``stop()`` ends the JVM it started (by PID)."""
+    address once the broker answers; ``stop()`` ends the JVM it started (by PID). Alone by
+    default; a node of a :class:`LocalKafkaCluster` when given its id, ports, the quorum's
+    voters and the cluster id."""
 
-    def __init__(self, workdir: str | os.PathLike[str], *, heap: str = "-Xmx1g") -> None:
+    def __init__(self, workdir: str | os.PathLike[str], *, heap: str = "-Xmx1g", node_id: int = 1,
+                 ports: tuple[int, int] | None = None, voters: str | None = None, cluster: str | None = None,
+                 replication: int = 1) -> None:  # fmt: skip
         self.workdir = Path(workdir)
         self.heap = heap
+        self.node_id = node_id
         self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-        self.controller_port = 0
+        self.port, self.controller_port = ports if ports is not None else (0, 0)
+        self.voters = voters
+        self.cluster = cluster
+        self.replication = replication
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def _java(self, libs: Path, *args: str) -> list[str]:
-        return ["java", "-Xms512m", self.heap, "-XX:+UseG1GC",
+        return ["java", "-Xms256m" if self.voters else "-Xms512m", self.heap, "-XX:+UseG1GC",
                 f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.xml'}",
                 "-cp", f"{libs}/*", *args]  # fmt: skip
 
     def start(self, timeout_s: float = 120.0) -> str:
+        self.configure()
+        self.launch()
+        self._wait_ready(timeout_s)
+        return self.bootstrap
+
+    def configure(self) -> None:
+        """Choose ports (unless given), write the properties and format the storage."""
         libs = resolve_jars()
         self.workdir.mkdir(parents=True, exist_ok=True)
         data = self.workdir / "data"
-        self.port, self.controller_port = free_port(), free_port()
+        if not self.port:
+            self.port, self.controller_port = free_port(), free_port()
+        voters = self.voters or f"{self.node_id}@127.0.0.1:{self.controller_port}"
+        rf, isr = self.replication, min(2, self.replication)
         props = self.workdir / "server.properties"
         props.write_text("\n".join([
-            "process.roles=broker,controller", "node.id=1",
-            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            "process.roles=broker,controller", f"node.id={self.node_id}",
+            f"controller.quorum.voters={voters}",
             f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "controller.listener.names=CONTROLLER", "inter.broker.listener.name=PLAINTEXT",
             f"log.dirs={data}", "num.partitions=1",
-            "offsets.topic.replication.factor=1", "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1", "group.initial.rebalance.delay.ms=0",
+            f"offsets.topic.replication.factor={rf}", f"transaction.state.log.replication.factor={rf}",
+            f"transaction.state.log.min.isr={isr}", "group.initial.rebalance.delay.ms=0",
             "offsets.topic.num.partitions=4", "auto.create.topics.enable=false",
             "log.cleaner.backoff.ms=1000",
         ]) + "\n")  # fmt: skip
         (self.workdir / "log4j2.xml").write_text(_LOG4J2)
         if not (data / "meta.properties").exists():
-            cluster = cluster_id()
+            cluster = self.cluster or cluster_id()
             fmt = subprocess.run(self._java(libs, "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)),
                                  capture_output=True, text=True, timeout=120)  # fmt: skip
             if fmt.returncode != 0:
                 raise BrokerError(f"kafka storage format failed: {fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
+
+    def launch(self) -> None:
+        """Start the JVM (configured); :meth:`_wait_ready` waits for it."""
+        libs = resolve_jars()
         log = open(self.workdir / "broker.log", "ab")
-        self.proc = subprocess.Popen(self._java(libs, "kafka.Kafka", str(props)), stdout=log, stderr=subprocess.STDOUT,
-                                     preexec_fn=_own_session_and_die_with_parent)  # fmt: skip
-        self._wait_ready(timeout_s)
-        return self.bootstrap
+        self.proc = subprocess.Popen(self._java(libs, "kafka.Kafka", str(self.workdir / "server.properties")),
+                                     stdout=log, stderr=subprocess.STDOUT, preexec_fn=_own_session_and_die_with_parent)  # fmt: skip
 
     def _wait_ready(self, timeout_s: float) -> None:
         from confluent_kafka.admin import AdminClient
@@ -255,11 +274,89 @@ class LocalKafka:
     def restart(self, timeout_s: float = 120.0) -> None:
         """Stop and start again on the same ports and data (the log survives)."""
         self.stop()
-        libs = resolve_jars()
-        log = open(self.workdir / "broker.log", "ab")
-        self.proc = subprocess.Popen(self._java(libs, "kafka.Kafka", str(self.workdir / "server.properties")),
-                                     stdout=log, stderr=subprocess.STDOUT, preexec_fn=_own_session_and_die_with_parent)  # fmt: skip
+        self.launch()
         self._wait_ready(timeout_s)
+
+
+class LocalKafkaCluster:
+    """``n`` KRaft nodes (each broker and controller) on loopback, one quorum: production's
+    shape for the replication tests (``n`` = 3: replication factor 3, ``min.insync.replicas``
+    2, so an acknowledged append survives the loss of any one broker)."""
+
+    def __init__(self, workdir: str | os.PathLike[str], n: int = 3, *, heap: str = "-Xmx512m") -> None:
+        ports = [(free_port(), free_port()) for _ in range(n)]
+        voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, (_, c) in enumerate(ports))
+        cluster = cluster_id()
+        self.nodes = [LocalKafka(Path(workdir) / f"node{i + 1}", heap=heap, node_id=i + 1, ports=ports[i],
+                                 voters=voters, cluster=cluster, replication=min(3, n)) for i in range(n)]  # fmt: skip
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def start(self, timeout_s: float = 180.0) -> str:
+        """Every node (the quorum forms once a majority runs); returns the bootstrap list
+        once every broker is in the cluster's metadata."""
+        for node in self.nodes:
+            node.configure()
+        for node in self.nodes:
+            node.launch()
+        for node in self.nodes:
+            node._wait_ready(timeout_s)
+        self.wait_brokers(len(self.nodes), timeout_s)
+        return self.bootstrap
+
+    def wait_brokers(self, n: int, timeout_s: float = 120.0) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if len(AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=5).brokers) >= n:
+                    return
+            except Exception:  # noqa: BLE001 - the metadata request failed: not formed yet
+                pass
+            time.sleep(0.5)
+        raise BrokerError(f"fewer than {n} brokers in the cluster after {timeout_s:.0f}s")
+
+    def wait_in_sync(self, topic: str, timeout_s: float = 120.0) -> None:
+        """Until every partition of ``topic`` has a leader and every replica in sync (after
+        a restart: the node caught up again), so that the next fault starts from a whole cluster."""
+        from confluent_kafka.admin import AdminClient
+
+        self.wait_brokers(len(self.nodes), timeout_s)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                parts = admin.list_topics(topic, timeout=5).topics[topic].partitions.values()
+                if all(p.leader >= 0 and len(p.isrs) == len(p.replicas) for p in parts):
+                    return
+            except Exception:  # noqa: BLE001 - metadata not available yet
+                pass
+            time.sleep(0.5)
+        raise BrokerError(f"{topic}: replicas not back in sync after {timeout_s:.0f}s")
+
+    def node(self, node_id: int) -> LocalKafka:
+        return self.nodes[node_id - 1]
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        """The node id leading ``partition`` of ``topic`` now."""
+        from confluent_kafka.admin import AdminClient
+
+        md = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(topic, timeout=10)
+        return int(md.topics[topic].partitions[partition].leader)
+
+    def controller(self) -> int:
+        """The node id of the active controller."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})  # kept alive until the answer: its future needs it
+        return int(admin.describe_cluster(request_timeout=10).result().controller.id)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
 
 
 def _main() -> int:

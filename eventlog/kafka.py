@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import time
@@ -73,6 +74,11 @@ _COORDINATOR_RETRY = frozenset({
 _LEADER_RETRY = frozenset({
     KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
     KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+    # The client's own view while a broker of a cluster is down: its metadata names no leader
+    # for the partition yet, or the request to the old one fails (a projector died of these
+    # when the leader of a partition was killed, in the three-broker test).
+    KafkaError._UNKNOWN_PARTITION, KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._DESTROY_BROKER,
+    KafkaError._NODE_UPDATE, KafkaError._ALL_BROKERS_DOWN,
 })  # fmt: skip
 #: How long :meth:`KafkaLog.end_offsets` asks again while a partition's leader is elected.
 LEADER_WAIT_S = 30.0
@@ -189,13 +195,17 @@ class KafkaLog(EventLog):
         if partitions < 1 or replication < 1:
             raise LogConfigError("partitions and replication must be >= 1")
         self._reachable()
+        # Replicated: an append acknowledged by all in-sync replicas (acks=all) must be on two
+        # of them at least, so that it survives the loss of any one broker.
+        isr = {"min.insync.replicas": "2"} if replication >= 2 else {}
         wanted = [
-            NewTopic(self.topics.events, partitions, replication),
+            # The broker's clock stamps each patch: the one time no client can claim.
+            NewTopic(self.topics.events, partitions, replication, config={**isr, "message.timestamp.type": "LogAppendTime"}),
             NewTopic(self.topics.checkpoints, partitions, replication,
-                     config={"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}),
-            NewTopic(self.topics.deadletter, partitions, replication),
+                     config={**isr, "cleanup.policy": "compact", "min.compaction.lag.ms": "0"}),
+            NewTopic(self.topics.deadletter, partitions, replication, config=isr),
             # Notifications for waiters: a day is far longer than anyone waits.
-            NewTopic(self.topics.decisions, partitions, replication, config={"retention.ms": "86400000"}),
+            NewTopic(self.topics.decisions, partitions, replication, config={**isr, "retention.ms": "86400000"}),
         ]  # fmt: skip
         created = []
         for name, fut in self._admin.create_topics(wanted, request_timeout=30).items():
@@ -229,14 +239,25 @@ class KafkaLog(EventLog):
         for name, n in ((self.topics.checkpoints, cp), (self.topics.decisions, self.partitions(self.topics.decisions))):
             if n != ev:  # a run's checkpoints and decisions live on its events partition number
                 raise LogConfigError(f"{name!r} has {n} partitions but {self.topics.events!r} has {ev}: they must match")
-        res = ConfigResource(ConfigResource.Type.TOPIC, self.topics.checkpoints)
-        try:
-            configs = self._admin.describe_configs([res], request_timeout=15)[res].result()
-        except KafkaException as e:
-            raise LogConfigError(f"cannot read the configuration of {self.topics.checkpoints!r}: {e}") from e
+        configs = self._configs(self.topics.checkpoints)
         policy = configs["cleanup.policy"].value
         if "compact" not in (policy or ""):
+            # A checkpoints topic that deletes would lose runs whose checkpoints expire.
             raise LogConfigError(f"{self.topics.checkpoints!r} must have cleanup.policy=compact, has {policy!r}")
+        md = self._admin.list_topics(timeout=15).topics
+        for name in (self.topics.events, self.topics.checkpoints):
+            replicas = min((len(pm.replicas) for pm in md[name].partitions.values()), default=1)
+            isr = int(self._configs(name)["min.insync.replicas"].value or 1)
+            if replicas >= 2 and isr < 2:
+                raise LogConfigError(f"{name!r} is replicated {replicas} times with min.insync.replicas={isr}: an "
+                                     "acknowledged append would survive on one broker only; set min.insync.replicas=2")  # fmt: skip
+
+    def _configs(self, topic: str) -> Any:
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        try:
+            return self._admin.describe_configs([res], request_timeout=15)[res].result()
+        except KafkaException as e:
+            raise LogConfigError(f"cannot read the configuration of {topic!r}: {e}") from e
 
     # -- clients ---------------------------------------------------------------------------
 
@@ -293,10 +314,22 @@ class KafkaLog(EventLog):
         if self._meta is None:
             self._meta = self._reader()
         deadline = time.monotonic() + LEADER_WAIT_S
+        meta = self._meta
         out = {}
+
+        def read(p: int) -> tuple[int, int]:
+            try:
+                return meta.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)  # type: ignore[no-any-return]
+            except KafkaException as e:
+                if e.args[0].code() == KafkaError._UNKNOWN_PARTITION:
+                    # This client only reads the topic's metadata when asked: a leader that died
+                    # left it without one until it asks again.
+                    with contextlib.suppress(KafkaException):
+                        meta.list_topics(topic, timeout=5)
+                raise
+
         for p in range(self.partitions(topic)):
-            read = partial(self._meta.get_watermark_offsets, TopicPartition(topic, p), timeout=10, cached=False)
-            _, high = _retrying(read, _LEADER_RETRY, deadline, f"end offsets of {topic}[{p}]")
+            _, high = _retrying(partial(read, p), _LEADER_RETRY, deadline, f"end offsets of {topic}[{p}]")
             out[p] = int(high)
         return out
 
