@@ -38,6 +38,7 @@ from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.projector.store.partition import ProjectionStore
+from runstate.projector.store.statedir import Layout
 from runstate.snapshotter.recovery import RestoreReport, check_checkpoints, restore_partition
 from runstate.schemas.patch import Author, Decision
 from runstate.schemas.state import RunHeader, RunState
@@ -84,6 +85,9 @@ def status(settings: Settings) -> list[PartitionStatus]:
     log = open_settings_log(settings, create=False)
     try:
         log.check_topics()
+        if (Path(settings.state_dir) / "layout.json").exists():
+            # Projections of another log (re-created, or swapped) have no lag against this one.
+            Layout(settings.state_dir).ensure(log.topics.events, log.partitions(log.topics.events), log.identity())
         ends = log.end_offsets(log.topics.events)
         try:
             committed = log.committed(settings.group_id, log.topics.events)

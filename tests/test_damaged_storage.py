@@ -258,3 +258,17 @@ def test_a_record_of_the_wrong_sqlite_type_is_a_dead_letter_and_verify_sees_unde
     report = verify(log, str(tmp_path / "state"))
     assert report.undecided == {} and report.damaged == [(0, placed[2][2])]
     log.close()
+
+
+def test_status_on_a_recreated_log_names_both_logs_instead_of_negative_lag(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, _run_history(8))
+    log.close()
+    assert _cli(tmp_path, "project", "--until-caught-up").exit_code == 0
+    for f in tmp_path.glob("log.db*"):
+        f.unlink()
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)  # another log under the same name
+    append_all(log, _run_history(2))
+    log.close()
+    r = _cli(tmp_path, "status")
+    assert r.exit_code == 1 and "holds projections of log" in r.output and "total lag" not in r.output, r.output

@@ -141,7 +141,9 @@ def check_store_files(path: Path) -> None:
     and the projection would go on as if the run's earlier patches had never been."""
     if (path / "CURRENT").exists() or not path.is_dir():
         return
-    if any(f.suffix == ".sst" or f.name.startswith(("MANIFEST-", "OPTIONS-")) or f.suffix == ".log" for f in path.iterdir()):
+    # Data: a table file, or a write-ahead log with something in it. A manifest alone is a
+    # store whose creation was cut short (a SIGKILL before RocksDB wrote CURRENT): nothing lost.
+    if any(f.suffix == ".sst" or (f.suffix == ".log" and f.stat().st_size > 0) for f in path.iterdir()):
         raise StoreError(f"projection store {path} lost its CURRENT file (RocksDB's pointer to its data): it cannot be "
                          f"opened as it was. Delete {path} (or the whole state directory) to rebuild it from the log.")
 
