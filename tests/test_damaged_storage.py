@@ -272,3 +272,18 @@ def test_status_on_a_recreated_log_names_both_logs_instead_of_negative_lag(tmp_p
     log.close()
     r = _cli(tmp_path, "status")
     assert r.exit_code == 1 and "holds projections of log" in r.output and "total lag" not in r.output, r.output
+
+
+def test_a_truncated_table_file_is_a_typed_error_naming_how_to_rebuild(tmp_path: Path) -> None:
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, _run_history(10))
+    _project(log, tmp_path / "state")
+    log.close()
+    [sst] = list((tmp_path / "state" / "p000").glob("*.sst")) or [None]
+    assert sst is not None
+    with open(sst, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(StoreError, match="rebuild it from the log"), Projection(tmp_path / "state") as proj:
+        proj.state("r")
+    r = _cli(tmp_path, "state", "r")
+    assert r.exit_code == 1 and "rebuild it from the log" in r.output and r.output.count("\n") <= 2, r.output

@@ -168,7 +168,9 @@ class ProjectionStore:
         except Exception as e:  # rocksdict raises plain Exception for RocksDB status errors
             if _is_lock_error(e):
                 raise StoreLocked(str(self.path), str(e)) from e
-            raise StoreError(f"cannot open projection store {self.path}: {e}") from e
+            why = " ".join(str(e).split())  # RocksDB's status text, on one line
+            raise StoreError(f"cannot open projection store {self.path}: {why}. If it is damaged, delete {self.path} "
+                             "(or the whole state directory) to rebuild it from the log.") from e
         fmt = self._get(keys.FORMAT)
         if fmt is None and not read_only:
             self._db[keys.FORMAT] = keys.STORE_FORMAT
