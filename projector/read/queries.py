@@ -185,35 +185,26 @@ class Projection:
         self.close()
 
 
+def _from_projection(state_dir: str | os.PathLike[str], read: Callable[[Projection], T | None]) -> T | None:
+    """``read`` on the projection in ``state_dir`` opened now (a read-only RocksDB view is
+    fixed at open: a poll reopens it to see new writes), or None while there is none."""
+    if not (Path(state_dir) / "layout.json").exists():
+        return None  # no projector has started yet
+    try:
+        with Projection(state_dir) as proj:
+            return read(proj)
+    except StoreError:
+        return None  # the partition's store is not created yet
+
+
 def decision_at_reader(state_dir: str | os.PathLike[str]) -> Callable[[str, int], Decision | None]:
     """``RunProducer``'s ``decisions_at``: the decision on a run's record at an offset, read
     from the projection in ``state_dir`` (None while there is none)."""
-
-    def read(run_id: str, offset: int) -> Decision | None:
-        if not (Path(state_dir) / "layout.json").exists():
-            return None
-        try:
-            with Projection(state_dir) as proj:
-                return proj.decision_at(run_id, offset)
-        except StoreError:
-            return None
-
-    return read
+    return lambda run_id, offset: _from_projection(state_dir, lambda proj: proj.decision_at(run_id, offset))
 
 
 def decision_reader(state_dir: str | os.PathLike[str]) -> Callable[[str, str], Decision | None]:
     """A decision source for :class:`runstate.producers.RunProducer` (``decisions=``): reads
     the decision on ``(run_id, patch_id)`` from the projection in ``state_dir``, or None
     while there is none (no projector has started, or it has not decided yet)."""
-
-    def read(run_id: str, patch_id: str) -> Decision | None:
-        if not (Path(state_dir) / "layout.json").exists():
-            return None  # no projector has started yet
-        # A read-only RocksDB view is fixed at open: reopen on each poll to see new writes.
-        try:
-            with Projection(state_dir) as proj:
-                return proj.decision(run_id, patch_id)
-        except StoreError:
-            return None  # the partition's store is not created yet
-
-    return read
+    return lambda run_id, patch_id: _from_projection(state_dir, lambda proj: proj.decision(run_id, patch_id))

@@ -369,8 +369,7 @@ class ProjectionStore:
 
     def _decision_at(self, run_id: str, off: bytes) -> Decision | None:
         """The decision the idempotency index points at (its stored offset), or None."""
-        raw = self._get(keys.history_key(run_id, keys.decode_int(off)))
-        return None if raw is None else keys.decode_decision(raw)
+        return self.decision_at(run_id, keys.decode_int(off))
 
     def history(self, run_id: str) -> list[Decision]:
         """Every decided patch of the run, in log order."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -141,6 +141,26 @@ class _Graph:
             yield tup
 
 
+def _attempts(thread_id: str, event: events.Model, start: bool,
+              new: bool) -> Generator[dict[str, Any], Decision, Decision | None]:  # fmt: skip
+    """The drafts that write ``event`` to the thread's run, each sent after the decision on
+    the one before (the sync and async savers drive it alike); returns the last decision, or
+    None where the run does not exist and ``start`` is off. ``new``: try starting the run
+    first. Each rejection it resolves is resolved once: the run started meanwhile (send the
+    event alone), a control event moved the run on (name its revision), no run yet (start it)."""
+    begun = [events.RunStarted(goal=events.GoalSpec(statement=f"LangGraph thread {thread_id}")), event]
+    d = (yield _draft(0, begun, False)) if new and start else None
+    if d is None or d.reason == "revision_conflict":  # not new, or started already
+        d = yield _draft(0, [event], True)
+    if d.reason == _SUPERSEDED:
+        d = yield _draft(d.revision, [event], True)
+    elif d.reason == _START:
+        if not start:
+            return None
+        d = yield _draft(0, begun, False)
+    return d
+
+
 def _outcome(d: Decision | None) -> Decision | None:
     if d is not None and d.outcome != "accepted":
         raise PatchRejected(d)
@@ -184,18 +204,13 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[int]):
             return d
 
     def _write(self, thread_id: str, event: events.Model, start: bool, new: bool) -> Decision | None:
-        submit, timeout = self.backend.submit, self.timeout_s
-        begun = [events.RunStarted(goal=events.GoalSpec(statement=f"LangGraph thread {thread_id}")), event]
-        d = submit(thread_id, _draft(0, begun, False), timeout) if new and start else None
-        if d is None or d.reason == "revision_conflict":  # not new, or started already
-            d = submit(thread_id, _draft(0, [event], True), timeout)
-        if d.reason == _SUPERSEDED:
-            d = submit(thread_id, _draft(d.revision, [event], True), timeout)
-        elif d.reason == _START:
-            if not start:
-                return None
-            d = submit(thread_id, _draft(0, begun, False), timeout)
-        return d
+        plan = _attempts(thread_id, event, start, new)
+        try:
+            draft = next(plan)
+            while True:
+                draft = plan.send(self.backend.submit(thread_id, draft, self.timeout_s))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
@@ -279,18 +294,13 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[int]):
             return d
 
     async def _write(self, thread_id: str, event: events.Model, start: bool, new: bool) -> Decision | None:
-        submit, timeout = self.backend.submit, self.timeout_s
-        begun = [events.RunStarted(goal=events.GoalSpec(statement=f"LangGraph thread {thread_id}")), event]
-        d = await submit(thread_id, _draft(0, begun, False), timeout) if new and start else None
-        if d is None or d.reason == "revision_conflict":
-            d = await submit(thread_id, _draft(0, [event], True), timeout)
-        if d.reason == _SUPERSEDED:
-            d = await submit(thread_id, _draft(d.revision, [event], True), timeout)
-        elif d.reason == _START:
-            if not start:
-                return None
-            d = await submit(thread_id, _draft(0, begun, False), timeout)
-        return d
+        plan = _attempts(thread_id, event, start, new)
+        try:
+            draft = next(plan)
+            while True:
+                draft = plan.send(await self.backend.submit(thread_id, draft, self.timeout_s))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
