@@ -178,9 +178,12 @@ class KafkaLog(EventLog):
         n = self._parts.get(topic)
         if n is None:
             self._reachable()
+            # A broker that answered the probe may be restarting: its transport errors clear by
+            # themselves (a projector started during a broker restart died of one).
+            read = partial(self._admin.list_topics, topic=topic, timeout=15)
             try:
-                md = self._admin.list_topics(topic=topic, timeout=15)
-            except KafkaException as e:
+                md = _retrying(read, _LEADER_RETRY, time.monotonic() + LEADER_WAIT_S, f"the metadata of {topic!r}")
+            except LogError as e:
                 raise LogConfigError(f"cannot reach Kafka at {self.bootstrap}: {e}") from e
             t = md.topics.get(topic)
             if t is None or t.error is not None or not t.partitions:
