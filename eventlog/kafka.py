@@ -130,6 +130,8 @@ class KafkaLog(EventLog):
         self.config = dict(config or {})
         self._admin = _made(AdminClient, {"bootstrap.servers": bootstrap, **self._common()})
         self._parts: dict[str, int] = {}
+        #: per topic, the fewest replicas of any partition (read with the partition count)
+        self._replicas: dict[str, int] = {}
         self._meta: Consumer | None = None
         self._reached = False
 
@@ -192,6 +194,7 @@ class KafkaLog(EventLog):
                 )
             n = len(t.partitions)
             self._parts[topic] = n
+            self._replicas[topic] = min(len(pm.replicas) for pm in t.partitions.values())
         return n
 
     def create_topics(self, partitions: int, replication: int = 1) -> list[str]:
@@ -242,25 +245,27 @@ class KafkaLog(EventLog):
         for name, n in ((self.topics.checkpoints, cp), (self.topics.decisions, self.partitions(self.topics.decisions))):
             if n != ev:  # a run's checkpoints and decisions live on its events partition number
                 raise LogConfigError(f"{name!r} has {n} partitions but {self.topics.events!r} has {ev}: they must match")
-        configs = self._configs(self.topics.checkpoints)
-        policy = configs["cleanup.policy"].value
+        # One request for both topics' configurations: at every projector start, while a
+        # broker may be restarting (each admin request then is a chance for the client to fail).
+        events, checkpoints = self._configs(self.topics.events, self.topics.checkpoints)
+        policy = checkpoints["cleanup.policy"].value
         if "compact" not in (policy or ""):
             # A checkpoints topic that deletes would lose runs whose checkpoints expire.
             raise LogConfigError(f"{self.topics.checkpoints!r} must have cleanup.policy=compact, has {policy!r}")
-        md = self._admin.list_topics(timeout=15).topics
-        for name in (self.topics.events, self.topics.checkpoints):
-            replicas = min((len(pm.replicas) for pm in md[name].partitions.values()), default=1)
-            isr = int(self._configs(name)["min.insync.replicas"].value or 1)
+        for name, configs in ((self.topics.events, events), (self.topics.checkpoints, checkpoints)):
+            replicas = self._replicas.get(name, 1)
+            isr = int(configs["min.insync.replicas"].value or 1)
             if replicas >= 2 and isr < 2:
                 raise LogConfigError(f"{name!r} is replicated {replicas} times with min.insync.replicas={isr}: an "
                                      "acknowledged append would survive on one broker only; set min.insync.replicas=2")  # fmt: skip
 
-    def _configs(self, topic: str) -> Any:
-        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    def _configs(self, *topics: str) -> list[Any]:
+        wanted = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
         try:
-            return self._admin.describe_configs([res], request_timeout=15)[res].result()
+            got = self._admin.describe_configs(wanted, request_timeout=15)
+            return [got[r].result() for r in wanted]
         except KafkaException as e:
-            raise LogConfigError(f"cannot read the configuration of {topic!r}: {e}") from e
+            raise LogConfigError(f"cannot read the configuration of {', '.join(map(repr, topics))}: {e}") from e
 
     # -- clients ---------------------------------------------------------------------------
 
