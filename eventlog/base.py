@@ -61,10 +61,14 @@ class TopicNames:
     checkpoints: str = "runstate.checkpoints"
     deadletter: str = "runstate.deadletter"
     decisions: str = "runstate.decisions"
+    #: The run keys (compacted), when content is sealed (``RUNSTATE_MASTER_KEY``); not one
+    #: of :meth:`all`: a deployment without a master key needs no key store.
+    keys: str = "runstate.keys"
 
     @classmethod
     def with_prefix(cls, prefix: str) -> TopicNames:
-        return cls(f"{prefix}.events", f"{prefix}.checkpoints", f"{prefix}.deadletter", f"{prefix}.decisions")
+        return cls(f"{prefix}.events", f"{prefix}.checkpoints", f"{prefix}.deadletter", f"{prefix}.decisions",
+                   f"{prefix}.keys")
 
     def all(self) -> tuple[str, str, str, str]:
         return (self.events, self.checkpoints, self.deadletter, self.decisions)
@@ -91,8 +95,11 @@ class LogProducer(ABC):
     """Appends keyed records. Thread-compatible, not thread-safe."""
 
     @abstractmethod
-    def append(self, topic: str, key: str, value: bytes, headers: Headers = ()) -> Appended:
-        """Append one record and wait for its acknowledgement.
+    def append(self, topic: str, key: str, value: bytes, headers: Headers = (), *,
+               partition: int | None = None) -> Appended:
+        """Append one record and wait for its acknowledgement. ``partition``: where, instead
+        of the key's partition (the key store keeps a run's keys on the run's partition
+        under keys of their own).
 
         Raises :class:`schemas.errors.DeliveryError` when it is not acknowledged.
         """
@@ -237,6 +244,11 @@ class EventLog(ABC):
     @abstractmethod
     def scan(self, topic: str, partition: int, start: int, end: int, batch: int = 1000) -> Iterator[Record]:
         """Iterate records ``start <= offset < end`` of one partition in order."""
+
+    def purge_superseded(self, topic: str, key: str) -> None:  # noqa: B027 - optional hook
+        """Remove the records of ``key`` older than its newest from ``topic`` (a compacted
+        topic), so that their bytes leave the storage now. Kafka's log cleaner does it within
+        the topic's ``max.compaction.lag.ms``; the embedded log does it here."""
 
     def check_integrity(self) -> list[str]:
         """Problems the backend finds in its own storage (``verify --deep``); empty when

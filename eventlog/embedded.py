@@ -231,11 +231,12 @@ class EmbeddedLog(EventLog):
             raise LogConfigError(f"partitions must be >= 1, got {partitions}")
         created = []
         with _txn(self._db):
-            for name in self.topics.all():
+            for name in (*self.topics.all(), self.topics.keys):
                 row = self._db.execute("SELECT partitions FROM topics WHERE name=?", (name,)).fetchone()
                 if row is None:
                     self._db.execute(
-                        "INSERT INTO topics VALUES (?,?,?)", (name, partitions, int(name == self.topics.checkpoints))
+                        "INSERT INTO topics VALUES (?,?,?)",
+                        (name, partitions, int(name in (self.topics.checkpoints, self.topics.keys))),
                     )
                     self._db.executemany(
                         "INSERT INTO heads VALUES (?,?,0)", [(name, p) for p in range(partitions)]
@@ -313,8 +314,10 @@ class EmbeddedLog(EventLog):
 
     # -- writing -----------------------------------------------------------------------------
 
-    def _append_many(self, items: Sequence[tuple[str, str, bytes, Headers]]) -> list[Appended]:
-        """Append records in one transaction (group commit)."""
+    def _append_many(self, items: Sequence[tuple[str, str, bytes, Headers]],
+                     partition: int | None = None) -> list[Appended]:
+        """Append records in one transaction (group commit); ``partition``: where, instead
+        of each key's partition."""
         now = int(time.time() * 1000)
         out = []
         try:
@@ -322,7 +325,7 @@ class EmbeddedLog(EventLog):
                 heads: dict[tuple[str, int], int] = {}
                 rows = []
                 for topic, key, value, headers in items:
-                    p = partition_for(key, self.partitions(topic))
+                    p = partition_for(key, self.partitions(topic)) if partition is None else partition
                     hk = (topic, p)
                     if hk not in heads:
                         heads[hk] = self._db.execute(
@@ -368,6 +371,29 @@ class EmbeddedLog(EventLog):
             "(SELECT MAX(offset) FROM records WHERE topic=?1 AND partition=?2 GROUP BY key)",
             (topic, partition, end - COMPACTION_LAG),
         )
+
+    def purge_superseded(self, topic: str, key: str) -> None:
+        """Delete the key's older records with SQLite's ``secure_delete`` on (their bytes are
+        overwritten with zeros, free pages included), then fold the write-ahead log into
+        the file and truncate it (it still held the old pages)."""
+        try:
+            with _txn(self._db):
+                self._db.execute("PRAGMA secure_delete=ON")
+                try:
+                    self._db.execute(
+                        "DELETE FROM records WHERE topic=?1 AND key=?2 AND offset < "
+                        "(SELECT MAX(offset) FROM records WHERE topic=?1 AND key=?2)", (topic, key.encode()))
+                finally:
+                    self._db.execute("PRAGMA secure_delete=OFF")
+            for _ in range(50):  # a reader in another process may hold the WAL for a moment
+                busy = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")[0][0]
+                if not busy:
+                    return
+                time.sleep(0.1)
+            raise LogError(f"cannot fold the write-ahead log of {self.path} into it (readers hold it); "
+                           "the erased key's old bytes stay in it until the next checkpoint of the file")
+        except sqlite3.Error as e:
+            raise LogError(f"cannot purge {topic} records of {key!r} in {self.path}: {e}") from e
 
     def _commit(self, group_id: str, topic: str, positions: dict[int, int]) -> None:
         try:
@@ -480,9 +506,10 @@ class EmbeddedProducer(LogProducer):
         self._queue: list[tuple[str, str, bytes, Headers, DeliveryCallback | None]] = []
         self._failures: list[DeliveryError] = []
 
-    def append(self, topic: str, key: str, value: bytes, headers: Headers = ()) -> Appended:
+    def append(self, topic: str, key: str, value: bytes, headers: Headers = (), *,
+               partition: int | None = None) -> Appended:
         try:
-            return self._log._append_many([(topic, key, value, headers)])[0]
+            return self._log._append_many([(topic, key, value, headers)], partition)[0]
         except LogError as e:
             raise DeliveryError(key, str(e)) from e
 

@@ -212,6 +212,13 @@ class KafkaLog(EventLog):
             NewTopic(self.topics.deadletter, partitions, replication, config=isr),
             # Notifications for waiters: a day is far longer than anyone waits.
             NewTopic(self.topics.decisions, partitions, replication, config={**isr, "retention.ms": "86400000"}),
+            # Run keys: an erased run's key record is replaced, and the log cleaner must take
+            # the old one off the disks within a bound (here an hour): a small dirty ratio,
+            # segments rolled and compacted at least that often.
+            NewTopic(self.topics.keys, partitions, replication,
+                     config={**isr, "cleanup.policy": "compact", "min.compaction.lag.ms": "0",
+                             "max.compaction.lag.ms": str(KEY_PURGE_MS), "segment.ms": str(KEY_PURGE_MS),
+                             "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": str(KEY_PURGE_MS)}),
         ]  # fmt: skip
         created = []
         for name, fut in self._admin.create_topics(wanted, request_timeout=30).items():
@@ -395,6 +402,10 @@ class KafkaLog(EventLog):
             self._meta = None
 
 
+#: The longest an erased run's old key record stays in the keys topic's files (ms).
+KEY_PURGE_MS = 3_600_000
+
+
 def _delivery_error(key: str, err: KafkaError) -> DeliveryError:
     return DeliveryError(key, f"{err.name()}: {err.str()}")
 
@@ -444,9 +455,18 @@ class KafkaProducer(LogProducer):
                 raise DeliveryError(key, str(e)) from e
         p.poll(0)
 
-    def append(self, topic: str, key: str, value: bytes, headers: Headers = ()) -> Appended:
+    def append(self, topic: str, key: str, value: bytes, headers: Headers = (), *,
+               partition: int | None = None) -> Appended:
         result: list[Appended | Exception] = []
-        self.append_async(topic, key, value, lambda a, e: result.append(e if e is not None else a), headers)  # type: ignore[arg-type]
+        report = lambda a, e: result.append(e if e is not None else a)  # noqa: E731
+        if partition is None:
+            self.append_async(topic, key, value, report, headers)  # type: ignore[arg-type]
+        else:
+            try:
+                self._p.produce(topic, value, key.encode(), partition=partition, headers=list(headers) or None,
+                                on_delivery=partial(_report, report, key))  # fmt: skip
+            except KafkaException as e:
+                raise DeliveryError(key, str(e)) from e
         deadline = time.monotonic() + 130
         while not result and time.monotonic() < deadline:
             self._p.poll(0.05)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from runstate.eventlog import EventLog, open_log
+from runstate.eventlog.keystore import Keyring, KeyStore, MasterKey
+from runstate.eventlog.sealed import CONTENT_FREE, SealedLog
 from runstate.producers.decisions import TopicDecisions
 from runstate.producers.run_producer import DecisionSource, Receipt, RunProducer
 from runstate.projector.runtime.loop import Projector, ProjectorHooks, ProjectorStats
@@ -32,7 +36,9 @@ from runstate.projector.read.replay import (
     verify,
 )
 from runstate.schemas.codec import content_digest
-from runstate.schemas.errors import ContractError, LogError, RunNotFound
+from runstate.schemas.codec import encode as encode_patch
+from runstate.schemas.errors import ContractError, KeyStoreError, LogConfigError, LogError, RunNotFound, RunstateError
+from runstate.schemas.events import RunErased
 from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.policy import CheckpointPolicy
@@ -40,16 +46,37 @@ from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.projector.store.partition import ProjectionStore
 from runstate.projector.store.statedir import Layout
 from runstate.snapshotter.recovery import RestoreReport, check_checkpoints, restore_partition
-from runstate.schemas.patch import Author, Decision
+from runstate.schemas.patch import Author, Decision, Patch
 from runstate.schemas.state import RunHeader, RunState
 from runstate.settings import Settings
 
 
 def open_settings_log(settings: Settings, *, create: bool = True) -> EventLog:
     """The configured log. The embedded log creates its file and topics on first use;
-    Kafka topics are created explicitly (:func:`create_topics`) and checked at start-up."""
-    return open_log(settings.log, partitions=settings.partitions, create=create, topics=settings.topics(),
-                    kafka_config={k: str(v) if not isinstance(v, bool) else str(v).lower() for k, v in settings.kafka_config.items()})  # fmt: skip
+    Kafka topics are created explicitly (:func:`create_topics`) and checked at start-up.
+    With a master key, the log seals every run's content (:class:`SealedLog`). Raises
+    :class:`KeyStoreError` for a malformed or wrong master key, or none for a log whose
+    content is sealed."""
+    master = settings.master()  # a malformed key is refused before anything is opened
+    log = open_log(settings.log, partitions=settings.partitions, create=create, topics=settings.topics(),
+                   kafka_config={k: str(v) if not isinstance(v, bool) else str(v).lower() for k, v in settings.kafka_config.items()})  # fmt: skip
+    try:
+        if master is None:
+            if _holds_keys(log):
+                raise KeyStoreError(f"the content of {log.describe()} is sealed (its keys topic {log.topics.keys} "
+                                    "holds run keys): set RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE")  # fmt: skip
+            return log
+        return SealedLog(log, Keyring(KeyStore(log, master)))
+    except BaseException:
+        log.close()
+        raise
+
+
+def _holds_keys(log: EventLog) -> bool:
+    try:
+        return any(log.end_offsets(log.topics.keys).values())
+    except LogConfigError:
+        return False  # no keys topic: nothing was ever sealed
 
 
 def check_topics(settings: Settings) -> tuple[str, int]:
@@ -372,3 +399,94 @@ def run_verify(settings: Settings, on_progress: Callable[[int, int], None] | Non
                       deep=(lambda lg: check_checkpoints(lg, key)) if deep else None)  # fmt: skip
     finally:
         log.close()
+
+
+@dataclass
+class Erased:
+    """What ``erase`` did: the erasure record that stands, and whether this call made it."""
+
+    run_id: str
+    erasure: dict[str, str]
+    first: bool
+    #: the erasure's decision, when awaited and the projector took it in time
+    decision: Decision | None = None
+
+
+def erase(settings: Settings, run_id: str, reason: str, by: str, *, wait_s: float = 0.0) -> Erased:
+    """Erase a run: an erasure record on the events log (the projector and the snapshotter
+    then drop everything of the run from their stores and checkpoints, and compact the
+    bytes away), and the run's keys destroyed, which leaves every copy of its content on
+    the log unreadable. Erasing an erased run returns the first record (``first`` False).
+    ``wait_s``: wait that long for the projector's decision on the erasure.
+
+    Raises :class:`KeyStoreError` without a master key, :class:`RunNotFound` for a run the
+    key store never held a key for (unknown, or written before content was sealed:
+    then its content on the log cannot be erased, and the message says so)."""
+    if settings.master() is None:
+        raise KeyStoreError("erasure needs sealed content: set RUNSTATE_MASTER_KEY (or RUNSTATE_MASTER_KEY_FILE; "
+                            "`runstate keys generate` makes one). Without it runs are stored as they are and "
+                            "cannot be erased from the log.")  # fmt: skip
+    log = open_settings_log(settings)
+    try:
+        assert isinstance(log, SealedLog)
+        keyring = log.keyring
+        entry = keyring.store.run(run_id, refresh=True)
+        if entry is not None and entry.erased is not None:
+            return Erased(run_id, entry.erased, False)
+        header = _header_or_none(settings, run_id)
+        if entry is None or not entry.keys:
+            if header is not None:
+                raise KeyStoreError(f"run {run_id!r} was stored before its content was sealed (no key of its own): "
+                                    "its content on the log cannot be erased")  # fmt: skip
+            raise RunNotFound(run_id)
+        now = datetime.now(UTC)
+        revision = 0 if header is None else header.revision
+        patch = Patch(patch_id=uuid.uuid4().hex, run_id=run_id, expected_revision=revision,
+                      events=[RunErased(reason=reason, erased_by=by)],
+                      author=Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
+                      created_at=now)  # fmt: skip
+        source = decision_source(settings, log) if wait_s > 0 else None
+        log.producer().append(log.topics.events, run_id, encode_patch(patch), CONTENT_FREE)
+        erasure = keyring.erase(run_id, {"at": now.isoformat(), "by": by, "reason": reason})
+        decision = None
+        if source is not None:
+            deadline = time.monotonic() + wait_s
+            while decision is None and time.monotonic() < deadline:
+                decision = source(run_id, patch.patch_id)
+                if decision is None:
+                    time.sleep(0.05)
+        return Erased(run_id, erasure, True, decision)
+    finally:
+        log.close()
+
+
+def _header_or_none(settings: Settings, run_id: str) -> RunHeader | None:
+    if not (Path(settings.state_dir) / "layout.json").exists():
+        return None
+    try:
+        with Projection(settings.state_dir) as proj:
+            return proj.header(run_id)
+    except RunstateError:
+        return None
+
+
+def generate_master_key() -> str:
+    return MasterKey.generate()
+
+
+def rotate_master_key(settings: Settings, new: MasterKey) -> int:
+    """Wrap every run key with ``new`` (the configured master key opens them); returns how
+    many. Then configure ``new`` in place of the old key."""
+    log = open_settings_log(settings)
+    try:
+        if not isinstance(log, SealedLog):
+            raise KeyStoreError("no master key configured: there is nothing to rotate")
+        return log.keyring.store.rewrap(new)
+    finally:
+        log.close()
+
+
+def erasure_of(settings: Settings, run_id: str) -> dict[str, str] | None:
+    """The erasure record of an erased run in the projection, or None."""
+    header = _header_or_none(settings, run_id)
+    return None if header is None or header.erasure is None else header.erasure.model_dump(mode="json")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from runstate.progress import Progress
 from runstate.projector.store.statedir import check_state_dir
 from runstate.projector.runtime.loop import ProjectorStats
 from runstate.schemas.errors import ContractError, RunstateError, describe_validation_error
+from runstate.eventlog.keystore import MasterKey
 from runstate.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -196,7 +198,7 @@ def context(ctx: click.Context, run_id: str) -> None:
 
 
 @main.command()
-@click.option("--status", type=click.Choice(["running", "waiting", "completed", "failed", "cancelled"]))
+@click.option("--status", type=click.Choice(["running", "waiting", "completed", "failed", "cancelled", "erased"]))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 @handle_errors
@@ -219,6 +221,10 @@ def runs(ctx: click.Context, status: str | None, as_json: bool) -> None:
 def history(ctx: click.Context, run_id: str, as_json: bool) -> None:
     """Every patch of RUN_ID: author, agent version, decision and reason."""
     decisions = app.history(ctx.obj, run_id)
+    erasure = app.erasure_of(ctx.obj, run_id)
+    if erasure is not None and not as_json:
+        click.echo(f"erased at {erasure['at']} by {erasure['by']}: {erasure['reason']} "
+                   "(its content is gone; what follows is what remains)")  # fmt: skip
     if as_json:
         click.echo(_dump([d.model_dump(mode="json") for d in decisions]))
         return
@@ -226,6 +232,54 @@ def history(ctx: click.Context, run_id: str, as_json: bool) -> None:
         why = "" if d.outcome == "accepted" else f" {d.reason}" + (f" [{d.rule}]" if d.rule else "") + f": {d.message}"
         click.echo(f"@{d.offset}\tr{d.expected_revision}->r{d.revision}\t{d.outcome}{' (rebased)' if d.rebased else ''}{why}"
                    f"\t{d.agent_id}@{d.agent_version}\t{','.join(d.event_types)}")  # fmt: skip
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--reason", required=True, help="why (kept, readable, with who and when)")
+@click.option("--by", help="who erases [$USER]")
+@click.option("--wait", "wait_s", type=float, default=10.0, show_default=True,
+              help="seconds to wait for the projector to take the erasure (0: do not wait)")
+@click.pass_context
+@handle_errors
+def erase(ctx: click.Context, run_id: str, reason: str, by: str | None, wait_s: float) -> None:
+    """Erase RUN_ID everywhere: its keys are destroyed (every copy of its content on the log
+    becomes unreadable) and the projector and snapshotter drop it from their stores and
+    checkpoints. What remains: who, when and why. Needs a master key (RUNSTATE_MASTER_KEY)."""
+    who = by or os.environ.get("USER") or "operator"
+    done = app.erase(ctx.obj, run_id, reason, who, wait_s=wait_s)
+    e = done.erasure
+    if not done.first:
+        click.echo(f"run {run_id} was already erased at {e['at']} by {e['by']}: {e['reason']} (that record stands)")
+        return
+    click.echo(f"erased run {run_id}: its keys are destroyed")
+    if done.decision is not None:
+        click.echo(f"the projector dropped its state (decision at offset {done.decision.offset})")
+    elif wait_s > 0:
+        click.echo("no projector took the erasure yet: it drops the run's state when it reaches it")
+
+
+@main.group()
+def keys() -> None:
+    """The master key that seals runs' content (needed to erase runs)."""
+
+
+@keys.command("generate")
+def keys_generate() -> None:
+    """Print a new master key (64 hex digits) for RUNSTATE_MASTER_KEY or a key file."""
+    click.echo(app.generate_master_key())
+
+
+@keys.command("rotate")
+@click.option("--new-key-file", required=True, type=click.Path(dir_okay=False),
+              help="file holding the new master key; the configured one must open the store")
+@click.pass_context
+@handle_errors
+def keys_rotate(ctx: click.Context, new_key_file: str) -> None:
+    """Wrap every run key with a new master key, then configure that key instead."""
+    n = app.rotate_master_key(ctx.obj, MasterKey.from_file(new_key_file))
+    click.echo(f"{_count(n, 'run key')} wrapped with the new master key; configure it now "
+               "(RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE) in place of the old one")
 
 
 @main.command()

@@ -6,6 +6,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runstate.eventlog.base import TopicNames
+from runstate.eventlog.keystore import MasterKey
 from runstate.producers.run_producer import DEFAULT_MAX_PATCH_BYTES
 
 
@@ -68,12 +69,27 @@ class Settings(BaseSettings):
     #: Raw librdkafka settings (JSON object in the env var); ``producer.``/``consumer.``
     #: prefixed keys apply to one client kind only. They win over runstate's defaults.
     kafka_config: dict[str, str | int | bool] = {}
+    #: Seals every run's content with a key of its own, wrapped by this master key (64 hex
+    #: digits; ``runstate keys generate``), so that a run can be erased (``runstate erase``).
+    #: Unset (and no ``master_key_file``): content is stored as it is and erasure is unavailable.
+    master_key: SecretStr | None = None
+    #: A file holding the master key (instead of ``master_key``).
+    master_key_file: str | None = None
 
     def decisions_published(self) -> bool:
         return self.log.startswith("kafka://") if self.publish_decisions is None else self.publish_decisions
 
     def checkpoint_key_bytes(self) -> bytes | None:
         return None if self.checkpoint_key is None else self.checkpoint_key.get_secret_value().encode()
+
+    def master(self) -> MasterKey | None:
+        """The master key configured, or None. Raises :class:`KeyStoreError` (one line) for
+        a malformed one or an unreadable file."""
+        if self.master_key is not None:
+            return MasterKey.parse(self.master_key.get_secret_value())
+        if self.master_key_file is not None:
+            return MasterKey.from_file(self.master_key_file)
+        return None
 
     def topics(self) -> TopicNames:
         return TopicNames.with_prefix(self.topic_prefix)

@@ -119,8 +119,32 @@ def derive_decision_schema() -> dict[str, Any]:
     return _avro_record(Decision, set())  # type: ignore[no-any-return]
 
 
+#: A record whose content is encrypted with its run's key (schemas/sealed.py): what audit and
+#: routing need stays readable (the run, and for a patch its envelope), the rest is AES-GCM
+#: ciphertext of the plain record. Written by hand: its fields are bytes, which the models
+#: do not have.
+SEALED_SCHEMA: dict[str, Any] = {
+    "type": "record", "name": f"{NAMESPACE}.Sealed", "fields": [
+        {"name": "run_id", "type": "string"},
+        {"name": "kid", "type": "string"},
+        {"name": "nonce", "type": "bytes"},
+        {"name": "ciphertext", "type": "bytes"},
+        {"name": "envelope", "default": None, "type": ["null", {
+            "type": "record", "name": f"{NAMESPACE}.PatchEnvelope", "fields": [
+                {"name": "patch_id", "type": "string"},
+                {"name": "expected_revision", "type": "long"},
+                {"name": "agent_id", "type": "string"},
+                {"name": "agent_version", "type": "string"},
+                {"name": "event_types", "type": {"type": "array", "items": "string"}},
+                {"name": "created_at", "type": "string"},
+                {"name": "rebase", "type": "boolean"},
+            ]}]},
+    ]}  # fmt: skip
+
+
 #: What each kind of record is derived from; ``<kind>.vN.avsc`` are its published versions.
-KINDS: dict[str, Callable[[], dict[str, Any]]] = {"patch": derive_patch_schema, "decision": derive_decision_schema}
+KINDS: dict[str, Callable[[], dict[str, Any]]] = {
+    "patch": derive_patch_schema, "decision": derive_decision_schema, "sealed": lambda: SEALED_SCHEMA}
 
 
 # --- the registry of published writer schemas --------------------------------------------
@@ -513,9 +537,21 @@ def _publish_decision() -> None:
     print(f"published {path}")
 
 
+def _publish_sealed() -> None:
+    existing = published("sealed") if any(AVRO_DIR.glob("sealed.v*.avsc")) else {}
+    if _fp(SEALED_SCHEMA) in existing:
+        print("sealed schema matches the published one; nothing to publish")
+        return
+    version = max((w.version for w in existing.values()), default=0) + 1
+    path = AVRO_DIR / f"sealed.v{version}.avsc"
+    path.write_text(json.dumps(SEALED_SCHEMA, indent=1) + "\n")
+    print(f"published {path}")
+
+
 if __name__ == "__main__":  # pragma: no cover - maintenance entry point
     if sys.argv[1:] == ["--publish"]:
         _publish()
         _publish_decision()
+        _publish_sealed()
     else:
         print(json.dumps(derive_patch_schema(), indent=1))

@@ -157,3 +157,22 @@ class RevisionNotFound(RunstateError):
         self.revision = revision
         self.current = current
         super().__init__(f"run {run_id!r} has revisions 0..{current}; {revision} does not exist")
+
+
+class RunErased(RunstateError):
+    """The run was erased: its content is gone everywhere; what remains is who erased it,
+    when and why (``erasure``: ``{"at", "by", "reason"}``)."""
+
+    def __init__(self, run_id: str, erasure: dict[str, str] | None = None) -> None:
+        self.run_id = run_id
+        self.erasure = erasure or {}
+        by = f" by {self.erasure['by']}" if self.erasure.get("by") else ""
+        at = f" at {self.erasure['at']}" if self.erasure.get("at") else ""
+        why = f": {self.erasure['reason']}" if self.erasure.get("reason") else ""
+        super().__init__(f"run {run_id!r} was erased{by}{at}{why}")
+
+
+class KeyStoreError(RunstateError):
+    """The master key or the key store cannot be used (missing, malformed, or not the key
+    the store was written with). runstate refuses to start rather than write a run key in
+    the clear or under another master key."""

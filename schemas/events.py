@@ -495,6 +495,18 @@ class GraphThreadDeleted(Model):
     reason: str = "thread deleted"
 
 
+class RunErased(Model):
+    """Control event, an operator's act (``runstate erase``, ``DELETE /runs/{id}``; never an
+    agent's: drafts and tools refuse it): the run's content leaves the Run State, its
+    checkpoints and its history, and with the run's keys destroyed, the log's copies become
+    unreadable. What stays is who erased it, when and why. Alone in its patch; accepted in
+    any status; a second erasure of the run is rejected (``run_erased``): the first stands."""
+
+    type: Literal["RunErased"] = "RunErased"
+    reason: str = Field(min_length=1)
+    erased_by: str = Field(min_length=1)
+
+
 EVENT_TYPES: tuple[type[Model], ...] = (
     RunStarted, GoalChanged, ConstraintSet, PhaseChanged,
     FactConfirmed, FactRetracted,
@@ -506,14 +518,19 @@ EVENT_TYPES: tuple[type[Model], ...] = (
     WaitingStarted, WaitingResolved, LeaseReleased,
     BudgetSet, BudgetConsumed,
     PermissionRevoked, RunCompleted, RunFailed, RunCancelled,
-    GraphCheckpointSaved, GraphWritesSaved, GraphThreadDeleted,
+    GraphCheckpointSaved, GraphWritesSaved, GraphThreadDeleted, RunErased,
 )  # fmt: skip
 
 #: Every event type name, in catalogue order.
 EVENT_TYPE_NAMES: tuple[str, ...] = tuple(t.__name__ for t in EVENT_TYPES)
 
 #: Events that win over the revision check (they apply whatever revision they were based on).
-CONTROL_EVENT_TYPES: frozenset[str] = frozenset({"RunCancelled", "GoalChanged", "PermissionRevoked", "GraphThreadDeleted"})
+CONTROL_EVENT_TYPES: frozenset[str] = frozenset({"RunCancelled", "GoalChanged", "PermissionRevoked", "GraphThreadDeleted",
+                                                 "RunErased"})
+
+#: Events only an operator proposes (``runstate erase``): a draft (HTTP, MCP, a patch file,
+#: ``RunProducer.build``) holding one is refused.
+OPERATOR_EVENT_TYPES: frozenset[str] = frozenset({"RunErased"})
 
 #: Events after which no further event is accepted.
 TERMINAL_EVENT_TYPES: frozenset[str] = frozenset({"RunCompleted", "RunFailed", "RunCancelled"})

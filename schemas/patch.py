@@ -8,7 +8,7 @@ import pydantic
 from pydantic import AwareDatetime, Field
 
 from runstate.schemas.errors import ContractError, UnknownEventType, describe_validation_error
-from runstate.schemas.events import EVENT_TYPE_NAMES, Event, Id, Model, Revision
+from runstate.schemas.events import EVENT_TYPE_NAMES, OPERATOR_EVENT_TYPES, Event, Id, Model, Revision
 
 M = TypeVar("M", bound=Model)
 
@@ -56,7 +56,7 @@ class Patch(Model):
 
 Outcome = Literal["accepted", "rejected"]
 RejectReason = Literal["revision_conflict", "superseded", "invalid", "unknown_run", "run_terminal", "patch_id_reused",
-                       "unauthorized"]
+                       "unauthorized", "run_erased"]
 
 
 class Decision(Model):
@@ -123,9 +123,16 @@ def validated(model: type[M], data: dict[str, Any], *, where: str | None = None,
     (:class:`UnknownEventType`). Only on failure: a model that validates cannot hold an
     unknown type (the events union is tagged by it), so valid patches skip the scan."""
     try:
-        return model.model_validate(data)
+        got = model.model_validate(data)
     except pydantic.ValidationError as e:
         if drafted:
             check_draft_shape(data, where=where)
         field, msg = describe_validation_error(e)
         raise ContractError(f"invalid patch: {msg}", where=where, field=field) from e
+    if drafted:
+        for i, ev in enumerate(getattr(got, "events", ())):
+            if ev.type in OPERATOR_EVENT_TYPES:
+                raise ContractError(f"{ev.type} is an operator's act, not a patch an agent proposes: use "
+                                    "`runstate erase RUN_ID --reason TEXT` or DELETE /runs/{id}",
+                                    where=where, field=f"events[{i}]")  # fmt: skip
+    return got

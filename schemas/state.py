@@ -33,8 +33,8 @@ from runstate.schemas.events import (
 #: (``schemas.migrations``); newer ones are refused as MIGRATION_REQUIRED.
 CURRENT_SCHEMA_VERSION = 4
 
-RunStatus = Literal["running", "waiting", "completed", "failed", "cancelled"]
-TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+RunStatus = Literal["running", "waiting", "completed", "failed", "cancelled", "erased"]
+TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled", "erased"})
 TaskStatus = Literal["pending", "running", "blocked", "completed", "failed", "cancelled"]
 
 
@@ -229,6 +229,16 @@ class Budgets(Model):
 WorkspaceRef = WorkspaceRefSpec
 
 
+class Erasure(Model):
+    """Who erased a run, when and why: what remains of an erased run."""
+
+    at: AwareDatetime
+    by: str
+    reason: str
+    #: the revision the operator saw when erasing (informational)
+    revision: int = 0
+
+
 class RunHeader(Model):
     """Everything of a run but its collections: the record rewritten on each accepted patch.
 
@@ -272,6 +282,8 @@ class RunHeader(Model):
     revoked_agents: list[str] = []
     #: set when the state was migrated from an older schema version (kept through restores)
     migrated_from: MigratedFrom | None = None
+    #: set when the run was erased (its status is then ``erased`` and nothing else is left)
+    erasure: Erasure | None = None
 
 
 #: Fields of the stored header that are bookkeeping of the projector, not the contract.
@@ -303,6 +315,7 @@ class RunSummary(Model):
     policy: RunPolicy = RunPolicy()
     revoked_agents: list[str] = []
     migrated_from: MigratedFrom | None = None
+    erasure: Erasure | None = None
 
 
 #: Collection name in RunState -> item model. Order is the order of RunState's fields.
@@ -368,6 +381,8 @@ class RunState(Model):
     revoked_agents: list[str] = []
     #: set when the state was migrated from an older schema version
     migrated_from: MigratedFrom | None = None
+    #: set when the run was erased
+    erasure: Erasure | None = None
 
     @property
     def is_terminal(self) -> bool:

@@ -27,6 +27,7 @@ from pathlib import Path
 import orjson
 
 from runstate.eventlog.base import Appended, EventLog
+from runstate.eventlog.sealed import CONTENT_FREE
 from runstate.projector.runtime.loop import Projector, ProjectorStats
 from runstate.projector.store.partition import PendingBatch, ProjectionStore
 from runstate.projector.core.working import RunDoc
@@ -35,6 +36,10 @@ from runstate.snapshotter.checkpoint import RECENT_DECISIONS, Checkpoint, covera
 from runstate.snapshotter.policy import CheckpointPolicy
 
 log = logging.getLogger("runstate.snapshotter")
+
+#: How an erased run's tombstone checkpoint shows in its JSON (quotes inside a string value
+#: are escaped, so no content can spell it).
+_ERASED = b'"status":"erased"'
 
 GROUP = "runstate-snapshotter"
 #: Without new checkpoints, the coverage record is republished only after this many records
@@ -80,7 +85,9 @@ class CheckpointWriter:
         self._publish(partition, store, store.next_offset(), None)  # what a crash left in the outbox
 
     def on_accepted(self, partition: int, patch: Patch, decision: Decision, doc: RunDoc, batch: PendingBatch) -> None:
-        triggers = self.policy.triggers(patch, decision.revision, doc)
+        # An erased run's tombstone replaces its checkpoints (on the compacted topic too), so
+        # that a restore knows the run and never brings it back.
+        triggers = ["erased"] if doc.header.status == "erased" else self.policy.triggers(patch, decision.revision, doc)
         if triggers:
             self._checkpoint(partition, doc, decision.offset, triggers, batch)
 
@@ -91,9 +98,12 @@ class CheckpointWriter:
         # Decisions: the stored ones, then those of the batch not yet written.
         unwritten = [d for d in batch.decisions if d.run_id == run] if batch is not None else []
         recent = unwritten
-        if len(recent) < RECENT_DECISIONS:
-            recent = store.recent_history(run, RECENT_DECISIONS) + recent
-        patch_ids = [*store.patch_ids(run), *(d.patch_id for d in unwritten)]
+        if doc.header.status == "erased":
+            patch_ids: list[str] = []  # nothing of the erased run's history travels on
+        else:
+            if len(recent) < RECENT_DECISIONS:
+                recent = store.recent_history(run, RECENT_DECISIONS) + recent
+            patch_ids = [*store.patch_ids(run), *(d.patch_id for d in unwritten)]
         cp = make_checkpoint(doc.to_state(), partition=partition, covers_offset=covers, triggers=triggers,
                              recent=recent, patch_ids=patch_ids, key=self.key)  # fmt: skip
         if batch is not None:
@@ -123,7 +133,8 @@ class CheckpointWriter:
                 failed.append(err)
 
         for run, _rev, blob in pending:
-            self.producer.append_async(topic, run, blob, delivered)
+            # An erased run's tombstone holds no content: written readable, to outlive its keys.
+            self.producer.append_async(topic, run, blob, delivered, CONTENT_FREE if _ERASED in blob else ())
         left = self.producer.flush(60)
         if failed or left:
             # Kept in the outbox: the next batch (or a restart) publishes them again.

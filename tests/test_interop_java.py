@@ -4,6 +4,7 @@ Avro's Java library reads the records runstate writes and runstate reads what it
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from helpers import CLIENT_EXAMPLE, patch
 from javakit import run_java
 
 from runstate.eventlog.base import TopicNames
-from runstate.schemas import codec
+from runstate.schemas import codec, sealed
 from runstate.schemas.patch import Decision, Patch
 
 EVENTS = json.loads(CLIENT_EXAMPLE)["events"]
@@ -50,7 +51,8 @@ def _java(jars: Path, records: list[tuple[str, bytes]]) -> tuple[dict[tuple[str,
 @pytest.mark.slow
 def test_java_writes_the_header_runstate_writes_for_every_published_schema(java_interop: Path) -> None:
     headers, _ = _java(java_interop, [])
-    ours = {(k, w.version): (codec.MAGIC + w.fingerprint).hex() for k in ("patch", "decision") for w in _published(k)}
+    ours = {(k, w.version): (codec.MAGIC + w.fingerprint).hex() for k in ("patch", "decision", "sealed")
+            for w in _published(k)}  # fmt: skip
     assert headers == ours
 
 
@@ -61,8 +63,20 @@ def test_java_decodes_every_record_runstate_writes_and_writes_the_same_bytes(jav
     schema, writes the very same bytes; runstate decodes what Java wrote."""
     records = [("patch", codec.encode(p, writer=w)) for p, w in _patches()]
     records.append(("decision", codec.encode_decision(_decision())))
+    sealed_patch = _patches()[-1][0]
+    key = os.urandom(32)
+    plain = codec.encode(sealed_patch)
+    records.append(("sealed", sealed.seal(plain, sealed_patch.run_id, "k1", key, os.urandom(12),
+                                          sealed.envelope_of(plain))))  # fmt: skip
     _, answers = _java(java_interop, records)
     assert len(answers) == len(records)
+    # A sealed record: Java reads its envelope and writes the same bytes; what Java wrote opens.
+    *answers, sealed_answer = answers
+    *records, (_, ours_sealed) = records
+    status, _version, java_bytes, resolved = sealed_answer.split(" ", 3)
+    assert status == "OK" and bytes.fromhex(java_bytes) == ours_sealed, sealed_answer
+    assert json.loads(resolved)["envelope"]["patch_id"] == sealed_patch.patch_id
+    assert codec.decode(sealed.unseal(sealed.read(bytes.fromhex(java_bytes)), key)) == sealed_patch
     for (kind, ours), answer, expected in zip(records, answers, [p for p, _ in _patches()] + [_decision()], strict=True):
         status, version, java_bytes, resolved = answer.split(" ", 3)
         assert status == "OK", answer

@@ -25,12 +25,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runstate.projector.core.working import Changes, Draft, Item, RunDoc
+from datetime import datetime
+
+from runstate.projector.core.working import Changes, Draft, Item, RunDoc, header_from_model
 from runstate.projector.core.outcomes import Decided
 from runstate.projector.core.reducer import Ctx, RuleViolation, apply_event
 from runstate.schemas import events as ev
 from runstate.schemas import structs
 from runstate.schemas.patch import RejectReason
+from runstate.schemas.sealed import PatchEnvelope
+from runstate.schemas.events import GoalSpec
+from runstate.schemas.state import Erasure, RunHeader
 
 # The core's decisions are the msgspec struct of Decision (schemas/generated/structs.py): one
 # per patch, written to the store as the model's JSON; the model is made where decisions leave
@@ -38,6 +43,7 @@ from runstate.schemas.patch import RejectReason
 from runstate.schemas.generated.structs import Decision as DecisionStruct  # noqa: E402
 from runstate.schemas.generated.structs import FactConfirmed  # noqa: E402
 from runstate.schemas.generated.structs import Patch as PatchStruct  # noqa: E402
+from runstate.schemas.generated.structs import RunErased as RunErasedStruct  # noqa: E402
 
 #: Events that commute with any concurrent patch (fresh ids are still checked).
 COMMUTING: frozenset[str] = frozenset(
@@ -67,6 +73,41 @@ def _decision(patch: PatchStruct, partition: int, offset: int, revision: int, *,
     )  # fmt: skip
 
 
+def _erased_message(run_id: str, header: object) -> str:
+    erasure = getattr(header, "erasure", None)
+    if erasure is None:
+        return f"run {run_id!r} was erased; nothing is accepted for it"
+    return f"run {run_id!r} was erased at {erasure.at.isoformat()} by {erasure.by}; nothing is accepted for it"
+
+
+def erased_envelope_decision(run_id: str, env: PatchEnvelope, doc: RunDoc | None, partition: int,
+                             offset: int) -> DecisionStruct:  # fmt: skip
+    """The decision on a patch whose content cannot be read any more because its run was
+    erased (its key is destroyed): ``run_erased``, from its readable envelope."""
+    return DecisionStruct(
+        patch_id=env.patch_id, run_id=run_id, outcome="rejected", revision=0 if doc is None else doc.header.revision,
+        expected_revision=env.expected_revision, reason="run_erased", rule=None,
+        message=_erased_message(run_id, None if doc is None else doc.header), event_index=None, rebased=False,
+        partition=partition, offset=offset, agent_id=env.agent_id, agent_version=env.agent_version,
+        event_types=list(env.event_types), created_at=datetime.fromisoformat(env.created_at), content_digest=None,
+    )  # fmt: skip
+
+
+def _erase(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, digest: str | None) -> Decided:
+    """An erasure alone in its patch: the run becomes a tombstone (its header names the
+    erasure, nothing else is left), built from the patch alone so that a replay that could
+    not read the run's earlier patches (their keys destroyed) makes the same one."""
+    e = patch.events[0]
+    assert isinstance(e, RunErasedStruct)  # decide() calls this for a patch of one RunErased
+    erasure = Erasure(at=patch.created_at, by=e.erased_by, reason=e.reason, revision=patch.expected_revision)
+    header = header_from_model(RunHeader(
+        run_id=patch.run_id, revision=patch.expected_revision, goal=GoalSpec(statement="(erased)"), status="erased",
+        agent_version=patch.author.agent_version, updated_at=patch.created_at,
+        last_control_revision=patch.expected_revision, erasure=erasure))  # fmt: skip
+    decision = _decision(patch, partition, offset, digest=digest, revision=patch.expected_revision)
+    return Decided(decision, RunDoc(header), Changes(header, wipe=True))
+
+
 def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, digest: str | None = None) -> Decided:
     """Decide ``patch`` against the run's current working state ``doc`` (None: no state).
 
@@ -77,6 +118,11 @@ def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
     a new doc for ``RunStarted``, with ``changes`` listing what to persist.
     """
     types = [e.type for e in patch.events]
+    if doc is not None and doc.header.status == "erased":
+        return Decided(_decision(patch, partition, offset, digest=digest, revision=doc.header.revision,
+                                 reason="run_erased", message=_erased_message(patch.run_id, doc.header)))  # fmt: skip
+    if types == ["RunErased"]:
+        return _erase(doc, patch, partition, offset, digest)
     if doc is None:
         if types[0] != "RunStarted" or patch.expected_revision != 0:
             return Decided(_decision(patch, partition, offset, digest=digest, revision=0, reason="unknown_run",

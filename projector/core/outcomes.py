@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from runstate.projector.core.working import Changes, RunDoc
 from runstate.schemas.generated.structs import Decision, Patch
+from runstate.schemas.sealed import PatchEnvelope
 
 
 class Decided(NamedTuple):
@@ -34,6 +35,14 @@ class Applied(NamedTuple):
     decision: Decision | None
     changes: Changes | None
     duplicate: bool = False
+
+
+class Erased(NamedTuple):
+    """A patch of an erased run: its content cannot be read any more (the run's keys are
+    destroyed), its envelope can."""
+
+    run_id: str
+    envelope: PatchEnvelope
 
 
 @dataclass

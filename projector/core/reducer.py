@@ -248,6 +248,12 @@ def _run_cancelled(d: Draft, e: gen.RunCancelled, ctx: Ctx) -> None:
          last_transition=HeaderTransition(action=f"run cancelled: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
 
 
+@reducer(gen.RunErased)
+def _run_erased(d: Draft, e: gen.RunErased, ctx: Ctx) -> None:
+    # decide() applies an erasure that is alone in its patch; reaching a reducer, it is not.
+    _require(False, "run.erasure_alone", "RunErased must be the only event of its patch")
+
+
 # --- facts, hypotheses, questions ---------------------------------------------------------
 
 

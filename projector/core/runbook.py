@@ -14,16 +14,18 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
+from datetime import datetime
 from typing import Literal
 
 from runstate.eventlog.base import Record
-from runstate.projector.core.decide import decide
-from runstate.projector.core.outcomes import Applied, DeadLetter
+from runstate.projector.core.decide import decide, erased_envelope_decision
+from runstate.projector.core.outcomes import Applied, DeadLetter, Erased
 from runstate.projector.core.reducer import READS
 from runstate.projector.core.working import Changes, Entry, RunDoc
+from runstate.schemas import sealed
 from runstate.schemas.codec import content_digest, encode, read_patch
 from runstate.schemas.errors import DecodeError, StoreError
-from runstate.schemas.generated.structs import Decision, Patch
+from runstate.schemas.generated.structs import Author, Decision, Patch
 from runstate.schemas.patch import Decision as DecisionModel
 from runstate.schemas.patch import Patch as PatchModel
 from runstate.schemas.structs import from_model, updated
@@ -38,12 +40,38 @@ log = logging.getLogger("runstate.projector")
 InternalErrorPolicy = Literal["dead_letter", "fail"]
 
 
-def read_record(rec: Record) -> Patch | DeadLetter:
+#: The header a sealed log puts on a record it could not open (eventlog/sealed.py).
+_KEY_HEADER = "runstate-key"
+
+
+def _unopened(rec: Record) -> Erased | DeadLetter:
+    """A sealed record the log could not open: an erased run's patch, or a dead letter
+    saying which key is missing or damaged (or that no master key is configured)."""
+    why = next((v for k, v in rec.headers if k == _KEY_HEADER), None)
+    try:
+        s = sealed.read(rec.value)
+    except DecodeError as e:
+        return _dead(rec, e.reason, e.detail)
+    if why == b"erased" and s.envelope is not None:
+        return Erased(s.run_id, s.envelope)
+    if why is None:
+        return _dead(rec, "sealed_no_key", f"run {s.run_id!r}: the record is sealed and no master key is configured "
+                                           "(RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE)")  # fmt: skip
+    reason = {b"erased": "key_destroyed", b"missing": "key_missing"}.get(why, "key_damaged")
+    return _dead(rec, reason, f"run {s.run_id!r}: the record's key {s.kid} is {why.decode()}; its content is "
+                              "unreadable")  # fmt: skip
+
+
+def read_record(rec: Record) -> Patch | DeadLetter | Erased:
     """The patch a log record holds, or a :class:`DeadLetter` with the reason: damaged
-    (checksum), a key that is not UTF-8, not a decodable valid patch, or a patch of another
-    run than its key names. Pure: reads no state, so a caller may read a whole batch first."""
+    (checksum), a key that is not UTF-8, not a decodable valid patch, a patch of another
+    run than its key names, sealed with a key that is missing or damaged; or, for a sealed
+    patch of an erased run, its :class:`Erased` envelope. Pure: reads no state, so a caller
+    may read a whole batch first."""
     if not rec.checksum_ok:
         return _dead(rec, "checksum", "the record's key and value do not match its checksum")
+    if sealed.is_sealed(rec.value):
+        return _unopened(rec)
     try:
         try:
             key = rec.key.decode() if rec.key is not None else None
@@ -55,6 +83,14 @@ def read_record(rec: Record) -> Patch | DeadLetter:
     except DecodeError as e:
         return _dead(rec, e.reason, e.detail)
     return patch
+
+
+def _envelope_patch(got: Erased) -> Patch:
+    """A patch struct standing for an unreadable one: its envelope, no events."""
+    env = got.envelope
+    return Patch(patch_id=env.patch_id, run_id=got.run_id, expected_revision=env.expected_revision, events=[],
+                 author=Author(agent_id=env.agent_id, agent_version=env.agent_version),
+                 created_at=datetime.fromisoformat(env.created_at), rebase=env.rebase)  # fmt: skip
 
 
 def _struct(decision: Decision | DecisionModel | None) -> Decision | None:
@@ -201,7 +237,7 @@ class RunBook:
         return Applied(patch, decided.decision, decided.changes)
 
     def apply_record(self, rec: Record, on_internal_error: InternalErrorPolicy = "dead_letter",
-                     read: Patch | DeadLetter | None = None) -> Applied | DeadLetter:  # fmt: skip
+                     read: Patch | DeadLetter | Erased | None = None) -> Applied | DeadLetter:  # fmt: skip
         """Decide one log record. A record that is not a patch of the run it is keyed by is
         a :class:`DeadLetter` with the reason (see :func:`read_record`); so is a patch whose
         decision raised, unless ``on_internal_error`` is ``"fail"`` (then the error
@@ -211,6 +247,8 @@ class RunBook:
         got = read_record(rec) if read is None else read
         if isinstance(got, DeadLetter):
             return got
+        if isinstance(got, Erased):
+            return self._erased(got, rec)
         patch = got
         try:
             return self.apply(patch, rec.partition, rec.offset, content_digest(rec.value))
@@ -222,6 +260,16 @@ class RunBook:
             log.exception("internal error deciding p%d@%d (run %r); dead-lettered", rec.partition, rec.offset, patch.run_id)
             return DeadLetter(rec.partition, rec.offset, "internal_error", f"{type(e).__name__}: {e}",
                               patch.run_id, len(rec.value))  # fmt: skip
+
+    def _erased(self, got: Erased, rec: Record) -> Applied:
+        """An erased run's unreadable patch: rejected ``run_erased`` from its envelope."""
+        key = (got.run_id, got.envelope.patch_id)
+        prior = self._unsettled.get(key) or self.decided.get(key) or self._load_decision(*key)
+        if prior is not None:
+            return Applied(_envelope_patch(got), prior, None, duplicate=True)
+        decision = erased_envelope_decision(got.run_id, got.envelope, self.doc(got.run_id), rec.partition, rec.offset)
+        (self.decided if self._keep_decisions else self._unsettled)[key] = decision
+        return Applied(_envelope_patch(got), decision, None)
 
     def settle(self) -> None:
         """The caller persisted everything applied so far: forget in-flight decisions,

@@ -324,6 +324,8 @@ class Changes:
     header: Header
     puts: dict[Key, Entry] = field(default_factory=dict)
     deletes: set[Key] = field(default_factory=set)
+    #: the run was erased: everything stored of it goes, but this header
+    wipe: bool = False
 
 
 class Draft:

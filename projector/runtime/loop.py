@@ -37,7 +37,8 @@ from runstate.eventlog.base import EventLog, LogConsumer, Record
 from runstate.projector.runtime import gc_policy
 from runstate.projector.store.keys import patch_id_digest
 from runstate.projector.core.runbook import InternalErrorPolicy, RunBook, read_record
-from runstate.projector.core.outcomes import DeadLetter
+from runstate.eventlog.sealed import CONTENT_FREE
+from runstate.projector.core.outcomes import Erased, DeadLetter
 from runstate.projector.store.statedir import Layout
 from runstate.projector.store.partition import PendingBatch, ProjectionStore
 from runstate.projector.core.working import RunDoc
@@ -455,7 +456,10 @@ class Projector:
             self.stats.dead_letters += len(batch.dead)
             if self.publish_decisions and self._out is not None:
                 for d in batch.decisions:
-                    self._out.append_async(self.log.topics.decisions, d.run_id, encode_decision(d), _log_failed_decision)
+                    # An erasure's decisions hold no content: readable after the run's keys are gone.
+                    free = CONTENT_FREE if d.reason == "run_erased" or d.event_types == ["RunErased"] else ()
+                    self._out.append_async(self.log.topics.decisions, d.run_id, encode_decision(d), _log_failed_decision,
+                                           free)  # fmt: skip
             if self.publish_dead_letters and self._out is not None and batch.dead:
                 for dl in batch.dead:
                     self._publish_dead_letter(dl, records)
@@ -472,7 +476,7 @@ class Projector:
         before deciding any of them (see :meth:`RunBook.prefetch`)."""
         by_part: dict[int, tuple[_Partition, list[Patch]]] = {}  # ordered: a batch reads in log order
         for (part, _, rec), read in zip(todo, reads):
-            if not isinstance(read, DeadLetter):
+            if not isinstance(read, (DeadLetter, Erased)):
                 by_part.setdefault(rec.partition, (part, []))[1].append(read)
         for part, patches in by_part.values():
             part.book.prefetch(patches)

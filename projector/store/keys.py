@@ -117,6 +117,18 @@ def checkpoint_key(run_id: str, revision: int) -> bytes:
     return checkpoints_prefix(run_id) + f"{revision:016x}".encode()
 
 
+def run_ranges(run_id: str) -> list[tuple[bytes, bytes]]:
+    """Every key range that holds something of one run, as ``[start, end)`` pairs."""
+    run = _run(run_id)
+    out = []
+    for prefix in (b"i:", b"l:", b"d:", CHECKPOINTS, OUTBOX):
+        start = prefix + run + b"\0"
+        out.append((start, prefix + run + b"\1"))
+    for prefix in (HEADERS, RESTORED, RESTORED_IDS):
+        out.append((prefix + run, prefix + run + b"\0"))
+    return out
+
+
 def run_of(key: bytes, prefix: bytes) -> str:
     """The run id of a ``h:``/``k:``/``c:`` key."""
     return key[len(prefix):].split(b"\0", 1)[0].decode()

@@ -69,9 +69,16 @@ class PendingBatch:
     checkpoints: dict[tuple[str, int], bytes] = field(default_factory=dict)
     #: runs restored from checkpoints -> the patch ids decided before (digests)
     restored_ids: dict[str, bytes] = field(default_factory=dict)
+    #: runs erased in this batch: everything stored of them is deleted before the batch's
+    #: other writes (their tombstone header, the erasure's decision)
+    erased: set[str] = field(default_factory=set)
 
     def add_changes(self, run_id: str, changes: Changes) -> None:
-        """Stage what one accepted patch (or a restore) changed in a run."""
+        """Stage what one accepted patch (or a restore) changed in a run. An erasure (``wipe``)
+        also drops what the batch staged of the run before it, but the erasure's own
+        decision (the last one staged)."""
+        if changes.wipe:
+            self._wipe(run_id)
         self.headers[run_id] = changes.header
         for (kind, id_), entry in changes.puts.items():
             k = keys.item_key(run_id, kind, id_)
@@ -81,6 +88,17 @@ class PendingBatch:
             k = keys.item_key(run_id, kind, id_)
             self.puts.pop(k, None)
             self.deletes.add(k)
+
+
+    def _wipe(self, run_id: str) -> None:
+        self.erased.add(run_id)
+        prefix = keys.run_items_prefix(run_id)
+        self.puts = {k: v for k, v in self.puts.items() if not k.startswith(prefix)}
+        self.deletes = {k for k in self.deletes if not k.startswith(prefix)}
+        last = self.decisions[-1:] if self.decisions and self.decisions[-1].run_id == run_id else []
+        self.decisions = [d for d in self.decisions if d.run_id != run_id] + last
+        self.dead = [dl for dl in self.dead if dl.key != run_id]
+        self.checkpoints = {k: v for k, v in self.checkpoints.items() if k[0] != run_id}
 
 
 def _saved(item: bytes) -> bool:
@@ -189,6 +207,8 @@ class ProjectionStore:
     def write(self, batch: PendingBatch) -> None:
         """Apply ``batch`` atomically (state changes, decisions, dead letters, offset)."""
         wb = WriteBatch(raw_mode=True)
+        for run_id in batch.erased:
+            self._stage_erasure(wb, run_id)
         for run_id, header in batch.headers.items():
             wb.put(keys.header_key(run_id), keys.encode_header(header))
         for k in batch.deletes:
@@ -211,8 +231,29 @@ class ProjectionStore:
         wb.put(keys.NEXT_OFFSET, keys.encode_int(batch.next_offset))
         try:
             self._db.write(wb, self._wopts)
+            if batch.erased:
+                self._compact_erased(batch.erased)
         except Exception as e:
             raise _write_error(self.path, e) from e
+
+    def _stage_erasure(self, wb: WriteBatch, run_id: str) -> None:
+        """Delete everything stored of an erased run (its header is written again after)."""
+        for start, end in keys.run_ranges(run_id):
+            wb.delete_range(start, end)
+        for k, v in self._prefix(keys.DEAD_LETTERS):
+            if orjson.loads(v).get("key") == run_id:
+                wb.delete(k)
+
+    def _compact_erased(self, runs: Iterable[str]) -> None:
+        """Take the erased runs' bytes out of the store's files now: the memtable and the
+        write-ahead log are flushed (the old values' log files are then deleted), and the
+        runs' key ranges compacted to the bottom level, where the deleted values are dropped."""
+        self._db.flush(True)
+        self._db.flush_wal(True)
+        for run_id in runs:
+            for start, end in keys.run_ranges(run_id):
+                self._db.compact_range(start, end)
+        self._db.compact_range(keys.DEAD_LETTERS, keys.DEAD_LETTERS[:-1] + b";")
 
     def restore(self, runs: Iterable[RestoredRun], next_offset: int) -> int:
         """Write runs restored from checkpoints into this (new) store in one WriteBatch, and

@@ -12,6 +12,7 @@ from runstate.schemas.errors import (
     LogError,
     PatchTooLarge,
     RevisionNotFound,
+    RunErased,
     RunNotFound,
     RunstateError,
 )
@@ -52,6 +53,10 @@ def answer(e: Exception) -> Answer | None:
         return Answer(413, body("patch_too_large", str(e)))
     if isinstance(e, ContractError):
         return Answer(422, body("invalid", str(e), e.field))
+    if isinstance(e, RunErased):
+        b = body("erased", str(e))
+        b["error"]["erasure"] = e.erasure
+        return Answer(410, b)
     if isinstance(e, RunNotFound | RevisionNotFound):
         return Answer(404, body("not_found", str(e)))
     if isinstance(e, DecisionTimeout):

@@ -98,6 +98,16 @@ class MigratedFrom(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     path: list[int]
 
 
+class Erasure(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
+    """The struct of :class:`runstate.schemas.state.Erasure` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.state.Erasure'
+    at: Annotated[datetime, msgspec.Meta(tz=True)]
+    by: str
+    reason: str
+    revision: int = 0
+
+
 class RunHeader(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
     """The struct of :class:`runstate.schemas.state.RunHeader` (``__contract__``)."""
 
@@ -107,7 +117,7 @@ class RunHeader(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     revision: int
     goal: GoalSpec
     phase: str | None = None
-    status: Literal['running', 'waiting', 'completed', 'failed', 'cancelled'] = 'running'
+    status: Literal['running', 'waiting', 'completed', 'failed', 'cancelled', 'erased'] = 'running'
     active_task_id: str | None = None
     last_transition: Transition | None = None
     waiting: Waiting | None = None
@@ -125,6 +135,7 @@ class RunHeader(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     policy: RunPolicy = msgspec.field(default_factory=RunPolicy)
     revoked_agents: list[str] = msgspec.field(default_factory=list)
     migrated_from: MigratedFrom | None = None
+    erasure: Erasure | None = None
 
 
 class PriorValue(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
@@ -339,7 +350,7 @@ class RunState(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     revision: int
     goal: Goal
     phase: str | None = None
-    status: Literal['running', 'waiting', 'completed', 'failed', 'cancelled']
+    status: Literal['running', 'waiting', 'completed', 'failed', 'cancelled', 'erased']
     active_task_id: str | None = None
     confirmed_facts: list[Fact] = msgspec.field(default_factory=list)
     hypotheses: list[Hypothesis] = msgspec.field(default_factory=list)
@@ -364,6 +375,7 @@ class RunState(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     policy: RunPolicy = msgspec.field(default_factory=RunPolicy)
     revoked_agents: list[str] = msgspec.field(default_factory=list)
     migrated_from: MigratedFrom | None = None
+    erasure: Erasure | None = None
 
 
 class Decision(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
@@ -375,7 +387,7 @@ class Decision(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     outcome: Literal['accepted', 'rejected']
     revision: int
     expected_revision: int
-    reason: Literal['revision_conflict', 'superseded', 'invalid', 'unknown_run', 'run_terminal', 'patch_id_reused', 'unauthorized'] | None = None
+    reason: Literal['revision_conflict', 'superseded', 'invalid', 'unknown_run', 'run_terminal', 'patch_id_reused', 'unauthorized', 'run_erased'] | None = None
     rule: str | None = None
     message: str | None = None
     event_index: int | None = None
@@ -846,6 +858,15 @@ class GraphThreadDeleted(msgspec.Struct, kw_only=True, frozen=True, forbid_unkno
     reason: str = 'thread deleted'
 
 
+class RunErased(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False, tag_field='type', tag='RunErased'):
+    """The struct of :class:`runstate.schemas.events.RunErased` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.events.RunErased'
+    type: ClassVar[Literal['RunErased']] = 'RunErased'
+    reason: Annotated[str, msgspec.Meta(min_length=1)]
+    erased_by: Annotated[str, msgspec.Meta(min_length=1)]
+
+
 class Author(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
     """The struct of :class:`runstate.schemas.patch.Author` (``__contract__``)."""
 
@@ -861,7 +882,7 @@ class Patch(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tru
     patch_id: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]
     run_id: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]
     expected_revision: Annotated[int, msgspec.Meta(ge=0, le=9223372036854775807)]
-    events: Annotated[list[RunStarted | GoalChanged | ConstraintSet | PhaseChanged | FactConfirmed | FactRetracted | HypothesisProposed | HypothesisRevised | HypothesisRejected | QuestionOpened | QuestionResolved | TaskCreated | TaskStarted | TaskBlocked | TaskCompleted | TaskFailed | TaskCancelled | TaskHandedOver | ToolCallStarted | ToolSucceeded | ToolFailed | ArtifactRecorded | InputRecorded | ObservationRecorded | EffectRecorded | WorkspaceUpdated | WaitingStarted | WaitingResolved | LeaseReleased | BudgetSet | BudgetConsumed | PermissionRevoked | RunCompleted | RunFailed | RunCancelled | GraphCheckpointSaved | GraphWritesSaved | GraphThreadDeleted], msgspec.Meta(min_length=1)]
+    events: Annotated[list[RunStarted | GoalChanged | ConstraintSet | PhaseChanged | FactConfirmed | FactRetracted | HypothesisProposed | HypothesisRevised | HypothesisRejected | QuestionOpened | QuestionResolved | TaskCreated | TaskStarted | TaskBlocked | TaskCompleted | TaskFailed | TaskCancelled | TaskHandedOver | ToolCallStarted | ToolSucceeded | ToolFailed | ArtifactRecorded | InputRecorded | ObservationRecorded | EffectRecorded | WorkspaceUpdated | WaitingStarted | WaitingResolved | LeaseReleased | BudgetSet | BudgetConsumed | PermissionRevoked | RunCompleted | RunFailed | RunCancelled | GraphCheckpointSaved | GraphWritesSaved | GraphThreadDeleted | RunErased], msgspec.Meta(min_length=1)]
     author: Author
     created_at: Annotated[datetime, msgspec.Meta(tz=True)]
     rebase: bool = False

@@ -1,0 +1,160 @@
+"""Erasure by crypto-shredding: a run's content leaves every file, provably, and nothing else changes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from helpers import ev, fact, start
+
+from runstate import app
+from runstate.cli import main
+from runstate.eventlog.keystore import MasterKey
+from runstate.projector.read.queries import Projection
+from runstate.schemas.errors import KeyStoreError, RunErased, RunNotFound
+from runstate.settings import Settings
+
+MARKER = "MARKER-7f3c9a-personal-data"
+
+
+def marked_patches(marker: str) -> list[dict[str, Any]]:
+    """A run whose goal, facts, inputs and observations hold ``marker``."""
+    return [
+        {"expected_revision": 0, "events": [start(f"help customer {marker}")]},
+        {"expected_revision": 1, "events": [
+            ev("InputRecorded", input={"id": "in1", "origin": "user", "text": f"my name is {marker}"}),
+            fact("f1", statement=f"the customer is {marker}"),
+            ev("ObservationRecorded", observation={"subject": f"crm/{marker}", "observed_version": "1",
+                                                   "observed_state": f"record of {marker}",
+                                                   "evidence": "artifact://crm/1"}),
+        ]},
+    ]  # fmt: skip
+
+
+def files_holding(root: Path, needle: bytes) -> list[str]:
+    out = []
+    for p in root.rglob("*"):
+        if p.is_file() and needle in p.read_bytes():
+            out.append(str(p.relative_to(root)))
+    return out
+
+
+@pytest.fixture
+def sealed(tmp_path: Path) -> Settings:
+    return Settings(log=str(tmp_path / "log.db"), state_dir=str(tmp_path / "state"),
+                    master_key=MasterKey.generate(), checkpoint_every=1)  # fmt: skip
+
+
+def publish_all(settings: Settings, run_id: str, patches: list[dict[str, Any]]) -> None:
+    for p in patches:
+        app.publish(settings, run_id, p, where="test")
+
+
+def test_erased_run_leaves_every_file_and_other_runs_are_unchanged(sealed: Settings, tmp_path: Path) -> None:
+    publish_all(sealed, "victim", marked_patches(MARKER))
+    publish_all(sealed, "other", marked_patches("nothing-secret"))
+    app.project(sealed, until_caught_up=True)
+    app.snapshot(sealed, until_caught_up=True, every=1)
+    assert MARKER in app.get_state(sealed, "victim").goal.statement
+    assert app.get_state(sealed, "victim").revision == 2
+    other_before = app.get_state(sealed, "other").model_dump_json()
+    # The log holds ciphertext only; the projections hold the state in the clear until erased.
+    assert files_holding(tmp_path, MARKER.encode()), "the projection should hold the marker before erasure"
+    assert not [f for f in files_holding(tmp_path, MARKER.encode()) if f.startswith("log.db")]
+
+    done = app.erase(sealed, "victim", "the customer asked", "ops@example")
+    assert done.first and done.erasure["by"] == "ops@example"
+    app.project(sealed, until_caught_up=True)
+    app.snapshot(sealed, until_caught_up=True)
+
+    assert files_holding(tmp_path, MARKER.encode()) == []
+    with pytest.raises(RunErased) as e:
+        app.get_state(sealed, "victim")
+    assert e.value.erasure["reason"] == "the customer asked"
+    assert app.get_state(sealed, "other").model_dump_json() == other_before
+    assert app.run_verify(sealed).ok
+    # What remains: the erasure, in history.
+    assert [d.event_types for d in app.history(sealed, "victim")] == [["RunErased"]]
+
+    # A new patch for the run is refused before it is written; a raw one is rejected.
+    with pytest.raises(RunErased):
+        app.publish(sealed, "victim", {"expected_revision": 2, "events": [fact("f9")]}, where="test")
+    # Erasing twice: the first record stands.
+    again = app.erase(sealed, "victim", "another reason", "someone-else")
+    assert not again.first and again.erasure == done.erasure
+
+
+def test_a_projector_rebuilt_from_the_log_or_from_checkpoints_never_resurrects_an_erased_run(
+        sealed: Settings, tmp_path: Path) -> None:  # fmt: skip
+    publish_all(sealed, "victim", marked_patches(MARKER))
+    publish_all(sealed, "other", marked_patches("kept"))
+    app.project(sealed, until_caught_up=True)
+    app.snapshot(sealed, until_caught_up=True, every=1)
+    app.erase(sealed, "victim", "asked", "ops")
+    app.project(sealed, until_caught_up=True)
+    app.snapshot(sealed, until_caught_up=True)
+    other = app.get_state(sealed, "other").model_dump_json()
+    state = Path(sealed.state_dir)
+    # From checkpoints: the state directory lost, restored from the checkpoints topic.
+    for p in state.glob("p*"):
+        import shutil
+        shutil.rmtree(p)
+    app.project(sealed, until_caught_up=True)
+    with pytest.raises(RunErased):
+        app.get_state(sealed, "victim")
+    assert app.get_state(sealed, "other").model_dump_json() == other
+    # From the log alone: a second state directory, no checkpoints used.
+    fresh = sealed.model_copy(update={"state_dir": str(tmp_path / "fresh")})
+    import shutil
+    shutil.rmtree(snapshot_dir := Path(sealed.state_dir) / "snapshotter")
+    assert not snapshot_dir.exists()
+    app.project(fresh, until_caught_up=True)
+    with pytest.raises(RunErased):
+        app.get_state(fresh, "victim")
+    assert app.get_state(fresh, "other").model_dump_json() == other
+    assert app.run_verify(fresh).ok
+    assert files_holding(tmp_path, MARKER.encode()) == []
+
+
+def test_erase_bad_input(sealed: Settings, tmp_path: Path) -> None:
+    publish_all(sealed, "r", marked_patches("x"))
+    env = {"RUNSTATE_LOG": sealed.log, "RUNSTATE_STATE_DIR": sealed.state_dir,
+           "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value()}  # type: ignore[union-attr]
+    r = CliRunner().invoke(main, ["erase", "nope", "--reason", "x", "--wait", "0"], env=env)
+    assert r.exit_code == 1 and "'nope'" in r.output
+    r = CliRunner().invoke(main, ["erase", "r", "--reason", "asked", "--by", "ops", "--wait", "0"], env=env)
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["erase", "r", "--reason", "again", "--wait", "0"], env=env)
+    assert r.exit_code == 0 and "already erased" in r.output and "asked" in r.output
+    # A wrong master key: refused in one line, nothing written.
+    r = CliRunner().invoke(main, ["project", "--until-caught-up"], env={**env, "RUNSTATE_MASTER_KEY": MasterKey.generate()})
+    assert r.exit_code == 1 and "is not the one" in r.output and "Traceback" not in r.output
+    # None at all on a sealed log: refused, never read as if plain.
+    r = CliRunner().invoke(main, ["project", "--until-caught-up"], env={k: v for k, v in env.items() if "MASTER" not in k})
+    assert r.exit_code == 1 and "sealed" in r.output
+    # A malformed one.
+    r = CliRunner().invoke(main, ["project", "--until-caught-up"], env={**env, "RUNSTATE_MASTER_KEY": "not-a-key"})
+    assert r.exit_code == 1 and "not a master key" in r.output
+    # Without a master key, erasure is unavailable and says why.
+    plain = Settings(log=str(tmp_path / "plain.db"), state_dir=str(tmp_path / "plain"))
+    with pytest.raises(KeyStoreError, match="RUNSTATE_MASTER_KEY"):
+        app.erase(plain, "r", "x", "ops")
+    with pytest.raises(RunNotFound):
+        app.erase(sealed, "never", "x", "ops")
+
+
+def test_a_draft_cannot_erase(sealed: Settings) -> None:
+    from runstate.schemas.errors import ContractError
+    with pytest.raises(ContractError, match="operator"):
+        app.publish(sealed, "r", {"expected_revision": 0, "events": [{"type": "RunErased", "reason": "x",
+                                                                      "erased_by": "agent"}]}, where="t")  # fmt: skip
+
+
+def test_master_key_is_never_written_and_run_keys_are_wrapped(sealed: Settings, tmp_path: Path) -> None:
+    publish_all(sealed, "r", marked_patches("x"))
+    raw = bytes.fromhex(sealed.master_key.get_secret_value())  # type: ignore[union-attr]
+    assert files_holding(tmp_path, raw) == [] and files_holding(tmp_path, raw.hex().encode()) == []
+    assert os.path.getsize(sealed.log) > 0
