@@ -410,6 +410,8 @@ class Erased:
     first: bool
     #: the erasure's decision, when awaited and the projector took it in time
     decision: Decision | None = None
+    #: the erasure record's patch id (None: the run was erased before)
+    patch_id: str | None = None
 
 
 def erase(settings: Settings, run_id: str, reason: str, by: str, *, wait_s: float = 0.0) -> Erased:
@@ -419,45 +421,54 @@ def erase(settings: Settings, run_id: str, reason: str, by: str, *, wait_s: floa
     the log unreadable. Erasing an erased run returns the first record (``first`` False).
     ``wait_s``: wait that long for the projector's decision on the erasure.
 
-    Raises :class:`KeyStoreError` without a master key, :class:`RunNotFound` for a run the
-    key store never held a key for (unknown, or written before content was sealed:
-    then its content on the log cannot be erased, and the message says so)."""
-    if settings.master() is None:
+    Raises :class:`KeyStoreError` without a master key or for a run stored before content
+    was sealed (its content on the log cannot be erased), :class:`RunNotFound` for a run
+    the key store never held a key for."""
+    log = open_settings_log(settings)
+    try:
+        header = _header_or_none(settings, run_id)
+        source = decision_source(settings, log) if wait_s > 0 else None
+        done = erase_run(log, run_id, reason, by, Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
+                         0 if header is None else header.revision, known=header is not None)  # fmt: skip
+        if source is not None and done.first:
+            deadline = time.monotonic() + wait_s
+            while done.decision is None and time.monotonic() < deadline:
+                done.decision = source(run_id, done.patch_id)
+                if done.decision is None:
+                    time.sleep(0.05)
+        return done
+    finally:
+        log.close()
+
+
+def erase_run(log: EventLog, run_id: str, reason: str, by: str, author: Author, revision: int, *,
+              known: bool = False, patch_id: str | None = None) -> Erased:
+    """The erasure itself, on an open log (``runstate erase``, ``DELETE /runs/{id}``): the
+    erasure record appended (content-free, readable for good), then the keys destroyed.
+    ``revision``: the run's revision as the caller sees it (kept in the record); ``known``:
+    the caller's projection holds the run. Raises as :func:`erase`."""
+    if not isinstance(log, SealedLog):
         raise KeyStoreError("erasure needs sealed content: set RUNSTATE_MASTER_KEY (or RUNSTATE_MASTER_KEY_FILE; "
                             "`runstate keys generate` makes one). Without it runs are stored as they are and "
                             "cannot be erased from the log.")  # fmt: skip
-    log = open_settings_log(settings)
+    entry = log.keyring.store.run(run_id, refresh=True)
+    if entry is not None and entry.erased is not None:
+        return Erased(run_id, entry.erased, False)
+    if entry is None or not entry.keys:
+        if known:
+            raise KeyStoreError(f"run {run_id!r} was stored before its content was sealed (no key of its own): "
+                                "its content on the log cannot be erased")  # fmt: skip
+        raise RunNotFound(run_id)
+    now = datetime.now(UTC)
+    patch = Patch(patch_id=patch_id or uuid.uuid4().hex, run_id=run_id, expected_revision=revision,
+                  events=[RunErased(reason=reason, erased_by=by)], author=author, created_at=now)  # fmt: skip
+    producer = log.producer()
     try:
-        assert isinstance(log, SealedLog)
-        keyring = log.keyring
-        entry = keyring.store.run(run_id, refresh=True)
-        if entry is not None and entry.erased is not None:
-            return Erased(run_id, entry.erased, False)
-        header = _header_or_none(settings, run_id)
-        if entry is None or not entry.keys:
-            if header is not None:
-                raise KeyStoreError(f"run {run_id!r} was stored before its content was sealed (no key of its own): "
-                                    "its content on the log cannot be erased")  # fmt: skip
-            raise RunNotFound(run_id)
-        now = datetime.now(UTC)
-        revision = 0 if header is None else header.revision
-        patch = Patch(patch_id=uuid.uuid4().hex, run_id=run_id, expected_revision=revision,
-                      events=[RunErased(reason=reason, erased_by=by)],
-                      author=Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
-                      created_at=now)  # fmt: skip
-        source = decision_source(settings, log) if wait_s > 0 else None
-        log.producer().append(log.topics.events, run_id, encode_patch(patch), CONTENT_FREE)
-        erasure = keyring.erase(run_id, {"at": now.isoformat(), "by": by, "reason": reason})
-        decision = None
-        if source is not None:
-            deadline = time.monotonic() + wait_s
-            while decision is None and time.monotonic() < deadline:
-                decision = source(run_id, patch.patch_id)
-                if decision is None:
-                    time.sleep(0.05)
-        return Erased(run_id, erasure, True, decision)
+        producer.append(log.topics.events, run_id, encode_patch(patch), CONTENT_FREE)
     finally:
-        log.close()
+        producer.close()
+    erasure = log.keyring.erase(run_id, {"at": now.isoformat(), "by": by, "reason": reason})
+    return Erased(run_id, erasure, True, patch_id=patch.patch_id)
 
 
 def _header_or_none(settings: Settings, run_id: str) -> RunHeader | None:

@@ -503,12 +503,13 @@ def token() -> None:
 @click.option("--tokens-file", envvar="RUNSTATE_TOKENS_FILE", required=True)
 @click.option("--read-only", is_flag=True, help="queries only, no patches")
 @click.option("--runs", "runs", multiple=True, help="glob of run ids the token may touch (repeatable) [all]")
+@click.option("--erase", is_flag=True, help="the token may also erase those runs (an operator's, not an agent's)")
 @handle_errors
-def token_add(agent_id: str, tokens_file: str, read_only: bool, runs: tuple[str, ...]) -> None:
+def token_add(agent_id: str, tokens_file: str, read_only: bool, runs: tuple[str, ...], erase: bool) -> None:
     """Create a token for AGENT_ID; prints it once (only its hash is stored)."""
     from runstate.service.auth import add_token
 
-    click.echo(add_token(tokens_file, agent_id, "read" if read_only else "write", list(runs) or None))
+    click.echo(add_token(tokens_file, agent_id, "read" if read_only else "write", list(runs) or None, erase))
 
 
 if __name__ == "__main__":

@@ -158,3 +158,54 @@ def test_master_key_is_never_written_and_run_keys_are_wrapped(sealed: Settings, 
     raw = bytes.fromhex(sealed.master_key.get_secret_value())  # type: ignore[union-attr]
     assert files_holding(tmp_path, raw) == [] and files_holding(tmp_path, raw.hex().encode()) == []
     assert os.path.getsize(sealed.log) > 0
+
+
+@pytest.mark.slow
+def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_path: Path) -> None:
+    import httpx
+    from servekit import ServeProcess
+    from test_mcp import _error, _session
+
+    from runstate.service.auth import add_token
+
+    tf = str(tmp_path / "tokens.json")
+    writer, operator = add_token(tf, "agent-1"), add_token(tf, "ops", erase=True)
+    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+           "RUNSTATE_TOKENS_FILE": tf, "RUNSTATE_MASTER_KEY": MasterKey.generate()}  # fmt: skip
+    proc = ServeProcess(env, tmp_path)
+    try:
+        proc.wait_ready()
+        http = httpx.Client(base_url=proc.url, timeout=30)
+        auth = {"authorization": f"Bearer {writer}"}
+        for p in marked_patches(MARKER):
+            r = http.post("/runs/victim/patches?wait=10", json=p, headers=auth)
+            assert r.json()["decision"]["outcome"] == "accepted", r.text
+        assert MARKER in http.get("/runs/victim", headers=auth).text
+        # An agent's write token may not erase; an operator's may.
+        r = http.delete("/runs/victim", params={"reason": "asked"}, headers=auth)
+        assert r.status_code == 403 and "--erase" in r.json()["error"]["message"]
+        r = http.delete("/runs/victim", params={"reason": "the customer asked", "wait": 10},
+                        headers={"authorization": f"Bearer {operator}"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["first"] and body["erasure"]["by"] == "ops" and body["decision"]["event_types"] == ["RunErased"]
+        for path in ("/runs/victim", "/runs/victim/context"):
+            r = http.get(path, headers=auth)
+            assert r.status_code == 410 and r.json()["error"]["code"] == "erased", r.text
+            assert r.json()["error"]["erasure"]["reason"] == "the customer asked"
+        r = http.post("/runs/victim/patches?wait=5", json={"expected_revision": 2, "events": [fact("f2")]}, headers=auth)
+        assert r.status_code == 410, r.text
+        r = http.delete("/runs/victim", params={"reason": "again"}, headers={"authorization": f"Bearer {operator}"})
+        assert r.status_code == 200 and not r.json()["first"] and r.json()["erasure"]["reason"] == "the customer asked"
+        r = http.delete("/runs/nope", params={"reason": "x"}, headers={"authorization": f"Bearer {operator}"})
+        assert r.status_code == 404
+        # The model hears it too, as a tool error with the code, not "Error executing tool".
+        err = _session(proc.url, writer, lambda s, _i: s.call_tool("run_state", {"run_id": "victim"}))
+        assert _error(err)["code"] == "erased"
+        # The page shows the erasure.
+        r = http.get("/runs", headers=auth)
+        assert [x["status"] for x in r.json() if x["run_id"] == "victim"] == ["erased"]
+    finally:
+        assert proc.stop() == 0, proc.log()
+    assert "Traceback" not in proc.log()
+    assert files_holding(tmp_path, MARKER.encode()) == []

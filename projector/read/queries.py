@@ -17,7 +17,7 @@ from runstate.projector.read.context import render_context
 from runstate.projector.core.outcomes import DeadLetter
 from runstate.projector.store.statedir import Layout
 from runstate.projector.store.partition import check_store_files, ProjectionStore
-from runstate.schemas.errors import RunErased, RunNotFound, StoreError
+from runstate.schemas.errors import RunNotFound, StoreError
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import RunHeader, RunState, state_digest
 
@@ -82,10 +82,6 @@ class Projection:
         got = None if st is None else read(st)
         if got is None:
             raise RunNotFound(run_id)
-        if _erased(got):
-            header = st.header(run_id) if st is not None else None
-            erasure = None if header is None or header.erasure is None else header.erasure.model_dump(mode="json")
-            raise RunErased(run_id, erasure)
         return got
 
     def graph_checkpoints(self, run_id: str, ns: str | None, *, checkpoint_id: str | None = None,
@@ -171,7 +167,7 @@ class Projection:
                 continue
             for h in st.headers():
                 # What a query reads is what is proved equal to the replay.
-                state = st.read_state(h.run_id)
+                state = st.read_state(h.run_id, erased=True)
                 if state is None:  # pragma: no cover - header without state cannot happen
                     raise StoreError(f"run {h.run_id!r} has a header but no state")
                 out[h.run_id] = state_digest(state)
@@ -187,15 +183,6 @@ class Projection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _erased(state: object) -> bool:
-    """Whether a state read in any of its forms (model, struct, JSON, data) is an erased run's."""
-    if isinstance(state, bytes):
-        return b'"status":"erased"' in state
-    if isinstance(state, dict):
-        return state.get("status") == "erased"
-    return getattr(state, "status", None) == "erased"
 
 
 def _from_projection(state_dir: str | os.PathLike[str], read: Callable[[Projection], T | None]) -> T | None:

@@ -34,7 +34,7 @@ from runstate.projector.store import keys
 from runstate.projector.core.outcomes import DeadLetter
 from runstate.projector.core.working import Changes, Entry, Header, RunDoc
 from runstate.projector.store import document
-from runstate.schemas.errors import StoreError, StoreLocked
+from runstate.schemas.errors import RunErased, StoreError, StoreLocked
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState, graph_key
 
@@ -118,6 +118,9 @@ def _write_error(path: Path, e: Exception) -> StoreError:
 #: document of that version begins.
 _CURRENT_VERSION = str(CURRENT_SCHEMA_VERSION).encode()
 _CURRENT_VERSION_JSON = b'{"schema_version":' + _CURRENT_VERSION + b","
+
+#: How an erased run's stored header shows its status.
+_ERASED = b'"status":"erased"'
 
 #: Block cache per partition store (bytes).
 BLOCK_CACHE_BYTES = 64 << 20
@@ -363,16 +366,20 @@ class ProjectionStore:
             return self._other_version(run_id, version)
         return StoreError(f"the stored header of run {run_id!r} in {self.path} cannot be read: {e}")
 
-    def read_state(self, run_id: str, form: document.Form = "model") -> Any:
+    def read_state(self, run_id: str, form: document.Form = "model", *, erased: bool = False) -> Any:
         """The run's state document (:func:`document.join` of its stored header and items)
         in ``form`` (:func:`document.load`: the JSON as stored, parsed, validated, or as the
         state's struct), or None for a run it does not hold: one read of its header and one
         scan over its items; the JSON is not validated again (the projector validated what
         it stored; RocksDB checks each block). Raises :class:`StoreError` for another schema
-        version, a header that does not decode, or a document that does not make ``form``."""
+        version, a header that does not decode, or a document that does not make ``form``;
+        :class:`RunErased` for an erased run, unless ``erased`` (then its tombstone: audit)."""
         raw = self._get(keys.header_key(run_id))
         if raw is None:
             return None
+        if not erased and _ERASED in raw:  # a header's own status (a value's quotes are escaped): a tombstone
+            erasure = keys.decode_header(raw).erasure
+            raise RunErased(run_id, None if erasure is None else erasure.model_dump(mode="json"))
         items: dict[bytes, list[bytes]] = {}
         prefix = keys.run_items_prefix(run_id)
         start = len(prefix)

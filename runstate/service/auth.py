@@ -6,7 +6,9 @@ The tokens file is JSON::
                  "role": "write", "runs": ["support-*"]}]}
 
 ``role`` is ``read`` (queries only) or ``write`` (also patches). ``runs`` (optional) are
-glob patterns of the run ids the token may touch; absent, every run. The token itself is
+glob patterns of the run ids the token may touch; absent, every run. ``erase`` (optional,
+false) lets the token erase those runs (``DELETE /runs/{id}``): an operator's power, which
+no agent's write token has by default. The token itself is
 shown once, by ``runstate token add``, and never stored.
 """
 
@@ -44,6 +46,7 @@ class TokenEntry(BaseModel):
     agent_id: str = Field(min_length=1)
     role: Role = "write"
     runs: list[str] | None = None
+    erase: bool = False
 
 
 class TokensFile(BaseModel):
@@ -58,10 +61,16 @@ class Identity:
     role: Role
     runs: tuple[str, ...] | None = None
     trusted: bool = False
+    erase: bool = False
 
     def may_read(self, run_id: str) -> None:
         if self.runs is not None and not any(fnmatch.fnmatchcase(run_id, pat) for pat in self.runs):
             raise AuthError(f"agent {self.agent_id!r} may not access run {run_id!r}", 403)
+
+    def may_erase(self, run_id: str) -> None:
+        if not (self.trusted or self.erase):
+            raise AuthError(f"agent {self.agent_id!r}'s token may not erase runs (runstate token add --erase)", 403)
+        self.may_read(run_id)
 
     def may_write(self, run_id: str) -> None:
         if self.role != "write":
@@ -106,20 +115,21 @@ class Tokens:
         digest = _digest(authorization[7:].strip())
         for e in self.entries:
             if hmac.compare_digest(e.sha256, digest):
-                return Identity(e.agent_id, e.role, None if e.runs is None else tuple(e.runs))
+                return Identity(e.agent_id, e.role, None if e.runs is None else tuple(e.runs), erase=e.erase)
         raise AuthError("unknown token", 401)
 
 
-def add_token(path: str, agent_id: str, role: Role = "write", runs: list[str] | None = None) -> str:
+def add_token(path: str, agent_id: str, role: Role = "write", runs: list[str] | None = None,
+              erase: bool = False) -> str:
     """Create a token for ``agent_id``, store its hash in ``path`` (created 0600) and
     return the token (the only time it is seen)."""
     p = Path(path)
     current = TokensFile.model_validate_json(p.read_bytes()) if p.exists() else TokensFile()
     token = "rs_" + secrets.token_urlsafe(32)
-    current.tokens.append(TokenEntry(sha256=_digest(token), agent_id=agent_id, role=role, runs=runs))
+    current.tokens.append(TokenEntry(sha256=_digest(token), agent_id=agent_id, role=role, runs=runs, erase=erase))
     tmp = p.with_name(p.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(current.model_dump(exclude_none=True), indent=1) + "\n")
+        f.write(json.dumps(current.model_dump(exclude_none=True, exclude_defaults=False), indent=1) + "\n")
     os.replace(tmp, p)
     return token

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,7 +26,7 @@ from runstate.projector.read.context import render_context
 from runstate.projector.read.replay import explain, state_data_at
 from runstate.projector.store import document
 from runstate.schemas.errors import ContractError, DecisionTimeout, RevisionNotFound, RunNotFound, RunstateError
-from runstate.schemas.patch import Decision
+from runstate.schemas.patch import Author, Decision
 from runstate.schemas.state import RunHeader, RunSummary
 from runstate.service.auth import AuthError, Identity
 from runstate.service.node import Node, NotOwner
@@ -70,6 +71,16 @@ class Submitted(BaseModel):
     run_id: str
     partition: int
     offset: int
+    decision: Decision | None = None
+
+
+class ErasedOut(BaseModel):
+    """The answer to an erasure: the record that stands (``first``: made by this request),
+    and the erasure's decision when the projector took it within the wait."""
+
+    run_id: str
+    erasure: dict[str, Any]
+    first: bool
     decision: Decision | None = None
 
 
@@ -265,6 +276,33 @@ class Service:
         finally:
             if waiting is not None:
                 hub.forget(run_id, patch.patch_id, waiting)
+
+    async def erase(self, who: Identity, run_id: str, reason: str, wait_s: float | None) -> ErasedOut:
+        """Erase a run (:func:`app.erase_run`) from any instance. Raises :class:`AuthError`,
+        :class:`KeyStoreError`, :class:`RunNotFound`."""
+        who.may_erase(run_id)
+        try:
+            header = self.node.read(run_id, lambda st: st.header(run_id))
+        except NotOwner:
+            header = None  # the owner keeps the revision; the record's is informational
+        patch_id = uuid.uuid4().hex
+        hub = self.node.hub
+        waiting = hub.expect(run_id, patch_id) if wait_s else None
+        author = Author(agent_id=who.agent_id, agent_version="erase")
+        try:
+            done = await asyncio.to_thread(app.erase_run, self.node.log, run_id, reason, who.agent_id, author,
+                                           0 if header is None else header.revision, known=header is not None,
+                                           patch_id=patch_id)  # fmt: skip
+            out = ErasedOut(run_id=run_id, erasure=done.erasure, first=done.first)
+            if waiting is not None and done.first:
+                try:
+                    out.decision = await asyncio.wait_for(asyncio.shield(waiting), wait_s)
+                except TimeoutError:
+                    pass
+            return out
+        finally:
+            if waiting is not None:
+                hub.forget(run_id, patch_id, waiting)
 
     # -- reads -------------------------------------------------------------------------------
 

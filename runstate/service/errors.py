@@ -12,6 +12,7 @@ from runstate.schemas.errors import (
     LogError,
     PatchTooLarge,
     RevisionNotFound,
+    KeyStoreError,
     RunErased,
     RunNotFound,
     RunstateError,
@@ -57,6 +58,8 @@ def answer(e: Exception) -> Answer | None:
         b = body("erased", str(e))
         b["error"]["erasure"] = e.erasure
         return Answer(410, b)
+    if isinstance(e, KeyStoreError):
+        return Answer(409, body("erasure_unavailable", str(e)))
     if isinstance(e, RunNotFound | RevisionNotFound):
         return Answer(404, body("not_found", str(e)))
     if isinstance(e, DecisionTimeout):

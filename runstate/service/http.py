@@ -40,7 +40,7 @@ from runstate.schemas.patch import Decision, PatchDraft
 from runstate.schemas.state import GraphCheckpoint, RunState, RunStatus, RunSummary
 from runstate.service.auth import AuthError, Identity, Tokens
 from runstate.service.errors import answer, body
-from runstate.service.core import DeadLetterOut, FieldChangeOut, Forward, ResumeOut, Service, Submitted
+from runstate.service.core import DeadLetterOut, ErasedOut, FieldChangeOut, Forward, ResumeOut, Service, Submitted
 from runstate.service.node import Node
 from runstate.service.routing import FORWARDED, Router
 from runstate.snapshotter.checkpoint import Checkpoint
@@ -89,7 +89,9 @@ class ContextOut(BaseModel):
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     what = {401: "no or unknown token", 403: "the token does not allow this", 404: "no such run",
-            413: "patch too large", 422: "invalid patch or parameter",
+            409: "this deployment seals no content: erasure is unavailable (no master key)",
+            410: "the run was erased (the body names who, when and why)", 413: "patch too large",
+            422: "invalid patch or parameter",
             503: "not available now (owner moving or restoring); see Retry-After"}  # fmt: skip
     return {c: {"model": ErrorBody, "description": what[c]} for c in codes}
 
@@ -252,7 +254,7 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
 
     @api.post("/runs/{run_id}/patches", response_model=Submitted, status_code=200,
               responses={202: {"model": Submitted, "description": "appended, not decided within `wait`"},
-                         **_errors(401, 403, 413, 422, 503)},
+                         **_errors(401, 403, 410, 413, 422, 503)},
               openapi_extra={"requestBody": {"required": True,
                                              "content": {"application/json": {"schema": patch_schema}}}})  # fmt: skip
     async def post_patch(request: Request, run_id: RUN_ID,
@@ -271,14 +273,23 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         out = await service.submit(who, run_id, data, wait, fwd(request, body))
         return json_out(out, 200 if out.status == "decided" or not wait else 202)
 
-    @api.get("/runs/{run_id}/decisions/{patch_id}", response_model=Decision, responses=_errors(401, 403, 404, 503))
+    @api.delete("/runs/{run_id}", response_model=ErasedOut, responses=_errors(401, 403, 404, 410, 409, 503))
+    async def delete_run(request: Request, run_id: RUN_ID, reason: Annotated[str, Query(min_length=1, max_length=2000)],
+                         wait: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None) -> Response:
+        """Erase the run (a token allowed to erase: ``runstate token add --erase``): its keys
+        are destroyed and its content leaves every store; what remains is who, when and
+        ``reason``. Erasing it again answers the first record (``first`` false). 409 when
+        this deployment seals no content (no master key)."""
+        return json_out(await service.erase(ident(request), run_id, reason, wait))
+
+    @api.get("/runs/{run_id}/decisions/{patch_id}", response_model=Decision, responses=_errors(401, 403, 404, 410, 503))
     async def get_decision(request: Request, run_id: RUN_ID, patch_id: Annotated[str, Path(min_length=1, max_length=128)]) -> Response:
         """The decision on one patch; 404 while there is none."""
         ident(request).may_read(run_id)
         return json_out(await service.decision(run_id, patch_id, fwd(request)))
 
     @api.get("/runs/{run_id}", response_model=RunState, responses={304: {"description": "not modified"},
-                                                                    **_errors(401, 403, 404, 422, 503)})  # fmt: skip
+                                                                    **_errors(401, 403, 404, 410, 422, 503)})  # fmt: skip
     async def get_state(request: Request, run_id: RUN_ID,
                         revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
                         min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
@@ -295,14 +306,14 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
             return Response(status_code=304, headers={"ETag": etag})
         return Response(doc, 200, headers={"ETag": etag}, media_type="application/json")
 
-    @api.get("/runs/{run_id}/context", response_model=ContextOut, responses=_errors(401, 403, 404, 503))
+    @api.get("/runs/{run_id}/context", response_model=ContextOut, responses=_errors(401, 403, 404, 410, 503))
     async def get_context(request: Request, run_id: RUN_ID,
                           min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None) -> Response:
         """The compact context for a prompt."""
         ident(request).may_read(run_id)
         return json_out(ContextOut(run_id=run_id, context=await service.context(run_id, fwd(request), min_revision)))
 
-    @api.get("/runs/{run_id}/history", response_model=list[Decision], responses=_errors(401, 403, 404, 503))
+    @api.get("/runs/{run_id}/history", response_model=list[Decision], responses=_errors(401, 403, 404, 410, 503))
     async def get_history(request: Request, run_id: RUN_ID, start: Annotated[int, Query(ge=0, le=2**62)] = 0,
                           limit: Annotated[int | None, Query(ge=1, le=100_000)] = None) -> Response:  # fmt: skip
         """Every decision on the run's patches in log order (``start``, ``limit``: one page of
@@ -313,18 +324,18 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         page = history[start:None if limit is None else start + limit]
         return json_out(page, headers={"X-Total-Count": str(len(history))})
 
-    @api.get("/runs/{run_id}/explain", response_model=list[FieldChangeOut], responses=_errors(401, 403, 404, 422, 503))
+    @api.get("/runs/{run_id}/explain", response_model=list[FieldChangeOut], responses=_errors(401, 403, 404, 410, 422, 503))
     async def get_explain(request: Request, run_id: RUN_ID, path: Annotated[str, Query(min_length=1, max_length=512)]) -> Response:
         """Every accepted patch that changed ``path`` (e.g. ``facts.fact_1.statement``)."""
         ident(request).may_read(run_id)
         return json_out(await service.explain(run_id, path, fwd(request)))
 
-    @api.get("/runs/{run_id}/checkpoints", response_model=list[Checkpoint], responses=_errors(401, 403, 404, 503))
+    @api.get("/runs/{run_id}/checkpoints", response_model=list[Checkpoint], responses=_errors(401, 403, 404, 410, 503))
     async def get_checkpoints(request: Request, run_id: RUN_ID) -> Response:
         ident(request).may_read(run_id)
         return json_out(await service.checkpoints(run_id, fwd(request)))
 
-    @api.get("/runs/{run_id}/resume", response_model=ResumeOut, responses=_errors(401, 403, 404, 503))
+    @api.get("/runs/{run_id}/resume", response_model=ResumeOut, responses=_errors(401, 403, 404, 410, 503))
     async def get_resume(request: Request, run_id: RUN_ID) -> Response:
         """The latest checkpoint's verdict and the patches after it, read from the log."""
         ident(request).may_read(run_id)
