@@ -209,3 +209,67 @@ def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_p
         assert proc.stop() == 0, proc.log()
     assert "Traceback" not in proc.log()
     assert files_holding(tmp_path, MARKER.encode()) == []
+
+
+def _live_and_replayed(ops: list[Any], erasures: list[tuple[int, str]], batch: int, d: Path) -> tuple[Any, Any]:
+    from workloads import build
+
+    from runstate.eventlog.embedded import EmbeddedLog
+    from runstate.eventlog.keystore import Keyring, KeyStore
+    from runstate.eventlog.sealed import SealedLog
+    from runstate.projector.runtime.loop import Projector
+    from runstate.schemas.codec import encode
+    from runstate.schemas.patch import Author
+
+    patches = build(ops)
+    inner = EmbeddedLog(d / "log.db", partitions=2)
+    log = SealedLog(inner, Keyring(KeyStore(inner, MasterKey(os.urandom(32)))))
+    producer = log.producer()
+    due = {}
+    for at, run in erasures:
+        due.setdefault(min(at, len(patches)), []).append(run)
+    for i in range(len(patches) + 1):
+        for run in due.get(i, []):
+            # The live projector decides what came before the erasure with the keys there.
+            Projector(log, str(d / "live"), batch_size=batch).run(until_caught_up=True, poll_timeout_s=0.01)
+            try:
+                app.erase_run(log, run, "asked", "ops", Author(agent_id="ops", agent_version="1"), 0)
+            except RunNotFound:
+                pass  # no patch of it was sealed yet: nothing to erase
+        if i < len(patches):
+            try:
+                producer.append(log.topics.events, patches[i].run_id, encode(patches[i]))
+            except RunErased:
+                pass  # refused before it is written
+    Projector(log, str(d / "live"), batch_size=batch).run(until_caught_up=True, poll_timeout_s=0.01)
+    # Replayed after the fact: every erased run's earlier patches are unreadable now.
+    Projector(log, str(d / "replayed"), batch_size=batch).run(until_caught_up=True, poll_timeout_s=0.01)
+    producer.close()
+    with Projection(d / "live") as live, Projection(d / "replayed") as again:
+        out = (live.digests(), {r: live.history(r) for r in ("r0", "r1", "r2")}), \
+              (again.digests(), {r: again.history(r) for r in ("r0", "r1", "r2")})  # fmt: skip
+    log.close()
+    return out
+
+
+@pytest.mark.slow
+def test_any_interleaving_of_patches_and_erasures_replays_to_the_live_states() -> None:
+    import tempfile
+
+    from helpers import examples
+    from hypothesis import HealthCheck, given
+    from hypothesis import settings as hsettings
+    from hypothesis import strategies as st
+    from workloads import RUNS, op
+
+    @hsettings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(op, min_size=5, max_size=40), st.lists(st.tuples(st.integers(0, 40), st.sampled_from(RUNS)),
+                                                           max_size=3), st.integers(1, 7))  # fmt: skip
+    def check(ops: list[Any], erasures: list[tuple[int, str]], batch: int) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            (live_states, live_history), (states, history) = _live_and_replayed(ops, erasures, batch, Path(d))
+            assert states == live_states
+            # What remains of an erased run is the same too: its erasure and what came after.
+            assert history == live_history
+
+    check()
