@@ -16,17 +16,18 @@ __all__ = [
 
 
 def open_log(url: str, *, partitions: int = 4, topics: TopicNames | None = None, create: bool = True,
-             kafka_config: dict[str, str] | None = None) -> EventLog:
+             kafka_config: dict[str, str] | None = None, key_purge_s: int = 3600) -> EventLog:
     """Open the log named by ``url``.
 
     ``kafka://HOST:PORT[,HOST:PORT...]`` is Apache Kafka; ``sqlite:///PATH``, ``file://PATH``
     or a plain path is the embedded log (created with ``partitions`` when absent and
-    ``create``). Raises :class:`LogConfigError` for any other scheme.
+    ``create``). ``key_purge_s``: on Kafka, how long an erased run's old key record may
+    stay in the keys topic's files (set when the topic is created). Raises :class:`LogConfigError` for any other scheme.
     """
     if url.startswith("kafka://"):
         from runstate.eventlog.kafka import KafkaLog  # confluent-kafka loads only when used
 
-        return KafkaLog(url[len("kafka://"):], topics=topics, config=kafka_config or {})
+        return KafkaLog(url[len("kafka://"):], topics=topics, config=kafka_config or {}, key_purge_ms=key_purge_s * 1000)
     if "://" in url:
         scheme, rest = url.split("://", 1)
         if scheme not in ("sqlite", "file"):

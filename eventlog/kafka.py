@@ -122,10 +122,14 @@ def _made(client: Callable[[dict[str, Any]], T], conf: dict[str, Any]) -> T:
 class KafkaLog(EventLog):
     """The log on an Apache Kafka cluster at ``bootstrap`` (``HOST:PORT[,HOST:PORT]``)."""
 
-    def __init__(self, bootstrap: str, topics: TopicNames | None = None, config: dict[str, Any] | None = None) -> None:
+    def __init__(self, bootstrap: str, topics: TopicNames | None = None, config: dict[str, Any] | None = None, *,
+                 key_purge_ms: int = 3_600_000) -> None:  # fmt: skip
         if not bootstrap:
             raise LogConfigError("kafka:// URL needs HOST:PORT")
         self.bootstrap = bootstrap
+        #: the longest an erased run's old key record stays in the keys topic's files (set
+        #: on the topic when it is created)
+        self.key_purge_ms = key_purge_ms
         self.topics = topics or TopicNames()
         self.config = dict(config or {})
         self._admin = _made(AdminClient, {"bootstrap.servers": bootstrap, **self._common()})
@@ -213,12 +217,13 @@ class KafkaLog(EventLog):
             # Notifications for waiters: a day is far longer than anyone waits.
             NewTopic(self.topics.decisions, partitions, replication, config={**isr, "retention.ms": "86400000"}),
             # Run keys: an erased run's key record is replaced, and the log cleaner must take
-            # the old one off the disks within a bound (here an hour): a small dirty ratio,
+            # the old one off the disks within a bound (key_purge_ms): a small dirty ratio,
             # segments rolled and compacted at least that often.
             NewTopic(self.topics.keys, partitions, replication,
                      config={**isr, "cleanup.policy": "compact", "min.compaction.lag.ms": "0",
-                             "max.compaction.lag.ms": str(KEY_PURGE_MS), "segment.ms": str(KEY_PURGE_MS),
-                             "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": str(KEY_PURGE_MS)}),
+                             "max.compaction.lag.ms": str(self.key_purge_ms),
+                             "segment.ms": str(self.key_purge_ms), "min.cleanable.dirty.ratio": "0.01",
+                             "delete.retention.ms": str(self.key_purge_ms)}),
         ]  # fmt: skip
         created = []
         for name, fut in self._admin.create_topics(wanted, request_timeout=30).items():
@@ -400,10 +405,6 @@ class KafkaLog(EventLog):
         if self._meta is not None:
             self._meta.close()
             self._meta = None
-
-
-#: The longest an erased run's old key record stays in the keys topic's files (ms).
-KEY_PURGE_MS = 3_600_000
 
 
 def _delivery_error(key: str, err: KafkaError) -> DeliveryError:

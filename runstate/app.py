@@ -58,8 +58,7 @@ def open_settings_log(settings: Settings, *, create: bool = True) -> EventLog:
     :class:`KeyStoreError` for a malformed or wrong master key, or none for a log whose
     content is sealed."""
     master = settings.master()  # a malformed key is refused before anything is opened
-    log = open_log(settings.log, partitions=settings.partitions, create=create, topics=settings.topics(),
-                   kafka_config={k: str(v) if not isinstance(v, bool) else str(v).lower() for k, v in settings.kafka_config.items()})  # fmt: skip
+    log = _open_raw(settings, create)
     try:
         if master is None:
             if _holds_keys(log):
@@ -70,6 +69,13 @@ def open_settings_log(settings: Settings, *, create: bool = True) -> EventLog:
     except BaseException:
         log.close()
         raise
+
+
+def _open_raw(settings: Settings, create: bool = True) -> EventLog:
+    """The configured log as it is (no sealing): for what manages topics, not records."""
+    return open_log(settings.log, partitions=settings.partitions, create=create, topics=settings.topics(),
+                    kafka_config={k: str(v) if not isinstance(v, bool) else str(v).lower() for k, v in settings.kafka_config.items()},
+                    key_purge_s=settings.key_purge_s)  # fmt: skip
 
 
 def _holds_keys(log: EventLog) -> bool:
@@ -91,7 +97,7 @@ def check_topics(settings: Settings) -> tuple[str, int]:
 
 
 def create_topics(settings: Settings, partitions: int | None = None, replication: int | None = None) -> list[str]:
-    log = open_settings_log(settings)
+    log = _open_raw(settings)
     try:
         return log.create_topics(partitions or settings.partitions, replication or settings.replication)
     finally:

@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     master_key: SecretStr | None = None
     #: A file holding the master key (instead of ``master_key``).
     master_key_file: str | None = None
+    #: On Kafka: the longest an erased run's old key record stays in the keys topic's files
+    #: (the topic's segment and compaction lag, set when ``runstate topics create`` makes it).
+    key_purge_s: int = Field(3600, ge=1, le=30 * 86400)
 
     def decisions_published(self) -> bool:
         return self.log.startswith("kafka://") if self.publish_decisions is None else self.publish_decisions

@@ -46,8 +46,13 @@ def kafka_bootstrap() -> Iterator[str]:
         bootstrap = broker.start()
     except BrokerError as e:
         pytest.fail(f"the Kafka broker did not start: {e}")
+    KAFKA_DATA.append(broker.workdir / "data")
     yield bootstrap
     broker.stop()
+
+
+#: The data directory of the session's broker, when this session started it.
+KAFKA_DATA: list[Path] = []
 
 
 @pytest.fixture

@@ -273,3 +273,61 @@ def test_any_interleaving_of_patches_and_erasures_replays_to_the_live_states() -
             assert history == live_history
 
     check()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_on_kafka_the_marker_never_reaches_the_broker_and_the_erased_key_leaves_its_files(
+        kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path) -> None:  # fmt: skip
+    import time
+
+    import orjson
+    from conftest import KAFKA_DATA
+
+    from runstate.eventlog.kafka import KafkaLog
+
+    prefix = kafka_topics.events.rsplit(".", 1)[0]
+    settings = Settings(log=f"kafka://{kafka_bootstrap}", topic_prefix=prefix, state_dir=str(tmp_path / "state"),
+                        master_key=MasterKey.generate(), partitions=3, key_purge_s=1)  # fmt: skip
+    app.create_topics(settings)
+    publish_all(settings, "victim", marked_patches(MARKER))
+    publish_all(settings, "other", marked_patches("kept"))
+    app.project(settings, until_caught_up=True)
+    app.snapshot(settings, until_caught_up=True, every=1)
+    other = app.get_state(settings, "other").model_dump_json()
+    assert MARKER in app.get_state(settings, "victim").goal.statement
+    data = KAFKA_DATA[0] if KAFKA_DATA else None
+    # The broker only ever held ciphertext: events, checkpoints and decisions are sealed.
+    if data is not None:
+        assert files_holding(data, MARKER.encode()) == []
+    raw = KafkaLog(kafka_bootstrap, topics=kafka_topics)
+    wrapped = [orjson.loads(r.value)["wrapped"] for p in range(3)
+               for r in raw.scan(kafka_topics.keys, p, 0, raw.end_offsets(kafka_topics.keys)[p])
+               if r.key and r.key.startswith(b"victim\0")]  # fmt: skip
+    assert wrapped
+    if data is not None:
+        assert files_holding(data, wrapped[0].encode()), "the wrapped key should be in the broker's files before"
+
+    app.erase(settings, "victim", "asked", "ops")
+    app.project(settings, until_caught_up=True)
+    app.snapshot(settings, until_caught_up=True)
+    assert files_holding(tmp_path, MARKER.encode()) == []
+    with pytest.raises(RunErased):
+        app.get_state(settings, "victim")
+    assert app.get_state(settings, "other").model_dump_json() == other
+    assert app.run_verify(settings).ok
+    if data is None:
+        raw.close()
+        return
+    # Kafka's cleaner takes the old key record off the disk once its segment rolled (a
+    # later record on the partition) and the compaction lag (key_purge_s) passed.
+    deadline = time.monotonic() + 90
+    left = wrapped
+    while time.monotonic() < deadline:
+        time.sleep(1.5)
+        publish_all(settings, f"later-{int(time.monotonic() * 1000)}", marked_patches("x")[:1])
+        left = [w for w in wrapped if files_holding(data, w.encode())]
+        if not left:
+            break
+    raw.close()
+    assert left == [], "the erased run's wrapped key is still in the broker's files"
