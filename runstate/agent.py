@@ -114,6 +114,7 @@ class Backend(Protocol):
     def state(self, run_id: str, min_revision: int | None) -> RunState: ...
     def context(self, run_id: str, min_revision: int | None) -> str: ...
     def history(self, run_id: str) -> list[Decision]: ...
+    def erase(self, run_id: str, reason: str) -> bool: ...
     def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
                           limit: int | None) -> list[dict[str, Any]]: ...  # fmt: skip
     def close(self) -> None: ...
@@ -152,13 +153,16 @@ class _Local:
     ``project``, a projector runs in this process for as long as the backend is open."""
 
     def __init__(self, where: Path, author: Author, project: bool) -> None:
-        from runstate.eventlog import open_log
+        from runstate.app import open_settings_log
         from runstate.producers import RunProducer
         from runstate.projector import Projector, decision_at_reader, decision_reader
+        from runstate.settings import Settings
 
         where.mkdir(parents=True, exist_ok=True)
         self.state_dir = str(where / "state")
-        self.log = open_log(str(where / "log.db"))
+        self.author = author
+        # RUNSTATE_MASTER_KEY (or _FILE) seals the runs' content, as everywhere: then erasable.
+        self.log = open_settings_log(Settings(log=str(where / "log.db"), state_dir=self.state_dir))
         self.producer = RunProducer(self.log, author, decisions=decision_reader(self.state_dir),
                                     decisions_at=decision_at_reader(self.state_dir))  # fmt: skip
         self._stop = threading.Event()
@@ -237,6 +241,22 @@ class _Local:
     def history(self, run_id: str) -> list[Decision]:
         return self._read(run_id, None, "history")  # type: ignore[no-any-return]
 
+    def erase(self, run_id: str, reason: str) -> bool:
+        """Erase the run (False: content is not sealed here, no master key; nothing done)."""
+        from runstate.app import erase_run
+        from runstate.eventlog.sealed import SealedLog
+        from runstate.schemas.errors import RunNotFound
+
+        if not isinstance(self.log, SealedLog):
+            return False
+        try:
+            done = erase_run(self.log, run_id, reason, self.author.agent_id, self.author, 0)
+        except RunNotFound:
+            return True  # nothing of it was ever sealed: nothing to erase
+        if done.first and done.patch_id is not None:
+            self.producer.wait(run_id, done.patch_id, 10.0)
+        return True
+
     def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
                           limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
         import orjson
@@ -279,6 +299,18 @@ class _Remote:
 
     def history(self, run_id: str) -> list[Decision]:
         return self.client.history(run_id)
+
+    def erase(self, run_id: str, reason: str) -> bool:
+        from runstate.client import ServiceError
+
+        try:
+            self.client.erase(run_id, reason)
+        except ServiceError as e:
+            if e.status == 409:
+                return False  # the deployment seals no content
+            if e.status != 404:
+                raise
+        return True
 
     def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
                           limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
@@ -528,6 +560,7 @@ class AsyncBackend(Protocol):
     async def state(self, run_id: str, min_revision: int | None) -> RunState: ...
     async def context(self, run_id: str, min_revision: int | None) -> str: ...
     async def history(self, run_id: str) -> list[Decision]: ...
+    async def erase(self, run_id: str, reason: str) -> bool: ...
     async def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
                                 limit: int | None) -> list[dict[str, Any]]: ...  # fmt: skip
     async def close(self) -> None: ...
@@ -551,6 +584,9 @@ class _AsyncLocal:
 
     async def history(self, run_id: str) -> list[Decision]:
         return await asyncio.to_thread(self.local.history, run_id)
+
+    async def erase(self, run_id: str, reason: str) -> bool:
+        return await asyncio.to_thread(self.local.erase, run_id, reason)
 
     async def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
                                 limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
@@ -580,6 +616,18 @@ class _AsyncRemote:
 
     async def history(self, run_id: str) -> list[Decision]:
         return await self.client.history(run_id)
+
+    async def erase(self, run_id: str, reason: str) -> bool:
+        from runstate.client import ServiceError
+
+        try:
+            await self.client.erase(run_id, reason)
+        except ServiceError as e:
+            if e.status == 409:
+                return False
+            if e.status != 404:
+                raise
+        return True
 
     async def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
                                 limit: int | None) -> list[dict[str, Any]]:  # fmt: skip

@@ -126,6 +126,13 @@ class Client(_Base):
         return Submitted(self._request("POST", f"/runs/{run_id}/patches", content=_draft(draft), params=params,
                                        headers={"content-type": "application/json"}).json())  # fmt: skip
 
+    def erase(self, run_id: str, reason: str, *, wait_s: float = 10.0) -> dict[str, Any]:
+        """Erase the run (``DELETE /runs/{id}``; the token must allow erasing): the erasure
+        record that stands. Raises :class:`ServiceError` (404: unknown run; 409: the
+        deployment seals no content)."""
+        resp = self._request("DELETE", f"/runs/{run_id}", params={"reason": reason, "wait": wait_s})
+        return dict(resp.json())
+
     def submit(self, run_id: str, draft: PatchDraft | dict[str, Any], timeout_s: float = 10.0) -> Decision:
         """Append and wait for the decision. Raises :class:`DecisionTimeout`."""
         sub = self.append(run_id, draft, wait_s=timeout_s)
@@ -238,6 +245,11 @@ class AsyncClient(_Base):
         resp = await self._request("POST", f"/runs/{run_id}/patches", content=_draft(draft), params=params,
                                    headers={"content-type": "application/json"})  # fmt: skip
         return Submitted(resp.json())
+
+    async def erase(self, run_id: str, reason: str, *, wait_s: float = 10.0) -> dict[str, Any]:
+        """As :meth:`Client.erase`."""
+        resp = await self._request("DELETE", f"/runs/{run_id}", params={"reason": reason, "wait": wait_s})
+        return dict(resp.json())
 
     async def submit(self, run_id: str, draft: PatchDraft | dict[str, Any], timeout_s: float = 10.0) -> Decision:
         sub = await self.append(run_id, draft, wait_s=timeout_s)

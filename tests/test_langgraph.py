@@ -6,6 +6,7 @@ and resumed from a new process; the mistakes a user can make."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -184,6 +185,47 @@ def test_mistakes_are_typed_errors_and_a_deleted_thread_stays_deleted(tmp_path: 
             saver.put(cfg, generate_checkpoint(), generate_metadata(), {})
         assert saver.get_tuple(generate_config("t1")) is None
         saver.delete_thread("never-existed")  # no error, as LangGraph's savers
+
+
+def test_with_a_master_key_the_suite_passes_and_delete_thread_erases(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from contextlib import asynccontextmanager
+
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+    from runstate.eventlog.keystore import MasterKey
+    from runstate.schemas.errors import RunErased
+
+    monkeypatch.setenv("RUNSTATE_MASTER_KEY", MasterKey.generate())
+    n = iter(range(100))
+
+    @asynccontextmanager
+    async def make() -> AsyncIterator[RunstateSaver]:
+        with RunstateSaver.from_conn_string(tmp_path / f"s{next(n)}") as saver:
+            yield saver
+
+    _assert_every_base_check_passes(_validate("RunstateSaver (embedded, sealed)", make))
+
+    marker = "secret-marker-4411-0123456789"
+    # LangGraph's serializer writes the value as it is; runstate keeps its bytes in base64.
+    forms = [marker.encode()] + [base64.b64encode(b"..."[:k] + marker.encode())[4:20] for k in range(3)]
+
+    def holding() -> list[Path]:
+        return [p for p in (tmp_path / "erase").rglob("*")
+                if p.is_file() and any(f in p.read_bytes() for f in forms)]  # fmt: skip
+
+    with RunstateSaver.from_conn_string(tmp_path / "erase") as saver:
+        cfg = generate_config("t1")
+        stored = saver.put(cfg, generate_checkpoint(channel_values={"msg": marker}), generate_metadata(), {})
+        saver.put_writes(stored, [("ch", marker)], "task-1")
+        assert holding(), "the thread's state should hold the marker before it is deleted"
+        saver.delete_thread("t1")
+        assert saver.get_tuple(generate_config("t1")) is None
+        with pytest.raises(RunErased):
+            saver.put_writes(stored, [("ch", "late")], "task-2")
+        saver.delete_thread("t1")  # again: the first erasure stands
+        saver.delete_thread("never-existed")
+    assert holding() == []
 
 
 def test_the_docs_example_runs_as_written(tmp_path: Path) -> None:

@@ -17,8 +17,9 @@ Semantics LangGraph relies on: a read right after a write sees it (each write re
 the projector decided it; writes may come before their checkpoint, as LangGraph
 sends them concurrently); a write of a regular channel saved again under the same
 ``(task_id, idx)`` is kept as it was, a special channel's (error, interrupt, ...) replaces
-it; after :meth:`~RunstateSaver.delete_thread` the thread's run is cancelled, so that a late
-write to it is refused (:class:`~runstate.agent.PatchRejected`, ``run_terminal``) rather than
+it; after :meth:`~RunstateSaver.delete_thread` the thread's run is erased where content is sealed
+(``RUNSTATE_MASTER_KEY``), else cancelled, so that a late write to it is refused
+(:class:`~runstate.agent.PatchRejected`, ``run_erased`` / ``run_terminal``) rather than
 bringing the thread back. A checkpoint larger than the patch limit is refused with
 :class:`~runstate.schemas.errors.PatchTooLarge`, which names ``RUNSTATE_MAX_PATCH_BYTES``.
 """
@@ -50,6 +51,9 @@ import runstate
 from runstate.agent import AsyncBackend, Backend, PatchRejected, _draft, async_backend, backend
 from runstate.schemas import events
 from runstate.schemas.patch import Author, Decision
+
+#: The reason an erasure by ``delete_thread`` records.
+DELETE_REASON = "LangGraph delete_thread"
 
 __all__ = ["AsyncRunstateSaver", "RunstateSaver"]
 
@@ -235,9 +239,12 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[int]):
                                 filter, limit)  # fmt: skip
 
     def delete_thread(self, thread_id: str) -> None:
-        """Remove the thread's checkpoints and writes from its Run State and cancel its run
-        (a missing thread is no error). The log keeps the events until the run is erased."""
-        self._submit(str(thread_id), events.GraphThreadDeleted(), start=False)
+        """Erase the thread's run where content is sealed (a master key; through serve, a
+        token allowed to erase): nothing of it is left anywhere but who, when and why.
+        Elsewhere, remove its checkpoints and writes from its Run State and cancel its run;
+        the log keeps the events. A missing thread is no error."""
+        if not self.backend.erase(str(thread_id), DELETE_REASON):
+            self._submit(str(thread_id), events.GraphThreadDeleted(), start=False)
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
@@ -327,7 +334,8 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[int]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         """As :meth:`RunstateSaver.delete_thread`."""
-        await self._submit(str(thread_id), events.GraphThreadDeleted(), start=False)
+        if not await self.backend.erase(str(thread_id), DELETE_REASON):
+            await self._submit(str(thread_id), events.GraphThreadDeleted(), start=False)
 
     # LangGraph calls the synchronous methods from other threads (``graph.get_state`` in a
     # sync context): they run on the saver's loop.
