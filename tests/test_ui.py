@@ -47,8 +47,9 @@ def _submit(rs: Client, run_id: str, expected: int, *events: dict[str, Any]) -> 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProcess, Client]]:
     work = tmp_path_factory.mktemp("ui")
+    # Content sealed (a master key), as a deployment that must be able to erase runs runs.
     serve = ServeProcess({"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"),
-                          "RUNSTATE_CHECKPOINT_EVERY": "3"}, work)  # fmt: skip
+                          "RUNSTATE_CHECKPOINT_EVERY": "3", "RUNSTATE_MASTER_KEY": "ab" * 32}, work)  # fmt: skip
     serve.wait_ready()
     rs = Client(serve.url)
     trust = {"external_evidence_schemes": ["artifact"]}
@@ -196,6 +197,14 @@ def test_unknown_runs_dead_letters_and_a_page_that_needs_a_token(browser: Any, s
     page.wait_for_selector("h1:has-text('not found')")
     page.click("text=Back to the runs")
     page.wait_for_selector("#runs")
+
+    # An erased run's page says who erased it, when and why, and nothing else.
+    erased = served[1].erase("other-11", "the customer asked")
+    assert erased["first"]
+    page.goto(serve.url + "/ui/runs/other-11")
+    page.wait_for_selector("h1:has-text('erased')")
+    shown = page.locator("main").inner_text()
+    assert "the customer asked" in shown and "other work 11" not in shown
 
     log = EmbeddedLog(Path(serve.stderr_path).parent / "log.db", create=False)
     log.producer().append(log.topics.events, "run-garbage", b"\x00not a patch")

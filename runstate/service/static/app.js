@@ -9,10 +9,11 @@ const PAGE_PATCHES = 100;
 // --- the API ----------------------------------------------------------------------------
 
 class ApiError extends Error {
-  constructor(status, code, message) {
+  constructor(status, code, message, extra = {}) {
     super(message);
     this.status = status;
     this.code = code;
+    this.extra = extra;
   }
 }
 
@@ -27,12 +28,14 @@ async function api(path, { raw = false } = {}) {
   if (!resp.ok) {
     let code = `http_${resp.status}`;
     let message = resp.statusText;
+    let extra = {};
     try {
       const body = await resp.json();
       code = body.error.code;
       message = body.error.message;
+      extra = body.error;
     } catch (_) { /* not runstate's error body */ }
-    throw new ApiError(resp.status, code, message);
+    throw new ApiError(resp.status, code, message, extra);
   }
   return raw ? resp : resp.json();
 }
@@ -70,6 +73,18 @@ function runLink(runId) {
 
 function failure(e, what) {
   if (e instanceof ApiError && e.status === 401) return askForToken(e.message);
+  if (e instanceof ApiError && e.status === 410) {
+    // An erased run: nothing of it is left but who erased it, when and why.
+    const er = e.extra.erasure || {};
+    document.title = "erased · runstate";
+    return show(el("h1", {}, `${what}: erased`),
+                el("dl", { class: "erasure" },
+                   el("dt", {}, "Erased at"), el("dd", {}, when(er.at)),
+                   el("dt", {}, "By"), el("dd", {}, er.by || ""),
+                   el("dt", {}, "Why"), el("dd", {}, er.reason || "")),
+                el("p", { class: "muted" }, "Its content is gone from the log's copies, the projections and the checkpoints."),
+                el("p", {}, el("a", { href: "/ui" }, "Back to the runs")));
+  }
   if (e instanceof ApiError && e.status === 404) {
     document.title = "not found · runstate";
     return show(el("h1", {}, `${what}: not found`), el("p", {}, e.message),
