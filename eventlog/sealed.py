@@ -16,7 +16,9 @@ keys are gone.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 
 from runstate.eventlog.base import (
     Appended, DeliveryCallback, EventLog, GroupMember, Headers, LogConsumer, LogProducer, LogReader,
@@ -24,7 +26,10 @@ from runstate.eventlog.base import (
 )  # fmt: skip
 from runstate.eventlog.keystore import Keyring
 from runstate.schemas import sealed
-from runstate.schemas.errors import DecodeError, RunErased
+from runstate.schemas.codec import encode
+from runstate.schemas.errors import DecodeError, RunErased, RunNotFound
+from runstate.schemas.events import RunErased as RunErasedEvent
+from runstate.schemas.patch import Author, Patch
 
 CONTENT = "runstate-content"
 #: The header of a record that holds no content of its run.
@@ -65,6 +70,28 @@ class SealedLog(EventLog):
             kid, k = got
             envelope = None
         return sealed.seal(value, key, kid, k, os.urandom(sealed.NONCE_BYTES), envelope)
+
+    def erase(self, run_id: str, reason: str, by: str, author: Author, revision: int, *,
+              patch_id: str | None = None, now: datetime | None = None) -> tuple[dict[str, str], str | None]:
+        """Erase a run: the erasure (a content-free ``RunErased`` patch, readable for good)
+        appended to its events, then its keys destroyed, which leaves every copy of its
+        content on the log unreadable. Returns the erasure record that stands and the
+        patch id appended (None: the run was erased before, and that record stands).
+        Raises :class:`RunNotFound` for a run the key store holds no key of."""
+        entry = self.keyring.store.run(run_id, refresh=True)
+        if entry is not None and entry.erased is not None:
+            return entry.erased, None
+        if entry is None or not entry.keys:
+            raise RunNotFound(run_id)
+        at = now or datetime.now(UTC)
+        patch = Patch(patch_id=patch_id or uuid.uuid4().hex, run_id=run_id, expected_revision=revision,
+                      events=[RunErasedEvent(reason=reason, erased_by=by)], author=author, created_at=at)  # fmt: skip
+        producer = self.inner.producer()
+        try:
+            producer.append(self.topics.events, run_id, encode(patch), CONTENT_FREE)
+        finally:
+            producer.close()
+        return self.keyring.erase(run_id, {"at": at.isoformat(), "by": by, "reason": reason}), patch.patch_id
 
     # -- reading ---------------------------------------------------------------------------
 

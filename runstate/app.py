@@ -10,7 +10,6 @@ import json
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,7 +18,7 @@ from typing import IO, Any
 
 from runstate.eventlog import EventLog, open_log
 from runstate.eventlog.keystore import Keyring, KeyStore, MasterKey
-from runstate.eventlog.sealed import CONTENT_FREE, SealedLog
+from runstate.eventlog.sealed import SealedLog
 from runstate.producers.decisions import TopicDecisions
 from runstate.producers.run_producer import DecisionSource, Receipt, RunProducer
 from runstate.projector.runtime.loop import Projector, ProjectorHooks, ProjectorStats
@@ -36,9 +35,7 @@ from runstate.projector.read.replay import (
     verify,
 )
 from runstate.schemas.codec import content_digest
-from runstate.schemas.codec import encode as encode_patch
 from runstate.schemas.errors import ContractError, KeyStoreError, LogConfigError, LogError, RunNotFound, RunstateError
-from runstate.schemas.events import RunErased
 from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.policy import CheckpointPolicy
@@ -46,7 +43,7 @@ from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.projector.store.partition import ProjectionStore
 from runstate.projector.store.statedir import Layout
 from runstate.snapshotter.recovery import RestoreReport, check_checkpoints, restore_partition
-from runstate.schemas.patch import Author, Decision, Patch
+from runstate.schemas.patch import Author, Decision
 from runstate.schemas.state import RunHeader, RunState
 from runstate.settings import Settings
 
@@ -457,24 +454,14 @@ def erase_run(log: EventLog, run_id: str, reason: str, by: str, author: Author, 
         raise KeyStoreError("erasure needs sealed content: set RUNSTATE_MASTER_KEY (or RUNSTATE_MASTER_KEY_FILE; "
                             "`runstate keys generate` makes one). Without it runs are stored as they are and "
                             "cannot be erased from the log.")  # fmt: skip
-    entry = log.keyring.store.run(run_id, refresh=True)
-    if entry is not None and entry.erased is not None:
-        return Erased(run_id, entry.erased, False)
-    if entry is None or not entry.keys:
+    try:
+        erasure, appended = log.erase(run_id, reason, by, author, revision, patch_id=patch_id)
+    except RunNotFound:
         if known:
             raise KeyStoreError(f"run {run_id!r} was stored before its content was sealed (no key of its own): "
-                                "its content on the log cannot be erased")  # fmt: skip
-        raise RunNotFound(run_id)
-    now = datetime.now(UTC)
-    patch = Patch(patch_id=patch_id or uuid.uuid4().hex, run_id=run_id, expected_revision=revision,
-                  events=[RunErased(reason=reason, erased_by=by)], author=author, created_at=now)  # fmt: skip
-    producer = log.producer()
-    try:
-        producer.append(log.topics.events, run_id, encode_patch(patch), CONTENT_FREE)
-    finally:
-        producer.close()
-    erasure = log.keyring.erase(run_id, {"at": now.isoformat(), "by": by, "reason": reason})
-    return Erased(run_id, erasure, True, patch_id=patch.patch_id)
+                                "its content on the log cannot be erased") from None  # fmt: skip
+        raise
+    return Erased(run_id, erasure, appended is not None, patch_id=appended)
 
 
 def _header_or_none(settings: Settings, run_id: str) -> RunHeader | None:

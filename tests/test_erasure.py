@@ -331,3 +331,45 @@ def test_on_kafka_the_marker_never_reaches_the_broker_and_the_erased_key_leaves_
             break
     raw.close()
     assert left == [], "the erased run's wrapped key is still in the broker's files"
+
+
+def test_a_damaged_key_record_makes_that_run_unreadable_and_says_so_the_partition_goes_on(
+        sealed: Settings, tmp_path: Path) -> None:  # fmt: skip
+    import orjson
+
+    from runstate.eventlog.embedded import EmbeddedLog
+    from runstate.eventlog.partitioner import partition_for
+
+    publish_all(sealed, "hurt", marked_patches("a"))
+    publish_all(sealed, "fine", marked_patches("b"))
+    raw = EmbeddedLog(sealed.log, create=False)
+    (key,) = [r.key for p in range(raw.partitions(raw.topics.keys))
+              for r in raw.scan(raw.topics.keys, p, 0, 10**9) if r.key and r.key.startswith(b"hurt\0")]  # fmt: skip
+    n = raw.partitions(raw.topics.keys)
+    raw.producer().append(raw.topics.keys, key.decode(), orjson.dumps({"run_id": "hurt", "kid": key.split(b"\0")[1].decode(),
+                                                                       "master": "x", "wrapped": "AAAA"}),
+                          partition=partition_for("hurt", n))  # fmt: skip
+    raw.close()
+    app.project(sealed, until_caught_up=True)
+    with pytest.raises(RunNotFound):
+        app.get_state(sealed, "hurt")
+    letters = [d for d in app.dead_letters(sealed) if d.key == "hurt"]
+    assert [d.reason for d in letters] == ["key_damaged", "key_damaged"]
+    assert "unreadable" in letters[0].detail
+    assert app.get_state(sealed, "fine").revision == 2
+
+
+def test_the_master_key_rotates_and_the_old_one_is_then_refused(sealed: Settings, tmp_path: Path) -> None:
+    publish_all(sealed, "r", marked_patches("x"))
+    new_key = MasterKey.generate()
+    (tmp_path / "new.key").write_text(new_key)
+    env = {"RUNSTATE_LOG": sealed.log, "RUNSTATE_STATE_DIR": sealed.state_dir,
+           "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value()}  # type: ignore[union-attr]
+    r = CliRunner().invoke(main, ["keys", "rotate", "--new-key-file", str(tmp_path / "new.key")], env=env)
+    assert r.exit_code == 0 and "1 run key" in r.output, r.output
+    rotated = sealed.model_copy(update={"master_key": None, "master_key_file": str(tmp_path / "new.key")})
+    app.project(rotated, until_caught_up=True)
+    assert app.get_state(rotated, "r").revision == 2
+    publish_all(rotated, "r2", marked_patches("y"))
+    with pytest.raises(KeyStoreError, match="is not the one"):
+        app.project(sealed, until_caught_up=True)
