@@ -295,7 +295,8 @@ def snapshot(settings: Settings, *, until_caught_up: bool = False, every: int | 
     try:
         policy = CheckpointPolicy(every=every or settings.checkpoint_every, max_age=settings.checkpoint_max_age)
         snap = Snapshotter(log, settings.state_dir, policy=policy, batch_size=settings.batch_size,
-                           key=settings.checkpoint_key_bytes())
+                           key=settings.checkpoint_key_bytes(), retention=settings.retention_policy(),
+                           retention_every_s=settings.retention_check_s)  # fmt: skip
         snap.projector.on_progress = on_progress
         stats = snap.run(until_caught_up=until_caught_up)
         return stats, snap.writer.written

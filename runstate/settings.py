@@ -7,6 +7,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.keystore import MasterKey
+from runstate.snapshotter.retention import RetentionPolicy
 from runstate.producers.run_producer import DEFAULT_MAX_PATCH_BYTES
 
 
@@ -78,6 +79,11 @@ class Settings(BaseSettings):
     #: On Kafka: the longest an erased run's old key record stays in the keys topic's files
     #: (the topic's segment and compaction lag, set when ``runstate topics create`` makes it).
     key_purge_s: int = Field(3600, ge=1, le=30 * 86400)
+    #: The snapshotter erases ended runs this long after they ended, by status, e.g.
+    #: ``completed=30d,failed=90d,cancelled=30d`` (needs a master key). Unset: kept.
+    retention: str | None = None
+    #: Seconds between two retention checks of a partition.
+    retention_check_s: float = Field(60.0, gt=0, le=86400)
 
     def decisions_published(self) -> bool:
         return self.log.startswith("kafka://") if self.publish_decisions is None else self.publish_decisions
@@ -93,6 +99,10 @@ class Settings(BaseSettings):
         if self.master_key_file is not None:
             return MasterKey.from_file(self.master_key_file)
         return None
+
+    def retention_policy(self) -> RetentionPolicy | None:
+        """Raises :class:`ContractError` for a malformed ``RUNSTATE_RETENTION``."""
+        return None if not self.retention else RetentionPolicy.parse(self.retention)
 
     def topics(self) -> TopicNames:
         return TopicNames.with_prefix(self.topic_prefix)

@@ -22,18 +22,24 @@ they were; the next batch tries again.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
 
 from runstate.eventlog.base import Appended, EventLog
-from runstate.eventlog.sealed import CONTENT_FREE
+from runstate.eventlog.sealed import CONTENT_FREE, SealedLog
 from runstate.projector.runtime.loop import Projector, ProjectorStats
 from runstate.projector.store.partition import PendingBatch, ProjectionStore
 from runstate.projector.core.working import RunDoc
 from runstate.schemas.patch import Decision, Patch
 from runstate.snapshotter.checkpoint import RECENT_DECISIONS, Checkpoint, coverage_keys, encode, make_checkpoint, make_coverage
+from runstate.schemas.errors import KeyStoreError, RunNotFound
+from runstate.schemas.patch import Author
 from runstate.snapshotter.policy import CheckpointPolicy
+from runstate.snapshotter.retention import RetentionPolicy
 
 log = logging.getLogger("runstate.snapshotter")
 
@@ -42,6 +48,8 @@ log = logging.getLogger("runstate.snapshotter")
 _ERASED = b'"status":"erased"'
 
 GROUP = "runstate-snapshotter"
+#: Who an erasure by retention is recorded as.
+_RETENTION = Author(agent_id="runstate-retention", agent_version="1")
 #: Without new checkpoints, the coverage record is republished only after this many records
 #: (a batch without checkpoints then costs no round trip to the log).
 COVERAGE_EVERY = 1000
@@ -56,10 +64,19 @@ class CheckpointWriter:
     """The projector hooks that turn accepted patches into checkpoints. ``key`` signs
     them (HMAC-SHA256; ``RUNSTATE_CHECKPOINT_KEY``)."""
 
-    def __init__(self, log_: EventLog, policy: CheckpointPolicy, key: bytes | None = None) -> None:
+    def __init__(self, log_: EventLog, policy: CheckpointPolicy, key: bytes | None = None,
+                 retention: RetentionPolicy | None = None, retention_every_s: float = 60.0) -> None:  # fmt: skip
         self.log = log_
         self.policy = policy
         self.key = key
+        self.retention = retention
+        self.retention_every_s = retention_every_s
+        self._retention_checked: dict[int, float] = {}
+        #: per partition, the runs the last retention check found due; erased since start
+        self.retention_due: dict[int, int] = {}
+        self.retention_erased = 0
+        #: the partitions the projector owns now (set by :class:`Snapshotter`)
+        self.owned: Callable[[], set[int]] = lambda: set(self.stores)
         self.producer = log_.producer()
         self.stores: dict[int, ProjectionStore] = {}
         #: newest covered offset per run, per partition (for the ``age`` trigger)
@@ -114,6 +131,41 @@ class CheckpointWriter:
     def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
         aged = self._age(partition, batch.next_offset, store)
         self._publish(partition, store, batch.next_offset, {**batch.checkpoints, **aged})
+        self.apply_retention(partition, store)
+
+    def on_idle(self) -> None:
+        owned = self.owned()
+        for partition, store in list(self.stores.items()):
+            if partition in owned:  # a revoked partition's store is closed
+                self.apply_retention(partition, store)
+
+    def apply_retention(self, partition: int, store: ProjectionStore, now: datetime | None = None) -> int:
+        """Erase the partition's runs the retention policy has due (at most every
+        ``retention_every_s`` per partition); returns how many were erased now."""
+        if self.retention is None or not isinstance(self.log, SealedLog):
+            return 0
+        clock = time.monotonic()
+        if now is None and clock - self._retention_checked.get(partition, -1e9) < self.retention_every_s:
+            return 0
+        self._retention_checked[partition] = clock
+        at = now or datetime.now(UTC)
+        due = []
+        for status in self.retention.keep:
+            for run_id, raw in store.headers_json(status):
+                header = orjson.loads(raw)
+                ended = header.get("updated_at")
+                if self.retention.due(status, None if ended is None else datetime.fromisoformat(ended), at):
+                    due.append((run_id, status, int(header["revision"])))
+        self.retention_due[partition] = len(due)
+        erased = 0
+        for run_id, status, revision in due:
+            try:
+                self.log.erase(run_id, f"retention: {self.retention.rule(status)}", "retention", _RETENTION, revision)
+                erased += 1
+            except RunNotFound:  # stored before content was sealed: its content cannot be erased from the log
+                log.warning("retention: run %r is due but was stored before content was sealed; not erasable", run_id)
+        self.retention_erased += erased
+        return erased
 
     def _publish(self, partition: int, store: ProjectionStore, covers_below: int,
                  added: dict[tuple[str, int], bytes] | None) -> None:
@@ -183,10 +235,15 @@ class Snapshotter:
     writes checkpoints. Same loop and pure core as the projector."""
 
     def __init__(self, log_: EventLog, state_dir: str, *, policy: CheckpointPolicy | None = None,
-                 batch_size: int = 2000, group_id: str = GROUP, key: bytes | None = None) -> None:  # fmt: skip
-        self.writer = CheckpointWriter(log_, policy or CheckpointPolicy(), key)
+                 batch_size: int = 2000, group_id: str = GROUP, key: bytes | None = None,
+                 retention: RetentionPolicy | None = None, retention_every_s: float = 60.0) -> None:  # fmt: skip
+        if retention is not None and not isinstance(log_, SealedLog):
+            raise KeyStoreError("RUNSTATE_RETENTION erases runs, which needs sealed content: set RUNSTATE_MASTER_KEY "
+                                "(or RUNSTATE_MASTER_KEY_FILE)")  # fmt: skip
+        self.writer = CheckpointWriter(log_, policy or CheckpointPolicy(), key, retention, retention_every_s)
         self.projector = Projector(log_, str(snapshotter_dir(state_dir)), group_id=group_id, batch_size=batch_size,
                                    publish_dead_letters=False, hooks=self.writer)  # fmt: skip
+        self.writer.owned = lambda: set(self.projector.parts)
 
     def run(self, *, until_caught_up: bool = False, **kw: object) -> ProjectorStats:
         try:

@@ -171,7 +171,8 @@ def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_p
     tf = str(tmp_path / "tokens.json")
     writer, operator = add_token(tf, "agent-1"), add_token(tf, "ops", erase=True)
     env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
-           "RUNSTATE_TOKENS_FILE": tf, "RUNSTATE_MASTER_KEY": MasterKey.generate()}  # fmt: skip
+           "RUNSTATE_TOKENS_FILE": tf, "RUNSTATE_MASTER_KEY": MasterKey.generate(),
+           "RUNSTATE_RETENTION": "completed=30d", "RUNSTATE_RETENTION_CHECK_S": "0.1"}  # fmt: skip
     proc = ServeProcess(env, tmp_path)
     try:
         proc.wait_ready()
@@ -202,6 +203,9 @@ def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_p
         # The model hears it too, as a tool error with the code, not "Error executing tool".
         err = _session(proc.url, writer, lambda s, _i: s.call_tool("run_state", {"run_id": "victim"}))
         assert _error(err)["code"] == "erased"
+        # Retention reports what is due and what it erased.
+        metrics = http.get("/metrics", headers=auth).text
+        assert "runstate_retention_erased_runs 0.0" in metrics and "runstate_retention_due_runs{" in metrics
         # The page shows the erasure.
         r = http.get("/runs", headers=auth)
         assert [x["status"] for x in r.json() if x["run_id"] == "victim"] == ["erased"]
@@ -373,3 +377,30 @@ def test_the_master_key_rotates_and_the_old_one_is_then_refused(sealed: Settings
     publish_all(rotated, "r2", marked_patches("y"))
     with pytest.raises(KeyStoreError, match="is not the one"):
         app.project(sealed, until_caught_up=True)
+
+
+def test_retention_erases_ended_runs_when_due_and_counts_what_it_did(sealed: Settings) -> None:
+    from runstate.schemas.errors import ContractError
+
+    kept = sealed.model_copy(update={"retention": "completed=1s,failed=1h", "retention_check_s": 0.05})
+    publish_all(kept, "done", [*marked_patches(MARKER), {"expected_revision": 2, "events": [ev("RunCompleted")]}])
+    publish_all(kept, "failed", [*marked_patches("f"), {"expected_revision": 2, "events": [ev("RunFailed", reason="x")]}])
+    publish_all(kept, "running", marked_patches("r"))
+    app.project(kept, until_caught_up=True)
+    import time
+    time.sleep(1.2)
+    stats, _ = app.snapshot(kept, until_caught_up=True)
+    app.project(kept, until_caught_up=True)
+    with pytest.raises(RunErased) as e:
+        app.get_state(kept, "done")
+    assert e.value.erasure["by"] == "retention" and "completed=1s" in e.value.erasure["reason"]
+    assert app.get_state(kept, "failed").status == "failed"  # kept for an hour
+    assert app.get_state(kept, "running").status == "running"
+    assert files_holding(Path(sealed.state_dir), MARKER.encode()) == []
+    with pytest.raises(ContractError, match="not an ended status"):
+        sealed.model_copy(update={"retention": "running=1d"}).retention_policy()
+    with pytest.raises(KeyStoreError, match="RUNSTATE_RETENTION"):
+        plain = Settings(log=str(Path(sealed.state_dir).parent / "p.db"), state_dir=str(Path(sealed.state_dir).parent / "p"),
+                         retention="completed=1d")  # fmt: skip
+        app.publish(plain, "x", marked_patches("x")[0], where="t")
+        app.snapshot(plain, until_caught_up=True)

@@ -268,6 +268,8 @@ class Projector:
                 now = time.monotonic()
                 if not records and self.tune_gc:
                     gc_policy.collect_when_idle()
+                if not records and self.hooks is not None and (idle := getattr(self.hooks, "on_idle", None)):
+                    idle()  # an optional hook: work that waits for a quiet moment (retention)
                 if records or not self.parts:
                     last_read = now
                 # Reading the log end costs broker round trips: at most every lag_every_s,

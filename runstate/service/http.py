@@ -126,6 +126,10 @@ class Metrics:
         self.restore = Gauge("runstate_restore_progress_ratio", "Checkpoint restore progress (0..1)", ["partition"],
                              registry=self.registry)  # fmt: skip
         self.requests = Counter("runstate_http_requests", "HTTP requests", ["route", "status"], registry=self.registry)
+        self.retention_due = Gauge("runstate_retention_due_runs", "Runs the retention policy found due at its last "
+                                   "check (RUNSTATE_RETENTION)", ["partition"], registry=self.registry)  # fmt: skip
+        self.retention_erased = Gauge("runstate_retention_erased_runs", "Runs erased by the retention policy since "
+                                      "this instance started", registry=self.registry)  # fmt: skip
         self.node = node
         node.hub.on_decision.append(self._count)
 
@@ -147,6 +151,11 @@ class Metrics:
             for p, lag in node.snapshotter.projector.lags().items():
                 if lag is not None:
                     self.snapshot_lag.labels(str(p)).set(lag)
+        if node.snapshotter is not None:
+            writer = node.snapshotter.writer
+            for p, n in list(writer.retention_due.items()):
+                self.retention_due.labels(str(p)).set(n)
+            self.retention_erased.set(writer.retention_erased)
         for p, r in list(node.health.restoring.items()):
             self.restore.labels(str(p)).set(r.done / r.total if r.total else 0.0)
         return generate_latest(self.registry)

@@ -164,7 +164,9 @@ class Node:
         if snapshotter:
             policy = CheckpointPolicy(every=settings.checkpoint_every, max_age=settings.checkpoint_max_age)
             self.snapshotter = Snapshotter(open_settings_log(settings), settings.state_dir, policy=policy,
-                                           batch_size=settings.batch_size, key=settings.checkpoint_key_bytes())
+                                           batch_size=settings.batch_size, key=settings.checkpoint_key_bytes(),
+                                           retention=settings.retention_policy(),
+                                           retention_every_s=settings.retention_check_s)  # fmt: skip
         self.producer = RunProducer(self.log, Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
                                     max_patch_bytes=settings.max_patch_bytes)  # fmt: skip
         self._appends: queue.Queue[tuple[Patch, bytes, Future[Receipt]] | None] = queue.Queue()
