@@ -35,7 +35,9 @@ from runstate.projector.read.replay import (
     verify,
 )
 from runstate.schemas.codec import content_digest
-from runstate.schemas.errors import ContractError, KeyStoreError, LogConfigError, LogError, RunNotFound, RunstateError
+from runstate.schemas.errors import (
+    ContractError, KeyStoreError, LogConfigError, LogError, RunErased, RunNotFound, RunstateError,
+)  # fmt: skip
 from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.policy import CheckpointPolicy
@@ -355,6 +357,8 @@ def resume_plan(settings: Settings, run_id: str) -> ResumePlan:
         cp = hist.latest(run_id)
     if cp is None:
         raise RunNotFound(run_id)
+    if cp.state.erasure is not None:  # the tombstone: nothing to resume
+        raise RunErased(run_id, cp.state.erasure.model_dump(mode="json"))
     current = None
     if (Path(settings.state_dir) / "layout.json").exists():
         with Projection(settings.state_dir) as proj:

@@ -76,6 +76,11 @@ def test_erased_run_leaves_every_file_and_other_runs_are_unchanged(sealed: Setti
     assert e.value.erasure["reason"] == "the customer asked"
     assert app.get_state(sealed, "other").model_dump_json() == other_before
     assert app.run_verify(sealed).ok
+    # Its past is gone too: time travel, explain and the resume plan say erased.
+    for ask in (lambda: app.get_state(sealed, "victim", revision=1), lambda: app.explain_field(sealed, "victim", "goal"),
+                lambda: app.resume_plan(sealed, "victim")):  # fmt: skip
+        with pytest.raises(RunErased):
+            ask()
     # What remains: the erasure, in history.
     assert [d.event_types for d in app.history(sealed, "victim")] == [["RunErased"]]
 

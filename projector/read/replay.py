@@ -24,7 +24,7 @@ from runstate.projector.core.runbook import RunBook
 from runstate.projector.core.outcomes import Applied, DeadLetter
 from runstate.projector.core.working import RunDoc
 from runstate.schemas import structs
-from runstate.schemas.errors import RevisionNotFound, RunNotFound
+from runstate.schemas.errors import RevisionNotFound, RunErased, RunNotFound
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import COLLECTIONS, Goal, RunHeader, RunState, state_digest
 
@@ -92,13 +92,21 @@ def state_data_at(log: EventLog, projection: RunRecords, run_id: str, revision: 
     return got.to_state_data() if isinstance(got, RunDoc) else got
 
 
+def _live_header(projection: RunRecords, run_id: str) -> RunHeader:
+    """The run's header; :class:`RunNotFound` / :class:`RunErased` (its past is gone too)."""
+    header = projection.header(run_id)
+    if header is None:
+        raise RunNotFound(run_id)
+    if header.erasure is not None:
+        raise RunErased(run_id, header.erasure.model_dump(mode="json"))
+    return header
+
+
 def _rebuilt(log: EventLog, projection: RunRecords, run_id: str, revision: int,
              nearest: NearestCheckpoint | None) -> RunDoc | dict[str, Any]:  # fmt: skip
     """The checkpoint's state as plain data when one is at ``revision``, else the run's
     working form at ``revision`` (from the nearest checkpoint below it, or from nothing)."""
-    header = projection.header(run_id)
-    if header is None:
-        raise RunNotFound(run_id)
+    header = _live_header(projection, run_id)
     current = header.revision
     if not 1 <= revision <= current:
         raise RevisionNotFound(run_id, revision, current)
@@ -193,7 +201,9 @@ def field_value(doc: RunDoc, path: str) -> Any:
 
 def explain(log: EventLog, projection: RunRecords, run_id: str, path: str) -> list[FieldChange]:
     """Why ``path`` has its value: every accepted patch that changed it, with its author,
-    agent version and events, replayed from the log. Raises :class:`RunNotFound`."""
+    agent version and events, replayed from the log. Raises :class:`RunNotFound`,
+    :class:`RunErased`."""
+    _live_header(projection, run_id)
     history = [d for d in projection.history(run_id) if d.outcome == "accepted"]
     if not history:
         raise RunNotFound(run_id)
