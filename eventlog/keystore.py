@@ -149,8 +149,12 @@ class KeyStore:
 
     def _append(self, key: str, value: dict[str, Any], run_id: str | None = None) -> None:
         p = partition_for(run_id if run_id is not None else key, self.partitions)
-        self._producer.append(self.topic, key, orjson.dumps(value), partition=p)
-        self._refresh(p)
+        raw = orjson.dumps(value)
+        self._producer.append(self.topic, key, raw, partition=p)
+        with self._lock:
+            # What this process wrote, known without reading the partition again (folding
+            # is idempotent: the next refresh reads the record once more, to the same effect).
+            self._fold(p, self._runs.setdefault(p, {}), key.encode(), raw)
 
     def _refresh(self, partition: int) -> None:
         """Read the partition's new records (from where it was read to)."""

@@ -80,7 +80,9 @@ class SealedLog(EventLog):
         Raises :class:`RunNotFound` for a run the key store holds no key of."""
         entry = self.keyring.store.run(run_id, refresh=True)
         if entry is not None and entry.erased is not None:
-            return entry.erased, None
+            # The first record stands; a key made since (by a process that had not seen the
+            # erasure) is destroyed all the same.
+            return self.keyring.erase(run_id, entry.erased), None
         if entry is None or not entry.keys:
             raise RunNotFound(run_id)
         at = now or datetime.now(UTC)

@@ -61,6 +61,14 @@ def _read_long(b: bytes, p: int) -> tuple[int, int]:
             raise AvroError("varint longer than 10 bytes")
 
 
+def _read_bytes(b: bytes, p: int) -> tuple[bytes, int]:
+    n, p = _read_long(b, p)
+    end = p + n
+    if n < 0 or end > len(b):
+        raise AvroError(f"bytes of length {n} run past the record")
+    return bytes(b[p:end]), end
+
+
 def _read_string(b: bytes, p: int) -> tuple[str, int]:
     n = b[p]
     if n < 0x80:  # a length under 64: one byte, no second call (most strings)
@@ -93,7 +101,7 @@ def _write_long(out: bytearray, n: int) -> None:
 
 
 _PRIMITIVE_READERS = {"long": "_read_long", "int": "_read_long", "string": "_read_string",
-                      "double": "_read_double", "boolean": "_read_boolean"}  # fmt: skip
+                      "double": "_read_double", "boolean": "_read_boolean", "bytes": "_read_bytes"}  # fmt: skip
 
 
 def _qualify(name: str, namespace: str | None) -> str:
@@ -252,6 +260,9 @@ class _Compiler:
             src = expr if not self.objects else f"({expr} if type({expr}) is str else _scalar({expr}))"
             return [f"{ind}{b} = {src}.encode()", f"{ind}if len({b}) < 64:", f"{ind}    out.append(len({b}) << 1)",
                     f"{ind}else:", f"{ind}    _write_long(out, len({b}))", f"{ind}out += {b}"]  # fmt: skip
+        if t == "bytes":
+            return [f"{ind}if not isinstance({expr}, (bytes, bytearray)):", f"{ind}    raise TypeError('expected bytes')",
+                    f"{ind}_write_long(out, len({expr}))", f"{ind}out += {expr}"]  # fmt: skip
         if t == "double":
             return [f"{ind}out += _pack_double({expr})"]
         if t == "boolean":
@@ -325,6 +336,8 @@ def _type_test(b: Any, expr: str, named: dict[str, Any], objects: bool = False) 
         return f"isinstance({expr}, _strings)" if objects else f"isinstance({expr}, str)"
     if b == "boolean":
         return f"(type({expr}) is bool)"
+    if b == "bytes":
+        return f"isinstance({expr}, (bytes, bytearray))"
     if isinstance(b, str) and b in named:
         return f"isinstance({expr}, _records)" if objects else f"isinstance({expr}, dict)"
     if isinstance(b, dict) and b.get("type") == "array":
@@ -382,7 +395,7 @@ def _compiler(schema: dict[str, Any], *, objects: bool) -> _Compiler:
 
 def _exec(c: _Compiler, schema: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     ns: dict[str, Any] = {
-        "_read_long": _read_long, "_read_string": _read_string, "_read_double": _read_double,
+        "_read_long": _read_long, "_read_string": _read_string, "_read_double": _read_double, "_read_bytes": _read_bytes,
         "_read_boolean": _read_boolean, "_write_long": _write_long, "_write_checked_long": _write_checked_long,
         "_pack_double": _pack_double, "_check_bool": _check_bool, "AvroError": AvroError, **extra,
     }  # fmt: skip

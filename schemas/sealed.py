@@ -12,6 +12,7 @@ Pure: the caller brings the key and the nonce (the log layer holds the keys).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from cryptography.exceptions import InvalidTag
@@ -45,6 +46,7 @@ class Sealed(NamedTuple):
     envelope: PatchEnvelope | None
 
 
+@lru_cache(maxsize=1)
 def _writer() -> Any:
     return max(codec.published("sealed").values(), key=lambda w: w.version)
 

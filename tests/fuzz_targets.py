@@ -24,9 +24,12 @@ with atheris.instrument_imports(include=["runstate"]):
     from runstate.app import unencodable
     from runstate.eventlog.base import Record
     from runstate.eventlog.embedded import EmbeddedLog
+    from runstate.eventlog.keystore import Keyring, KeyStore, MasterKey
+    from runstate.eventlog.sealed import SealedLog
     from runstate.producers.run_producer import RunProducer
-    from runstate.projector.core.outcomes import DeadLetter
+    from runstate.projector.core.outcomes import DeadLetter, Erased
     from runstate.projector.core.runbook import read_record
+    from runstate.schemas import codec, sealed
     from runstate.schemas.errors import ContractError, RunstateError
     from runstate.schemas.generated.structs import Patch
     from runstate.schemas.patch import Author, parse_draft
@@ -81,9 +84,26 @@ def http_body(data: bytes) -> None:
         pass
 
 
+_sealed: SealedLog | None = None
+
+
+def sealed_record(data: bytes) -> None:
+    """A record of the events topic of a log whose content is sealed: the bytes as they
+    come, and after a sealed record's header (so that the engine explores sealed bodies),
+    opened by the log and read by the projector's core."""
+    global _sealed
+    if _sealed is None:
+        inner = EmbeddedLog(Path(tempfile.mkdtemp()) / "log.db", partitions=1)
+        _sealed = SealedLog(inner, Keyring(KeyStore(inner, MasterKey(b"m" * 32))))
+    for value in (data, codec.MAGIC + sealed._writer().fingerprint + data):
+        rec = _sealed.open(Record("runstate.events", 0, 7, b"r", value, 0, (), checksum_ok=True))
+        got = read_record(rec)
+        assert isinstance(got, Patch | DeadLetter | Erased), got
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "record_decoder": record_decoder, "patch_parser": patch_parser, "checkpoint_reader": checkpoint_reader,
-    "http_body": http_body,
+    "http_body": http_body, "sealed_record": sealed_record,
 }  # fmt: skip
 
 

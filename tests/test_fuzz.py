@@ -15,7 +15,7 @@ import pytest
 from helpers import THOROUGH
 
 ROOT = Path(__file__).resolve().parent
-TARGETS = ("record_decoder", "patch_parser", "checkpoint_reader", "http_body")
+TARGETS = ("record_decoder", "patch_parser", "checkpoint_reader", "http_body", "sealed_record")
 #: Seconds per target: a smoke run locally, longer under CI.
 SECONDS = 20 if THOROUGH else 4
 
