@@ -261,8 +261,8 @@ KEY_DAMAGED = b"damaged"
 
 
 class Keyring:
-    """The keys one process holds in the clear: bounded (least recently used leave), and
-    dropped when the run is erased. Thread-safe."""
+    """The keys one process holds in the clear: bounded (the runs held longest leave first),
+    and dropped when the run is erased. Thread-safe."""
 
     def __init__(self, store: KeyStore, max_runs: int = 100_000) -> None:
         self.store = store
@@ -273,12 +273,10 @@ class Keyring:
     def for_sealing(self, run_id: str) -> tuple[str, bytes]:
         """The key to seal the run's next record with (its first live key; made when the run
         has none). Raises :class:`RunErased`."""
-        with self._lock:
-            held = self._keys.get(run_id)
-            if held:
-                self._keys.move_to_end(run_id)
-                kid = next(iter(held))
-                return kid, held[kid]
+        held = self._keys.get(run_id)
+        if held:
+            kid = next(iter(held))
+            return kid, held[kid]
         entry = self.store.run(run_id, refresh=True)
         if entry is not None and entry.erased is not None:
             raise RunErased(run_id, entry.erased)
@@ -318,11 +316,11 @@ class Keyring:
         """The key ``kid`` of the run, or why not: :data:`KEY_ERASED`, :data:`KEY_MISSING`
         or :data:`KEY_DAMAGED` (returned as the value, so that the caller tells the three
         apart from a key by its length)."""
-        with self._lock:
-            held = self._keys.get(run_id)
-            if held is not None and kid in held:
-                self._keys.move_to_end(run_id)
-                return held[kid]
+        held = self._keys.get(run_id)  # the hot path, once per record read: no lock (a dict read is atomic)
+        if held is not None:
+            key = held.get(kid)
+            if key is not None:
+                return key
         entry = self.store.run(run_id)
         if entry is None or (entry.erased is None and kid not in entry.keys):
             entry = self.store.run(run_id, refresh=True)  # written since the partition was read
@@ -341,7 +339,6 @@ class Keyring:
     def _hold(self, run_id: str, kid: str, key: bytes) -> bytes:
         with self._lock:
             self._keys.setdefault(run_id, {})[kid] = key
-            self._keys.move_to_end(run_id)
             while len(self._keys) > self._max:
                 self._keys.popitem(last=False)
         return key

@@ -177,11 +177,12 @@ class _Compiler:
             return [f"{ind}{target} = None"]
         if t in ("long", "int"):
             return self.read_long(target, ind)
-        if t == "string":
+        if t == "string" or t == "bytes":
             n = self.var()
+            value = f"b[p:p + {n}].decode()" if t == "string" else f"bytes(b[p:p + {n}])"
             return [*self.read_long(n, ind), f"{ind}if {n} < 0 or p + {n} > len(b):",
-                    f"{ind}    raise AvroError('string of ' + str({n}) + ' bytes runs past the record')",
-                    f"{ind}{target} = b[p:p + {n}].decode()", f"{ind}p += {n}"]  # fmt: skip
+                    f"{ind}    raise AvroError('{t} of ' + str({n}) + ' bytes runs past the record')",
+                    f"{ind}{target} = {value}", f"{ind}p += {n}"]  # fmt: skip
         if isinstance(t, str) and t in _PRIMITIVE_READERS:
             return [f"{ind}{target}, p = {_PRIMITIVE_READERS[t]}(b, p)"]
         if isinstance(t, str):  # a named record: its fields read in place, unless it holds itself
