@@ -104,7 +104,7 @@ class SealedLog(EventLog):
                 self.keyring.forget(rec.key.decode(errors="replace"))  # an erasure: its keys are gone
             return rec
         try:
-            s = sealed.read(rec.value)
+            s = sealed.split(rec.value)
             key = self.keyring.for_opening(s.run_id, s.kid)
             if len(key) != sealed.KEY_BYTES:
                 return rec._replace(headers=(*rec.headers, (KEY_HEADER, key)))

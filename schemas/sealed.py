@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from runstate.schemas import codec
+from runstate.schemas import avrofast, codec
 from runstate.schemas.errors import DecodeError
 
 NONCE_BYTES = 12
@@ -77,21 +77,60 @@ def envelope_of(plain_patch: bytes) -> PatchEnvelope:
                          d["created_at"], d["rebase"])  # fmt: skip
 
 
-def _aad(run_id: str, kid: str, envelope: PatchEnvelope | None) -> bytes:
-    if envelope is None:
-        return f"{run_id}\0{kid}".encode()
-    return (f"{run_id}\0{kid}\0{envelope.patch_id}\0{envelope.expected_revision}\0{envelope.agent_id}\0"
-            f"{envelope.agent_version}\0{','.join(envelope.event_types)}\0{envelope.created_at}\0"
-            f"{envelope.rebase}").encode()
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    avrofast._write_long(out, n)
+    return bytes(out)
 
 
 def seal(plain: bytes, run_id: str, kid: str, key: bytes, nonce: bytes, envelope: PatchEnvelope | None = None) -> bytes:
     """The sealed record of ``plain`` (a nonce must never be used twice with one key: the
-    caller draws 96 random bits per record)."""
-    ct = _aead(key).encrypt(nonce, plain, _aad(run_id, kid, envelope))
-    datum = {"run_id": run_id, "kid": kid, "nonce": nonce, "ciphertext": ct,
+    caller draws 96 random bits per record). The associated data is the record's own bytes
+    but the nonce and the ciphertext: its header, run id, key id and envelope as stored."""
+    datum = {"run_id": run_id, "kid": kid, "nonce": b"", "ciphertext": b"",
              "envelope": None if envelope is None else envelope._asdict()}  # fmt: skip
-    return codec._write_record(_writer(), datum)
+    bare = codec._write_record(_writer(), datum)  # nonce and ciphertext empty: one 0 byte each
+    cut = codec.HEADER_LEN + _string_len(run_id) + _string_len(kid)
+    head, tail = bare[:cut], bare[cut + 2:]
+    ct = _aead(key).encrypt(nonce, plain, head + tail)
+    return b"".join((head, _varint(len(nonce)), nonce, _varint(len(ct)), ct, tail))
+
+
+def _string_len(text: str) -> int:
+    n = len(text.encode())
+    return len(_varint(n)) + n
+
+
+class Opening(NamedTuple):
+    """What opening a sealed record needs, found without reading its envelope."""
+
+    run_id: str
+    kid: str
+    nonce: bytes
+    ciphertext: bytes
+    aad: bytes
+
+
+def split(value: bytes) -> Opening:
+    """The parts of a sealed record (any published version: the fields before the envelope
+    are the same). Raises :class:`DecodeError` (``corrupt_record``)."""
+    try:
+        fields: list[bytes] = []
+        p, cut = codec.HEADER_LEN, 0
+        for i in range(4):  # run_id, kid, nonce, ciphertext: each a length and its bytes
+            n, p = avrofast._read_long(value, p)
+            if n < 0 or p + n > len(value):
+                raise ValueError(f"field {i} of {n} bytes runs past the record")
+            fields.append(value[p:p + n])
+            p += n
+            if i == 1:
+                cut = p
+        run_id, kid = fields[0].decode(), fields[1].decode()
+        if len(fields[2]) != NONCE_BYTES:
+            raise ValueError(f"a nonce of {len(fields[2])} bytes")
+    except (ValueError, IndexError, UnicodeDecodeError) as e:
+        raise DecodeError("corrupt_record", detail=f"not a sealed record: {e}") from e
+    return Opening(run_id, kid, fields[2], fields[3], value[:cut] + value[p:])
 
 
 def read(value: bytes) -> Sealed:
@@ -105,11 +144,12 @@ def read(value: bytes) -> Sealed:
     return Sealed(d["run_id"], d["kid"], d["nonce"], d["ciphertext"], None if env is None else PatchEnvelope(**env))
 
 
-def unseal(sealed: Sealed, key: bytes) -> bytes:
-    """The plain record. Raises :class:`DecodeError` (``sealed_damaged``) when the key is
-    not the run's or anything of the record was changed."""
+def unseal(opening: Opening, key: bytes) -> bytes:
+    """The plain record (``opening``: :func:`split` of the sealed one). Raises
+    :class:`DecodeError` (``sealed_damaged``) when the key is not the run's or anything of
+    the record was changed."""
     try:
-        return _aead(key).decrypt(sealed.nonce, sealed.ciphertext, _aad(sealed.run_id, sealed.kid, sealed.envelope))
+        return _aead(key).decrypt(opening.nonce, opening.ciphertext, opening.aad)
     except (InvalidTag, ValueError) as e:
-        raise DecodeError("sealed_damaged", detail=f"run {sealed.run_id!r}: the record does not open with the "
+        raise DecodeError("sealed_damaged", detail=f"run {opening.run_id!r}: the record does not open with the "
                                                    "run's key (damaged, or sealed with another key)") from e

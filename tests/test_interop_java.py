@@ -76,7 +76,7 @@ def test_java_decodes_every_record_runstate_writes_and_writes_the_same_bytes(jav
     status, _version, java_bytes, resolved = sealed_answer.split(" ", 3)
     assert status == "OK" and bytes.fromhex(java_bytes) == ours_sealed, sealed_answer
     assert json.loads(resolved)["envelope"]["patch_id"] == sealed_patch.patch_id
-    assert codec.decode(sealed.unseal(sealed.read(bytes.fromhex(java_bytes)), key)) == sealed_patch
+    assert codec.decode(sealed.unseal(sealed.split(bytes.fromhex(java_bytes)), key)) == sealed_patch
     for (kind, ours), answer, expected in zip(records, answers, [p for p, _ in _patches()] + [_decision()], strict=True):
         status, version, java_bytes, resolved = answer.split(" ", 3)
         assert status == "OK", answer
