@@ -392,9 +392,9 @@ def dead_letters(settings: Settings) -> list[DeadLetter]:
         return proj.dead_letters()
 
 
-def get_context(settings: Settings, run_id: str, now: datetime | None = None) -> str:
+def get_context(settings: Settings, run_id: str, now: datetime | None = None, max_tokens: int | None = None) -> str:
     with Projection(settings.state_dir) as proj:
-        return proj.context(run_id, now=now or datetime.now(UTC))
+        return proj.context(run_id, now=now or datetime.now(UTC), max_tokens=max_tokens)
 
 
 def run_verify(settings: Settings, on_progress: Callable[[int, int], None] | None = None,

@@ -190,11 +190,13 @@ def state(ctx: click.Context, run_id: str, as_json: bool, revision: int | None) 
 
 @main.command()
 @click.argument("run_id")
+@click.option("--max-tokens", type=click.IntRange(50), help="bound the text (tokens as characters / 4); what is "
+              "left out is counted in it")
 @click.pass_context
 @handle_errors
-def context(ctx: click.Context, run_id: str) -> None:
+def context(ctx: click.Context, run_id: str, max_tokens: int | None) -> None:
     """Print RUN_ID's compact context for an LLM prompt."""
-    click.echo(app.get_context(ctx.obj, run_id), nl=False)
+    click.echo(app.get_context(ctx.obj, run_id, max_tokens=max_tokens), nl=False)
 
 
 @main.command()

@@ -164,8 +164,8 @@ class Client(_Base):
         params = {k: v for k, v in {"revision": revision, "min_revision": min_revision}.items() if v is not None}
         return RunState.model_validate_json(self._request("GET", f"/runs/{run_id}", params=params).content)
 
-    def context(self, run_id: str, *, min_revision: int | None = None) -> str:
-        params = {"min_revision": min_revision} if min_revision is not None else {}
+    def context(self, run_id: str, *, min_revision: int | None = None, max_tokens: int | None = None) -> str:
+        params = {k: v for k, v in {"min_revision": min_revision, "max_tokens": max_tokens}.items() if v is not None}
         return str(self._request("GET", f"/runs/{run_id}/context", params=params).json()["context"])
 
     def history(self, run_id: str) -> list[Decision]:
@@ -270,8 +270,8 @@ class AsyncClient(_Base):
         params = {k: v for k, v in {"revision": revision, "min_revision": min_revision}.items() if v is not None}
         return RunState.model_validate_json((await self._request("GET", f"/runs/{run_id}", params=params)).content)
 
-    async def context(self, run_id: str, *, min_revision: int | None = None) -> str:
-        params = {"min_revision": min_revision} if min_revision is not None else {}
+    async def context(self, run_id: str, *, min_revision: int | None = None, max_tokens: int | None = None) -> str:
+        params = {k: v for k, v in {"min_revision": min_revision, "max_tokens": max_tokens}.items() if v is not None}
         return str((await self._request("GET", f"/runs/{run_id}/context", params=params)).json()["context"])
 
     async def history(self, run_id: str) -> list[Decision]:

@@ -76,6 +76,8 @@ def test_tool_errors_carry_runstate_s_code_and_message_as_http_does_without_a_tr
                 "expected_revision": 1, "events": [{"type": "FactConfirmed", "fact": {"statement": 3}}]}}),
             "bad_type": await s.call_tool("propose_patch", {"run_id": "team-1", "patch": {
                 "expected_revision": 1, "events": [{"type": "FactGuessed"}]}}),
+            "bounded": await s.call_tool("run_context", {"run_id": "team-1", "max_tokens": 60}),
+            "too_small": await s.call_tool("run_context", {"run_id": "team-1", "max_tokens": 5}),
         }  # fmt: skip
 
     got = _session(proc.url, tokens["writer"], calls)
@@ -90,6 +92,11 @@ def test_tool_errors_carry_runstate_s_code_and_message_as_http_does_without_a_tr
     assert bad == http_bad and bad["code"] == "invalid" and bad["field"].startswith("events.0.FactConfirmed.fact")
     bad_type = _error(got["bad_type"])
     assert bad_type["code"] == "invalid" and "FactGuessed" in bad_type["message"] and "FactConfirmed" in bad_type["message"]
+    # A bounded context, as over HTTP (the same words); a bound too small is runstate's error.
+    bounded = got["bounded"].content[0].text
+    assert bounded.rstrip().splitlines()[-1].startswith("CONTEXT: about") and "of 60 tokens" in bounded
+    assert bounded == httpx.get(proc.url + "/runs/team-1/context", params={"max_tokens": 60}, headers=h).json()["context"]
+    assert _error(got["too_small"])["field"] == "max_tokens"
     assert "Traceback" not in proc.log()
 
 

@@ -9,7 +9,7 @@ Environment observations are shown as what was seen at a time, flagged stale aft
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -20,16 +20,55 @@ def _when(t: datetime | None) -> str:
     return t.isoformat(timespec="seconds") if t else "?"
 
 
+#: What a token is taken to be when a context is bounded: characters / 4, a stated
+#: approximation (no tokenizer whose vocabulary ships inside a package is a dependency).
+CHARS_PER_TOKEN = 4
+
+
+def approx_tokens(text: str) -> int:
+    """The approximate token count of ``text`` (characters / 4, rounded up)."""
+    return -(-len(text) // CHARS_PER_TOKEN)
+
+
+class _Line(NamedTuple):
+    text: str
+    #: what is kept first when the context is bounded (lower first; ties: the order given)
+    rank: tuple[int, int]
+    #: what the line is one of, for the count of what was left out (None: never left out)
+    group: str | None = None
+
+
 def render_context(state: RunState | msgspec.Struct, *, now: datetime | None = None,
-                   stale_after: timedelta = timedelta(minutes=15)) -> str:
+                   stale_after: timedelta = timedelta(minutes=15), max_tokens: int | None = None) -> str:
     """Render ``state`` as compact text. ``now`` (the caller's clock) enables stale flags.
 
     ``state`` is the :class:`RunState` or its msgspec struct (``structs.struct_of``: the
     same fields with the same types, what the queries decode for this without building the
-    models, see ``document.load(..., "struct")``); both give the same text (a property test)."""
+    models, see ``document.load(..., "struct")``); both give the same text (a property test).
+
+    ``max_tokens`` bounds the text (tokens as characters / 4, :func:`approx_tokens`). What is
+    kept first: the run line, the goal and its constraints, the active task, what blocks the
+    run (waiting, blocked and running tasks, tool calls in flight, effects of unknown
+    outcome), the budget; then open questions; then the facts, newest first; hypotheses;
+    pending tasks; observations, stale ones first; finished work, artifacts and inputs. What
+    is left out is counted in the text, section by section, and a last line says so. The
+    first group is kept even when it alone is over the budget (the line says by how much)."""
+    lines = _lines(state, now, stale_after)
+    if max_tokens is None:
+        return "\n".join(ln.text for ln in lines) + "\n"
+    return _bounded(lines, max_tokens)
+
+
+_REQUIRED = (0, 0)
+
+
+def _lines(state: Any, now: datetime | None, stale_after: timedelta) -> list[_Line]:
     s: Any = state
-    lines: list[str] = []
-    add = lines.append
+    lines: list[_Line] = []
+
+    def add(text: str, rank: tuple[int, int] = _REQUIRED, group: str | None = None) -> None:
+        lines.append(_Line(text, rank, group))
+
     add(f"RUN {s.run_id} | status: {s.status} | phase: {s.phase or '-'} | revision {s.revision} | agent version {s.agent_version}")
     add(f"GOAL: {s.goal.statement}")
     if s.goal.scope.include or s.goal.scope.exclude:
@@ -41,19 +80,20 @@ def render_context(state: RunState | msgspec.Struct, *, now: datetime | None = N
         add(f"  constraint {c.key} = {c.value}{note}")
 
     add("CONFIRMED FACTS (evidence-backed):" if s.confirmed_facts else "CONFIRMED FACTS: none")
-    for f in s.confirmed_facts:
+    n_facts = len(s.confirmed_facts)
+    for k, f in enumerate(s.confirmed_facts):
         src = f.evidence or f"source: input {f.source}"
         scope = f" [scope {f.scope}]" if f.scope else ""
-        add(f"  - [{f.id}] {f.statement} ({src}, observed {_when(f.observed_at)}){scope}")
+        add(f"  - [{f.id}] {f.statement} ({src}, observed {_when(f.observed_at)}){scope}", (2, n_facts - k), "facts")
 
     add("HYPOTHESES (unconfirmed, do not treat as facts):" if s.hypotheses else "HYPOTHESES: none")
-    for h in s.hypotheses:
-        add(f"  - [{h.id}] {h.statement} (confidence {h.confidence:.2f}; falsify by: {h.falsifier})")
+    for k, h in enumerate(s.hypotheses):
+        add(f"  - [{h.id}] {h.statement} (confidence {h.confidence:.2f}; falsify by: {h.falsifier})", (3, k), "hypotheses")
 
     if s.open_questions:
         add("OPEN QUESTIONS:")
-        for q in s.open_questions:
-            add(f"  - [{q.id}] {q.text}")
+        for k, q in enumerate(s.open_questions):
+            add(f"  - [{q.id}] {q.text}", (1, k), "open questions")
 
     add("PLAN / TASKS (intentions, not results):" if s.tasks else "PLAN / TASKS: none")
     by_status: dict[str, list[Any]] = {}
@@ -61,15 +101,16 @@ def render_context(state: RunState | msgspec.Struct, *, now: datetime | None = N
         by_status.setdefault(t.status, []).append(t)
     scoped_goal = bool(s.goal.scope.include or s.goal.scope.exclude)
     for status in ("running", "blocked", "pending"):
-        for t in by_status.get(status, []):
+        for k, t in enumerate(by_status.get(status, [])):
             review = " (no scope under a scoped goal: review)" if scoped_goal and not t.scope else ""
             extra = f"{review} - blocked by: {t.blocked_by}" if t.blocked_by else review
             deps = f" (after {', '.join(t.depends_on)})" if t.depends_on and status == "pending" else ""
             mark = (f" (owner {t.owner})" if t.owner else "") + (" <- active" if t.id == s.active_task_id else "")
-            add(f"  {status:8} [{t.id}] {t.title}{deps}{extra}{mark}")
+            rank = _REQUIRED if status != "pending" or t.id == s.active_task_id else (4, k)
+            add(f"  {status:8} [{t.id}] {t.title}{deps}{extra}{mark}", rank, None if rank == _REQUIRED else "pending tasks")
     done = {k: len(v) for k, v in by_status.items() if k in ("completed", "failed", "cancelled")}
     if done:
-        add("  finished: " + ", ".join(f"{n} {k}" for k, n in sorted(done.items())))
+        add("  finished: " + ", ".join(f"{n} {k}" for k, n in sorted(done.items())), (6, 0), "finished-task summaries")
 
     if s.waiting:
         w = s.waiting
@@ -79,21 +120,22 @@ def render_context(state: RunState | msgspec.Struct, *, now: datetime | None = N
 
     if s.environment_observations:
         add("ENVIRONMENT (last observations; re-read before risky writes):")
-        for o in s.environment_observations:
+        for k, o in enumerate(s.environment_observations):
             stale = ""
             if now is not None and now - o.observed_at > stale_after:
                 stale = " STALE"
             ver = f" @ {o.observed_version}" if o.observed_version else ""
-            add(f"  - {o.subject}{ver}: {o.observed_state} (seen {_when(o.observed_at)}){stale}")
+            add(f"  - {o.subject}{ver}: {o.observed_state} (seen {_when(o.observed_at)}){stale}", (5, 0 if stale else 1),
+                "observations")  # fmt: skip
 
     if s.artifacts or s.inputs:
         add(f"ARTIFACTS: {len(s.artifacts)} known" + (f"; INPUTS: {len(s.inputs)} recorded" if s.inputs else "")
             + " (what facts may cite)")  # fmt: skip
-        for a in s.artifacts[-5:]:
+        for k, a in enumerate(s.artifacts[-5:]):
             by = f" from {a.tool} ({a.call_id})" if a.tool else ""
-            add(f"  - {a.id} [{a.kind}]{by} r{a.registered_at_revision}")
-        for i in s.inputs[-5:]:
-            add(f"  - input {i.id} from {i.origin}" + (f": {i.text}" if i.text else ""))
+            add(f"  - {a.id} [{a.kind}]{by} r{a.registered_at_revision}", (6, 1 + k), "artifacts")
+        for k, i in enumerate(s.inputs[-5:]):
+            add(f"  - input {i.id} from {i.origin}" + (f": {i.text}" if i.text else ""), (6, 10 + k), "inputs")
     if s.pending_tool_calls:
         add("TOOL CALLS IN FLIGHT:")
         for c in s.pending_tool_calls:
@@ -126,4 +168,45 @@ def render_context(state: RunState | msgspec.Struct, *, now: datetime | None = N
         ws = s.workspace_ref
         add(f"WORKSPACE: {ws.workspace_id} base {ws.base_commit or '?'} current {ws.current_commit or '?'}"
             + (f" uncommitted {ws.uncommitted_changes}" if ws.uncommitted_changes else ""))  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _left_out(n: int, group: str) -> str:
+    return f"  ... {n} more {group} left out"
+
+
+def _bounded(lines: list[_Line], max_tokens: int) -> str:
+    """The lines that fit ``max_tokens`` by rank, in their order, with what was left out
+    counted after each section and in a last line."""
+    budget = max_tokens * CHARS_PER_TOKEN
+    # Room for the counts and the last line, so that the text with them stays in the budget.
+    groups = {ln.group for ln in lines if ln.group is not None}
+    reserve = 120 + sum(len(_left_out(10**6, g)) + 1 for g in groups)
+    order = sorted(range(len(lines)), key=lambda i: lines[i].rank)  # sorted() is stable: ties keep their order
+    keep: set[int] = set()
+    used = 0
+    for i in order:
+        cost = len(lines[i].text) + 1
+        if lines[i].rank == _REQUIRED or used + cost <= budget - reserve:
+            keep.add(i)
+            used += cost
+        elif lines[i].rank != _REQUIRED:
+            break  # what ranks lower is left out too: no gaps within a rank's order
+    out: list[str] = []
+    left: dict[str, int] = {}
+    pending: dict[str, int] = {}
+    for i, ln in enumerate(lines):
+        if i in keep:
+            out.append(ln.text)
+        elif ln.group is not None:
+            left[ln.group] = left.get(ln.group, 0) + 1
+            pending[ln.group] = pending.get(ln.group, 0) + 1
+        nxt = lines[i + 1].group if i + 1 < len(lines) else None
+        for g in [g for g in pending if g != nxt]:
+            out.append(_left_out(pending.pop(g), g))
+    text = "\n".join(out) + "\n"
+    tokens = approx_tokens(text)
+    what = ", ".join(f"{n} {g}" for g, n in left.items()) or "nothing"
+    over = f"; OVER the budget by {tokens - max_tokens}: the goal, the active task and what blocks the run are " \
+           "always kept" if tokens > max_tokens else ""  # fmt: skip
+    return text + f"CONTEXT: about {tokens} of {max_tokens} tokens (characters / 4); left out: {what}{over}\n"

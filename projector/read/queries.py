@@ -69,12 +69,13 @@ class Projection:
         Raises :class:`RunNotFound`."""
         return self._state(run_id, lambda st: st.read_state(run_id, "data"))
 
-    def context(self, run_id: str, *, now: datetime | None = None) -> str:
+    def context(self, run_id: str, *, now: datetime | None = None, max_tokens: int | None = None) -> str:
         """The run's compact context for a prompt (:func:`render_context` of its current
         state; ``now`` enables the stale flags), rendered from :meth:`state_json` decoded
         into the state's msgspec struct, with no model built. Raises :class:`RunNotFound`,
         and :class:`StoreError` where :meth:`state` would."""
-        return render_context(self._state(run_id, lambda st: st.read_state(run_id, "struct")), now=now)
+        return render_context(self._state(run_id, lambda st: st.read_state(run_id, "struct")), now=now,
+                              max_tokens=max_tokens)  # fmt: skip
 
     def _state(self, run_id: str, read: Callable[[ProjectionStore], T | None]) -> T:
         """``read`` on the run's partition store; :class:`RunNotFound` where it gives None."""

@@ -397,11 +397,12 @@ class Service:
         finally:
             self.node.hub.unwatch(run_id, w)
 
-    async def context(self, run_id: str, fwd: Forward, min_revision: int | None = None) -> str:
+    async def context(self, run_id: str, fwd: Forward, min_revision: int | None = None,
+                      max_tokens: int | None = None) -> str:  # fmt: skip
         async def local() -> str:
             if min_revision is not None:
                 await self._reach(run_id, min_revision, 5.0)
-            return render_context(_state_struct(self.node, run_id), now=datetime.now(UTC))
+            return render_context(_state_struct(self.node, run_id), now=datetime.now(UTC), max_tokens=max_tokens)
 
         return await self.on_owner(run_id, fwd, local, lambda body: str(body["context"]))
 

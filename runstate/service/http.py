@@ -317,10 +317,14 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
 
     @api.get("/runs/{run_id}/context", response_model=ContextOut, responses=_errors(401, 403, 404, 410, 503))
     async def get_context(request: Request, run_id: RUN_ID,
-                          min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None) -> Response:
-        """The compact context for a prompt."""
+                          min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+                          max_tokens: Annotated[int | None, Query(ge=50, le=1_000_000)] = None) -> Response:
+        """The compact context for a prompt. ``max_tokens`` bounds it (characters / 4): the goal,
+        the active task and what blocks the run first, then open questions, recent facts,
+        hypotheses, pending tasks, observations; what was left out is counted in the text."""
         ident(request).may_read(run_id)
-        return json_out(ContextOut(run_id=run_id, context=await service.context(run_id, fwd(request), min_revision)))
+        text = await service.context(run_id, fwd(request), min_revision, max_tokens)
+        return json_out(ContextOut(run_id=run_id, context=text))
 
     @api.get("/runs/{run_id}/history", response_model=list[Decision], responses=_errors(401, 403, 404, 410, 503))
     async def get_history(request: Request, run_id: RUN_ID, start: Annotated[int, Query(ge=0, le=2**62)] = 0,

@@ -138,12 +138,17 @@ class _Server(MCPServer):
 def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
     server = _Server(name="runstate", version=runstate.__version__, instructions=INSTRUCTIONS)
 
-    async def run_context(run_id: str, ctx: Context) -> str:
+    async def run_context(run_id: str, ctx: Context, max_tokens: int | None = None) -> str:
         """The run's compact context: goal, confirmed facts, open hypotheses and questions,
-        tasks with owners, waits, budgets, the current revision. Read it before acting."""
+        tasks with owners, waits, budgets, the current revision. Read it before acting.
+        max_tokens (at least 50) bounds it; what was left out is counted in the text."""
         who, headers = _who(ctx, tokens)
         who.may_read(run_id)
-        return await service.context(run_id, Forward("GET", f"/runs/{run_id}/context", headers=headers))
+        if max_tokens is not None and max_tokens < 50:
+            raise ContractError("max_tokens must be at least 50", field="max_tokens")
+        params = () if max_tokens is None else (("max_tokens", str(max_tokens)),)
+        return await service.context(run_id, Forward("GET", f"/runs/{run_id}/context", params, headers), None,
+                                     max_tokens)  # fmt: skip
 
     async def run_state(run_id: str, ctx: Context) -> dict[str, Any]:
         """The run's whole typed state (JSON), with its revision."""

@@ -1,0 +1,78 @@
+"""The bounded context: what a prompt gets when its size is given (tokens as characters / 4)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from bench_context import T0, events, fold  # noqa: E402
+
+from runstate.projector.read.context import approx_tokens, render_context  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def state():  # type: ignore[no-untyped-def]
+    book, _ = fold(events(600))
+    doc = book.docs["checkout-incident"]
+    assert doc is not None
+    return doc.to_state()
+
+
+@pytest.mark.parametrize("budget", [300, 800, 2000, 5000])
+def test_a_bounded_context_fits_and_counts_what_it_left_out(state, budget: int) -> None:  # type: ignore[no-untyped-def]
+    whole = render_context(state, now=T0)
+    text = render_context(state, now=T0, max_tokens=budget)
+    assert approx_tokens(text) <= budget
+    assert approx_tokens(text) >= budget * 0.8 or text.count("\n") >= whole.count("\n")  # the budget is used
+    last = text.rstrip().splitlines()[-1]
+    assert last.startswith("CONTEXT: about")
+    # Every line kept is a line of the whole context; each group's count adds up.
+    kept = [ln for ln in text.splitlines()[:-1] if " left out" not in ln]
+    assert set(kept) <= set(whole.splitlines())
+    shown_facts = sum(1 for ln in kept if ln.startswith("  - [f"))
+    left = {g: int(n) for n, g in re.findall(r"(\d+) (facts|hypotheses|pending tasks|observations)", last)}
+    assert shown_facts + left.get("facts", 0) == len(state.confirmed_facts)
+    assert sum(int(n) for n in re.findall(r"\.\.\. (\d+) more facts left out", text)) == left.get("facts", 0)
+
+
+def test_what_is_kept_first(state) -> None:  # type: ignore[no-untyped-def]
+    text = render_context(state, now=T0, max_tokens=300)
+    assert text.startswith("RUN checkout-incident") and "GOAL: Find why EU customers" in text
+    for c in state.goal.constraints:
+        assert f"constraint {c.key} = {c.value}" in text
+    for t in state.tasks:
+        if t.status in ("running", "blocked"):
+            assert f"[{t.id}]" in text
+    # The newest facts come before older ones when only some fit.
+    text = render_context(state, now=T0, max_tokens=1200)
+    shown = re.findall(r"  - \[(f\d+)\]", text)
+    assert shown and shown == [f.id for f in state.confirmed_facts][-len(shown):]
+
+
+def test_over_budget_keeps_the_essentials_and_says_so(state) -> None:  # type: ignore[no-untyped-def]
+    text = render_context(state, now=T0, max_tokens=50)
+    assert "GOAL:" in text and "OVER the budget" in text.splitlines()[-1]
+
+
+def test_cli_context_max_tokens(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from helpers import fact, start
+
+    from runstate import app
+    from runstate.cli import main
+    from runstate.settings import Settings
+
+    s = Settings(log=str(tmp_path / "log.db"), state_dir=str(tmp_path / "state"))
+    app.publish(s, "r", {"expected_revision": 0, "events": [start("fix login")]}, where="t")
+    for i in range(60):
+        app.publish(s, "r", {"expected_revision": i + 1, "events": [fact(f"f{i}", statement="x" * 80)]}, where="t")
+    app.project(s, until_caught_up=True)
+    env = {"RUNSTATE_LOG": s.log, "RUNSTATE_STATE_DIR": s.state_dir}
+    r = CliRunner().invoke(main, ["context", "r", "--max-tokens", "400"], env=env)
+    assert r.exit_code == 0 and approx_tokens(r.output) <= 400 and "more facts left out" in r.output
+    r = CliRunner().invoke(main, ["context", "r", "--max-tokens", "10"], env=env)
+    assert r.exit_code == 2
