@@ -264,6 +264,14 @@ class KafkaLog(EventLog):
         if "compact" not in (policy or ""):
             # A checkpoints topic that deletes would lose runs whose checkpoints expire.
             raise LogConfigError(f"{self.topics.checkpoints!r} must have cleanup.policy=compact, has {policy!r}")
+        stamp = events["message.timestamp.type"].value
+        if stamp != "LogAppendTime":
+            # Rules that depend on time (deadlines, observation age) use the record's time: the
+            # broker's, not one a client can claim.
+            raise LogConfigError(f"{self.topics.events!r} must have message.timestamp.type=LogAppendTime (the rules "
+                                 f"that depend on time use the log's time), has {stamp!r}: "
+                                 f"kafka-configs --alter --entity-type topics --entity-name {self.topics.events} "
+                                 "--add-config message.timestamp.type=LogAppendTime")  # fmt: skip
         for name, configs in ((self.topics.events, events), (self.topics.checkpoints, checkpoints)):
             replicas = self._replicas.get(name, 1)
             isr = int(configs["min.insync.replicas"].value or 1)

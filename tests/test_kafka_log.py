@@ -33,7 +33,8 @@ class TestKafkaLog(LogConformance):
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
         compact = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.ms": "100",
                    "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "100"}  # fmt: skip
-        topics = [NewTopic(kafka_topics.events, 3, 1), NewTopic(kafka_topics.checkpoints, 3, 1, config=compact),
+        topics = [NewTopic(kafka_topics.events, 3, 1, config={"message.timestamp.type": "LogAppendTime"}),
+                  NewTopic(kafka_topics.checkpoints, 3, 1, config=compact),
                   NewTopic(kafka_topics.deadletter, 3, 1)]  # fmt: skip
         for f in admin.create_topics(topics).values():
             f.result()
@@ -73,6 +74,17 @@ def test_missing_and_incompatible_topics_are_clear_errors(kafka_bootstrap: str, 
     log2 = KafkaLog(kafka_bootstrap, topics=kafka_topics)
     with pytest.raises(LogConfigError, match="cleanup.policy=compact"):
         log2.check_topics()
+    # Compacted, but the events carry the client's time: refused too (time rules use the log's).
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    altered = admin.incremental_alter_configs([ConfigResource("topic", kafka_topics.checkpoints, incremental_configs=[
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)])])  # fmt: skip
+    for f in altered.values():
+        f.result()
+    log3 = KafkaLog(kafka_bootstrap, topics=kafka_topics)
+    with pytest.raises(LogConfigError, match="LogAppendTime"):
+        log3.check_topics()
+    log3.close()
     log.close()
     log2.close()
 
@@ -98,7 +110,8 @@ def _small_records_only(bootstrap: str, topics: TopicNames) -> tuple[KafkaLog, R
     """An events topic of one partition whose records may be at most 200 bytes (the broker
     refuses a bigger one after the producer queued it), and a producer for it."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(topics.events, 1, 1, config={"max.message.bytes": "200"})]).values():
+    for f in admin.create_topics([NewTopic(topics.events, 1, 1, config={"max.message.bytes": "200",
+                                                                 "message.timestamp.type": "LogAppendTime"})]).values():
         f.result()
     log = KafkaLog(bootstrap, topics=topics, config={"producer.compression.type": "none"})
     log.create_topics(1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pathlib import Path
+
 import pytest
 from helpers import ev, fact, patch, start, task
 
@@ -611,3 +613,35 @@ def test_every_section_of_the_context_reads_the_same_from_the_states_struct() ->
                  "STALE", "(OVERDUE)", "ARTIFACTS: 1 known; INPUTS: 1 recorded", "c1: deploy (side effect)",
                  "1 with unknown outcome", "(OVER BUDGET)"):  # fmt: skip
         assert part in text, part
+
+
+def test_time_rules_use_the_log_s_time_not_the_time_a_patch_claims(tmp_path: Path) -> None:
+    """A patch stamped in the past does not slip under a deadline that has passed: the
+    deadline is measured against the log's time for the record (its append time), which a
+    replay reads from the same record."""
+    from datetime import UTC, datetime, timedelta
+
+    from runstate.eventlog.embedded import EmbeddedLog
+    from runstate.producers.run_producer import RunProducer
+    from runstate.projector.read.queries import Projection
+    from runstate.projector.read.replay import replay
+    from runstate.projector.runtime.loop import Projector
+    from runstate.schemas.patch import Author
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    clock = [datetime.now(UTC) - timedelta(days=2)]
+    prod = RunProducer(log, Author(agent_id="a", agent_version="1"), clock=lambda: clock[0])
+    deadline = datetime.now(UTC) - timedelta(days=1)  # passed a day ago
+    prod.append(prod.events("r", 0, [start(), task("t1")]))
+    prod.append(prod.events("r", 1, [ev("BudgetSet", deadline=deadline.isoformat())]))
+    # Stamped two days ago, before the deadline, but appended now, after it.
+    prod.append(prod.events("r", 2, [ev("TaskStarted", task_id="t1")]))
+    prod.close()
+    Projector(log, str(tmp_path / "s"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    with Projection(tmp_path / "s") as proj:
+        last = proj.history("r")[-1]
+        assert (last.outcome, last.rule) == ("rejected", "deadline.passed"), last
+    # A replay from the log decides the same way.
+    book = replay(r for r in log.scan(log.topics.events, 0, 0, 10**9))
+    assert [d.rule for d in book.decided.values()][-1] == "deadline.passed"
+    log.close()

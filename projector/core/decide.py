@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from runstate.projector.core.working import Changes, Draft, Item, RunDoc, header_from_model
 from runstate.projector.core.outcomes import Decided
@@ -73,6 +73,10 @@ def _decision(patch: PatchStruct, partition: int, offset: int, revision: int, *,
     )  # fmt: skip
 
 
+def _log_time(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
 def _erased_message(run_id: str, header: object) -> str:
     erasure = getattr(header, "erasure", None)
     if erasure is None:
@@ -108,7 +112,8 @@ def _erase(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
     return Decided(decision, RunDoc(header), Changes(header, wipe=True))
 
 
-def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, digest: str | None = None) -> Decided:
+def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, digest: str | None = None,
+           log_time_ms: int | None = None) -> Decided:
     """Decide ``patch`` against the run's current working state ``doc`` (None: no state).
 
     Deterministic (no clock, randomness or I/O: the same ``doc`` and ``patch`` give the
@@ -174,7 +179,7 @@ def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
 
     new_revision = current + 1
     ctx = Ctx(new_revision, patch.created_at, patch.patch_id, patch.author.agent_id, patch.author.agent_version,
-              patch.expected_revision)
+              patch.expected_revision, None if log_time_ms is None else _log_time(log_time_ms))
     draft = Draft(doc, header)
     for i, event in enumerate(patch.events):
         if i > 0 and draft.hget("status") in ("completed", "failed", "cancelled"):

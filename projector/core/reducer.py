@@ -58,6 +58,9 @@ class Ctx:
     agent_version: str
     #: the revision the patch was based on (what a revocation invalidates after)
     base_revision: int = 0
+    #: the log's time for the patch (when the log appended it), which rules that depend on
+    #: time use (``at`` is the client's claim); None: decided without its record, ``at`` then
+    log_at: datetime | None = None
     #: the provenance of every item this patch creates: one object per patch, not per item,
     #: made on first use (a patch that creates no item, a budget use say, makes none)
     _new: Provenance | None = field(default=None, init=False, repr=False)
@@ -436,14 +439,16 @@ def _task_created(d: Draft, e: gen.TaskCreated, ctx: Ctx) -> None:
 
 def _budget_allows_new_work(d: Draft, what: str, ctx: Ctx) -> None:
     """Starting work (a task, a costly call) needs budget left and the deadline ahead,
-    measured against the patch time, so that a replay decides the same way."""
+    measured against the log's time for the patch (not the time the client claims), which a
+    replay reads from the same record: it decides the same way."""
     b = d.hget("budgets")
     _require(b.tokens_remaining is None or b.tokens_remaining > 0, "budget.exhausted",
              f"cannot start {what}: the token budget is exhausted ({b.tokens_remaining} remaining); "
              "a BudgetSet can extend it")  # fmt: skip
-    _require(b.deadline is None or ctx.at <= b.deadline, "deadline.passed",
+    now = ctx.log_at or ctx.at
+    _require(b.deadline is None or now <= b.deadline, "deadline.passed",
              f"cannot start {what}: the deadline {b.deadline.isoformat() if b.deadline else ''} has passed "
-             f"(patch time {ctx.at.isoformat()}); a BudgetSet can move it")  # fmt: skip
+             f"(the log's time {now.isoformat()}); a BudgetSet can move it")  # fmt: skip
 
 
 def _owned_by_writer(t: Task, ctx: Ctx, doing: str) -> None:
@@ -533,7 +538,7 @@ def _tool_call_started(d: Draft, e: gen.ToolCallStarted, ctx: Ctx) -> None:
         _require(current.observed_version == seen.observed_version, "observation.stale",
                  f"call {e.call_id!r} relies on {seen.subject!r} at {seen.observed_version!r}, but the run last saw "
                  f"{current.observed_version!r}: re-read it")  # fmt: skip
-        age = (ctx.at - current.observed_at).total_seconds()
+        age = ((ctx.log_at or ctx.at) - current.observed_at).total_seconds()
         _require(policy.observation_max_age_s is None or age <= policy.observation_max_age_s, "observation.stale",
                  f"call {e.call_id!r} relies on {seen.subject!r} observed {age:.0f}s before the patch, more than the "
                  f"run's {policy.observation_max_age_s}s: re-read it")  # fmt: skip

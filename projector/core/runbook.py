@@ -197,13 +197,14 @@ class RunBook:
             if keys:
                 self._read_ahead.update(zip(keys, self._load_decisions(keys)))
 
-    def apply(self, patch: Patch | PatchModel, partition: int, offset: int, digest: str | None = None) -> Applied:
+    def apply(self, patch: Patch | PatchModel, partition: int, offset: int, digest: str | None = None,
+              log_time_ms: int | None = None) -> Applied:
         """Decide one patch; a ``patch_id`` already decided returns the earlier decision
         (``duplicate``), unless both have a content ``digest`` and they differ: then the
         patch is rejected as ``patch_id_reused`` and the id keeps its first decision. A
         validated model (a caller's) is taken as its struct."""
         if isinstance(patch, PatchModel):  # the struct the log would give: encoded and read back
-            return self.apply(read_patch(encode(patch)), partition, offset, digest)
+            return self.apply(read_patch(encode(patch)), partition, offset, digest, log_time_ms)
         key = (patch.run_id, patch.patch_id)
         prior = self._unsettled.get(key) or self.decided.get(key)
         if prior is None:
@@ -225,7 +226,7 @@ class RunBook:
                 "created_at": patch.created_at, "content_digest": digest,
             })  # fmt: skip
             return Applied(patch, reused, None)
-        decided = decide(self.doc(patch.run_id), patch, partition, offset, digest)
+        decided = decide(self.doc(patch.run_id), patch, partition, offset, digest, log_time_ms)
         if decided.doc is not None:
             self.docs[patch.run_id] = decided.doc
             if self._max_items is not None:
@@ -251,7 +252,8 @@ class RunBook:
             return self._erased(got, rec)
         patch = got
         try:
-            return self.apply(patch, rec.partition, rec.offset, content_digest(rec.value))
+            # The record's time is the log's (its append time): what time-dependent rules use.
+            return self.apply(patch, rec.partition, rec.offset, content_digest(rec.value), rec.timestamp_ms or None)
         except StoreError:
             raise  # the stored state cannot be read: not this record's fault, and it must wait
         except Exception as e:  # a bug in the pure core, not bad input: see InternalErrorPolicy
