@@ -40,7 +40,6 @@ from runstate.schemas.errors import (
 )  # fmt: skip
 from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids
 from runstate.snapshotter.history import CheckpointHistory
-from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.projector.store.partition import ProjectionStore
 from runstate.projector.store.statedir import Layout
@@ -295,7 +294,7 @@ def snapshot(settings: Settings, *, until_caught_up: bool = False, every: int | 
     must exist (see :func:`project`)."""
     log = open_settings_log(settings, create=False)
     try:
-        policy = CheckpointPolicy(every=every or settings.checkpoint_every, max_age=settings.checkpoint_max_age)
+        policy = settings.checkpoint_policy(every)
         snap = Snapshotter(log, settings.state_dir, policy=policy, batch_size=settings.batch_size,
                            key=settings.checkpoint_key_bytes(), retention=settings.retention_policy(),
                            retention_every_s=settings.retention_check_s)  # fmt: skip

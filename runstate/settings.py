@@ -7,6 +7,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.keystore import MasterKey
+from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.retention import RetentionPolicy
 from runstate.producers.run_producer import DEFAULT_MAX_PATCH_BYTES
 
@@ -49,6 +50,9 @@ class Settings(BaseSettings):
     checkpoint_every: int = Field(50, ge=1, le=1_000_000)
     #: ... and re-checkpoints a run whose newest checkpoint is this many records behind.
     checkpoint_max_age: int = Field(100_000, ge=1)
+    #: A run's checkpoints weigh at most this many times its records: a trigger waits until
+    #: the records since the run's last checkpoint weigh enough (0: every trigger is taken).
+    checkpoint_bytes_ratio: float = Field(2.0, ge=0, le=1000)
     #: Signs checkpoints (HMAC-SHA256) and refuses unsigned or wrongly signed ones on restore
     #: and time travel. Unset: checkpoints carry a digest (integrity), not a signature.
     checkpoint_key: SecretStr | None = None
@@ -99,6 +103,10 @@ class Settings(BaseSettings):
         if self.master_key_file is not None:
             return MasterKey.from_file(self.master_key_file)
         return None
+
+    def checkpoint_policy(self, every: int | None = None) -> CheckpointPolicy:
+        return CheckpointPolicy(every=every or self.checkpoint_every, max_age=self.checkpoint_max_age,
+                                bytes_ratio=self.checkpoint_bytes_ratio or None)  # fmt: skip
 
     def retention_policy(self) -> RetentionPolicy | None:
         """Raises :class:`ContractError` for a malformed ``RUNSTATE_RETENTION``."""

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -75,6 +76,12 @@ class CheckpointWriter:
         #: per partition, the runs the last retention check found due; erased since start
         self.retention_due: dict[int, int] = {}
         self.retention_erased = 0
+        #: per partition, per run: the bytes of its records since its last checkpoint, that
+        #: checkpoint's bytes, and how much it grew per byte of records (the policy's byte
+        #: budget); in memory only: after a restart a run's next trigger is taken
+        self._weights: dict[int, dict[str, list[Any]]] = {}
+        #: bytes of the checkpoints published since start
+        self.written_bytes = 0
         #: the partitions the projector owns now (set by :class:`Snapshotter`)
         self.owned: Callable[[], set[int]] = lambda: set(self.stores)
         self.producer = log_.producer()
@@ -102,14 +109,25 @@ class CheckpointWriter:
         self._publish(partition, store, store.next_offset(), None)  # what a crash left in the outbox
 
     def on_accepted(self, partition: int, patch: Patch, decision: Decision, doc: RunDoc, batch: PendingBatch) -> None:
-        # An erased run's tombstone replaces its checkpoints (on the compacted topic too), so
-        # that a restore knows the run and never brings it back.
-        triggers = ["erased"] if doc.header.status == "erased" else self.policy.triggers(patch, decision.revision, doc)
+        run = doc.header.run_id
+        weights = self._weights.setdefault(partition, {})
+        w = weights.get(run)
+        if w is None:
+            w = weights[run] = [0, 0, 0]  # records' bytes since the last checkpoint, its bytes, growth per byte
+        w[0] += batch.record_bytes
+        if doc.header.status == "erased":
+            # An erased run's tombstone replaces its checkpoints (on the compacted topic too),
+            # so that a restore knows the run and never brings it back.
+            triggers = ["erased"]
+        else:
+            triggers = self.policy.triggers(patch, decision.revision, doc)
+            if triggers and self.policy.budgeted(triggers) and not self.policy.within_budget(w[0], w[1], w[2]):
+                return  # the run's checkpoints would outweigh its records: the next trigger in budget
         if triggers:
             self._checkpoint(partition, doc, decision.offset, triggers, batch)
 
     def _checkpoint(self, partition: int, doc: RunDoc, covers: int, triggers: list[str],
-                    batch: PendingBatch | None) -> Checkpoint:  # fmt: skip
+                    batch: PendingBatch | None) -> tuple[Checkpoint, bytes]:  # fmt: skip
         run = doc.header.run_id
         store = self.stores[partition]
         # Decisions: the stored ones, then those of the batch not yet written.
@@ -123,10 +141,15 @@ class CheckpointWriter:
             patch_ids = [*store.patch_ids(run), *(d.patch_id for d in unwritten)]
         cp = make_checkpoint(doc.to_state(), partition=partition, covers_offset=covers, triggers=triggers,
                              recent=recent, patch_ids=patch_ids, key=self.key)  # fmt: skip
+        blob = encode(cp)
         if batch is not None:
-            batch.checkpoints[(run, cp.revision)] = encode(cp)
+            batch.checkpoints[(run, cp.revision)] = blob
         self.covered.setdefault(partition, {})[run] = covers
-        return cp
+        weights = self._weights.setdefault(partition, {})
+        since, last, _ = weights.get(run, (0, 0, 0))
+        growth = max(0.0, (len(blob) - last) / since) if last and since else 0.0
+        weights[run] = [0, len(blob), growth]
+        return cp, blob
 
     def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
         aged = self._age(partition, batch.next_offset, store)
@@ -196,6 +219,7 @@ class CheckpointWriter:
         if pending:
             store.clear_outbox((run, rev) for run, rev, _ in pending)
             self.written += len(pending)
+            self.written_bytes += sum(len(blob) for _, _, blob in pending)
         self._outbox_empty.add(partition)
         if not pending and covers_below - self._coverage_sent.get(partition, -COVERAGE_EVERY) < COVERAGE_EVERY:
             return  # nothing new to promise yet; a coverage that lags only lengthens a restore's tail
@@ -220,8 +244,8 @@ class CheckpointWriter:
             doc = store.load_doc(run)
             if doc is None:
                 continue
-            cp = self._checkpoint(partition, doc, next_offset - 1, ["age"], None)
-            extra[(run, cp.revision)] = encode(cp)
+            cp, blob = self._checkpoint(partition, doc, next_offset - 1, ["age"], None)
+            extra[(run, cp.revision)] = blob
         if extra:
             store.put_checkpoints(extra)
         return extra

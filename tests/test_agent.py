@@ -113,7 +113,8 @@ def test_a_crash_between_effect_started_and_committed_leaves_it_to_reconcile(loc
     assert out.returncode == -9, out.stderr
     assert _cli(local, "project", "--until-caught-up", "--quiet").returncode == 0
     # a checkpoint at every revision: the newest one is the run as the crash left it
-    assert _cli(local, "snapshot", "--until-caught-up", "--quiet", RUNSTATE_CHECKPOINT_EVERY="1").returncode == 0
+    assert _cli(local, "snapshot", "--until-caught-up", "--quiet", RUNSTATE_CHECKPOINT_EVERY="1",
+                RUNSTATE_CHECKPOINT_BYTES_RATIO="0").returncode == 0
     plan = _cli(local, "resume", "r3").stdout
     assert "NEEDS_RECONCILIATION" in plan and "reconcile effect pay_1: payment on bank/transfers" in plan
 

@@ -50,7 +50,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "team_a": add_token(tf, "team-a-bot", runs=["team-a-*"]),
     }
     env = {"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"),
-           "RUNSTATE_TOKENS_FILE": tf, "RUNSTATE_CHECKPOINT_EVERY": "2"}  # fmt: skip
+           "RUNSTATE_TOKENS_FILE": tf, "RUNSTATE_CHECKPOINT_EVERY": "2",
+           "RUNSTATE_CHECKPOINT_BYTES_RATIO": "0"}  # fmt: skip
     proc = ServeProcess(env, work)
     try:
         proc.wait_ready()

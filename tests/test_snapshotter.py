@@ -248,7 +248,7 @@ def test_lost_projection_recovers_from_checkpoints_plus_tail(tmp_path: Path) -> 
     append_all(log, [*patches, covered])
     state = tmp_path / "state"
     Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
-    Snapshotter(log, str(state), policy=CheckpointPolicy(every=7)).run(until_caught_up=True, poll_timeout_s=0.01)
+    Snapshotter(log, str(state), policy=CheckpointPolicy(every=7, bytes_ratio=None)).run(until_caught_up=True, poll_timeout_s=0.01)
     with Projection(state) as proj:
         before = {h.run_id: state_digest(proj.state(h.run_id)) for h in proj.runs()}
     total = sum(log.end_offsets(log.topics.events).values())
@@ -332,7 +332,7 @@ def test_time_travel_starts_from_the_nearest_checkpoint(tmp_path: Path) -> None:
     append_all(log, patches)
     state = tmp_path / "state"
     Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
-    Snapshotter(log, str(state), policy=CheckpointPolicy(every=10)).run(until_caught_up=True, poll_timeout_s=0.01)
+    Snapshotter(log, str(state), policy=CheckpointPolicy(every=10, bytes_ratio=None)).run(until_caught_up=True, poll_timeout_s=0.01)
     with CheckpointHistory(snapshotter_dir(state)) as hist:
         revs = [cp.revision for cp in hist.of("run_0")]
         assert {1, 10, 20} <= set(revs)
@@ -378,4 +378,29 @@ def test_idle_runs_are_checkpointed_again_so_recovery_does_not_read_far_back(tmp
         until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
     assert reports[0].start_offset > 100  # not back at the idle run's start
     assert verify(log, str(tmp_path / "new")).ok
+    log.close()
+
+
+def test_checkpoints_of_long_runs_weigh_at_most_twice_their_records_and_resume_points_stay(tmp_path: Path) -> None:
+    """A long run's state grows while its patches stay small: at the default policy its
+    checkpoints weigh at most 2x its records (every 50 revisions unbudgeted weighs ~100x),
+    and a checkpoint before a side effect is still taken, budget or not."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from bench_checkpoints import fill
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=2)
+    events_bytes = fill(log, 4, 600)
+    snap = Snapshotter(log, str(tmp_path / "s"))
+    snap.run(until_caught_up=True, poll_timeout_s=0.01)
+    assert 0 < snap.writer.written_bytes <= 2 * events_bytes
+    unbudgeted = Snapshotter(log, str(tmp_path / "u"), policy=CheckpointPolicy(bytes_ratio=None), group_id="u")
+    unbudgeted.run(until_caught_up=True, poll_timeout_s=0.01)
+    assert unbudgeted.writer.written_bytes > 10 * events_bytes
+    # A resume point is taken whatever the budget says.
+    append_all(log, [patch("long-000", 600, ev("ToolCallStarted", call_id="pay", tool="bank", side_effect=True))])
+    snap = Snapshotter(log, str(tmp_path / "s"))
+    snap.run(until_caught_up=True, poll_timeout_s=0.01)
+    assert snap.writer.written == 1
     log.close()

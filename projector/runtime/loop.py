@@ -438,6 +438,7 @@ class Projector:
                 if self.hooks is not None:
                     doc = part.book.docs[patch.run_id]
                     assert doc is not None
+                    batch.record_bytes = len(rec.value)
                     self.hooks.on_accepted(rec.partition, patch, applied.decision, doc, batch)
             else:
                 self.stats.rejected += 1

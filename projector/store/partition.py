@@ -72,6 +72,9 @@ class PendingBatch:
     #: runs erased in this batch: everything stored of them is deleted before the batch's
     #: other writes (their tombstone header, the erasure's decision)
     erased: set[str] = field(default_factory=set)
+    #: the size of the record a hook's ``on_accepted`` is called for (the snapshotter weighs
+    #: a run's records since its last checkpoint)
+    record_bytes: int = 0
 
     def add_changes(self, run_id: str, changes: Changes) -> None:
         """Stage what one accepted patch (or a restore) changed in a run. An erasure (``wipe``)

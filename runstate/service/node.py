@@ -40,7 +40,6 @@ from runstate.schemas import structs
 from runstate.schemas.errors import RunstateError
 from runstate.schemas.patch import Author, Decision, Patch
 from runstate.settings import Settings
-from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.loop import Snapshotter
 
 log = logging.getLogger("runstate.serve")
@@ -162,7 +161,7 @@ class Node:
                                         on_restore_progress=self._restore_progress, tune_gc=True)  # fmt: skip
         self.snapshotter: Snapshotter | None = None
         if snapshotter:
-            policy = CheckpointPolicy(every=settings.checkpoint_every, max_age=settings.checkpoint_max_age)
+            policy = settings.checkpoint_policy()
             self.snapshotter = Snapshotter(open_settings_log(settings), settings.state_dir, policy=policy,
                                            batch_size=settings.batch_size, key=settings.checkpoint_key_bytes(),
                                            retention=settings.retention_policy(),
