@@ -36,7 +36,7 @@ from runstate.projector.read.replay import (
 )
 from runstate.schemas.codec import content_digest
 from runstate.schemas.errors import (
-    ContractError, KeyStoreError, LogConfigError, LogError, RunErased, RunNotFound, RunstateError,
+    ContractError, KeyStoreError, LogConfigError, LogError, LostRecords, RunErased, RunNotFound, RunstateError,
 )  # fmt: skip
 from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids
 from runstate.snapshotter.history import CheckpointHistory
@@ -130,6 +130,10 @@ def status(settings: Settings) -> list[PartitionStatus]:
     if (Path(settings.state_dir) / "layout.json").exists():
         with Projection(settings.state_dir) as proj:
             positions = proj.positions()
+    for p, end in sorted(ends.items()):
+        seen = positions.get(p, committed.get(p, 0))
+        if seen > end:  # negative lag would hide acknowledged records the log lost
+            raise LostRecords(p, end, seen, "the projection" if p in positions else "the consumer group's mirror")
     out = []
     for p, end in sorted(ends.items()):
         # The local projection's position is authoritative; else the group's mirror; else

@@ -176,3 +176,14 @@ class KeyStoreError(RunstateError):
     """The master key or the key store cannot be used (missing, malformed, or not the key
     the store was written with). runstate refuses to start rather than write a run key in
     the clear or under another master key."""
+
+
+class LostRecords(LogError):
+    """The log ends before records an observer saw in it: acknowledged appends were lost (a
+    damaged write-ahead log, say) or this is another log. Names the lost offsets."""
+
+    def __init__(self, partition: int, end: int, seen: int, observer: str) -> None:
+        self.partition, self.end, self.seen = partition, end, seen
+        super().__init__(f"the log lost offsets {end}..{seen - 1} of partition {partition}, which {observer} had seen "
+                         "(acknowledged appends: a damaged write-ahead log, or this is another log). Run `runstate "
+                         "verify --deep`; delete the state directory to rebuild from what the log holds")

@@ -8,6 +8,7 @@ RocksDB block. Each used to be projected as genuine, silently ignored, or hang.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.runtime.loop import Projector
 from runstate.projector.read.queries import Projection
 from runstate.projector.read.replay import verify
-from runstate.schemas.errors import LogError, StoreError
+from runstate.schemas.errors import LogError, LostRecords, StoreError
 
 
 def _project(log: EmbeddedLog, state: Path, **kw: object) -> Projector:
@@ -85,7 +86,7 @@ def test_a_projection_ahead_of_its_log_is_an_error_not_negative_lag(tmp_path: Pa
     db.execute("UPDATE heads SET next_offset=3 WHERE topic='runstate.events'")
     db.commit()
     db.close()
-    with pytest.raises(StoreError, match="beyond the end of the log"):
+    with pytest.raises(LostRecords, match=r"lost offsets 3\.\.5 of partition 0, which the projection"):
         _project(log, state)
 
 
@@ -287,3 +288,40 @@ def test_a_truncated_table_file_is_a_typed_error_naming_how_to_rebuild(tmp_path:
         proj.state("r")
     r = _cli(tmp_path, "state", "r")
     assert r.exit_code == 1 and "rebuild it from the log" in r.output and r.output.count("\n") <= 2, r.output
+
+
+def test_acknowledged_records_lost_from_the_wal_are_an_error_naming_the_lost_offsets(tmp_path: Path) -> None:
+    """One flipped byte in the embedded log's write-ahead log: SQLite stops reading it at the
+    bad frame, and acknowledged appends vanish. Where the projection saw them, `status`,
+    `project` and `verify` name the lost offsets instead of reporting negative lag."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from helpers import fact, start\n"
+        "from runstate import app\n"
+        "from runstate.settings import Settings\n"
+        "s = Settings(log='log.db', state_dir='state', partitions=1)\n"
+        "app.publish(s, 'r', {'expected_revision': 0, 'events': [start('x')]}, where='t')\n"
+        "for i in range(39):\n"
+        "    app.publish(s, 'r', {'expected_revision': i + 1, 'events': [fact(f'f{i}')]}, where='t')\n"
+        "app.project(s, until_caught_up=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)  # the WAL is left as it is, not folded into the file\n"
+    )  # fmt: skip
+    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, timeout=120)
+    wal = tmp_path / "log.db-wal"
+    raw = bytearray(wal.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    wal.write_bytes(raw)
+    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    from click.testing import CliRunner
+
+    from runstate.cli import main
+
+    for args in (["status"], ["project", "--until-caught-up", "--quiet"], ["verify", "--quiet"]):
+        r = CliRunner().invoke(main, args, env=env)
+        assert r.exit_code == 1, (args, r.output)
+        m = re.search(r"lost offsets (\d+)\.\.39 of partition 0", r.output)
+        assert m is not None, (args, r.output)

@@ -24,7 +24,7 @@ from runstate.projector.core.runbook import RunBook
 from runstate.projector.core.outcomes import Applied, DeadLetter
 from runstate.projector.core.working import RunDoc
 from runstate.schemas import structs
-from runstate.schemas.errors import RevisionNotFound, RunErased, RunNotFound
+from runstate.schemas.errors import LostRecords, RevisionNotFound, RunErased, RunNotFound
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import COLLECTIONS, Goal, RunHeader, RunState, state_digest
 
@@ -277,7 +277,8 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
     log's own integrity check and what ``deep`` finds.
 
     ``on_progress(done, total)`` reports records replayed. Raises :class:`StoreError`
-    when the live projection cannot be read (corrupt).
+    when the live projection cannot be read (corrupt), :class:`LostRecords` when the log ends
+    before records the projection saw.
     """
     report = VerifyReport()
     if deep is not None:
@@ -286,6 +287,10 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
     positions = live.positions()
     report.positions = positions
     ends = log.end_offsets(log.topics.events)
+    for p, end in sorted(ends.items()):
+        if positions.get(p, 0) > end:
+            live.close()
+            raise LostRecords(p, end, positions[p], "the projection")
     report.undecided = {p: (positions.get(p, 0), end) for p, end in sorted(ends.items()) if positions.get(p, 0) < end}
     scratch = Path(scratch_dir or tempfile.mkdtemp(prefix="runstate-verify-"))
     try:

@@ -44,7 +44,7 @@ from runstate.projector.store.partition import PendingBatch, ProjectionStore
 from runstate.projector.core.working import RunDoc
 from runstate.schemas import codec
 from runstate.schemas.codec import encode_decision
-from runstate.schemas.errors import LogError, StoreError, StoreLocked
+from runstate.schemas.errors import LogError, LostRecords, StoreError, StoreLocked
 from runstate.schemas.patch import Decision, Patch
 
 log = logging.getLogger("runstate.projector")
@@ -194,12 +194,8 @@ class Projector:
                 part = _Partition(store, self.cache_runs, self.cache_items_per_run)
                 if part.next_offset > ends.get(p, 0):
                     store.close()
-                    raise StoreError(
-                        f"the projection of partition {p} ({self.layout.store_path(p)}) is at offset "
-                        f"{part.next_offset}, beyond the end of the log ({ends.get(p, 0)}): the log lost "
-                        "records it had acknowledged, or is another log. Run `runstate verify --deep`; "
-                        "delete the state directory to rebuild from what the log holds."
-                    )
+                    raise LostRecords(p, ends.get(p, 0), part.next_offset,
+                                      f"the projection ({self.layout.store_path(p)})")
                 with self.lock:
                     self.parts[p] = part
                 if self.hooks is not None:
