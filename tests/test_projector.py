@@ -649,6 +649,12 @@ def test_listing_gives_each_header_as_the_model_writes_it(tmp_path: Path) -> Non
         assert [r for r, _ in st.headers_json("running")] == ["r1", "r2"]
         assert [r for r, _ in st.headers_json("completed")] == ["r3"]
         assert orjson.loads(dict(st.headers_json())["r2"])["revoked_agents"] == []
+        # A page: the count of what matches, and only the page's headers.
+        whole = dict(st.headers_json())
+        assert st.runs_page(None, None, None, None) == (3, list(whole.items()))
+        assert st.runs_page(None, None, "r1", 1) == (3, [("r2", whole["r2"])])
+        assert st.runs_page("running", None, None, 5) == (2, [("r1", whole["r1"]), ("r2", whole["r2"])])
+        assert st.runs_page(None, lambda r: r != "r2", "r1", 5) == (2, [("r3", whole["r3"])])
     for damage, error in ((_header_of_another_version, "run 'r1'.*schema_version 99"),
                           (lambda raw: raw[:-7], "stored header of run 'r1'.*cannot be read")):  # fmt: skip
         db = Rdict(str(path), Options(raw_mode=True))

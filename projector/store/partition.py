@@ -20,7 +20,7 @@ format); :meth:`write` raises :class:`StoreError` and then nothing of the batch 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -475,31 +475,58 @@ class ProjectionStore:
         ``RunHeader.model_dump_json`` gives: the stored bytes as they are (the projector
         validated what it stored and wrote the model's bytes; RocksDB checks each block),
         not validated again; a header stored before a field existed goes through the model,
-        which gives the field its default. ``status``: only the runs of that status. For
-        listing (serve's ``GET /runs``), which holds the projector's lock while it reads, so
-        validating each header there would hold it much longer. Raises :class:`StoreError` for another
-        schema version or a header that is not a JSON object."""
+        which gives the field its default. ``status``: only the runs of that status. Raises
+        :class:`StoreError` for another schema version or a header that is not a JSON object."""
         want = None if status is None else orjson.dumps(status)
         for key, raw in self._prefix(keys.HEADERS):
             run_id = key[len(keys.HEADERS) :].decode()
-            try:
-                spans = document.header_spans(raw)
-            except msgspec.DecodeError as e:
-                raise self._unreadable_header(run_id, raw, e) from e
-            if any(v is msgspec.UNSET for v in msgspec.structs.astuple(spans)):
-                try:  # stored before a field existed: the model gives it its default
-                    header = keys.decode_header(raw)
-                except pydantic.ValidationError as e:
-                    raise self._unreadable_header(run_id, raw, e) from e
-                if header.schema_version != CURRENT_SCHEMA_VERSION:
-                    raise self._other_version(run_id, header.schema_version)
-                if status is None or header.status == status:
-                    yield run_id, header.model_dump_json().encode()
+            got = self._header_json(run_id, raw, want)
+            if got is not None:
+                yield run_id, got
+
+    def runs_page(self, status: str | None, keep: Callable[[str], bool] | None, after: str | None,
+                  limit: int | None) -> tuple[int, list[tuple[str, bytes]]]:
+        """How many runs match (``status``, ``keep(run_id)``) and the page of them after
+        ``after`` (run id order, at most ``limit``) as :meth:`headers_json` gives them. One
+        pass over the headers that holds only the page (serve's ``GET /runs`` on a million
+        runs held them all); only the page's headers are read beyond their status."""
+        status_span = None if status is None else b'"status":' + orjson.dumps(status)
+        total = 0
+        page: list[tuple[str, bytes]] = []
+        for key, raw in self._prefix(keys.HEADERS):
+            run_id = key[len(keys.HEADERS) :].decode()
+            # A header's own status (the quotes of a value are escaped): no decoding to count.
+            if status_span is not None and status_span not in raw:
                 continue
-            if bytes(spans.schema_version) != _CURRENT_VERSION:
-                raise self._unreadable_header(run_id, raw, ValueError(f"schema_version is not {CURRENT_SCHEMA_VERSION}"))
-            if want is None or bytes(spans.status) == want:
-                yield run_id, raw
+            if keep is not None and not keep(run_id):
+                continue
+            total += 1
+            if (after is None or run_id > after) and (limit is None or len(page) < limit):
+                got = self._header_json(run_id, raw, None if status is None else orjson.dumps(status))
+                if got is not None:
+                    page.append((run_id, got))
+        return total, page
+
+    def _header_json(self, run_id: str, raw: bytes, want: bytes | None) -> bytes | None:
+        try:
+            spans = document.header_spans(raw)
+        except msgspec.DecodeError as e:
+            raise self._unreadable_header(run_id, raw, e) from e
+        if any(v is msgspec.UNSET for v in msgspec.structs.astuple(spans)):
+            try:  # stored before a field existed: the model gives it its default
+                header = keys.decode_header(raw)
+            except pydantic.ValidationError as e:
+                raise self._unreadable_header(run_id, raw, e) from e
+            if header.schema_version != CURRENT_SCHEMA_VERSION:
+                raise self._other_version(run_id, header.schema_version)
+            if want is None or orjson.dumps(header.status) == want:
+                return header.model_dump_json().encode()
+            return None
+        if bytes(spans.schema_version) != _CURRENT_VERSION:
+            raise self._unreadable_header(run_id, raw, ValueError(f"schema_version is not {CURRENT_SCHEMA_VERSION}"))
+        if want is None or bytes(spans.status) == want:
+            return raw
+        return None
 
     def restored(self) -> dict[str, int]:
         """Runs restored from checkpoints -> the last offset their checkpoint covered. Their

@@ -201,8 +201,10 @@ class Service:
             raise RemoteError(resp.status_code, body if isinstance(body, dict) else {})
         return body
 
-    async def scatter(self, fwd: Forward, local: Callable[[], T], parse: Callable[[Any], T]) -> list[T]:
-        """``local()`` here and ``fwd`` on every other serving member (one answer each)."""
+    async def scatter(self, fwd: Forward, local: Callable[[], T], parse: Callable[[Any], T], *,
+                      raw: bool = False) -> list[T]:
+        """``local()`` here and ``fwd`` on every other serving member (one answer each);
+        ``parse`` gets each answer's JSON, or (``raw``) the response itself."""
         out = [local()]
         if self.router is None or fwd.forwarded:
             return out
@@ -217,7 +219,7 @@ class Service:
                 raise Unavailable(f"instance {url} is not ready")
             if resp.status_code == 404:  # not there: the others may have it
                 continue
-            out.append(parse(self._json(resp)))
+            out.append(parse(resp) if raw else parse(self._json(resp)))
         missing = set(range(self.node.partitions)) - set(owners) - set(self.node.owned())
         if missing:
             raise Unavailable(f"partitions {sorted(missing)} have no serving owner")
@@ -444,21 +446,24 @@ class Service:
 
         return await self.on_owner(run_id, fwd, local, orjson.dumps)
 
-    async def runs(self, status: str | None, fwd: Forward) -> list[tuple[str, bytes]]:
-        """Every run's summary (of ``status``) as ``(run_id, JSON)``, sorted by run id, from
-        every partition, asked of their owners: this instance's as stored
-        (:meth:`ProjectionStore.headers_json`: the projector's lock is held only for the
-        read), another instance's answer validated."""
+    async def runs(self, status: str | None, keep: Callable[[str], bool] | None, after: str | None,
+                   limit: int | None, fwd: Forward) -> tuple[int, list[tuple[str, bytes]]]:
+        """How many runs match (``status``, ``keep(run_id)``) on every partition, and the page
+        after ``after`` (at most ``limit``, by run id) as ``(run_id, summary JSON)``: each
+        owner counts and cuts its own partitions (:meth:`ProjectionStore.runs_page`), this
+        instance merges. ``fwd`` carries the same filters to the other instances."""
 
-        def local() -> list[tuple[str, bytes]]:
-            per = self.node.read_partitions(lambda _p, st: list(st.headers_json(status)))
-            return [(run_id, summary_json(doc)) for hs in per.values() for run_id, doc in hs]
+        def local() -> tuple[int, list[tuple[str, bytes]]]:
+            per = self.node.read_partitions(lambda _p, st: st.runs_page(status, keep, after, limit))
+            return sum(t for t, _ in per.values()), [(r, summary_json(doc)) for _, page in per.values() for r, doc in page]
 
-        def parse(body: Any) -> list[tuple[str, bytes]]:
-            return [(h.run_id, h.model_dump_json().encode()) for h in _SUMMARIES.validate_python(body)]
+        def parse(resp: httpx.Response) -> tuple[int, list[tuple[str, bytes]]]:
+            page = [(h.run_id, h.model_dump_json().encode()) for h in _SUMMARIES.validate_python(self._json(resp))]
+            return int(resp.headers.get("x-total-count", len(page))), page
 
-        parts = await self.scatter(fwd, local, parse)
-        return sorted((h for hs in parts for h in hs), key=lambda h: h[0])
+        parts = await self.scatter(fwd, local, parse, raw=True)
+        page = sorted((h for _, hs in parts for h in hs), key=lambda h: h[0])
+        return sum(t for t, _ in parts), page if limit is None else page[:limit]
 
     async def dead_letters(self, fwd: Forward) -> list[DeadLetterOut]:
         """Every dead letter of every partition (asked of their owners), by partition and offset."""
