@@ -486,15 +486,15 @@ def read_patch(data: bytes) -> PatchStruct:
     return structs.from_model(_validated(datum))  # type: ignore[no-any-return]
 
 
-def _publish() -> None:
-    current = derive_patch_schema()
-    fp = _fp(current)
-    existing = {} if not any(AVRO_DIR.glob("patch.v*.avsc")) else published()
-    if fp in existing:
-        print(f"models match published v{existing[fp].version}; nothing to publish")
+def _publish(kind: str) -> None:
+    """Write ``<kind>.vN.avsc`` for the schema the code derives, unless it is published."""
+    current = KINDS[kind]()
+    existing = published(kind) if any(AVRO_DIR.glob(f"{kind}.v*.avsc")) else {}
+    if _fp(current) in existing:
+        print(f"{kind}: the code's schema is published as v{existing[_fp(current)].version}; nothing to publish")
         return
     version = max((w.version for w in existing.values()), default=0) + 1
-    path = AVRO_DIR / f"patch.v{version}.avsc"
+    path = AVRO_DIR / f"{kind}.v{version}.avsc"
     path.write_text(json.dumps(current, indent=1) + "\n")
     print(f"published {path}")
 
@@ -525,33 +525,9 @@ def decode_decision(data: bytes) -> Decision:
         raise DecodeError("invalid_patch", detail=describe_validation_error(e)[1]) from e
 
 
-def _publish_decision() -> None:
-    current = derive_decision_schema()
-    existing = published("decision") if any(AVRO_DIR.glob("decision.v*.avsc")) else {}
-    if _fp(current) in existing:
-        print("decision models match the published schema; nothing to publish")
-        return
-    version = max((w.version for w in existing.values()), default=0) + 1
-    path = AVRO_DIR / f"decision.v{version}.avsc"
-    path.write_text(json.dumps(current, indent=1) + "\n")
-    print(f"published {path}")
-
-
-def _publish_sealed() -> None:
-    existing = published("sealed") if any(AVRO_DIR.glob("sealed.v*.avsc")) else {}
-    if _fp(SEALED_SCHEMA) in existing:
-        print("sealed schema matches the published one; nothing to publish")
-        return
-    version = max((w.version for w in existing.values()), default=0) + 1
-    path = AVRO_DIR / f"sealed.v{version}.avsc"
-    path.write_text(json.dumps(SEALED_SCHEMA, indent=1) + "\n")
-    print(f"published {path}")
-
-
 if __name__ == "__main__":  # pragma: no cover - maintenance entry point
     if sys.argv[1:] == ["--publish"]:
-        _publish()
-        _publish_decision()
-        _publish_sealed()
+        for kind in KINDS:
+            _publish(kind)
     else:
         print(json.dumps(derive_patch_schema(), indent=1))

@@ -61,17 +61,22 @@ def test_langgraph_conformance_async_saver_on_the_embedded_log(tmp_path: Path) -
     _assert_every_base_check_passes(_validate("AsyncRunstateSaver (embedded)", make))
 
 
-def test_langgraph_conformance_sync_saver_on_the_embedded_log(tmp_path: Path) -> None:
+def _sync_savers(where: Path) -> Any:
+    """A maker of sync savers, each on a directory of its own under ``where``, as the suite's factory wants them."""
     from contextlib import asynccontextmanager
 
     n = iter(range(100))
 
     @asynccontextmanager
     async def make() -> AsyncIterator[RunstateSaver]:
-        with RunstateSaver.from_conn_string(tmp_path / f"s{next(n)}") as saver:
+        with RunstateSaver.from_conn_string(where / f"s{next(n)}") as saver:
             yield saver
 
-    _assert_every_base_check_passes(_validate("RunstateSaver (embedded)", make))
+    return make
+
+
+def test_langgraph_conformance_sync_saver_on_the_embedded_log(tmp_path: Path) -> None:
+    _assert_every_base_check_passes(_validate("RunstateSaver (embedded)", _sync_savers(tmp_path)))
 
 
 @pytest.mark.slow
@@ -189,22 +194,13 @@ def test_mistakes_are_typed_errors_and_a_deleted_thread_stays_deleted(tmp_path: 
 
 def test_with_a_master_key_the_suite_passes_and_delete_thread_erases(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    from contextlib import asynccontextmanager
-
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
     from runstate.eventlog.keystore import MasterKey
     from runstate.schemas.errors import RunErased
 
     monkeypatch.setenv("RUNSTATE_MASTER_KEY", MasterKey.generate())
-    n = iter(range(100))
-
-    @asynccontextmanager
-    async def make() -> AsyncIterator[RunstateSaver]:
-        with RunstateSaver.from_conn_string(tmp_path / f"s{next(n)}") as saver:
-            yield saver
-
-    _assert_every_base_check_passes(_validate("RunstateSaver (embedded, sealed)", make))
+    _assert_every_base_check_passes(_validate("RunstateSaver (embedded, sealed)", _sync_savers(tmp_path)))
 
     marker = "secret-marker-4411-0123456789"
     # LangGraph's serializer writes the value as it is; runstate keeps its bytes in base64.
