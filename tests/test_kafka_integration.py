@@ -238,7 +238,11 @@ def test_broker_restart_while_producing_loses_and_duplicates_nothing(own_broker:
                 time.sleep(0.02)
         assert producer.flush(120) == 0
         assert not errors, errors[:3]
-        wait_drained(log, state, timeout_s=120)  # the projector resumed by itself
+        try:
+            wait_drained(log, state, timeout_s=120)  # the projector resumed by itself
+        except AssertionError as e:
+            raise AssertionError(f"{e}; projector exit {projector.poll()}; its log ends: "
+                                 f"{(tmp_path / 'p.log').read_text(errors='replace')[-3000:]}") from e
         assert projector.poll() is None
     finally:
         projector.send_signal(signal.SIGTERM)
@@ -275,7 +279,7 @@ def test_new_machine_restores_from_the_compacted_checkpoints_topic(kafka_bootstr
         prod.append_async(log.topics.events, p.run_id, encode(p), lambda w, e: None)
     assert prod.flush(60) == 0
     # Machine A runs the snapshotter (its own group and store) into the checkpoints topic.
-    Snapshotter(log, str(tmp_path / "a"), policy=CheckpointPolicy(every=8)).run(until_caught_up=True, poll_timeout_s=0.05)
+    Snapshotter(log, str(tmp_path / "a"), policy=CheckpointPolicy(every=8, bytes_ratio=None)).run(until_caught_up=True, poll_timeout_s=0.05)
     # Machine B has no local state at all: it restores from Kafka, then reads the tail.
     reports = []
     from runstate.projector.runtime.loop import Projector
