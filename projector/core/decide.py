@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from runstate.projector.core.working import Changes, Draft, Item, RunDoc, header_from_model
 from runstate.projector.core.outcomes import Decided
@@ -71,10 +71,6 @@ def _decision(patch: PatchStruct, partition: int, offset: int, revision: int, *,
         agent_id=patch.author.agent_id, agent_version=patch.author.agent_version,
         event_types=[e.type for e in patch.events], created_at=patch.created_at, content_digest=digest,
     )  # fmt: skip
-
-
-def _log_time(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, UTC)
 
 
 def _erased_message(run_id: str, header: object) -> str:
@@ -179,7 +175,7 @@ def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
 
     new_revision = current + 1
     ctx = Ctx(new_revision, patch.created_at, patch.patch_id, patch.author.agent_id, patch.author.agent_version,
-              patch.expected_revision, None if log_time_ms is None else _log_time(log_time_ms))
+              patch.expected_revision, log_time_ms)
     draft = Draft(doc, header)
     for i, event in enumerate(patch.events):
         if i > 0 and draft.hget("status") in ("completed", "failed", "cancelled"):

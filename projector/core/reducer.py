@@ -12,7 +12,7 @@ import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from runstate.projector.core.working import Draft, Item
@@ -58,9 +58,15 @@ class Ctx:
     agent_version: str
     #: the revision the patch was based on (what a revocation invalidates after)
     base_revision: int = 0
-    #: the log's time for the patch (when the log appended it), which rules that depend on
-    #: time use (``at`` is the client's claim); None: decided without its record, ``at`` then
-    log_at: datetime | None = None
+    #: the log's time for the patch in ms (when the log appended it), which rules that depend
+    #: on time use (``at`` is the client's claim); None: decided without its record, ``at`` then
+    log_ms: int | None = None
+    @property
+    def now(self) -> datetime:
+        """The time the rules that depend on time measure against (made when one asks: most
+        patches hold no such rule)."""
+        return self.at if self.log_ms is None else datetime.fromtimestamp(self.log_ms / 1000, UTC)
+
     #: the provenance of every item this patch creates: one object per patch, not per item,
     #: made on first use (a patch that creates no item, a budget use say, makes none)
     _new: Provenance | None = field(default=None, init=False, repr=False)
@@ -445,7 +451,7 @@ def _budget_allows_new_work(d: Draft, what: str, ctx: Ctx) -> None:
     _require(b.tokens_remaining is None or b.tokens_remaining > 0, "budget.exhausted",
              f"cannot start {what}: the token budget is exhausted ({b.tokens_remaining} remaining); "
              "a BudgetSet can extend it")  # fmt: skip
-    now = ctx.log_at or ctx.at
+    now = ctx.now
     _require(b.deadline is None or now <= b.deadline, "deadline.passed",
              f"cannot start {what}: the deadline {b.deadline.isoformat() if b.deadline else ''} has passed "
              f"(the log's time {now.isoformat()}); a BudgetSet can move it")  # fmt: skip
@@ -538,7 +544,7 @@ def _tool_call_started(d: Draft, e: gen.ToolCallStarted, ctx: Ctx) -> None:
         _require(current.observed_version == seen.observed_version, "observation.stale",
                  f"call {e.call_id!r} relies on {seen.subject!r} at {seen.observed_version!r}, but the run last saw "
                  f"{current.observed_version!r}: re-read it")  # fmt: skip
-        age = ((ctx.log_at or ctx.at) - current.observed_at).total_seconds()
+        age = (ctx.now - current.observed_at).total_seconds()
         _require(policy.observation_max_age_s is None or age <= policy.observation_max_age_s, "observation.stale",
                  f"call {e.call_id!r} relies on {seen.subject!r} observed {age:.0f}s before the patch, more than the "
                  f"run's {policy.observation_max_age_s}s: re-read it")  # fmt: skip

@@ -9,6 +9,7 @@ Environment observations are shown as what was seen at a time, flagged stale aft
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgspec
@@ -53,21 +54,22 @@ def render_context(state: RunState | msgspec.Struct, *, now: datetime | None = N
     pending tasks; observations, stale ones first; finished work, artifacts and inputs. What
     is left out is counted in the text, section by section, and a last line says so. The
     first group is kept even when it alone is over the budget (the line says by how much)."""
-    lines = _lines(state, now, stale_after)
     if max_tokens is None:
-        return "\n".join(ln.text for ln in lines) + "\n"
+        texts: list[str] = []
+        _lines(state, now, stale_after, lambda text, rank=_REQUIRED, group=None: texts.append(text))
+        return "\n".join(texts) + "\n"
+    lines: list[_Line] = []
+    _lines(state, now, stale_after, lambda text, rank=_REQUIRED, group=None: lines.append(_Line(text, rank, group)))
     return _bounded(lines, max_tokens)
 
 
 _REQUIRED = (0, 0)
 
 
-def _lines(state: Any, now: datetime | None, stale_after: timedelta) -> list[_Line]:
+def _lines(state: Any, now: datetime | None, stale_after: timedelta, add: Callable[..., None]) -> None:
+    """Every line of the context, in order, each given to ``add(text, rank, group)`` (the
+    whole context keeps only the text: no tuple per line where nothing is bounded)."""
     s: Any = state
-    lines: list[_Line] = []
-
-    def add(text: str, rank: tuple[int, int] = _REQUIRED, group: str | None = None) -> None:
-        lines.append(_Line(text, rank, group))
 
     add(f"RUN {s.run_id} | status: {s.status} | phase: {s.phase or '-'} | revision {s.revision} | agent version {s.agent_version}")
     add(f"GOAL: {s.goal.statement}")
@@ -168,7 +170,6 @@ def _lines(state: Any, now: datetime | None, stale_after: timedelta) -> list[_Li
         ws = s.workspace_ref
         add(f"WORKSPACE: {ws.workspace_id} base {ws.base_commit or '?'} current {ws.current_commit or '?'}"
             + (f" uncommitted {ws.uncommitted_changes}" if ws.uncommitted_changes else ""))  # fmt: skip
-    return lines
 
 
 def _left_out(n: int, group: str) -> str:
