@@ -105,7 +105,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    runs, per_run = (200, 20) if args.quick else (1000, 40)
+    runs, per_run = (200, 20) if args.quick else (1000, 500)
     rounds = 1 if args.quick else args.rounds
     bootstrap = os.environ.get("RUNSTATE_BENCH_KAFKA")
     broker, broker_dir, broker_pid = None, None, None
