@@ -2,6 +2,7 @@
 side, at two history lengths (embedded log, real RocksDB).
 
     .venv/bin/python bench/bench_recovery.py                    # 10,000 runs; 1,020,000 and 2,020,000 events
+    .venv/bin/python bench/bench_recovery.py --runs 100000 --updates 0,20   # 2,000,000 and 10,000,000 events
     .venv/bin/python bench/bench_recovery.py --quick            # small smoke run
 
 Each run starts with a goal, a budget, 10 facts and 3 tasks, then appends 4-event patches
@@ -9,9 +10,12 @@ that update bounded state (budget use, a re-observation of one of 3 subjects, a 
 hypothesis, a phase change): the state's size is the same at both history lengths, as in
 a long-lived agent run. The snapshotter checkpoints every ``--every`` revisions. Then:
 
-- full replay: a projector on an empty state directory with no checkpoints, from offset 0;
-- checkpoints + tail: a projector on an empty state directory ("lost disk") that restores
-  each partition from the checkpoints topic and replays the tail.
+- full replay: ``runstate project`` (its own process) on an empty state directory, before
+  any checkpoint exists, from offset 0;
+- checkpoints + tail: ``runstate project`` on an empty state directory ("lost disk"), which
+  restores each partition from the checkpoints topic and replays the tail.
+
+Each process's peak memory is read from the kernel. The log is filled at its native speed.
 
 Both must end with identical state digests for every run (checked).
 """
@@ -19,7 +23,10 @@ Both must end with identical state digests for every run (checked).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -27,13 +34,11 @@ from pathlib import Path
 
 
 from runstate.eventlog.embedded import EmbeddedLog
-from runstate.projector.runtime.loop import Projector
 from runstate.projector.read.queries import Projection
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Author, Patch
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.loop import Snapshotter
-from runstate.snapshotter.recovery import RestoreReport, restore_partition
 
 T0 = datetime(2026, 8, 11, tzinfo=UTC)
 #: The workload's facts cite artifact:// references it never registers: the runs trust that
@@ -69,28 +74,48 @@ def update(i: int) -> list[dict]:
 
 
 def build_log(path: Path, runs: int, updates: int) -> int:
-    """Returns the number of events appended."""
+    """Fill the log at its native speed (each record encoded once, appended in big group
+    commits, not one producer call per patch). Returns the number of events appended."""
     log = EmbeddedLog(path, partitions=4)
-    prod = log.producer()
     n = 0
     i = 0
+    batch: list[tuple[str, str, bytes, tuple[()]]] = []
 
     def put(p: Patch) -> None:
-        nonlocal n, i
-        prod.append_async(log.topics.events, p.run_id, encode(p), _ok)
+        nonlocal n, i, batch
+        batch.append((log.topics.events, p.run_id, encode(p), ()))
         n += len(p.events)
         i += 1
+        if len(batch) >= 50_000:
+            log._append_many(batch)
+            batch = []
 
     for r in range(runs):
         for rev, evs in enumerate(first_events(r)):
-            put(_patch(f"run_{r:05d}", rev, evs, i))
+            put(_patch(f"run_{r:06d}", rev, evs, i))
     head = len(first_events(0))
     for u in range(updates):
         for r in range(runs):
-            put(_patch(f"run_{r:05d}", head + u, update(u), i))
-    prod.flush()
+            put(_patch(f"run_{r:06d}", head + u, update(u), i))
+    if batch:
+        log._append_many(batch)
     log.close()
     return n
+
+
+def project_process(log_path: Path, state: Path) -> tuple[float, int, str]:
+    """``runstate project --until-caught-up`` as its own process (a partition without a
+    local store is restored from the checkpoints topic, as in production): seconds, peak
+    memory (kB) and what it printed."""
+    env = {**os.environ, "RUNSTATE_LOG": str(log_path), "RUNSTATE_STATE_DIR": str(state), "RUNSTATE_BATCH_SIZE": "5000"}
+    code = ("import resource, sys\nfrom runstate.cli import main\n"
+            "try:\n    main(['project', '--until-caught-up', '--quiet'])\nexcept SystemExit:\n    pass\n"
+            "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=7200)
+    dt = time.perf_counter() - t
+    peak = next(int(ln.split()[1]) for ln in out.stderr.splitlines() if ln.startswith("PEAK"))
+    return dt, peak, out.stdout + out.stderr
 
 
 def _ok(where: object, err: Exception | None) -> None:
@@ -102,8 +127,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--every", type=int, default=5, help="checkpoint every K revisions [5]")
+    ap.add_argument("--runs", type=int, default=10_000)
+    ap.add_argument("--updates", default="21,46", help="4-event updates per run after the first 20 events, per history")
     args = ap.parse_args()
-    runs, lengths = (500, (21, 46)) if args.quick else (10_000, (21, 46))
+    runs, lengths = (500, (21, 46)) if args.quick else (args.runs, tuple(int(x) for x in args.updates.split(",")))
     root = Path(tempfile.mkdtemp(prefix="runstate-bench-recovery-"))
     rows = []
     try:
@@ -113,39 +140,30 @@ def main() -> None:
             events = build_log(d / "log.db", runs, updates)
             print(f"history: {runs:,} runs, {events:,} events ({events // runs} per run), log built in "
                   f"{time.perf_counter() - t:.0f}s", flush=True)  # fmt: skip
+            # The full replay first, while the log holds no checkpoints to restore from.
+            full_s, full_peak, _ = project_process(d / "log.db", d / "full")
+            print(f"  full replay: {full_s:.1f}s ({events / full_s:,.0f} events/s), peak {full_peak / 1024:.0f} MB",
+                  flush=True)  # fmt: skip
+
             log = EmbeddedLog(d / "log.db")
-
-            full = Projector(log, str(d / "full"), batch_size=5000, publish_dead_letters=False)
-            t = time.perf_counter()
-            full.run(until_caught_up=True, poll_timeout_s=0.01)
-            full_s = time.perf_counter() - t
-            print(f"  full replay: {full_s:.1f}s ({full.stats.events / full_s:,.0f} events/s)", flush=True)
-
             t = time.perf_counter()
             snap = Snapshotter(log, str(d / "snap"), policy=CheckpointPolicy(every=args.every), batch_size=5000)
             snap.run(until_caught_up=True, poll_timeout_s=0.01)
             print(f"  snapshotter (not timed in the comparison): {snap.writer.written:,} checkpoints in "
                   f"{time.perf_counter() - t:.0f}s", flush=True)  # fmt: skip
+            log.close()
 
-            reports: list[RestoreReport] = []
-            rec = Projector(log, str(d / "recovered"), batch_size=5000, publish_dead_letters=False,
-                            restore=lambda p, s: reports.append(restore_partition(log, p, s)))  # fmt: skip
-            t = time.perf_counter()
-            rec.run(until_caught_up=True, poll_timeout_s=0.01)
-            rec_s = time.perf_counter() - t
-            restored = sum(r.runs for r in reports)
-            cps = sum(r.checkpoints_read for r in reports)
-            print(f"  checkpoints + tail: {rec_s:.1f}s ({restored:,} runs restored from {cps:,} checkpoint records, "
-                  f"tail {rec.stats.records:,} records)", flush=True)  # fmt: skip
+            rec_s, rec_peak, _ = project_process(d / "log.db", d / "recovered")
+            print(f"  checkpoints + tail: {rec_s:.1f}s, peak {rec_peak / 1024:.0f} MB", flush=True)
             with Projection(d / "full") as a, Projection(d / "recovered") as b:
                 assert a.digests() == b.digests(), "recovered projection differs from the full replay"
-            log.close()
-            rows.append((events, full_s, rec_s, rec.stats.records))
+            rows.append((events, full_s, rec_s, full_peak, rec_peak))
             shutil.rmtree(d)
         print()
-        for events, full_s, rec_s, tail in rows:
+        for events, full_s, rec_s, full_peak, rec_peak in rows:
             print(f"RESULT {events:,} events over {runs:,} runs: full replay {full_s:.1f}s, checkpoints + tail "
-                  f"{rec_s:.1f}s ({tail:,} tail records), ratio {full_s / rec_s:.1f}x")  # fmt: skip
+                  f"{rec_s:.1f}s, ratio {full_s / rec_s:.1f}x; peak memory {full_peak / 1024:.0f} / "
+                  f"{rec_peak / 1024:.0f} MB (goal >= 50x, < 1 GB)")  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
