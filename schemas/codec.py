@@ -483,7 +483,9 @@ def read_patch(data: bytes) -> PatchStruct:
             return _convert(datum, PatchStruct)
         except msgspec.ValidationError:
             pass
-    return structs.from_model(_validated(datum))  # type: ignore[no-any-return]
+    # The model's values (its datetimes as they are) made the struct: msgspec takes them as
+    # given, and the events union is tagged by ``type`` as in the model's dump.
+    return _convert(_validated(datum).model_dump(), PatchStruct)  # type: ignore[no-any-return]
 
 
 def _publish(kind: str) -> None:

@@ -536,3 +536,19 @@ def test_a_stale_generated_module_is_found(monkeypatch: pytest.MonkeyPatch) -> N
         monkeypatch.undo()
         forget()
     assert structs.render() == before
+
+
+def test_a_patch_only_pydantic_reads_becomes_the_struct_not_a_crash() -> None:
+    """A record whose values msgspec refuses and pydantic takes (a time with nanoseconds, a
+    time with '_' for 'T': the sealed-record fuzz target found this one) is read through the
+    model and made the struct; it raised TypeError (Patch holds a discriminated union), which
+    would stop the projector on that record."""
+    import base64
+
+    from runstate.eventlog.base import Record
+    from runstate.projector.core.runbook import read_record
+    from runstate.schemas.generated.structs import Patch as PatchStruct
+
+    found = base64.b64decode("wwFkRvPYyFtAMARwMQJpAAIAFFJ1blN0YXJ0ZWQCcwAAAAAAAAAAAAAAAAJhAjEoMjAyNi0wMS0wMV8wMDowMDowMFoA")
+    got = read_record(Record("runstate.events", 0, 7, b"r", found, 0, (), checksum_ok=True))
+    assert isinstance(got, PatchStruct) or type(got).__name__ == "DeadLetter", got
