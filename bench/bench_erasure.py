@@ -24,6 +24,8 @@ import time
 import uuid
 from pathlib import Path
 
+from benchkit import kafka_broker
+
 from runstate.eventlog.base import EventLog, TopicNames
 from runstate.eventlog.kafka import KafkaLog
 from runstate.eventlog.keystore import Keyring, KeyStore, MasterKey
@@ -107,48 +109,37 @@ def main() -> None:
     args = ap.parse_args()
     runs, per_run = (100, 10) if args.quick else (1000, 20)
     rounds = 1 if args.quick else args.rounds
-    bootstrap = os.environ.get("RUNSTATE_BENCH_KAFKA")
-    broker, broker_dir = None, None
-    if not bootstrap:
-        from runstate.compose.kafka_local import LocalKafka
-
-        broker_dir = tempfile.mkdtemp(prefix="runstate-bench-kafka-")
-        broker = LocalKafka(broker_dir)
-        bootstrap = broker.start()
-        print(f"started a local broker at {bootstrap}")
-    work = Path(tempfile.mkdtemp(prefix="runstate-bench-erasure-"))
-    master = MasterKey(os.urandom(32))
-    ds = drafts(runs, per_run)
-    n_events = sum(len(d["events"]) for _, d in ds)
-    try:
-        first: dict[bool, list[float]] = {False: [], True: []}
-        cost: dict[bool, list[float]] = {False: [], True: []}
-        rate: dict[bool, list[float]] = {False: [], True: []}
-        for i in range(rounds):
-            for sealed in ((False, True) if i % 2 == 0 else (True, False)):  # alternate which goes first
-                log = kafka_log(bootstrap, sealed, master)
-                a, b = produce(log, ds, runs)
-                first[sealed].append(a)
-                cost[sealed].append(b)
-                rate[sealed].append(project(log, n_events, work / f"s{int(sealed)}"))
-                log.close()
-        plain_us, sealed_us = (statistics.median(cost[k]) * 1e6 for k in (False, True))
-        plain_first, sealed_first = (statistics.median(first[k]) * 1e6 for k in (False, True))
-        plain_r, sealed_r = (statistics.median(rate[k]) for k in (False, True))
-        print(f"RESULT producer per patch, {len(ds) - runs} patches x {rounds} rounds: plain {plain_us:.1f} us, "
-              f"sealed {sealed_us:.1f} us (+{sealed_us - plain_us:.1f} us, {sealed_us / plain_us:.2f}x)")
-        print(f"RESULT producer, a run's first patch (sealed: its key made and stored first), {runs} runs: "
-              f"plain {plain_first:.1f} us, sealed {sealed_first:.1f} us")
-        print(f"RESULT projector from Kafka, {n_events} events over {runs} runs: plain {plain_r:,.0f} events/s, "
-              f"sealed {sealed_r:,.0f} events/s, ratio {sealed_r / plain_r:.2f} (goal >= 0.85)")
-        took = erase_time(work, runs // 10, per_run)
-        print(f"RESULT erase one run of {per_run + 1} patches among {runs // 10} (embedded log, until the "
-              f"projector dropped and compacted it): {took * 1000:.0f} ms")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        if broker is not None:
-            broker.stop()
-            shutil.rmtree(broker_dir or "", ignore_errors=True)
+    with kafka_broker() as (bootstrap, _pid):
+        work = Path(tempfile.mkdtemp(prefix="runstate-bench-erasure-"))
+        master = MasterKey(os.urandom(32))
+        ds = drafts(runs, per_run)
+        n_events = sum(len(d["events"]) for _, d in ds)
+        try:
+            first: dict[bool, list[float]] = {False: [], True: []}
+            cost: dict[bool, list[float]] = {False: [], True: []}
+            rate: dict[bool, list[float]] = {False: [], True: []}
+            for i in range(rounds):
+                for sealed in ((False, True) if i % 2 == 0 else (True, False)):  # alternate which goes first
+                    log = kafka_log(bootstrap, sealed, master)
+                    a, b = produce(log, ds, runs)
+                    first[sealed].append(a)
+                    cost[sealed].append(b)
+                    rate[sealed].append(project(log, n_events, work / f"s{int(sealed)}"))
+                    log.close()
+            plain_us, sealed_us = (statistics.median(cost[k]) * 1e6 for k in (False, True))
+            plain_first, sealed_first = (statistics.median(first[k]) * 1e6 for k in (False, True))
+            plain_r, sealed_r = (statistics.median(rate[k]) for k in (False, True))
+            print(f"RESULT producer per patch, {len(ds) - runs} patches x {rounds} rounds: plain {plain_us:.1f} us, "
+                  f"sealed {sealed_us:.1f} us (+{sealed_us - plain_us:.1f} us, {sealed_us / plain_us:.2f}x)")
+            print(f"RESULT producer, a run's first patch (sealed: its key made and stored first), {runs} runs: "
+                  f"plain {plain_first:.1f} us, sealed {sealed_first:.1f} us")
+            print(f"RESULT projector from Kafka, {n_events} events over {runs} runs: plain {plain_r:,.0f} events/s, "
+                  f"sealed {sealed_r:,.0f} events/s, ratio {sealed_r / plain_r:.2f} (goal >= 0.85)")
+            took = erase_time(work, runs // 10, per_run)
+            print(f"RESULT erase one run of {per_run + 1} patches among {runs // 10} (embedded log, until the "
+                  f"projector dropped and compacted it): {took * 1000:.0f} ms")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import shutil
 import statistics
 import tempfile
 import threading
@@ -28,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from confluent_kafka import Producer
+
+from benchkit import kafka_broker
 
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import PRODUCER_DEFAULTS, KafkaLog
@@ -210,16 +211,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=["produce", "e2e", "latency"], help="run one part")
     args = ap.parse_args()
-    bootstrap = os.environ.get("RUNSTATE_BENCH_KAFKA")
-    broker = None
-    if not bootstrap:
-        from runstate.compose.kafka_local import LocalKafka
-
-        broker_dir = tempfile.mkdtemp(prefix="runstate-bench-kafka-")
-        broker = LocalKafka(broker_dir)
-        bootstrap = broker.start()
-        print(f"started a local broker at {bootstrap}")
-    try:
+    with kafka_broker() as (bootstrap, _pid):
         runs, per_run, lat_s = (200, 20, 5.0) if args.quick else (1000, 30, 20.0)
         if args.only in (None, "produce"):
             raw, ours = bench_produce(bootstrap, runs, per_run)
@@ -240,10 +232,6 @@ def main() -> None:
         print(f"RESULT append->visible at 1,000 events/s ({n} patches, {datetime.now(UTC):%H:%M}): "
               f"p50 {statistics.median(s):.1f} ms, p90 {pct(0.9):.1f} ms, p99 {pct(0.99):.1f} ms, max {s[-1]:.0f} ms; "
               f"{len(over)} over 50 ms, first at patch {over[0] if over else '-'}")  # fmt: skip
-    finally:
-        if broker is not None:
-            broker.stop()
-            shutil.rmtree(broker_dir, ignore_errors=True)  # the broker's log: hundreds of MB
 
 
 if __name__ == "__main__":

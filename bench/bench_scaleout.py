@@ -36,6 +36,8 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
+from benchkit import kafka_broker
+
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import PRODUCER_DEFAULTS, KafkaLog
 from runstate.schemas.codec import encode
@@ -107,48 +109,37 @@ def main() -> None:
     args = ap.parse_args()
     runs, per_run = (200, 20) if args.quick else (1000, 500)
     rounds = 1 if args.quick else args.rounds
-    bootstrap = os.environ.get("RUNSTATE_BENCH_KAFKA")
-    broker, broker_dir, broker_pid = None, None, None
-    if not bootstrap:
-        from runstate.compose.kafka_local import LocalKafka
-
-        broker_dir = tempfile.mkdtemp(prefix="runstate-bench-kafka-")
-        broker = LocalKafka(broker_dir)
-        bootstrap = broker.start()
-        broker_pid = broker.proc.pid if broker.proc is not None else None
-    work = Path(tempfile.mkdtemp(prefix="runstate-bench-scaleout-"))
-    try:
-        topics = TopicNames.with_prefix(f"s{uuid.uuid4().hex[:8]}")
-        events = fill(bootstrap, topics, runs, per_run)
-        records = runs * (per_run + 1)
-        print(f"filled {records:,} patches ({events:,} events) on {PARTITIONS} partitions", flush=True)
-        res: dict[int, list[tuple[float, list[float], float]]] = {1: [], 2: []}
-        for i in range(rounds):
-            for k in ((1, 2) if i % 2 == 0 else (2, 1)):
-                shutil.rmtree(work / "state", ignore_errors=True)
-                res[k].append(drain(bootstrap, topics, work / "state", k, broker_pid))
-        for k in (1, 2):
-            wall = statistics.median(w for w, _, _ in res[k])
-            cpu = statistics.median(sum(c) for _, c, _ in res[k])
-            bcpu = statistics.median(b for _, _, b in res[k])
-            print(f"RESULT {k} projector process{'es' if k > 1 else ''}: {events / wall:,.0f} events/s "
-                  f"({wall:.1f} s wall; projector CPU {cpu:.1f} s = {cpu / records * 1e6:.0f} us per record; "
-                  f"broker CPU {bcpu:.1f} s = {bcpu / records * 1e6:.0f} us per record)")
-        w1 = statistics.median(w for w, _, _ in res[1])
-        w2 = statistics.median(w for w, _, _ in res[2])
-        print(f"RESULT speed-up of two processes: {w1 / w2:.2f}x (ideal on this 2-core machine with the broker on it: < 2)")
-        proj_us = statistics.median(sum(c) for _, c, _ in res[1]) / records * 1e6
-        broker_us = statistics.median(b for _, _, b in res[1]) / records * 1e6
-        for k in (1, 2, 8, 32):
-            for brokers in (1, 3):
-                rate = min(k * 1e6 / proj_us, brokers * 1e6 / broker_us) * events / records
-                print(f"MODEL {k:2d} instances, {brokers} broker{'s' if brokers > 1 else ''} (a core each): "
-                      f"{rate:,.0f} events/s")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        if broker is not None:
-            broker.stop()
-            shutil.rmtree(broker_dir or "", ignore_errors=True)
+    with kafka_broker() as (bootstrap, broker_pid):
+        work = Path(tempfile.mkdtemp(prefix="runstate-bench-scaleout-"))
+        try:
+            topics = TopicNames.with_prefix(f"s{uuid.uuid4().hex[:8]}")
+            events = fill(bootstrap, topics, runs, per_run)
+            records = runs * (per_run + 1)
+            print(f"filled {records:,} patches ({events:,} events) on {PARTITIONS} partitions", flush=True)
+            res: dict[int, list[tuple[float, list[float], float]]] = {1: [], 2: []}
+            for i in range(rounds):
+                for k in ((1, 2) if i % 2 == 0 else (2, 1)):
+                    shutil.rmtree(work / "state", ignore_errors=True)
+                    res[k].append(drain(bootstrap, topics, work / "state", k, broker_pid))
+            for k in (1, 2):
+                wall = statistics.median(w for w, _, _ in res[k])
+                cpu = statistics.median(sum(c) for _, c, _ in res[k])
+                bcpu = statistics.median(b for _, _, b in res[k])
+                print(f"RESULT {k} projector process{'es' if k > 1 else ''}: {events / wall:,.0f} events/s "
+                      f"({wall:.1f} s wall; projector CPU {cpu:.1f} s = {cpu / records * 1e6:.0f} us per record; "
+                      f"broker CPU {bcpu:.1f} s = {bcpu / records * 1e6:.0f} us per record)")
+            w1 = statistics.median(w for w, _, _ in res[1])
+            w2 = statistics.median(w for w, _, _ in res[2])
+            print(f"RESULT speed-up of two processes: {w1 / w2:.2f}x (ideal on this 2-core machine with the broker on it: < 2)")
+            proj_us = statistics.median(sum(c) for _, c, _ in res[1]) / records * 1e6
+            broker_us = statistics.median(b for _, _, b in res[1]) / records * 1e6
+            for k in (1, 2, 8, 32):
+                for brokers in (1, 3):
+                    rate = min(k * 1e6 / proj_us, brokers * 1e6 / broker_us) * events / records
+                    print(f"MODEL {k:2d} instances, {brokers} broker{'s' if brokers > 1 else ''} (a core each): "
+                          f"{rate:,.0f} events/s")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -211,8 +211,9 @@ class KeyStore:
         """Record the erasure (the first record stands; it is returned) and destroy every key
         of the run: each key record is replaced, and the old ones purged from the log's
         files (at once on the embedded log; by Kafka's cleaner within the topic's
-        ``max.compaction.lag.ms``)."""
-        entry = self.run(run_id, refresh=True)
+        ``max.compaction.lag.ms``). The caller has just read the run's partition
+        (:meth:`SealedLog.erase`)."""
+        entry = self.run(run_id)
         if entry is None or entry.erased is None:
             self._append(run_id, {"run_id": run_id, "erased": erasure})
         entry = self.run(run_id)

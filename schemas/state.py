@@ -389,6 +389,14 @@ class RunState(Model):
         return self.status in TERMINAL_STATUSES
 
 
+def status_span(status: str) -> bytes:
+    """How a run's status shows in the JSON of its header, state or checkpoint
+    (``"status":"<status>"``): found by a byte search without decoding the document. JSON
+    escapes the quotes inside a string value, so no content can spell it; a header has no
+    other field of that name, and ``erased`` is no item's status in a checkpoint's state."""
+    return b'"status":"' + status.encode() + b'"'
+
+
 def raw_state_digest(doc: dict[str, Any]) -> str:
     """sha256 of a state document's canonical JSON (sorted keys). Works on any schema
     version, so a checkpoint's digest is checked before the state is migrated."""

@@ -38,15 +38,15 @@ from runstate.projector.core.working import RunDoc
 from runstate.schemas.patch import Decision, Patch
 from runstate.snapshotter.checkpoint import RECENT_DECISIONS, Checkpoint, coverage_keys, encode, make_checkpoint, make_coverage
 from runstate.schemas.errors import KeyStoreError, RunNotFound
+from runstate.schemas.state import status_span
 from runstate.schemas.patch import Author
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.retention import RetentionPolicy
 
 log = logging.getLogger("runstate.snapshotter")
 
-#: How an erased run's tombstone checkpoint shows in its JSON (quotes inside a string value
-#: are escaped, so no content can spell it).
-_ERASED = b'"status":"erased"'
+#: How an erased run's tombstone checkpoint shows in its JSON.
+_ERASED = status_span("erased")
 
 GROUP = "runstate-snapshotter"
 #: Who an erasure by retention is recorded as.

@@ -20,6 +20,19 @@ def embedded_log(tmp_path: Path) -> Iterator[EmbeddedLog]:
     log.close()
 
 
+def need_java_and_maven(why: str) -> None:
+    """Skip the test when Java or Maven is missing (``why`` names them in ``{missing}``),
+    except in CI (``CI=true``), where that fails the run."""
+    from runstate.compose.kafka_local import missing_tools
+
+    missing = missing_tools()
+    if missing:
+        msg = why.format(missing=", ".join(missing))
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """A real Kafka broker for the session: ``RUNSTATE_TEST_KAFKA=host:port`` if set, else a
@@ -32,15 +45,10 @@ def kafka_bootstrap() -> Iterator[str]:
     if given:
         yield given
         return
-    from runstate.compose.kafka_local import BrokerError, LocalKafka, missing_tools
+    from runstate.compose.kafka_local import BrokerError, LocalKafka
 
-    missing = missing_tools()
-    if missing:
-        msg = (f"Kafka tests need Java 17+ and Maven to start a broker ({', '.join(missing)} not on PATH), "
-               "or RUNSTATE_TEST_KAFKA=host:port of a running broker")  # fmt: skip
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+    need_java_and_maven("Kafka tests need Java 17+ and Maven to start a broker ({missing} not on PATH), "
+                        "or RUNSTATE_TEST_KAFKA=host:port of a running broker")
     broker = LocalKafka(tempfile.mkdtemp(prefix="runstate-kafka-"))
     try:
         bootstrap = broker.start()
@@ -69,14 +77,9 @@ def java_interop() -> Path:
 
     Without Java/Maven the interop tests are skipped with what is missing, except in CI
     (``CI=true``), where that fails the run."""
-    from runstate.compose.kafka_local import BrokerError, missing_tools, resolve_interop_jars
+    from runstate.compose.kafka_local import BrokerError, resolve_interop_jars
 
-    missing = missing_tools()
-    if missing:
-        msg = f"the Java interop tests need Java 17+ and Maven ({', '.join(missing)} not on PATH)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+    need_java_and_maven("the Java interop tests need Java 17+ and Maven ({missing} not on PATH)")
     try:
         return resolve_interop_jars()
     except BrokerError as e:

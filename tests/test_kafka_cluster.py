@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import need_java_and_maven
 from helpers import fact, start
 
-from runstate.compose.kafka_local import BrokerError, LocalKafkaCluster, missing_tools
+from runstate.compose.kafka_local import BrokerError, LocalKafkaCluster
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import KafkaLog
 from runstate.producers.run_producer import RunProducer
@@ -36,12 +37,7 @@ RUNS = 12
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaCluster]:
     """Three brokers for one test: they are stopped as soon as it ends (three JVMs on two
     cores slow every other test while they run)."""
-    missing = missing_tools()
-    if missing:
-        msg = f"the cluster test needs Java 17+ and Maven ({', '.join(missing)} not on PATH)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+    need_java_and_maven("the cluster test needs Java 17+ and Maven ({missing} not on PATH)")
     c = LocalKafkaCluster(tmp_path_factory.mktemp("kafka3"))
     try:
         c.start()

@@ -36,7 +36,7 @@ from runstate.projector.core.working import Changes, Entry, Header, RunDoc
 from runstate.projector.store import document
 from runstate.schemas.errors import RunErased, StoreError, StoreLocked
 from runstate.schemas.patch import Decision
-from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState, graph_key
+from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState, graph_key, status_span
 
 
 @dataclass(frozen=True)
@@ -122,8 +122,7 @@ def _write_error(path: Path, e: Exception) -> StoreError:
 _CURRENT_VERSION = str(CURRENT_SCHEMA_VERSION).encode()
 _CURRENT_VERSION_JSON = b'{"schema_version":' + _CURRENT_VERSION + b","
 
-#: How an erased run's stored header shows its status.
-_ERASED = b'"status":"erased"'
+_ERASED = status_span("erased")
 
 #: Block cache per partition store (bytes).
 BLOCK_CACHE_BYTES = 64 << 20
@@ -490,13 +489,13 @@ class ProjectionStore:
         ``after`` (run id order, at most ``limit``) as :meth:`headers_json` gives them. One
         pass over the headers that holds only the page (serve's ``GET /runs`` on a million
         runs held them all); only the page's headers are read beyond their status."""
-        status_span = None if status is None else b'"status":' + orjson.dumps(status)
+        span = None if status is None else status_span(status)
         total = 0
         page: list[tuple[str, bytes]] = []
         for key, raw in self._prefix(keys.HEADERS):
             run_id = key[len(keys.HEADERS) :].decode()
             # A header's own status (the quotes of a value are escaped): no decoding to count.
-            if status_span is not None and status_span not in raw:
+            if span is not None and span not in raw:
                 continue
             if keep is not None and not keep(run_id):
                 continue
