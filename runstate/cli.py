@@ -506,12 +506,17 @@ def token() -> None:
 @click.option("--read-only", is_flag=True, help="queries only, no patches")
 @click.option("--runs", "runs", multiple=True, help="glob of run ids the token may touch (repeatable) [all]")
 @click.option("--erase", is_flag=True, help="the token may also erase those runs (an operator's, not an agent's)")
+@click.option("--channel", type=click.Choice(["user", "operator", "approval", "system_of_record"]),
+              help="an input channel's token: it records only inputs of this origin (by default only the agent id "
+                   "equal to the origin may, e.g. `token add user --channel user`)")  # fmt: skip
 @handle_errors
-def token_add(agent_id: str, tokens_file: str, read_only: bool, runs: tuple[str, ...], erase: bool) -> None:
+def token_add(agent_id: str, tokens_file: str, read_only: bool, runs: tuple[str, ...], erase: bool,
+              channel: str | None) -> None:  # fmt: skip
     """Create a token for AGENT_ID; prints it once (only its hash is stored)."""
     from runstate.service.auth import add_token
 
-    click.echo(add_token(tokens_file, agent_id, "read" if read_only else "write", list(runs) or None, erase))
+    click.echo(add_token(tokens_file, agent_id, "read" if read_only else "write", list(runs) or None, erase,
+                         channel))  # type: ignore[arg-type]  # click.Choice checked it
 
 
 if __name__ == "__main__":

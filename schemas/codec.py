@@ -270,7 +270,18 @@ def current_writer() -> _Writer:
 
 #: Upcasters for changes of meaning: ``UPCASTERS[v]`` turns a decoded version-``v`` record
 #: (already resolved to the current Avro shape) into version ``v+1``'s meaning.
-UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+def _inputs_from_writers(datum: dict[str, Any]) -> dict[str, Any]:
+    """v5 → v6: a run's policy gained ``input_authority``, whose default (only an origin's
+    channel records its inputs) is stricter than what any writer could do before; a run
+    started by an older record keeps the rule it was started under."""
+    for event in datum.get("events") or ():
+        policy = event.get("policy") if isinstance(event, dict) else None
+        if isinstance(policy, dict):
+            policy["input_authority"] = "writers"
+    return datum
+
+
+UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {5: _inputs_from_writers}
 
 
 def register_writer_schema(schema: dict[str, Any], version: int) -> bytes:

@@ -157,9 +157,14 @@ class RunPolicy(Model):
     #: agents that may revoke a writer's permission (``PermissionRevoked``: an administrator's
     #: act); empty: the agent that started the run. Others are rejected ``unauthorized``.
     revokers: list[Id] = []
-    #: per origin, who may record inputs of it (``input.not_authorized`` for anyone else); an
-    #: origin not named here may be recorded by any writer.
+    #: per origin, who may record inputs of it (``input.not_authorized`` for anyone else).
     input_recorders: list[InputRecorders] = []
+    #: who records an input of an origin ``input_recorders`` does not name: ``channels``, only
+    #: that origin's channel identity (the author whose agent id is the origin: ``user``,
+    #: ``operator``, ``approval``, ``system_of_record``; serve gives it to that channel's
+    #: token), never the agent; ``writers``, any writer (the rule of runs started by records
+    #: of patch schema v5 and older, which the codec upcasts to it).
+    input_authority: Literal["channels", "writers"] = "channels"
     #: artifacts only from tool results (``ToolSucceeded``/``ToolFailed``): an agent's own
     #: ``ArtifactRecorded`` is ``artifact.not_from_tool``.
     artifacts_from_tools: bool = False

@@ -50,7 +50,7 @@ from runstate.schemas.state import (
 FORMAT_VERSION = 2
 #: Version of the reducer's semantics: bump when a reducer change would make the same log
 #: give a different state, so that older checkpoints are not trusted.
-REDUCER_VERSION = 2  # 2: evidence to complete a task, budgets/deadlines, loose ends, control conflicts
+REDUCER_VERSION = 3  # 2: evidence to complete a task, budgets/deadlines, loose ends, control conflicts; 3: log time, revokers, inputs by channel
 #: Recent decisions carried by a checkpoint, so that a restored projector still answers a
 #: producer's retry of a recent patch with its decision (older ones are known by id only).
 RECENT_DECISIONS = 4

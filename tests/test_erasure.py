@@ -24,7 +24,8 @@ def marked_patches(marker: str) -> list[dict[str, Any]]:
     """A run whose goal, facts, inputs and observations hold ``marker``."""
     return [
         {"expected_revision": 0, "events": [start(f"help customer {marker}")]},
-        {"expected_revision": 1, "events": [
+        # The user channel's patch: only it may record a user input.
+        {"expected_revision": 1, "author": {"agent_id": "user", "agent_version": "web"}, "events": [
             ev("InputRecorded", input={"id": "in1", "origin": "user", "text": f"my name is {marker}"}),
             fact("f1", statement=f"the customer is {marker}"),
             ev("ObservationRecorded", observation={"subject": f"crm/{marker}", "observed_version": "1",
@@ -175,6 +176,7 @@ def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_p
 
     tf = str(tmp_path / "tokens.json")
     writer, operator = add_token(tf, "agent-1"), add_token(tf, "ops", erase=True)
+    channel = {"authorization": f"Bearer {add_token(tf, 'user')}"}  # the user channel's token
     env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
            "RUNSTATE_TOKENS_FILE": tf, "RUNSTATE_MASTER_KEY": MasterKey.generate(),
            "RUNSTATE_RETENTION": "completed=30d", "RUNSTATE_RETENTION_CHECK_S": "0.1"}  # fmt: skip
@@ -184,8 +186,8 @@ def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_p
         http = httpx.Client(base_url=proc.url, timeout=30)
         auth = {"authorization": f"Bearer {writer}"}
         for p in marked_patches(MARKER):
-            r = http.post("/runs/victim/patches?wait=10", json=p, headers=auth)
-            assert r.json()["decision"]["outcome"] == "accepted", r.text
+            r = http.post("/runs/victim/patches?wait=10", json=p, headers=channel if "author" in p else auth)
+            assert r.json().get("decision", {}).get("outcome") == "accepted", r.text
         assert MARKER in http.get("/runs/victim", headers=auth).text
         # An agent's write token may not erase; an operator's may.
         r = http.delete("/runs/victim", params={"reason": "asked"}, headers=auth)

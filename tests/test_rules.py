@@ -91,8 +91,8 @@ def run() -> Run:
 def test_fact_needs_evidence_or_authoritative_source(run: Run) -> None:
     d = run.bad("fact.evidence_required", fact("f1", evidence=None))
     assert d.event_index == 0
-    run.ok(ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "it is RS256"}),
-           fact("f2", evidence=None, source="user://msg_3"))  # fmt: skip
+    run.ok(ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "it is RS256"}), agent="user")
+    run.ok(fact("f2", evidence=None, source="user://msg_3"))
     run.ok(fact("f3"))
 
 
@@ -507,7 +507,7 @@ def test_authority_is_an_inputs_origin_not_a_free_text_field() -> None:
     r = _strict_run()
     r.bad("fact.source_not_authoritative", fact("f1", evidence=None, source="my own reasoning (guess)"))
     r.bad("fact.source_not_authoritative", fact("f1", evidence=None, source="user://msg_3"))  # never recorded
-    r.ok(ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "the timeout is 15 min"}))
+    r.ok(ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "the timeout is 15 min"}), agent="user")
     r.ok(fact("f1", evidence=None, source="user://msg_3"))
     r.ok(fact("f2", evidence="user://msg_3"))  # a recorded input is citable evidence too
     [i] = r.doc.to_state().inputs
@@ -553,11 +553,52 @@ def test_an_agent_cannot_make_its_own_guess_an_authoritative_input_where_the_pol
     r.bad("input.not_authorized", guess, agent="lead")
     r.bad("input.not_authorized", ev("InputRecorded", input={"id": "approval://1", "origin": "approval"}), agent="lead")
     r.ok(guess, agent="user-channel")
-    r.ok(ev("InputRecorded", input={"id": "operator://1", "origin": "operator", "text": "go"}), agent="lead")  # not named: any writer
+    go = ev("InputRecorded", input={"id": "operator://1", "origin": "operator", "text": "go"})
+    r.bad("input.not_authorized", go, agent="lead")  # not named: the operator channel only
+    r.ok(go, agent="operator")
     r.bad("artifact.not_from_tool", ev("ArtifactRecorded", artifact={"id": "plan://next", "kind": "plan"}), agent="lead")
     r.ok(ev("ToolCallStarted", call_id="c1", tool="read"), agent="lead")
     r.ok(ev("ToolSucceeded", call_id="c1", result_ref="artifact://out/1"), agent="lead")
     r.ok(fact("f1", evidence="artifact://out/1"), agent="lead")
+
+
+def test_by_default_only_an_origins_channel_records_its_inputs_and_older_runs_keep_their_rule() -> None:
+    """An input's authority is its origin: by default only that origin's channel identity
+    (the agent id ``user``, ``approval``, ...; serve gives it to the channel's token) records
+    it, also on a run whose writers do not name the channel; the agent cannot, so it cannot
+    make its guess a fact's authoritative source. ``input_authority: writers`` is the older
+    rule, which runs started by records of patch schema v5 and older keep."""
+    r = Run("channels")
+    r.ok(start(policy={"writers": ["lead"]}), agent="lead")
+    guess = ev("InputRecorded", input={"id": "user://guess", "origin": "user", "text": "it is surely RS256"})
+    d = r.bad("input.not_authorized", guess, agent="lead")
+    assert "the user channel records it" in d.message and "who may: user" in d.message
+    r.bad("fact.source_not_authoritative", fact("f1", evidence=None, source="user://guess"), agent="lead")
+    approval = ev("InputRecorded", input={"id": "approval://1", "origin": "approval"})
+    d = r.send(None, approval, agent="user")  # the user channel is not the approver
+    assert (d.outcome, d.reason) == ("rejected", "unauthorized"), d
+    d = r.send(None, guess, fact("f0"), agent="user")  # a channel writes inputs, not the run's work
+    assert (d.outcome, d.reason) == ("rejected", "unauthorized"), d
+    r.ok(guess, agent="user")
+    r.ok(fact("f1", evidence=None, source="user://guess"), agent="lead")
+    assert [i.id for i in r.doc.to_state().inputs] == ["user://guess"]
+
+    old = Run("older")
+    old.ok(start(policy={"input_authority": "writers"}), agent="lead")
+    old.ok(guess, agent="lead")
+
+
+def test_a_run_started_by_a_v5_record_keeps_the_rule_it_was_started_under() -> None:
+    """The codec upcasts a v5 record's run policy to ``input_authority: writers`` (what
+    its inputs meant when written); a v6 record's default is ``channels``."""
+    from runstate.schemas import codec
+
+    v5 = next(w for w in codec.published().values() if w.version == 5)
+    record = codec.encode(patch("r", 0, start(), agent="lead"), v5)  # v5 has no input_authority to write
+    assert codec.decode(record).events[0].policy.input_authority == "writers"  # type: ignore[union-attr]
+    assert codec.read_patch(record).events[0].policy.input_authority == "writers"  # type: ignore[union-attr]
+    new = codec.encode(patch("r", 0, start(), agent="lead"))
+    assert codec.decode(new).events[0].policy.input_authority == "channels"  # type: ignore[union-attr]
 
 
 def test_only_the_runs_revokers_may_revoke_its_creator_by_default() -> None:
@@ -591,8 +632,8 @@ def test_every_section_of_the_context_reads_the_same_from_the_states_struct() ->
     r.ok(start(include=["src"], exclude=["public_api"]))
     r.ok(ev("ConstraintSet", constraint={"key": "timeout", "value": "30 min", "source": "user://m1"}),
          ev("ConstraintSet", constraint={"key": "timeout", "value": "15 min", "source": "user://m2"}))
-    r.ok(ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "it is RS256"}),
-         ev("ArtifactRecorded", artifact={"id": "artifact://diff/7", "kind": "patch", "digest": "sha256:ab"}))
+    r.ok(ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "it is RS256"}), agent="user")
+    r.ok(ev("ArtifactRecorded", artifact={"id": "artifact://diff/7", "kind": "patch", "digest": "sha256:ab"}))
     r.ok(fact("f1", scope="src/auth"), fact("f2", evidence=None, source="user://msg_3"),
          ev("HypothesisProposed", hypothesis={"id": "h1", "statement": "maybe", "confidence": 0.66, "falsifier": "a test"}),
          ev("QuestionOpened", question={"id": "q1", "text": "HS256 still pinned?"}))

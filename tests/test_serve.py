@@ -48,6 +48,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "coder": add_token(tf, "coder"),
         "reader": add_token(tf, "auditor", "read"),
         "team_a": add_token(tf, "team-a-bot", runs=["team-a-*"]),
+        "user": add_token(tf, "user", channel="user"),
     }
     env = {"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"),
            "RUNSTATE_TOKENS_FILE": tf, "RUNSTATE_CHECKPOINT_EVERY": "2",
@@ -123,6 +124,26 @@ def test_the_state_routes_etag_is_the_documents_top_level_revision_and_a_broken_
     for broken in (doc[:-1], doc.replace(b'"tasks":[', b'"tasks":[,')):
         with pytest.raises(StoreError, match="stored state of run 'r' cannot be read"):
             _etag_of(broken, "r")
+
+
+def test_only_the_user_channels_token_records_user_input_and_it_records_nothing_else(served: Served) -> None:
+    """Input authority through serve: the agent's token cannot make its guess a user input
+    (a decision naming the rule); the user channel's token records it (the run's writers
+    need not name it) and may write nothing but inputs of its origin (403)."""
+    user_said = {"type": "InputRecorded", "input": {"id": "user://m1", "origin": "user", "text": "use RS256"}}
+    with served.client() as rs, served.client("user") as channel:
+        started(rs, "chan-1", writers=["planner"])
+        d = rs.submit("chan-1", {"expected_revision": 1, "events": [user_said]})
+        assert (d.outcome, d.rule) == ("rejected", "input.not_authorized"), d
+        for events in ([fact("f1")], [user_said, fact("f1")],
+                       [{**user_said, "input": {**user_said["input"], "origin": "operator"}}]):
+            with pytest.raises(ServiceError, match="records only user inputs") as e:
+                channel.submit("chan-1", {"expected_revision": 1, "events": events})
+            assert e.value.status == 403
+        d = channel.submit("chan-1", {"expected_revision": 1, "events": [user_said]})
+        assert (d.outcome, d.agent_id) == ("accepted", "user"), d
+        d = rs.submit("chan-1", {"expected_revision": 2, "events": [fact("f2", evidence=None, source="user://m1")]})
+        assert d.outcome == "accepted", d
 
 
 def test_patch_without_wait_is_pending_and_decided_later(served: Served) -> None:

@@ -29,7 +29,7 @@ from datetime import datetime
 
 from runstate.projector.core.working import Changes, Draft, Item, RunDoc, header_from_model
 from runstate.projector.core.outcomes import Decided
-from runstate.projector.core.reducer import Ctx, RuleViolation, apply_event
+from runstate.projector.core.reducer import Ctx, RuleViolation, apply_event, input_recorders
 from runstate.schemas import events as ev
 from runstate.schemas import structs
 from runstate.schemas.patch import RejectReason
@@ -44,6 +44,7 @@ from runstate.schemas.generated.structs import Decision as DecisionStruct  # noq
 from runstate.schemas.generated.structs import FactConfirmed  # noqa: E402
 from runstate.schemas.generated.structs import Patch as PatchStruct  # noqa: E402
 from runstate.schemas.generated.structs import RunErased as RunErasedStruct  # noqa: E402
+from runstate.schemas.generated.structs import RunPolicy  # noqa: E402
 
 #: Events that commute with any concurrent patch (fresh ids are still checked).
 COMMUTING: frozenset[str] = frozenset(
@@ -108,6 +109,14 @@ def _erase(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
     return Decided(decision, RunDoc(header), Changes(header, wipe=True))
 
 
+def _channel_inputs(policy: RunPolicy, patch: PatchStruct) -> bool:
+    """Whether ``patch`` is only inputs its author may record: a channel (the user's, an
+    approver's) writes those to a run whose writers do not name it."""
+    agent = patch.author.agent_id
+    return all(e.type == "InputRecorded" and agent in (input_recorders(policy, e.input.origin) or ())
+               for e in patch.events)  # fmt: skip
+
+
 def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, digest: str | None = None,
            log_time_ms: int | None = None) -> Decided:
     """Decide ``patch`` against the run's current working state ``doc`` (None: no state).
@@ -142,7 +151,8 @@ def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
         return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="unauthorized",
                                  message=f"agent {patch.author.agent_id!r}'s permission to write run "
                                          f"{patch.run_id!r} was revoked"))  # fmt: skip
-    if header is not None and header.policy.writers and patch.author.agent_id not in header.policy.writers:
+    if header is not None and header.policy.writers and patch.author.agent_id not in header.policy.writers \
+            and not _channel_inputs(header.policy, patch):
         return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="unauthorized",
                                  message=f"agent {patch.author.agent_id!r} may not write run {patch.run_id!r} "
                                          f"(its writers: {', '.join(header.policy.writers)})"))  # fmt: skip

@@ -580,14 +580,25 @@ def _artifact_recorded(d: Draft, e: gen.ArtifactRecorded, ctx: Ctx) -> None:
                                       registered_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
 
 
+def input_recorders(policy: gen.RunPolicy, origin: str) -> list[str] | None:
+    """Who may record an input of ``origin`` on a run of ``policy`` (None: any writer): the
+    agents its ``input_recorders`` names, else the origin's channel identity (the agent id
+    equal to the origin), unless the run keeps the older rule (``input_authority: writers``)."""
+    named = next((r.agents for r in policy.input_recorders if r.origin == origin), None)
+    if named is not None:
+        return list(named)
+    return [origin] if policy.input_authority == "channels" else None
+
+
 @reducer(gen.InputRecorded, reads=lambda e: ("inputs", e.input.id))
 def _input_recorded(d: Draft, e: gen.InputRecorded, ctx: Ctx) -> None:
     i = e.input
     _require(d.get("inputs", i.id) is None, "input.duplicate_id", f"input {i.id!r} is already recorded")
-    named = next((r.agents for r in d.hget("policy").input_recorders if r.origin == i.origin), None)
+    named = input_recorders(d.hget("policy"), i.origin)
     _require(named is None or ctx.agent_id in named, "input.not_authorized",
-             f"agent {ctx.agent_id!r} may not record a {i.origin} input on this run (its policy names who may: "
-             f"{', '.join(named or [])}): an input's authority is its origin, which the agent cannot claim for itself")  # fmt: skip
+             f"agent {ctx.agent_id!r} may not record a {i.origin} input on this run (who may: "
+             f"{', '.join(named or []) or 'nobody'}): an input's authority is its origin, which the agent cannot "
+             f"claim for itself; the {i.origin} channel records it")  # fmt: skip
     d.put("inputs", i.id, Input(id=i.id, origin=i.origin, text=i.text, received_at=ctx.at,
                                 recorded_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
 

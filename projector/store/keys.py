@@ -35,7 +35,7 @@ from runstate.schemas.events import Model
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import COLLECTIONS, RunHeader
 
-STORE_FORMAT = b"2"  # 2: run headers track their running tasks
+STORE_FORMAT = b"3"  # 2: run headers track their running tasks; 3: run policies name input_authority
 FORMAT = b"m:format"
 NEXT_OFFSET = b"m:next_offset"
 HEADERS = b"h:"

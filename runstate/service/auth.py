@@ -8,8 +8,11 @@ The tokens file is JSON::
 ``role`` is ``read`` (queries only) or ``write`` (also patches). ``runs`` (optional) are
 glob patterns of the run ids the token may touch; absent, every run. ``erase`` (optional,
 false) lets the token erase those runs (``DELETE /runs/{id}``): an operator's power, which
-no agent's write token has by default. The token itself is
-shown once, by ``runstate token add``, and never stored.
+no agent's write token has by default. ``channel`` (optional) makes it an input channel's
+token (``user``, ``operator``, ``approval``, ``system_of_record``): it writes only
+``InputRecorded`` events of that origin, which by default only the agent id equal to the
+origin may record on a run (the rule that keeps an agent from making its own guess an
+authoritative input). The token itself is shown once, by ``runstate token add``, and never stored.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
 from runstate.schemas.errors import ContractError, RunstateError, describe_validation_error
+from runstate.schemas.events import InputOrigin
 
 Role = Literal["read", "write"]
 #: Who a caller without a token is, on a server without a tokens file.
@@ -47,6 +51,7 @@ class TokenEntry(BaseModel):
     role: Role = "write"
     runs: list[str] | None = None
     erase: bool = False
+    channel: InputOrigin | None = None
 
 
 class TokensFile(BaseModel):
@@ -62,6 +67,8 @@ class Identity:
     runs: tuple[str, ...] | None = None
     trusted: bool = False
     erase: bool = False
+    #: an input channel's token: it writes only inputs of this origin
+    channel: str | None = None
 
     def may_read(self, run_id: str) -> None:
         if self.runs is not None and not any(fnmatch.fnmatchcase(run_id, pat) for pat in self.runs):
@@ -76,6 +83,15 @@ class Identity:
         if self.role != "write":
             raise AuthError(f"agent {self.agent_id!r} has a read-only token", 403)
         self.may_read(run_id)
+
+    def may_propose(self, events: list[Any]) -> None:
+        """A channel's token writes only inputs of its origin. Raises :class:`AuthError` (403)."""
+        if self.channel is None:
+            return
+        for i, e in enumerate(events):
+            if e.type != "InputRecorded" or e.input.origin != self.channel:
+                raise AuthError(f"agent {self.agent_id!r} holds the {self.channel} channel's token, which records only "
+                                f"{self.channel} inputs (InputRecorded); event {i} is {e.type}", 403)  # fmt: skip
 
 
 def _digest(token: str) -> str:
@@ -115,18 +131,20 @@ class Tokens:
         digest = _digest(authorization[7:].strip())
         for e in self.entries:
             if hmac.compare_digest(e.sha256, digest):
-                return Identity(e.agent_id, e.role, None if e.runs is None else tuple(e.runs), erase=e.erase)
+                return Identity(e.agent_id, e.role, None if e.runs is None else tuple(e.runs), erase=e.erase,
+                                channel=e.channel)  # fmt: skip
         raise AuthError("unknown token", 401)
 
 
 def add_token(path: str, agent_id: str, role: Role = "write", runs: list[str] | None = None,
-              erase: bool = False) -> str:
+              erase: bool = False, channel: InputOrigin | None = None) -> str:
     """Create a token for ``agent_id``, store its hash in ``path`` (created 0600) and
     return the token (the only time it is seen)."""
     p = Path(path)
     current = TokensFile.model_validate_json(p.read_bytes()) if p.exists() else TokensFile()
     token = "rs_" + secrets.token_urlsafe(32)
-    current.tokens.append(TokenEntry(sha256=_digest(token), agent_id=agent_id, role=role, runs=runs, erase=erase))
+    current.tokens.append(TokenEntry(sha256=_digest(token), agent_id=agent_id, role=role, runs=runs, erase=erase,
+                                     channel=channel))  # fmt: skip
     tmp = p.with_name(p.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

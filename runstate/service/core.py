@@ -246,6 +246,7 @@ class Service:
             version = author.get("agent_version") if isinstance(author, dict) else None
             data = {**data, "author": {"agent_id": who.agent_id, "agent_version": version or "unknown"}}
         patch = self.node.producer.build(run_id, data)
+        who.may_propose(patch.events)
         encoded = self.node.producer.encode(patch)
         earlier = None
         if data.get("patch_id") is not None:

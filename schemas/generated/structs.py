@@ -87,6 +87,7 @@ class RunPolicy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     external_evidence_schemes: list[str] = msgspec.field(default_factory=list)
     revokers: list[Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]] = msgspec.field(default_factory=list)
     input_recorders: list[InputRecorders] = msgspec.field(default_factory=list)
+    input_authority: Literal['channels', 'writers'] = 'channels'
     artifacts_from_tools: bool = False
 
 
