@@ -616,7 +616,10 @@ class EmbeddedConsumer(LogConsumer):
     def subscribe(self, on_assign: OnAssign, on_revoke: OnRevoke) -> None:
         n = self._log.partitions(self._topic)
         lock_path = self._log._group_lock_path(self._group)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # no room for a new file, or not ours
+            raise LogError(f"cannot write the lock file {lock_path} of consumer group {self._group!r}: {e.strerror}") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as e:
@@ -627,8 +630,13 @@ class EmbeddedConsumer(LogConsumer):
                 "log allows one projector per group: stop that process, ask it (runstate serve answers over "
                 "HTTP), or move to Kafka to run several"
             ) from e
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n{self._client_id}\n".encode(), 0)
+        holder = f"{os.getpid()}\n{self._client_id}\n".encode()
+        try:
+            os.pwrite(fd, holder, 0)
+            os.ftruncate(fd, len(holder))
+        except OSError as e:  # a full disk, say: no member without its name in the file
+            os.close(fd)
+            raise LogError(f"cannot write the lock file {lock_path} of consumer group {self._group!r}: {e.strerror}") from e
         self._lock_fd = fd
         self._on_revoke = on_revoke
         parts = list(range(n))

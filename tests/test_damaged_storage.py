@@ -328,3 +328,19 @@ def test_acknowledged_records_lost_from_the_wal_are_an_error_naming_the_lost_off
         assert r.exit_code == 1, (args, r.output)
         m = re.search(r"lost offsets (\d+)\.\.39 of partition 0", r.output)
         assert m is not None, (args, r.output)
+
+
+def test_a_full_disk_while_the_group_lock_is_written_is_a_one_line_error(tmp_path: Path) -> None:
+    """The projector's group lock file names its holder; where the disk is full (here the
+    lock is /dev/full, whose writes fail with ENOSPC) `project` and `snapshot` say so in
+    one line and take no position, instead of a traceback."""
+    log = tmp_path / "log.db"
+    append_all(EmbeddedLog(str(log)), [patch("r", 0, start())])
+    os.symlink("/dev/full", f"{log}.runstate-projector.lock")
+    os.symlink("/dev/full", f"{log}.runstate-snapshotter.lock")
+    env = ["--log", str(log), "--state-dir", str(tmp_path / "state")]
+    for command in (["project", "--until-caught-up", "--quiet"], ["snapshot", "--until-caught-up"]):
+        r = CliRunner().invoke(main, [*env, *command])
+        assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+        assert "cannot write the lock file" in r.output and "No space left on device" in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1, r.output
