@@ -1,8 +1,8 @@
 """Production's shape: three Kafka brokers (KRaft, each also a controller) on loopback,
 topics with replication factor 3 and min.insync.replicas 2. Under a writer and a running
-`runstate project`, the leader of the busiest partition is SIGKILLed twice and the active
-controller once (each restarted): every acknowledged patch is decided exactly once, and
-`verify` passes."""
+two `runstate project` processes (one consumer group, one state directory), the leader of
+the busiest partition is SIGKILLed twice and the active controller twice (each restarted):
+every acknowledged patch is decided exactly once, and `verify` passes."""
 
 from __future__ import annotations
 
@@ -75,67 +75,78 @@ def test_topics_are_replicated_and_acknowledged_appends_survive_broker_and_contr
     assert got[topics.checkpoints]["cleanup.policy"].value == "compact"
     assert _cli(env, "topics", "check").returncode == 0
 
-    projector = subprocess.Popen([sys.executable, "-m", "runstate.cli", "project"], env={**os.environ, **env},
-                                 stdout=subprocess.DEVNULL, stderr=open(tmp_path / "project.log", "wb"))  # fmt: skip
-    log = KafkaLog(cluster.bootstrap, topics=topics)
-    producer = RunProducer(log, Author(agent_id="writer", agent_version="1"))
-    acked: dict[str, list[str]] = {f"r{i}": [] for i in range(RUNS)}
-    failed: list[str] = []
-    stop = threading.Event()
+    projectors = [subprocess.Popen([sys.executable, "-m", "runstate.cli", "project"], env={**os.environ, **env},
+                                   stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"project{i}.log", "wb"))
+                  for i in range(2)]  # fmt: skip
 
-    def write() -> None:
-        for run in acked:
-            producer.append(producer.build(run, {"expected_revision": 0, "events": [start()]}))
-        n = 0
-        while not stop.is_set():
-            run = f"r{n % RUNS}"
-            try:
-                producer.append(producer.build(run, {"expected_revision": 0, "rebase": True, "events": [fact(f"f{n}")]}))
-                acked[run].append(f"f{n}")
-            except DeliveryError as e:  # not acknowledged: may or may not be in the log
-                failed.append(str(e))
-            n += 1
+    def logs() -> str:
+        return "\n".join((tmp_path / f"project{i}.log").read_text()[-2000:] for i in range(2))
 
-    writer = threading.Thread(target=write)
-    writer.start()
     try:
-        for what in ("leader", "leader", "controller"):
-            time.sleep(6)
-            ends = log.end_offsets(topics.events)
-            busiest = max(ends, key=lambda p: ends[p])
-            victim = cluster.leader_of(topics.events, busiest) if what == "leader" else cluster.controller()
-            cluster.node(victim).kill()
-            print(f"killed node {victim} ({what}{f' of partition {busiest}' if what == 'leader' else ''})")
-            time.sleep(5)
-            cluster.node(victim).restart()
-            cluster.wait_in_sync(topics.events)
-        time.sleep(3)
-    finally:
-        stop.set()
-        writer.join(180)
-    producer.close()
-    assert not failed, failed[:3]
-    total = sum(len(v) for v in acked.values())
-    assert total > 50, total
-    ends = log.end_offsets(topics.events)
-    deadline = time.monotonic() + 180
-    while True:  # the projector reaches the log's end
-        assert projector.poll() is None, (tmp_path / "project.log").read_text()[-2000:]
+        log = KafkaLog(cluster.bootstrap, topics=topics)
+        producer = RunProducer(log, Author(agent_id="writer", agent_version="1"))
+        acked: dict[str, list[str]] = {f"r{i}": [] for i in range(RUNS)}
+        failed: list[str] = []
+        stop = threading.Event()
+
+        def write() -> None:
+            for run in acked:
+                producer.append(producer.build(run, {"expected_revision": 0, "events": [start()]}))
+            n = 0
+            while not stop.is_set():
+                run = f"r{n % RUNS}"
+                try:
+                    producer.append(producer.build(run, {"expected_revision": 0, "rebase": True, "events": [fact(f"f{n}")]}))
+                    acked[run].append(f"f{n}")
+                except DeliveryError as e:  # not acknowledged: may or may not be in the log
+                    failed.append(str(e))
+                n += 1
+
+        writer = threading.Thread(target=write)
+        writer.start()
         try:
-            with Projection(tmp_path / "state") as proj:
-                if proj.positions() == ends:
-                    break
-        except Exception:  # noqa: BLE001 - stores not there yet
-            pass
-        assert time.monotonic() < deadline, "the projector did not catch up"
-        time.sleep(0.5)
-    projector.send_signal(signal.SIGTERM)
-    assert projector.wait(60) == 0, (tmp_path / "project.log").read_text()[-2000:]
-    with Projection(tmp_path / "state") as proj:
-        for run, facts in acked.items():
-            kept = [f.id for f in proj.state(run).confirmed_facts]
-            # Every acknowledged patch decided (0 lost) and applied once (0 decided twice).
-            assert sorted(kept) == sorted(facts), (run, set(facts) ^ set(kept))
-    report = verify(log, str(tmp_path / "state"))
-    assert report.ok, (report.mismatches[:3], report.damaged, report.undecided)
-    log.close()
+            for what in ("leader", "leader", "controller", "controller"):
+                time.sleep(6)
+                ends = log.end_offsets(topics.events)
+                busiest = max(ends, key=lambda p: ends[p])
+                victim = cluster.leader_of(topics.events, busiest) if what == "leader" else cluster.controller()
+                cluster.node(victim).kill()
+                print(f"killed node {victim} ({what}{f' of partition {busiest}' if what == 'leader' else ''})")
+                time.sleep(5)
+                cluster.node(victim).restart()
+                cluster.wait_in_sync(topics.events)
+            time.sleep(3)
+        finally:
+            stop.set()
+            writer.join(180)
+        producer.close()
+        assert not failed, failed[:3]
+        total = sum(len(v) for v in acked.values())
+        assert total > 50, total
+        ends = log.end_offsets(topics.events)
+        deadline = time.monotonic() + 180
+        while True:  # the projector reaches the log's end
+            assert all(p.poll() is None for p in projectors), logs()
+            try:
+                with Projection(tmp_path / "state") as proj:
+                    if proj.positions() == ends:
+                        break
+            except Exception:  # noqa: BLE001 - stores not there yet
+                pass
+            assert time.monotonic() < deadline, "the projector did not catch up"
+            time.sleep(0.5)
+        for p in projectors:
+            p.send_signal(signal.SIGTERM)
+        assert [p.wait(60) for p in projectors] == [0, 0], logs()
+        with Projection(tmp_path / "state") as proj:
+            for run, facts in acked.items():
+                kept = [f.id for f in proj.state(run).confirmed_facts]
+                # Every acknowledged patch decided (0 lost) and applied once (0 decided twice).
+                assert sorted(kept) == sorted(facts), (run, set(facts) ^ set(kept))
+        report = verify(log, str(tmp_path / "state"))
+        assert report.ok, (report.mismatches[:3], report.damaged, report.undecided)
+        log.close()
+    finally:  # a failed test leaves no projector running
+        for p in projectors:
+            if p.poll() is None:
+                p.kill()
