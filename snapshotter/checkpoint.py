@@ -241,6 +241,45 @@ def validate(raw: bytes, key: bytes | None = None) -> Checkpoint:
     return cp
 
 
+class RestoreData(NamedTuple):
+    """What recovery takes from a checkpoint record, as plain data (see :func:`restore_data`)."""
+
+    run_id: str
+    partition: int
+    covers_offset: int
+    #: the state as ``RunState.model_dump(mode="json")`` gives it (a current schema)
+    state: dict[str, Any]
+    #: the checkpoint's recent decisions, as the core's structs
+    decisions: list[Any]
+    patch_ids: bytes
+
+
+_decision_of = functools.partial(lambda dec, d: dec(orjson.dumps(d)), structs.decoder(Decision))
+
+
+def restore_data(raw: bytes, key: bytes | None = None) -> RestoreData:
+    """:func:`validate` for recovery: the same checks of the record (format and reducer
+    versions, digest, signature with a ``key``, the state's run and revision, an older schema
+    migrated), its decisions and patch ids validated, the state kept as plain data, which
+    ``RunDoc.from_state_data`` validates piece by piece as the store is written: a restore of
+    100,000 runs does not build 100,000 ``RunState`` models. Raises :class:`CheckpointInvalid`."""
+    doc = _trusted_doc(raw, key)
+    run_id = doc.get("run_id")
+    try:
+        partition, covers = doc["partition"], doc["covers_offset"]
+        if type(run_id) is not str or type(partition) is not int or type(covers) is not int:
+            raise ValueError("run_id, partition and covers_offset must be a string and integers")
+        state: dict[str, Any] = doc["state"]
+        if not _complete(state):
+            state = RunState.model_validate(state).model_dump(mode="json")
+        decisions = [_decision_of(d) for d in doc.get("recent_decisions") or ()]
+        return RestoreData(run_id, partition, covers, state, decisions, decode_patch_ids(doc.get("patch_ids") or ""))
+    except pydantic.ValidationError as e:
+        raise CheckpointInvalid(run_id, f"not a checkpoint: {describe_validation_error(e)[1]}") from e
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointInvalid(run_id, f"not a checkpoint: {e}") from e
+
+
 def state_data_of(raw: bytes, key: bytes | None = None) -> dict[str, Any]:
     """A checkpoint's state as plain JSON data (``RunState.model_dump(mode="json")`` of the
     state :func:`validate` returns), checked as :func:`validate` checks it (format and

@@ -1,7 +1,7 @@
 """Recovery: a partition with no local store is rebuilt from checkpoints + the log's tail.
 
 ``restore_partition`` reads the partition of the checkpoints topic (its partition number
-is the events partition: same key, same partitioner, same count), keeps the newest
+is the events partition: same key, same partitioner, same count), takes the newest
 *valid* checkpoint of each run (bad digest, other format/reducer version, unmigratable
 schema, unsigned while a key is configured: skipped and reported), hands those runs to
 the store (:meth:`ProjectionStore.restore`, which writes them exactly as live patches do,
@@ -26,11 +26,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pydantic
+
 from runstate.eventlog.base import EventLog
+from runstate.projector.core.working import RunDoc
 from runstate.projector.store.partition import ProjectionStore, RestoredRun
-from runstate.schemas.errors import CheckpointInvalid
+from runstate.schemas.errors import CheckpointInvalid, describe_validation_error
 from runstate.snapshotter.checkpoint import (
-    Checkpoint, Coverage, decode_patch_ids, is_coverage_key, runs_digest, validate, validate_coverage,
+    Coverage, is_coverage_key, restore_data, runs_digest, validate, validate_coverage,
 )  # fmt: skip
 
 log = logging.getLogger("runstate.recovery")
@@ -52,14 +55,17 @@ class RestoreReport:
     distrust: str | None = None
 
 
-def latest_valid_checkpoints(log_: EventLog, partition: int, on_progress: RestoreProgress | None = None,
-                             key: bytes | None = None) -> tuple[dict[str, Checkpoint], set[str], RestoreReport]:  # fmt: skip
-    """Newest valid checkpoint per run in one partition of the checkpoints topic, the runs
-    that have checkpoints but none valid, and (in the report) the newest valid coverage."""
-    report = RestoreReport(partition)
+#: Runs written to the store per WriteBatch during a restore: what a restore holds at once.
+RESTORE_CHUNK = 2_000
+
+
+def _checkpoint_offsets(log_: EventLog, partition: int, on_progress: RestoreProgress | None,
+                        report: RestoreReport) -> tuple[dict[str, list[int]], list[tuple[int, bytes]]]:  # fmt: skip
+    """One pass over a partition of the checkpoints topic: each run's checkpoint offsets
+    (oldest first; only offsets are kept, never the checkpoints) and the coverage records."""
     topic = log_.topics.checkpoints
     end = log_.end_offsets(topic).get(partition, 0)
-    by_run: dict[str, list[tuple[int, bytes]]] = {}
+    offsets: dict[str, list[int]] = {}
     coverage: list[tuple[int, bytes]] = []
     for rec in log_.scan(topic, partition, 0, end):
         report.checkpoints_read += 1
@@ -67,43 +73,104 @@ def latest_valid_checkpoints(log_: EventLog, partition: int, on_progress: Restor
             coverage.append((rec.offset, rec.value))
             continue
         run = rec.key.decode(errors="replace") if rec.key is not None else "?"
-        by_run.setdefault(run, []).append((rec.offset, rec.value))
+        offsets.setdefault(run, []).append(rec.offset)
         if on_progress is not None and report.checkpoints_read % 1000 == 0:
             on_progress(rec.offset + 1, end)
     if on_progress is not None:
         on_progress(end, end)
-    promise = None
+    return offsets, coverage
+
+
+def _newest_coverage(coverage: list[tuple[int, bytes]], partition: int, key: bytes | None,
+                     report: RestoreReport) -> Coverage | None:  # fmt: skip
     for offset, value in reversed(coverage):  # the newest valid one
         try:
             promise = validate_coverage(value, partition, key)
             report.coverage = promise.covers_below
-            break
+            return promise
         except CheckpointInvalid as e:
             report.rejected.append((offset, e.reason))
             log.warning("coverage record p%d@%d skipped: %s", partition, offset, e.reason)
-    latest: dict[str, Checkpoint] = {}
-    # Newest first: an older checkpoint is parsed only when every newer one is invalid.
-    for run, records in by_run.items():
-        for offset, value in reversed(records):
-            try:
-                cp = validate(value, key)
-                if cp.run_id != run or cp.partition != partition:
-                    raise CheckpointInvalid(cp.run_id, f"keyed {run!r} on partition {partition}, "
-                                                       f"but is for {cp.run_id!r} p{cp.partition}")  # fmt: skip
-            except CheckpointInvalid as e:
-                report.rejected.append((offset, e.reason))
-                log.warning("checkpoint p%d@%d of %r skipped: %s", partition, offset, run, e.reason)
-                continue
-            cur = latest.get(run)
-            if cur is None or cp.covers_offset > cur.covers_offset:
-                latest[run] = cp
-            break
+    return None
+
+
+def _restored(value: bytes, run: str, partition: int, key: bytes | None) -> RestoredRun:
+    """A checkpoint record as the run to write, validated as plain data, piece by piece.
+    Raises :class:`CheckpointInvalid`."""
+    data = restore_data(value, key)
+    if data.run_id != run or data.partition != partition:
+        raise CheckpointInvalid(data.run_id, f"keyed {run!r} on partition {partition}, "
+                                             f"but is for {data.run_id!r} p{data.partition}")  # fmt: skip
+    try:
+        changes = RunDoc.from_state_data(data.state).as_changes()
+    except pydantic.ValidationError as e:
+        raise CheckpointInvalid(run, f"not a checkpoint: {describe_validation_error(e)[1]}") from e
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointInvalid(run, f"not a checkpoint: state: {e!r}") from e
+    return RestoredRun(run, changes, data.covers_offset, data.decisions, data.patch_ids)
+
+
+def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
+                      on_progress: RestoreProgress | None = None, key: bytes | None = None) -> RestoreReport:  # fmt: skip
+    """Fill a brand-new partition store from checkpoints (see the module docstring).
+    ``key``: checkpoints must be signed with it (``RUNSTATE_CHECKPOINT_KEY``).
+
+    Memory stays bounded by :data:`RESTORE_CHUNK` runs, whatever the partition holds: a
+    first pass keeps only each run's checkpoint offsets; a second reads each run's newest,
+    validates it and writes the runs in chunks; a run whose newest checkpoint is invalid
+    takes its next older one in a further pass (rare: damage)."""
+    report = RestoreReport(partition)
+    offsets, coverage = _checkpoint_offsets(log_, partition, on_progress, report)
+    promise = _newest_coverage(coverage, partition, key, report)
     if promise is not None:
-        report.distrust = _distrust(promise, set(by_run))
+        report.distrust = _distrust(promise, set(offsets))
         if report.distrust is not None:
             log.warning("coverage of partition %d not trusted: %s; replaying the partition from its start",
                         partition, report.distrust)  # fmt: skip
-    return latest, set(by_run) - set(latest), report
+    topic = log_.topics.checkpoints
+    end = log_.end_offsets(topic).get(partition, 0)
+    want = {offs[-1]: run for run, offs in offsets.items()}  # newest first
+    unusable = 0
+    lowest_cover: int | None = None
+    chunk: list[RestoredRun] = []
+    while want:
+        older: dict[int, str] = {}
+        for rec in log_.scan(topic, partition, min(want), end):
+            run = want.pop(rec.offset, None)
+            if run is None:
+                continue
+            try:
+                restored = _restored(rec.value, run, partition, key)
+            except CheckpointInvalid as e:
+                report.rejected.append((rec.offset, e.reason))
+                log.warning("checkpoint p%d@%d of %r skipped: %s", partition, rec.offset, run, e.reason)
+                before = [o for o in offsets[run] if o < rec.offset]
+                if before:
+                    older[before[-1]] = run
+                else:
+                    unusable += 1
+            else:
+                chunk.append(restored)
+                lowest_cover = min(restored.covers_offset, lowest_cover if lowest_cover is not None else restored.covers_offset)
+                if len(chunk) >= RESTORE_CHUNK:
+                    report.runs += store.restore(chunk)
+                    chunk = []
+            if not want:
+                break
+        want = older
+    if chunk:
+        report.runs += store.restore(chunk)
+    if lowest_cover is None:
+        return report
+    if unusable or report.coverage is None or report.distrust is not None:
+        start = 0
+    else:
+        start = min(report.coverage, lowest_cover + 1)
+    store.restore((), start)
+    report.start_offset = start
+    log.info("partition %d restored: %d runs from checkpoints, tail from offset %d (%d checkpoints rejected)",
+             partition, report.runs, start, len(report.rejected))  # fmt: skip
+    return report
 
 
 def _distrust(promise: Coverage, found: set[str]) -> str | None:
@@ -117,27 +184,6 @@ def _distrust(promise: Coverage, found: set[str]) -> str | None:
         return (f"it was written over {promise.runs} runs with checkpoints, the topic holds checkpoints of "
                 f"{len(found)} runs, not the same ones")
     return None
-
-
-def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
-                      on_progress: RestoreProgress | None = None, key: bytes | None = None) -> RestoreReport:  # fmt: skip
-    """Fill a brand-new partition store from checkpoints (see the module docstring).
-    ``key``: checkpoints must be signed with it (``RUNSTATE_CHECKPOINT_KEY``)."""
-    latest, unusable, report = latest_valid_checkpoints(log_, partition, on_progress, key)
-    if not latest:
-        return report
-    if unusable or report.coverage is None or report.distrust is not None:
-        start = 0
-    else:
-        start = min(report.coverage, min(cp.covers_offset for cp in latest.values()) + 1)
-    report.runs = store.restore(
-        (RestoredRun(cp.state, cp.covers_offset, list(cp.recent_decisions), decode_patch_ids(cp.patch_ids))
-         for cp in latest.values()), start
-    )  # fmt: skip
-    report.start_offset = start
-    log.info("partition %d restored: %d runs from checkpoints, tail from offset %d (%d checkpoints rejected)",
-             partition, report.runs, start, len(report.rejected))  # fmt: skip
-    return report
 
 
 def check_checkpoints(log_: EventLog, key: bytes | None = None) -> list[str]:

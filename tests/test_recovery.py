@@ -220,3 +220,51 @@ def test_a_digest_or_signature_with_non_ascii_characters_is_an_invalid_checkpoin
     with pytest.raises(CheckpointInvalid):
         validate_coverage(orjson.dumps({"kind": "coverage", "format_version": 2, "partition": 0, "covers_below": 4,
                                         "digest": "9d82ce33fb˙Ϝ", "signature": None}), 0)  # fmt: skip
+
+
+def test_a_restore_writes_runs_in_bounded_chunks_and_a_crash_between_chunks_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition's runs are restored a chunk at a time (what a restore holds is bounded,
+    not the partition's runs), at position 0 until the last: a process that dies between
+    two chunks leaves a store that replays from the start, skipping what its restored runs
+    cover, and ends equal to a full replay."""
+    import runstate.snapshotter.recovery as recovery
+    from runstate.projector.store.partition import ProjectionStore
+
+    monkeypatch.setattr(recovery, "RESTORE_CHUNK", 3)
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    runs = [f"run-{i:02d}" for i in range(10)]
+    append_all(log, [patch(r, 0, start()) for r in runs] + [patch(r, 1, fact("f1")) for r in runs])
+    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1)).run(until_caught_up=True, poll_timeout_s=0.01)
+    append_all(log, [patch(r, 2, fact("f2")) for r in runs])
+    Projector(log, str(tmp_path / "full"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    want = _digests(tmp_path / "full")
+
+    written: list[int] = []
+    real = ProjectionStore.restore
+
+    def restore(self: ProjectionStore, chunk: list[object], next_offset: int = 0) -> int:
+        written.append(len(chunk))
+        return real(self, chunk, next_offset)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ProjectionStore, "restore", restore)
+    _restore(log, tmp_path / "chunked")
+    assert written == [3, 3, 3, 1, 0] and _digests(tmp_path / "chunked") == want
+
+    calls = 0
+
+    def dies_after_one_chunk(self: ProjectionStore, chunk: list[object], next_offset: int = 0) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise _Died
+        return real(self, chunk, next_offset)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ProjectionStore, "restore", dies_after_one_chunk)
+    with pytest.raises(_Died):
+        _restore(log, tmp_path / "crashed")
+    monkeypatch.setattr(ProjectionStore, "restore", real)
+    _restore(log, tmp_path / "crashed")
+    assert _digests(tmp_path / "crashed") == want
+    assert verify(log, str(tmp_path / "crashed")).ok

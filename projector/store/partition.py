@@ -41,10 +41,12 @@ from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState, 
 
 @dataclass(frozen=True)
 class RestoredRun:
-    """One run to restore from a checkpoint: its state, the last log offset the state
-    covers, and the decisions the checkpoint carries (for idempotent retries)."""
+    """One run to restore from a checkpoint: its whole state as one change set
+    (``RunDoc.as_changes``), the last log offset the state covers, and the decisions the
+    checkpoint carries (for idempotent retries)."""
 
-    state: RunState
+    run_id: str
+    changes: Changes
     covers_offset: int
     decisions: list[Decision] = field(default_factory=list)
     #: every patch id decided for the run up to ``covers_offset`` (concatenated digests,
@@ -260,18 +262,20 @@ class ProjectionStore:
                 self._db.compact_range(start, end)
         self._db.compact_range(keys.DEAD_LETTERS, keys.DEAD_LETTERS[:-1] + b";")
 
-    def restore(self, runs: Iterable[RestoredRun], next_offset: int) -> int:
+    def restore(self, runs: Iterable[RestoredRun], next_offset: int = 0) -> int:
         """Write runs restored from checkpoints into this (new) store in one WriteBatch, and
         set the position to ``next_offset``. Each run is written exactly as a live patch
         writes it (same encoder), and remembered as restored up to its covered offset.
-        Returns the number of runs written."""
+        Recovery writes a partition's runs in chunks at position 0, then the position: a
+        store a crash left half restored replays from the start, skipping by key what its
+        restored runs cover. Returns the number of runs written."""
         batch = PendingBatch(next_offset=next_offset)
         n = 0
         for run in runs:
-            batch.add_changes(run.state.run_id, RunDoc.from_state(run.state).as_changes())
+            batch.add_changes(run.run_id, run.changes)
             batch.decisions.extend(run.decisions)
-            batch.restored[run.state.run_id] = run.covers_offset
-            batch.restored_ids[run.state.run_id] = run.patch_ids
+            batch.restored[run.run_id] = run.covers_offset
+            batch.restored_ids[run.run_id] = run.patch_ids
             n += 1
         self.write(batch)
         self._restored_ids.clear()
