@@ -162,6 +162,9 @@ class LeanPool:
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
 
     async def post_json(self, path: str, body: bytes) -> tuple[int, bytes]:
+        return await self.request("POST", path, body)
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
         now = time.monotonic()
         while self.idle and now - self.idle[-1][2] > self.MAX_IDLE_S:
             self.idle.pop()[1].close()
@@ -169,8 +172,8 @@ class LeanPool:
             reader, writer, _t = self.idle.pop()
         else:
             reader, writer = await asyncio.open_connection(self.host, self.port)
-        writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (path.encode(), self.host.encode(), len(body), body))  # fmt: skip
+        writer.write(b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (method.encode(), path.encode(), self.host.encode(), len(body), body))  # fmt: skip
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head.split(b"\r\n")
         status = int(lines[0].split()[1])

@@ -362,11 +362,14 @@ class Coverage(NamedTuple):
     """A partition's coverage record: below ``covers_below`` every run with a record has a
     published checkpoint; ``runs`` runs had one when it was written, ``runs_digest`` over
     their ids (:func:`runs_digest`). None for both: a record written before they were
-    recorded (it cannot be checked, so it is not trusted)."""
+    recorded (it cannot be checked, so it is not trusted). ``dense``: the stronger promise
+    that each run's records below ``covers_below`` are all in its newest published
+    checkpoint (so a restore's tail starts there, not at the oldest run's checkpoint)."""
 
     covers_below: int
     runs: int | None
     runs_digest: str | None
+    dense: bool = False
 
 
 def runs_digest(run_ids: Iterable[str]) -> str:
@@ -377,14 +380,16 @@ def runs_digest(run_ids: Iterable[str]) -> str:
     return f"{acc:016x}"
 
 
-def make_coverage(partition: int, covers_below: int, key: bytes | None, runs: Collection[str] = ()) -> bytes:
+def make_coverage(partition: int, covers_below: int, key: bytes | None, runs: Collection[str] = (),
+                  dense: bool = False) -> bytes:  # fmt: skip
     """The snapshotter's promise for one partition: every checkpoint it made for records
     below ``covers_below`` is published, so every run with an accepted record there has
     one; ``runs`` are the runs it has published checkpoints of (named by count and digest,
     so that recovery can tell when one of them went missing from the topic). Recovery
     replays every other run from the log, from this offset on."""
     return seal({"kind": "coverage", "format_version": FORMAT_VERSION, "partition": partition,
-                 "covers_below": covers_below, "runs": len(runs), "runs_digest": runs_digest(runs)}, key)  # fmt: skip
+                 "covers_below": covers_below, "runs": len(runs), "runs_digest": runs_digest(runs),
+                 "dense": dense}, key)  # fmt: skip
 
 
 def validate_coverage(raw: bytes, partition: int, key: bytes | None = None) -> Coverage:
@@ -402,4 +407,4 @@ def validate_coverage(raw: bytes, partition: int, key: bytes | None = None) -> C
     runs, digest = doc.get("runs"), doc.get("runs_digest")
     if not (isinstance(runs, int) and isinstance(digest, str)):
         runs, digest = None, None
-    return Coverage(below, runs, digest)
+    return Coverage(below, runs, digest, doc.get("dense") is True)

@@ -86,8 +86,13 @@ class CheckpointWriter:
         self.owned: Callable[[], set[int]] = lambda: set(self.stores)
         self.producer = log_.producer()
         self.stores: dict[int, ProjectionStore] = {}
-        #: newest covered offset per run, per partition (for the ``age`` trigger)
+        #: newest covered offset per run, per partition
         self.covered: dict[int, dict[str, int]] = {}
+        #: per partition, the runs with records their newest checkpoint does not cover, and
+        #: the first such record's offset: the coverage record promises nothing past the
+        #: lowest (its ``dense`` promise), and the ``age`` trigger checkpoints those that
+        #: wait too long; a run whose records are all covered costs neither
+        self.dirty: dict[int, dict[str, int]] = {}
         self._age_checked: dict[int, int] = {}
         #: per partition, the offset the last coverage record published promised
         self._coverage_sent: dict[int, int] = {}
@@ -105,8 +110,13 @@ class CheckpointWriter:
             covers = int(orjson.loads(value)["covers_offset"])
             covered[run] = max(covers, covered.get(run, -1))
         self.covered[partition] = covered
+        dirty = self.dirty[partition] = {}
+        for run, covers in covered.items():  # one seek per run: which have records past their checkpoint
+            first = store.first_decision_after(run, covers)
+            if first is not None:
+                dirty[run] = first
         self._outbox_empty.discard(partition)
-        self._publish(partition, store, store.next_offset(), None)  # what a crash left in the outbox
+        self._publish(partition, store, self._covers_below(partition, store.next_offset()), None)  # what a crash left
 
     def on_accepted(self, partition: int, patch: Patch, decision: Decision, doc: RunDoc, batch: PendingBatch) -> None:
         run = doc.header.run_id
@@ -152,9 +162,31 @@ class CheckpointWriter:
         return cp, blob
 
     def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
+        self._track(partition, batch)
         aged = self._age(partition, batch.next_offset, store)
-        self._publish(partition, store, batch.next_offset, {**batch.checkpoints, **aged})
+        self._publish(partition, store, self._covers_below(partition, batch.next_offset), {**batch.checkpoints, **aged})
         self.apply_retention(partition, store)
+
+    def _track(self, partition: int, batch: PendingBatch) -> None:
+        """Which runs have records past their newest checkpoint, after ``batch`` (whose
+        checkpoints are already in :attr:`covered`). A run never started (its patches
+        refused ``unknown_run``) has no checkpoint and is not tracked, as before."""
+        covered = self.covered.get(partition, {})
+        dirty = self.dirty.setdefault(partition, {})
+        fresh: dict[str, int] = {}
+        for d in batch.decisions:  # in log order: the first uncovered one of each run
+            c = covered.get(d.run_id)
+            if c is not None and d.offset > c and d.run_id not in fresh:
+                fresh[d.run_id] = d.offset
+        for run, _revision in batch.checkpoints:
+            dirty.pop(run, None)
+        for run, offset in fresh.items():
+            dirty.setdefault(run, offset)
+
+    def _covers_below(self, partition: int, next_offset: int) -> int:
+        """What the partition's coverage may promise: below the first record a run's newest
+        checkpoint does not cover (the position, when none)."""
+        return min(self.dirty.get(partition, {}).values(), default=next_offset)
 
     def on_idle(self) -> None:
         owned = self.owned()
@@ -226,19 +258,21 @@ class CheckpointWriter:
         self._coverage_sent[partition] = covers_below
         key = coverage_keys(self.log.partitions(topic))[partition]
         covered = self.covered.get(partition, {}).keys()  # every run of it with a checkpoint: all published now
-        self.producer.append_async(topic, key, make_coverage(partition, covers_below, self.key, covered), delivered)
+        self.producer.append_async(topic, key, make_coverage(partition, covers_below, self.key, covered, dense=True),
+                                   delivered)  # fmt: skip
         if self.producer.flush(60) or failed:
             log.error("coverage of partition %d not published; the next batch tries again", partition)
 
     def _age(self, partition: int, next_offset: int, store: ProjectionStore) -> dict[tuple[str, int], bytes]:
-        """Checkpoint runs whose newest checkpoint is older than ``max_age`` records (stored,
-        and returned). The walk over the partition's runs is done every ``max_age / 10``
-        records, not per batch."""
+        """Checkpoint runs with a record their newest checkpoint does not cover, older than
+        ``max_age`` records (stored, and returned): what holds the coverage, and so a
+        restore's tail, back. A run whose records are all covered is never checkpointed
+        again for its age. The walk is done every ``max_age / 10`` records, not per batch."""
         if next_offset - self._age_checked.get(partition, 0) < max(1, self.policy.max_age // 10):
             return {}
         self._age_checked[partition] = next_offset
-        covered = self.covered.setdefault(partition, {})
-        stale = [r for r, c in covered.items() if next_offset - 1 - c > self.policy.max_age]
+        dirty = self.dirty.setdefault(partition, {})
+        stale = [r for r, first in dirty.items() if next_offset - 1 - first > self.policy.max_age]
         extra = {}
         for run in stale:
             doc = store.load_doc(run)
@@ -246,6 +280,7 @@ class CheckpointWriter:
                 continue
             cp, blob = self._checkpoint(partition, doc, next_offset - 1, ["age"], None)
             extra[(run, cp.revision)] = blob
+            dirty.pop(run, None)
         if extra:
             store.put_checkpoints(extra)
         return extra

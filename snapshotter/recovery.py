@@ -12,8 +12,11 @@ skipped by key.
 
 Where the tail starts: a run without any checkpoint must be replayed from its first
 record. The partition's coverage record says below which offset every run has one (the
-snapshotter publishes it after the checkpoints); the tail starts at the lowest of that
-offset and every restored run's ``covers_offset + 1``. The coverage record also names how
+snapshotter publishes it after the checkpoints), and (``dense``) that each run's records
+below it are all in its newest checkpoint: the tail starts there, or at a lower run's
+``covers_offset + 1`` where a run had to fall back to an older checkpoint. A record
+without the dense promise (an older runstate's) starts the tail at the lowest of its offset
+and every restored run's ``covers_offset + 1``. The coverage record also names how
 many runs had checkpoints when it was written, and a digest of their ids: where the runs
 with checkpoints on the topic are not those (one run's checkpoints were deleted, say), the
 tail starts at offset 0, as it does with no valid coverage record or a run whose
@@ -132,6 +135,8 @@ def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
     want = {offs[-1]: run for run, offs in offsets.items()}  # newest first
     unusable = 0
     lowest_cover: int | None = None
+    lowest_older: int | None = None  # of the runs restored from an older than their newest checkpoint
+    newest = True
     chunk: list[RestoredRun] = []
     while want:
         older: dict[int, str] = {}
@@ -151,19 +156,26 @@ def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
                     unusable += 1
             else:
                 chunk.append(restored)
-                lowest_cover = min(restored.covers_offset, lowest_cover if lowest_cover is not None else restored.covers_offset)
+                lowest_cover = min(restored.covers_offset, restored.covers_offset if lowest_cover is None else lowest_cover)
+                if not newest:
+                    lowest_older = min(restored.covers_offset, restored.covers_offset if lowest_older is None else lowest_older)
                 if len(chunk) >= RESTORE_CHUNK:
                     report.runs += store.restore(chunk)
                     chunk = []
             if not want:
                 break
         want = older
+        newest = False
     if chunk:
         report.runs += store.restore(chunk)
     if lowest_cover is None:
         return report
     if unusable or report.coverage is None or report.distrust is not None:
         start = 0
+    elif promise is not None and promise.dense:
+        # Below the coverage every run's records are in its newest checkpoint: the tail
+        # starts there, unless a run had to take an older one.
+        start = report.coverage if lowest_older is None else min(report.coverage, lowest_older + 1)
     else:
         start = min(report.coverage, lowest_cover + 1)
     store.restore((), start)

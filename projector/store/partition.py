@@ -457,6 +457,13 @@ class ProjectionStore:
                     return
                 yield v, d
 
+    def first_decision_after(self, run_id: str, offset: int) -> int | None:
+        """The log offset of the run's first decision after ``offset``, or None."""
+        prefix = keys.history_prefix(run_id)
+        for k, _ in self._prefix_from(prefix, keys.history_key(run_id, offset + 1)):
+            return int(k[len(prefix):], 16)
+        return None
+
     def recent_history(self, run_id: str, n: int) -> list[Decision]:
         """The run's last ``n`` decisions in log order (reads only those)."""
         prefix = keys.history_prefix(run_id)
@@ -616,8 +623,12 @@ class ProjectionStore:
                           f"{self.path} (or the whole state directory) to rebuild it from the log.")
 
     def _prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return self._prefix_from(prefix, prefix)
+
+    def _prefix_from(self, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The entries under ``prefix`` from ``start`` on."""
         it = self._db.iter()
-        it.seek(prefix)
+        it.seek(start)
         while it.valid():
             k = it.key()
             if not k.startswith(prefix):

@@ -1,0 +1,322 @@
+"""`runstate serve` on Kafka, production's path: two instances as one consumer group on a
+6-partition topic (separate state directories, as on two machines), clients sending to
+both, so that about half of the requests land on the instance that does not own the run
+and are forwarded to its owner.
+
+    .venv/bin/python bench/bench_serve_kafka.py            # 1,000 patches/s for 60 s, twice
+    .venv/bin/python bench/bench_serve_kafka.py --quick    # 200 patches/s for 10 s, twice
+
+Two phases, each on fresh topics and fresh instances:
+
+1. **steady**: open loop (a patch every 1/rate s, whatever the answers do), each
+   ``POST /runs/{id}/patches?wait=10`` to the two instances in turn, a fact with a fresh id
+   on a random run (``rebase``: facts commute, so no patch is refused for a concurrent
+   one); beside it, ``GET /runs/{id}`` at 100/s, each through the instance that does *not*
+   own the run. Figures: append -> decision and GET latency (ms, p50 / p99 / max),
+   errors. Goals: append -> decision p99 < 50 ms, GET through the non-owner p99 < 10 ms, no
+   error.
+2. **SIGKILL**: the same load, and one instance SIGKILLed at the middle. A client whose
+   instance is gone (a refused connection, a reset) or whose run's partition is moving
+   (503) sends the same patch (same ``patch_id``) again, to the survivor, until it has a
+   decision. Figures: the longest time from a patch's first send to its decision, and the
+   longest stretch with no decision at all. Goal: under the group's session timeout
+   (10 s) + 2 s.
+
+After each phase: every patch answered ``accepted`` is in its run exactly once (0 lost, 0
+decided twice), and the survivor, owning every partition after the other left, passes
+``verify`` (a replay of the log equals its projection).
+
+The broker is ``RUNSTATE_BENCH_KAFKA`` or one of the benchmark's own (bench/benchkit.py).
+Everything runs on this machine: the broker, both instances and the load generator share
+its cores, and the load generator's CPU is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from bench_serve import LeanPool, free_port, p99, pct
+from benchkit import kafka_broker
+
+from runstate.eventlog.base import TopicNames
+from runstate.eventlog.kafka import KafkaLog
+from runstate.eventlog.partitioner import partition_for
+from runstate.projector.read.replay import verify
+from runstate.schemas.codec import encode
+from runstate.schemas.patch import Author, Patch
+
+PARTITIONS = 6
+SESSION_TIMEOUT_S = 10.0  # eventlog/kafka.py's session.timeout.ms
+TRUST = {"external_evidence_schemes": ["artifact"]}
+AUTHOR = Author(agent_id="bench", agent_version="1")
+
+
+class Instance:
+    """One ``runstate serve`` on Kafka, on a loopback port."""
+
+    def __init__(self, name: str, bootstrap: str, topics: TopicNames, work: Path) -> None:
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.state = work / name
+        env = {**os.environ, "RUNSTATE_LOG": f"kafka://{bootstrap}", "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
+               "RUNSTATE_STATE_DIR": str(self.state)}  # fmt: skip
+        self.proc = subprocess.Popen([sys.executable, "-m", "runstate.cli", "serve", "--port", str(self.port)], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=open(work / f"{name}.log", "wb"))  # fmt: skip
+        self.pool = LeanPool("127.0.0.1", self.port)
+        #: the partitions it owned when last asked (the load refreshes it every second)
+        self.owned_cache: set[int] = set()
+
+    def owned(self) -> set[int]:
+        try:
+            return set(httpx.get(self.url + "/healthz", timeout=2).json()["owned_partitions"])
+        except (httpx.HTTPError, ValueError, KeyError):
+            return set()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.alive():
+            self.proc.send_signal(sig)
+            self.proc.wait(60)
+        self.pool.close()
+
+
+def seed(bootstrap: str, topics: TopicNames, runs: int) -> None:
+    """One RunStarted per run, appended to the events topic by a producer."""
+    log = KafkaLog(bootstrap, topics=topics)
+    prod = log.producer()
+    for r in range(runs):
+        p = Patch.model_validate({"patch_id": f"seed-{r}", "run_id": f"run_{r}", "expected_revision": 0,
+                                  "events": [{"type": "RunStarted", "goal": {"statement": f"goal {r}"}, "policy": TRUST}],
+                                  "author": AUTHOR, "created_at": "2026-12-01T00:00:00Z"})  # fmt: skip
+        prod.append_async(topics.events, p.run_id, encode(p), lambda w, e: None)
+    prod.close()
+    log.close()
+
+
+def wait_split(a: Instance, b: Instance, runs: int, timeout_s: float = 180) -> None:
+    """Until each instance owns some partitions, together all, and every seeded run is decided."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        oa, ob = a.owned(), b.owned()
+        if oa and ob and oa | ob == set(range(PARTITIONS)):
+            try:
+                r = httpx.get(a.url + "/runs", params={"limit": 1}, timeout=30)
+                if int(r.headers.get("x-total-count", 0)) >= runs:
+                    return
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.5)
+    raise SystemExit(f"the two instances did not share the partitions and decide {runs} runs in {timeout_s}s")
+
+
+class Load:
+    """The open-loop clients of one phase and what they saw."""
+
+    def __init__(self, instances: list[Instance], runs: int, rng: random.Random) -> None:
+        self.instances = instances
+        self.runs = runs
+        self.rng = rng
+        self.append_lat: list[float] = []
+        self.get_lat: list[float] = []
+        self.errors: list[str] = []
+        self.retries = 0
+        self.accepted: dict[str, set[str]] = {}
+        self.decided_at: list[float] = []
+        self.longest = 0.0
+
+    def other(self, inst: Instance) -> Instance:
+        return self.instances[1 - self.instances.index(inst)]
+
+    async def append(self, k: int, inst: Instance) -> None:
+        run = f"run_{self.rng.randrange(self.runs)}"
+        fid = f"f{k}"
+        body = json.dumps({"patch_id": f"p{k}-{uuid.uuid4().hex[:6]}", "expected_revision": 0, "rebase": True,
+                           "events": [{"type": "FactConfirmed", "fact": {"id": fid, "statement": f"fact {k}",
+                                                                          "evidence": f"artifact://o/{k}"}}]}).encode()  # fmt: skip
+        t0 = time.perf_counter()
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                status, data = await inst.pool.request("POST", f"/runs/{run}/patches?wait=10", body)
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as e:
+                status, data = 0, str(e).encode()
+            decision = json.loads(data).get("decision") if status == 200 else None
+            if decision is not None:
+                break
+            if status not in (0, 202, 503) or time.perf_counter() - t0 > 120:
+                self.errors.append(f"POST {run} on {inst.name}: {status} {data[:200]!r}")
+                return
+            # its instance is gone, its partition is moving, or it was not decided in time:
+            # the same patch (same id) again, to whichever instance is alive
+            self.retries += 1
+            if not inst.alive() or status == 0:
+                inst = self.other(inst)
+            await asyncio.sleep(0.05 * min(tries, 10))
+        dt = time.perf_counter() - t0
+        self.decided_at.append(time.perf_counter())
+        self.longest = max(self.longest, dt)
+        if tries == 1:
+            self.append_lat.append(dt)
+        if decision["outcome"] == "accepted":
+            self.accepted.setdefault(run, set()).add(fid)
+        else:
+            self.errors.append(f"POST {run}: {decision['outcome']} {decision.get('reason')}")
+
+    async def get_through_non_owner(self) -> None:
+        run = f"run_{self.rng.randrange(self.runs)}"
+        p = partition_for(run, PARTITIONS)
+        alive = [i for i in self.instances if i.alive()]
+        if len(alive) < 2:
+            return  # only the survivor: nothing is forwarded
+        non_owner = next((i for i in alive if p not in i.owned_cache), None)
+        if non_owner is None:
+            return
+        t = time.perf_counter()
+        try:
+            status, data = await non_owner.pool.request("GET", f"/runs/{run}")
+        except (OSError, asyncio.IncompleteReadError) as e:
+            status, data = 0, str(e).encode()
+        if status == 200:
+            self.get_lat.append(time.perf_counter() - t)
+        elif non_owner.alive():
+            self.errors.append(f"GET {run} on {non_owner.name}: {status} {data[:200]!r}")
+
+    async def run(self, rate: float, seconds: float, get_rate: float, kill_at: float | None) -> float | None:
+        """Returns when the instance was killed (perf_counter), if it was."""
+        tasks: list[asyncio.Task[None]] = []
+        killed = None
+        t0 = time.perf_counter()
+        k = g = 0
+        for inst in self.instances:
+            inst.owned_cache = inst.owned()
+        refreshed = t0
+        while (now := time.perf_counter() - t0) < seconds:
+            if kill_at is not None and killed is None and now >= kill_at:
+                self.instances[0].proc.send_signal(signal.SIGKILL)
+                killed = time.perf_counter()
+                print(f"  SIGKILLed {self.instances[0].name} at {now:.1f}s", flush=True)
+            if time.perf_counter() - refreshed > 1.0:  # who owns what, for the non-owner GETs
+                for inst in self.instances:
+                    inst.owned_cache = await asyncio.to_thread(inst.owned) if inst.alive() else set()
+                refreshed = time.perf_counter()
+            while k < int(now * rate) + 1:
+                inst = self.instances[k % 2]
+                if not inst.alive():
+                    inst = self.other(inst)
+                tasks.append(asyncio.create_task(self.append(k, inst)))
+                k += 1
+            while g < int(now * get_rate) + 1:
+                tasks.append(asyncio.create_task(self.get_through_non_owner()))
+                g += 1
+            await asyncio.sleep(max(0.0, min((k / rate), (g / get_rate)) - (time.perf_counter() - t0)))
+        await asyncio.gather(*tasks)
+        return killed
+
+    def longest_silence(self, since: float) -> float:
+        """The longest stretch after ``since`` without any decision reaching a client."""
+        times = sorted(t for t in self.decided_at if t >= since)
+        return max((b - a for a, b in zip([since, *times], times)), default=0.0)
+
+
+def check(load: Load, survivor: Instance, topics: TopicNames, bootstrap: str) -> tuple[int, int, bool]:
+    """(patches accepted, of them missing or twice in their run, verify) through the survivor."""
+    deadline = time.monotonic() + 120
+    while survivor.owned() != set(range(PARTITIONS)):
+        if time.monotonic() > deadline:
+            raise SystemExit("the survivor did not take every partition over")
+        time.sleep(0.5)
+    wrong = 0
+    with httpx.Client(base_url=survivor.url, timeout=60) as c:
+        for run, facts in load.accepted.items():
+            state = c.get(f"/runs/{run}").json()
+            ids = [f["id"] for f in state["confirmed_facts"]]
+            wrong += len(facts ^ set(ids)) + (len(ids) - len(set(ids)))
+    survivor.stop()
+    log = KafkaLog(bootstrap, topics=topics)
+    report = verify(log, str(survivor.state))
+    log.close()
+    return sum(len(v) for v in load.accepted.values()), wrong, report.ok
+
+
+def phase(name: str, bootstrap: str, work: Path, runs: int, rate: float, seconds: float, kill: bool) -> dict[str, object]:
+    topics = TopicNames.with_prefix(f"bench-{uuid.uuid4().hex[:8]}")
+    log = KafkaLog(bootstrap, topics=topics)
+    log.create_topics(PARTITIONS)
+    log.close()
+    seed(bootstrap, topics, runs)
+    a, b = Instance(f"{name}-a", bootstrap, topics, work), Instance(f"{name}-b", bootstrap, topics, work)
+    try:
+        wait_split(a, b, runs)
+        print(f"{name}: {runs:,} runs seeded; a owns {sorted(a.owned())}, b owns {sorted(b.owned())}; "
+              f"{rate:,.0f} patches/s for {seconds:.0f}s", flush=True)  # fmt: skip
+        load = Load([a, b], runs, random.Random(7))
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        killed = asyncio.run(load.run(rate, seconds, 100.0, seconds / 2 if kill else None))
+        gen_cpu = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+        if not kill:
+            a.stop()  # a leaves the group; b takes its partitions over for the checks
+        total, wrong, ok = check(load, b, topics, bootstrap)
+        return {"load": load, "killed": killed, "gen_cpu": gen_cpu, "accepted": total, "wrong": wrong, "verify": ok,
+                "rate": rate, "seconds": seconds}  # fmt: skip
+    finally:
+        a.stop(signal.SIGKILL)
+        b.stop(signal.SIGKILL)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--runs", type=int, default=1_000)
+    ap.add_argument("--rate", type=float)
+    ap.add_argument("--seconds", type=float)
+    args = ap.parse_args()
+    rate = args.rate or (200.0 if args.quick else 1_000.0)
+    seconds = args.seconds or (10.0 if args.quick else 60.0)
+    work = Path(tempfile.mkdtemp(prefix="bench-serve-kafka-"))
+    try:
+        with kafka_broker() as (bootstrap, _pid):
+            steady = phase("steady", bootstrap, work, args.runs, rate, seconds, kill=False)
+            killed = phase("sigkill", bootstrap, work, args.runs, rate, seconds, kill=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print()
+    for res in (steady, killed):
+        load: Load = res["load"]  # type: ignore[assignment]
+        title = "SIGKILL at the middle" if res["killed"] else "steady"
+        n = len(load.append_lat) + load.retries
+        print(f"{title}: {res['rate']:,.0f} patches/s for {res['seconds']:.0f}s, load generator CPU "
+              f"{res['gen_cpu']:.0%} of a core")  # fmt: skip
+        print(f"  append -> decision, first try (ms p50 / p99 / max) {pct(load.append_lat)}  n={len(load.append_lat)}"
+              f"  (goal p99 < 50: {'met' if load.append_lat and p99(load.append_lat) < 0.05 else 'not met'})")  # fmt: skip
+        if load.get_lat:
+            print(f"  GET state through the non-owner (ms)              {pct(load.get_lat)}  n={len(load.get_lat)}"
+                  f"  (goal p99 < 10: {'met' if p99(load.get_lat) < 0.01 else 'not met'})")  # fmt: skip
+        print(f"  sends again: {load.retries}; errors: {len(load.errors)} {load.errors[:3]}; sends {n}")
+        if res["killed"] is not None:
+            silence = load.longest_silence(res["killed"])  # type: ignore[arg-type]
+            bound = SESSION_TIMEOUT_S + 2
+            print(f"  longest first send -> decision {load.longest:.1f}s; longest stretch with no decision after "
+                  f"the kill {silence:.1f}s (goal < {bound:.0f}s: {'met' if max(load.longest, silence) < bound else 'not met'})")  # fmt: skip
+        print(f"  accepted {res['accepted']:,}; lost or twice: {res['wrong']}; verify on the survivor: "
+              f"{'passes' if res['verify'] else 'FAILS'}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
