@@ -127,6 +127,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--every", type=int, default=5, help="checkpoint every K revisions [5]")
+    ap.add_argument("--max-age", type=int, default=CheckpointPolicy().max_age,
+                    help="records a run's uncovered records may wait for a checkpoint (the restore's tail) [%(default)s]")
     ap.add_argument("--runs", type=int, default=10_000)
     ap.add_argument("--updates", default="21,46", help="4-event updates per run after the first 20 events, per history")
     args = ap.parse_args()
@@ -147,7 +149,8 @@ def main() -> None:
 
             log = EmbeddedLog(d / "log.db")
             t = time.perf_counter()
-            snap = Snapshotter(log, str(d / "snap"), policy=CheckpointPolicy(every=args.every), batch_size=5000)
+            snap = Snapshotter(log, str(d / "snap"), policy=CheckpointPolicy(every=args.every, max_age=args.max_age),
+                               batch_size=5000)  # fmt: skip
             snap.run(until_caught_up=True, poll_timeout_s=0.01)
             print(f"  snapshotter (not timed in the comparison): {snap.writer.written:,} checkpoints in "
                   f"{time.perf_counter() - t:.0f}s", flush=True)  # fmt: skip

@@ -21,8 +21,10 @@ they were; the next batch tries again.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -91,8 +93,10 @@ class CheckpointWriter:
         #: per partition, the runs with records their newest checkpoint does not cover, and
         #: the first such record's offset: the coverage record promises nothing past the
         #: lowest (its ``dense`` promise), and the ``age`` trigger checkpoints those that
-        #: wait too long; a run whose records are all covered costs neither
-        self.dirty: dict[int, dict[str, int]] = {}
+        #: wait too long; a run whose records are all covered costs neither. Kept in offset
+        #: order (a run enters with a record newer than every one there), so the lowest is
+        #: the first, read per batch in O(1)
+        self.dirty: dict[int, OrderedDict[str, int]] = {}
         self._age_checked: dict[int, int] = {}
         #: per partition, the offset the last coverage record published promised
         self._coverage_sent: dict[int, int] = {}
@@ -110,11 +114,12 @@ class CheckpointWriter:
             covers = int(orjson.loads(value)["covers_offset"])
             covered[run] = max(covers, covered.get(run, -1))
         self.covered[partition] = covered
-        dirty = self.dirty[partition] = {}
+        found = []
         for run, covers in covered.items():  # one seek per run: which have records past their checkpoint
             first = store.first_decision_after(run, covers)
             if first is not None:
-                dirty[run] = first
+                found.append((first, run))
+        self.dirty[partition] = OrderedDict((run, first) for first, run in sorted(found))
         self._outbox_empty.discard(partition)
         self._publish(partition, store, self._covers_below(partition, store.next_offset()), None)  # what a crash left
 
@@ -172,7 +177,7 @@ class CheckpointWriter:
         checkpoints are already in :attr:`covered`). A run never started (its patches
         refused ``unknown_run``) has no checkpoint and is not tracked, as before."""
         covered = self.covered.get(partition, {})
-        dirty = self.dirty.setdefault(partition, {})
+        dirty = self.dirty.setdefault(partition, OrderedDict())
         fresh: dict[str, int] = {}
         for d in batch.decisions:  # in log order: the first uncovered one of each run
             c = covered.get(d.run_id)
@@ -186,7 +191,8 @@ class CheckpointWriter:
     def _covers_below(self, partition: int, next_offset: int) -> int:
         """What the partition's coverage may promise: below the first record a run's newest
         checkpoint does not cover (the position, when none)."""
-        return min(self.dirty.get(partition, {}).values(), default=next_offset)
+        dirty = self.dirty.get(partition)
+        return next(iter(dirty.values()), next_offset) if dirty else next_offset
 
     def on_idle(self) -> None:
         owned = self.owned()
@@ -271,8 +277,9 @@ class CheckpointWriter:
         if next_offset - self._age_checked.get(partition, 0) < max(1, self.policy.max_age // 10):
             return {}
         self._age_checked[partition] = next_offset
-        dirty = self.dirty.setdefault(partition, {})
-        stale = [r for r, first in dirty.items() if next_offset - 1 - first > self.policy.max_age]
+        dirty = self.dirty.setdefault(partition, OrderedDict())
+        limit = next_offset - 1 - self.policy.max_age
+        stale = [r for r, _ in itertools.takewhile(lambda e: e[1] < limit, dirty.items())]  # offset order
         extra = {}
         for run in stale:
             doc = store.load_doc(run)
