@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import httpx
 import msgspec
 import orjson
 from pydantic import BaseModel, TypeAdapter
@@ -26,11 +25,11 @@ from runstate.projector.read.context import render_context
 from runstate.projector.read.replay import explain, state_data_at
 from runstate.projector.store import document
 from runstate.schemas.errors import ContractError, DecisionTimeout, RevisionNotFound, RunNotFound, RunstateError
-from runstate.schemas.patch import Author, Decision
+from runstate.schemas.patch import Author, Decision, Patch
 from runstate.schemas.state import RunHeader, RunSummary
 from runstate.service.auth import AuthError, Identity
 from runstate.service.node import Node, NotOwner
-from runstate.service.routing import Router, Unavailable
+from runstate.service.routing import Forwarded, ForwardError, Router, Unavailable
 from runstate.snapshotter.checkpoint import Checkpoint
 
 T = TypeVar("T")
@@ -187,15 +186,15 @@ class Service:
                 why = f"the owner of partition {partition} is handing it over"
             except Unavailable as e:
                 why = str(e)
-            except httpx.HTTPError as e:
-                why = f"the owner of partition {partition} does not answer ({type(e).__name__})"
+            except ForwardError as e:
+                why = f"the owner of partition {partition} does not answer ({e})"
             if time.monotonic() >= deadline:
                 raise Unavailable(why)
             refresh = True
             await asyncio.sleep(0.1)
 
     @staticmethod
-    def _json(resp: httpx.Response) -> Any:
+    def _json(resp: Forwarded) -> Any:
         body = orjson.loads(resp.content) if resp.content else None
         if resp.status_code >= 400:
             raise RemoteError(resp.status_code, body if isinstance(body, dict) else {})
@@ -213,8 +212,8 @@ class Service:
         for url in urls:
             try:
                 resp = await self.router.forward(url, fwd.method, fwd.path, list(fwd.params), dict(fwd.headers))
-            except httpx.HTTPError as e:
-                raise Unavailable(f"instance {url} does not answer ({type(e).__name__})") from e
+            except ForwardError as e:
+                raise Unavailable(f"instance {url} does not answer ({e})") from e
             if resp.status_code == 503:
                 raise Unavailable(f"instance {url} is not ready")
             if resp.status_code == 404:  # not there: the others may have it
@@ -248,8 +247,26 @@ class Service:
         patch = self.node.producer.build(run_id, data)
         who.may_propose(patch.events)
         encoded = self.node.producer.encode(patch)
+        if self.router is None or fwd.forwarded:
+            return await self._submit_here(run_id, patch, encoded, data.get("patch_id") is not None, wait_s, fwd)
+
+        async def here() -> Submitted:
+            self.node.read(run_id, lambda _store: None)  # NotOwner: the owner's answer instead
+            return await self._submit_here(run_id, patch, encoded, data.get("patch_id") is not None, wait_s, fwd)
+
+        # The owner appends it: it checks a resend against its own store and hears its own
+        # decision. One hop, where appending here costs a lookup there for the resend check
+        # and the decision's way back through the decisions topic.
+        body = orjson.dumps({**data, "patch_id": patch.patch_id})
+        ask = Forward("POST", f"/runs/{run_id}/patches", (("wait", repr(wait_s)),) if wait_s else (), fwd.headers, body)
+        return await self.on_owner(run_id, ask, here, Submitted.model_validate)
+
+    async def _submit_here(self, run_id: str, patch: Patch, encoded: bytes, resend_possible: bool,
+                           wait_s: float | None, fwd: Forward) -> Submitted:  # fmt: skip
+        """Append ``patch`` from this instance and (``wait_s``) await its decision; a patch
+        whose id the caller chose may be a resend, answered by its first decision."""
         earlier = None
-        if data.get("patch_id") is not None:
+        if resend_possible:
             # A resend (a client retrying after a lost answer): the first decision is the
             # answer, and appending again would only add a duplicate to the log. The same id
             # for other content is appended: the projector records it as patch_id_reused.
@@ -458,7 +475,7 @@ class Service:
             per = self.node.read_partitions(lambda _p, st: st.runs_page(status, keep, after, limit))
             return sum(t for t, _ in per.values()), [(r, summary_json(doc)) for _, page in per.values() for r, doc in page]
 
-        def parse(resp: httpx.Response) -> tuple[int, list[tuple[str, bytes]]]:
+        def parse(resp: Forwarded) -> tuple[int, list[tuple[str, bytes]]]:
             page = [(h.run_id, h.model_dump_json().encode()) for h in _SUMMARIES.validate_python(self._json(resp))]
             return int(resp.headers.get("x-total-count", len(page))), page
 

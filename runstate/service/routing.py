@@ -12,20 +12,40 @@ A forwarded request carries ``X-Runstate-Forwarded``; its receiver never forward
 if it no longer owns the partition it answers 503, and the first instance retries with a
 fresh view of the group. No request is answered from a partition the answering instance
 does not own at that moment (``Node.read`` checks under the projector's lock).
+
+Forwarding goes through aiohttp's client: under load, httpx's connection pool (httpcore)
+spent most of a serve instance's CPU in its own bookkeeping, which grows with the number
+of connections and queued requests (known upstream, encode/httpcore#1035), until the
+instance fell behind for good.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
 from runstate.eventlog.base import EventLog
 from runstate.schemas.errors import LogError, RunstateError
 from runstate.service.node import CLIENT_ID_PREFIX
 
 FORWARDED = "x-runstate-forwarded"
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """The owner's answer to a forwarded request (header names lower-case)."""
+
+    status_code: int
+    content: bytes
+    headers: Mapping[str, str]
+
+
+class ForwardError(RunstateError):
+    """The owner did not answer (refused, reset, timed out)."""
 
 
 class Unavailable(RunstateError):
@@ -47,7 +67,8 @@ class Router:
         self._owners: dict[int, str] = {}
         self._read_at = 0.0
         self._lock = asyncio.Lock()
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=2.0))
+        #: made in the event loop, at the first forward
+        self._http: aiohttp.ClientSession | None = None
 
     async def owners(self, refresh: bool = False) -> dict[int, str]:
         """partition -> URL of its owner. Raises :class:`Unavailable` while rebalancing."""
@@ -77,10 +98,19 @@ class Router:
         return url
 
     async def forward(self, url: str, method: str, path: str, params: list[tuple[str, str]],
-                      headers: dict[str, str], body: bytes | None = None) -> httpx.Response:
-        """One forwarded request (raises :class:`httpx.HTTPError` on transport errors)."""
-        return await self.http.request(method, url + path, params=params, content=body,
-                                       headers={**headers, FORWARDED: self.me})  # fmt: skip
+                      headers: dict[str, str], body: bytes | None = None) -> Forwarded:
+        """One forwarded request. Raises :class:`ForwardError` on transport errors."""
+        if self._http is None:
+            # A long timeout: a forwarded patch waits for its decision (up to 60 s).
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=70.0, sock_connect=2.0),
+                                               connector=aiohttp.TCPConnector(limit=256), auto_decompress=False)  # fmt: skip
+        try:
+            async with self._http.request(method, url + path, params=params, data=body,
+                                          headers={**headers, FORWARDED: self.me}) as resp:  # fmt: skip
+                return Forwarded(resp.status, await resp.read(), {k.lower(): v for k, v in resp.headers.items()})
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise ForwardError(f"{type(e).__name__}: {e}") from e
 
     async def close(self) -> None:
-        await self.http.aclose()
+        if self._http is not None:
+            await self._http.close()
