@@ -3,6 +3,7 @@
     .venv/bin/python bench/compare_peers.py            # 3 repeats of every figure
     .venv/bin/python bench/compare_peers.py --quick    # smaller data, 3 repeats (smoke run)
     .venv/bin/python bench/compare_peers.py --only append,rebuild --repeats 5
+    .venv/bin/python bench/compare_peers.py --before ../older-worktree --quick   # runstate before / after
 
 The peers run in a virtualenv of their own, ``.bench-peers/`` (created on first use:
 ``eventsourcing`` pins nothing of ours, but Quix Streams pins its own confluent-kafka and
@@ -572,11 +573,11 @@ def peer_python() -> Path:
     return py
 
 
-def run_worker(python: Path, name: str, *args: Any) -> dict[str, Any]:
+def run_worker(python: Path, name: str, *args: Any, env: dict[str, str] | None = None) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"peers-{name}-"))
     try:
         out = subprocess.run([str(python), __file__, "--worker", name, str(work), *map(str, args)],
-                             capture_output=True, text=True, timeout=1800, cwd=ROOT)  # fmt: skip
+                             capture_output=True, text=True, timeout=1800, cwd=ROOT, env=env)  # fmt: skip
         if out.returncode != 0:
             raise SystemExit(f"worker {name} failed:\n{out.stderr[-3000:]}")
         line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
@@ -623,6 +624,27 @@ def report(rows: list[Row]) -> None:
         print(f"| {figure} | {ours} | {theirs} | {ratio:.2f} | {goal} |")
 
 
+def before_after(tree: str, only: set[str], quick: bool, repeats: int) -> None:
+    """runstate's own figures, this tree against ``tree`` (an older checkout: a worktree of
+    the commit before a change), in pairs in one run: every number a worker reports, after /
+    before (for times, above 1 is slower; for rates, below 1 is slower)."""
+    ours = Path(sys.executable)
+    before = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+    specs = {"append": ("rs-append", (5_000,) if quick else (20_000,)),
+             "rebuild": ("rs-rebuild", (200, 20) if quick else (500, 50)),
+             "query": ("rs-query", (2_000, 2_000) if quick else (10_000, 5_000))}  # fmt: skip
+    print("| figure | after | before | after / before (median of pairs) |")
+    print("|---|---|---|---|")
+    for fig in [f for f in specs if f in only]:
+        name, args = specs[fig]
+        ps = pairs(repeats, lambda: run_worker(ours, name, *args), lambda: run_worker(ours, name, *args, env=before))
+        for key, value in ps[0][0].items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and all(y.get(key) for _, y in ps):
+                a, b = [x[key] for x, _ in ps], [y[key] for _, y in ps]
+                print(f"| {fig}: {key} | {spread(a)} | {spread(b)} | {statistics.median(x / y for x, y in zip(a, b)):.2f} |",
+                      flush=True)  # fmt: skip
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
         name, work, *rest = sys.argv[2:]
@@ -632,9 +654,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="append,rebuild,query,scale,kafka,produce", help="comma-separated figures")
+    ap.add_argument("--before", metavar="TREE", help="instead of the peers: runstate's own figures (append, rebuild, "
+                                                      "query) against the checkout TREE, before / after in one run")
     args = ap.parse_args()
     repeats = max(3, args.repeats)
     only = set(args.only.split(","))
+    if args.before:
+        before_after(args.before, only, args.quick, repeats)
+        return
     ours = Path(sys.executable)
     rows: list[Row] = []
     if only & {"append", "rebuild"}:
