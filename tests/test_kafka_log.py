@@ -107,10 +107,10 @@ def test_a_cluster_id_never_starts_with_a_dash() -> None:
 
 
 def _small_records_only(bootstrap: str, topics: TopicNames) -> tuple[KafkaLog, RunProducer]:
-    """An events topic of one partition whose records may be at most 200 bytes (the broker
+    """An events topic of one partition whose records may be at most 300 bytes (the broker
     refuses a bigger one after the producer queued it), and a producer for it."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(topics.events, 1, 1, config={"max.message.bytes": "200",
+    for f in admin.create_topics([NewTopic(topics.events, 1, 1, config={"max.message.bytes": "300",
                                                                  "message.timestamp.type": "LogAppendTime"})]).values():
         f.result()
     log = KafkaLog(bootstrap, topics=topics, config={"producer.compression.type": "none"})
@@ -120,7 +120,7 @@ def _small_records_only(bootstrap: str, topics: TopicNames) -> tuple[KafkaLog, R
 
 def test_a_record_the_broker_refuses_reaches_its_callback_as_a_delivery_error(kafka_bootstrap: str,
                                                                              kafka_topics: TopicNames) -> None:  # fmt: skip
-    """A topic whose records may be at most 200 bytes: the broker refuses a bigger patch
+    """A topic whose records may be at most 300 bytes: the broker refuses a bigger patch
     after the producer queued it. Its callback gets a DeliveryError naming the run and the
     broker's reason, and no receipt; a small record on the same producer still lands."""
     from runstate.producers.run_producer import Receipt
