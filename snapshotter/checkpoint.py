@@ -254,7 +254,7 @@ class RestoreData(NamedTuple):
     patch_ids: bytes
 
 
-_decision_of = functools.partial(lambda dec, d: dec(orjson.dumps(d)), structs.decoder(Decision))
+_decision_decoder = structs.decoder(Decision)
 
 
 def restore_data(raw: bytes, key: bytes | None = None) -> RestoreData:
@@ -272,7 +272,7 @@ def restore_data(raw: bytes, key: bytes | None = None) -> RestoreData:
         state: dict[str, Any] = doc["state"]
         if not _complete(state):
             state = RunState.model_validate(state).model_dump(mode="json")
-        decisions = [_decision_of(d) for d in doc.get("recent_decisions") or ()]
+        decisions = [_decision_decoder(orjson.dumps(d)) for d in doc.get("recent_decisions") or ()]
         return RestoreData(run_id, partition, covers, state, decisions, decode_patch_ids(doc.get("patch_ids") or ""))
     except pydantic.ValidationError as e:
         raise CheckpointInvalid(run_id, f"not a checkpoint: {describe_validation_error(e)[1]}") from e

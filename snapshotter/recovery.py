@@ -62,12 +62,12 @@ class RestoreReport:
 RESTORE_CHUNK = 2_000
 
 
-def _checkpoint_offsets(log_: EventLog, partition: int, on_progress: RestoreProgress | None,
+def _checkpoint_offsets(log_: EventLog, partition: int, end: int, on_progress: RestoreProgress | None,
                         report: RestoreReport) -> tuple[dict[str, list[int]], list[tuple[int, bytes]]]:  # fmt: skip
-    """One pass over a partition of the checkpoints topic: each run's checkpoint offsets
-    (oldest first; only offsets are kept, never the checkpoints) and the coverage records."""
+    """One pass over a partition of the checkpoints topic, up to ``end``: each run's
+    checkpoint offsets (oldest first; only offsets are kept, never the checkpoints) and the
+    coverage records."""
     topic = log_.topics.checkpoints
-    end = log_.end_offsets(topic).get(partition, 0)
     offsets: dict[str, list[int]] = {}
     coverage: list[tuple[int, bytes]] = []
     for rec in log_.scan(topic, partition, 0, end):
@@ -123,15 +123,15 @@ def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
     validates it and writes the runs in chunks; a run whose newest checkpoint is invalid
     takes its next older one in a further pass (rare: damage)."""
     report = RestoreReport(partition)
-    offsets, coverage = _checkpoint_offsets(log_, partition, on_progress, report)
+    topic = log_.topics.checkpoints
+    end = log_.end_offsets(topic).get(partition, 0)  # both passes read up to the same end
+    offsets, coverage = _checkpoint_offsets(log_, partition, end, on_progress, report)
     promise = _newest_coverage(coverage, partition, key, report)
     if promise is not None:
         report.distrust = _distrust(promise, set(offsets))
         if report.distrust is not None:
             log.warning("coverage of partition %d not trusted: %s; replaying the partition from its start",
                         partition, report.distrust)  # fmt: skip
-    topic = log_.topics.checkpoints
-    end = log_.end_offsets(topic).get(partition, 0)
     want = {offs[-1]: run for run, offs in offsets.items()}  # newest first
     unusable = 0
     lowest_cover: int | None = None

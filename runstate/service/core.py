@@ -247,12 +247,13 @@ class Service:
         patch = self.node.producer.build(run_id, data)
         who.may_propose(patch.events)
         encoded = self.node.producer.encode(patch)
+        resend_possible = data.get("patch_id") is not None
         if self.router is None or fwd.forwarded:
-            return await self._submit_here(run_id, patch, encoded, data.get("patch_id") is not None, wait_s, fwd)
+            return await self._submit_here(run_id, patch, encoded, resend_possible, wait_s, fwd)
 
         async def here() -> Submitted:
             self.node.read(run_id, lambda _store: None)  # NotOwner: the owner's answer instead
-            return await self._submit_here(run_id, patch, encoded, data.get("patch_id") is not None, wait_s, fwd)
+            return await self._submit_here(run_id, patch, encoded, resend_possible, wait_s, fwd)
 
         # The owner appends it: it checks a resend against its own store and hears its own
         # decision. One hop, where appending here costs a lookup there for the resend check
