@@ -105,6 +105,8 @@ class SealedLog(EventLog):
             return rec
         try:
             s = sealed.split(rec.value)
+            if rec.key is None or rec.key.decode(errors="replace") != s.run_id:
+                return rec  # keyed by another run than it names: the core dead-letters it, no key is looked up
             key = self.keyring.for_opening(s.run_id, s.kid)
             if len(key) != sealed.KEY_BYTES:
                 return rec._replace(headers=(*rec.headers, (KEY_HEADER, key)))

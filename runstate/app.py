@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from runstate.eventlog import EventLog, open_log
-from runstate.eventlog.keystore import Keyring, KeyStore, MasterKey
+from runstate.eventlog.keystore import Keyring, KeyReport, KeyStore, MasterKey, MasterKeys, MasterRecord, Rotation
 from runstate.eventlog.sealed import SealedLog
 from runstate.producers.decisions import TopicDecisions
 from runstate.producers.run_producer import DecisionSource, Receipt, RunProducer
@@ -486,15 +486,56 @@ def generate_master_key() -> str:
     return MasterKey.generate()
 
 
-def rotate_master_key(settings: Settings, new: MasterKey) -> int:
-    """Wrap every run key with ``new`` (the configured master key opens them); returns how
-    many. Then configure ``new`` in place of the old key."""
-    log = open_settings_log(settings)
+def rotate_master_key(settings: Settings, new: MasterKey) -> Rotation:
+    """Rotate to ``new``: every run key ends wrapped by it, or nothing changes (see
+    :meth:`KeyStore.rotate`). The configured keys must open every live run key. Raises
+    :class:`KeyStoreError`."""
+    configured = settings.master()
+    if configured is None:
+        raise KeyStoreError("no master key configured: there is nothing to rotate")
+    log = _open_raw(settings, create=False)
     try:
-        if not isinstance(log, SealedLog):
-            raise KeyStoreError("no master key configured: there is nothing to rotate")
-        return log.keyring.store.rewrap(new)
+        # The new key beside the configured ones: a rotation cut short is resumed from either side.
+        store = KeyStore(log, MasterKeys([*configured.by_id.values(), new]))
+        try:
+            return store.rotate(new)
+        finally:
+            store.close()
     finally:
+        log.close()
+
+
+def _key_store(settings: Settings, *, check: bool) -> tuple[EventLog, KeyStore]:
+    masters = settings.master()
+    if masters is None:
+        raise KeyStoreError("no master key configured (RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE)")
+    log = _open_raw(settings, create=False)
+    try:
+        return log, KeyStore(log, masters, check=check)
+    except BaseException:
+        log.close()
+        raise
+
+
+def key_status(settings: Settings) -> KeyReport:
+    """Where the key store stands: its master, a rotation under way, keys by master, and
+    the problems to act on (read with the configured keys, never written)."""
+    log, store = _key_store(settings, check=False)
+    try:
+        return store.report()
+    finally:
+        store.close()
+        log.close()
+
+
+def repair_master_record(settings: Settings) -> MasterRecord:
+    """Write the key store's check record again for the configured master key, once that
+    key opens the run keys that name it (:meth:`KeyStore.repair`)."""
+    log, store = _key_store(settings, check=False)
+    try:
+        return store.repair()
+    finally:
+        store.close()
         log.close()
 
 

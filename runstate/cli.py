@@ -278,10 +278,47 @@ def keys_generate() -> None:
 @click.pass_context
 @handle_errors
 def keys_rotate(ctx: click.Context, new_key_file: str) -> None:
-    """Wrap every run key with a new master key, then configure that key instead."""
-    n = app.rotate_master_key(ctx.obj, MasterKey.from_file(new_key_file))
-    click.echo(f"{_count(n, 'run key')} wrapped with the new master key; configure it now "
-               "(RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE) in place of the old one")
+    """Wrap every run key with a new master key, or change nothing and say which keys do not
+    open. Cut short, run it again with the same new key to finish."""
+    done = app.rotate_master_key(ctx.obj, MasterKey.from_file(new_key_file))
+    verb = "rotation resumed and finished" if done.resumed else "rotated"
+    click.echo(f"{verb}: {_count(done.rewrapped, 'run key')} wrapped with the new master key"
+               + (f" ({done.already} already were)" if done.already else ""))
+    click.echo("configure it now in every process (RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE); the old "
+               "key opens nothing new from here on")
+
+
+@keys.command("status")
+@click.pass_context
+@handle_errors
+def keys_status(ctx: click.Context) -> None:
+    """Where the key store stands: its master key, a rotation under way, keys by master."""
+    r = app.key_status(ctx.obj)
+    click.echo(f"master key: {r.master or '(none)'}  state: {r.state}  epoch: {r.epoch}")
+    if r.retired:
+        click.echo(f"retired: {', '.join(r.retired)}")
+    if r.state == "rotating":
+        click.echo("a rotation is under way: run `runstate keys rotate` again with the same new key to finish it"
+                   + (f" (partitions without its record yet: {r.partitions_behind})" if r.partitions_behind else ""))
+    for m, n in sorted(r.keys_by_master.items()):
+        click.echo(f"  {_count(n, 'run key')} wrapped by {m}")
+    if r.stale:
+        click.echo(f"  {_count(r.stale, 'stale key')} (written by a retired master after a rotation; never used)")
+    click.echo(f"  {_count(r.erased_runs, 'erased run')}")
+    for p in r.problems:
+        click.echo(f"problem: {p}", err=True)
+    if r.problems:
+        ctx.exit(1)
+
+
+@keys.command("repair")
+@click.pass_context
+@handle_errors
+def keys_repair(ctx: click.Context) -> None:
+    """Write the master check record again (lost or damaged) for the configured key, once
+    that key is shown to open the run keys that name it."""
+    rec = app.repair_master_record(ctx.obj)
+    click.echo(f"master check record written for master key {rec.master}")
 
 
 @main.command()
@@ -509,14 +546,16 @@ def token() -> None:
 @click.option("--channel", type=click.Choice(["user", "operator", "approval", "system_of_record"]),
               help="an input channel's token: it records only inputs of this origin (by default only the agent id "
                    "equal to the origin may, e.g. `token add user --channel user`)")  # fmt: skip
+@click.option("--policy", is_flag=True, help="the token may start runs whose policy weakens input authority "
+                                             "(input_authority: writers, other input_recorders): an operator's")
 @handle_errors
 def token_add(agent_id: str, tokens_file: str, read_only: bool, runs: tuple[str, ...], erase: bool,
-              channel: str | None) -> None:  # fmt: skip
+              channel: str | None, policy: bool) -> None:  # fmt: skip
     """Create a token for AGENT_ID; prints it once (only its hash is stored)."""
     from runstate.service.auth import add_token
 
     click.echo(add_token(tokens_file, agent_id, "read" if read_only else "write", list(runs) or None, erase,
-                         channel))  # type: ignore[arg-type]  # click.Choice checked it
+                         channel, policy))  # type: ignore[arg-type]  # click.Choice checked it
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runstate.eventlog.base import TopicNames
-from runstate.eventlog.keystore import MasterKey
+from runstate.eventlog.keystore import MasterKeys
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.retention import RetentionPolicy
 from runstate.producers.run_producer import DEFAULT_MAX_PATCH_BYTES
@@ -76,9 +76,10 @@ class Settings(BaseSettings):
     kafka_config: dict[str, str | int | bool] = {}
     #: Seals every run's content with a key of its own, wrapped by this master key (64 hex
     #: digits; ``runstate keys generate``), so that a run can be erased (``runstate erase``).
+    #: During a rotation, two keys separated by a comma (either order): both are read.
     #: Unset (and no ``master_key_file``): content is stored as it is and erasure is unavailable.
     master_key: SecretStr | None = None
-    #: A file holding the master key (instead of ``master_key``).
+    #: A file holding the master key (instead of ``master_key``); one key a line.
     master_key_file: str | None = None
     #: On Kafka: the longest an erased run's old key record stays in the keys topic's files
     #: (the topic's segment and compaction lag, set when ``runstate topics create`` makes it).
@@ -95,13 +96,14 @@ class Settings(BaseSettings):
     def checkpoint_key_bytes(self) -> bytes | None:
         return None if self.checkpoint_key is None else self.checkpoint_key.get_secret_value().encode()
 
-    def master(self) -> MasterKey | None:
-        """The master key configured, or None. Raises :class:`KeyStoreError` (one line) for
-        a malformed one or an unreadable file."""
+    def master(self) -> MasterKeys | None:
+        """The master keys configured (the first is this process's own; during a rotation
+        the other one too), or None. Raises :class:`KeyStoreError` (one line) for a
+        malformed one or an unreadable file."""
         if self.master_key is not None:
-            return MasterKey.parse(self.master_key.get_secret_value())
+            return MasterKeys.parse(self.master_key.get_secret_value())
         if self.master_key_file is not None:
-            return MasterKey.from_file(self.master_key_file)
+            return MasterKeys.from_file(self.master_key_file)
         return None
 
     def checkpoint_policy(self, every: int | None = None) -> CheckpointPolicy:

@@ -385,7 +385,7 @@ def test_the_master_key_rotates_and_the_old_one_is_then_refused(sealed: Settings
     app.project(rotated, until_caught_up=True)
     assert app.get_state(rotated, "r").revision == 2
     publish_all(rotated, "r2", marked_patches("y"))
-    with pytest.raises(KeyStoreError, match="is not the one"):
+    with pytest.raises(KeyStoreError, match="was rotated to id"):
         app.project(sealed, until_caught_up=True)
 
 

@@ -40,6 +40,11 @@ log = logging.getLogger("runstate.projector")
 InternalErrorPolicy = Literal["dead_letter", "fail"]
 
 
+#: Dead-letter reasons that mean a record's content could not be read although nothing
+#: erased it (a lost or damaged key, a record keyed by another run than it names): an
+#: operator must act, so ``verify`` and ``status`` report them.
+UNREADABLE = frozenset({"key_missing", "key_damaged", "key_destroyed", "key_mismatch", "sealed_no_key"})
+
 #: The header a sealed log puts on a record it could not open (eventlog/sealed.py).
 _KEY_HEADER = "runstate-key"
 
@@ -52,12 +57,16 @@ def _unopened(rec: Record) -> Erased | DeadLetter:
         s = sealed.read(rec.value)
     except DecodeError as e:
         return _dead(rec, e.reason, e.detail)
+    key = rec.key.decode(errors="replace") if rec.key is not None else None
+    if key != s.run_id:
+        # A run id changed in the envelope (damage or tampering) must not reach that run.
+        return _dead(rec, "key_mismatch", f"record key {key!r} is not the sealed record's run_id {s.run_id!r}")
     if why == b"erased" and s.envelope is not None:
         return Erased(s.run_id, s.envelope)
     if why is None:
         return _dead(rec, "sealed_no_key", f"run {s.run_id!r}: the record is sealed and no master key is configured "
                                            "(RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE)")  # fmt: skip
-    reason = {b"erased": "key_destroyed", b"missing": "key_missing"}.get(why, "key_damaged")
+    reason = {b"erased": "key_destroyed", b"destroyed": "key_destroyed", b"missing": "key_missing"}.get(why, "key_damaged")
     return _dead(rec, reason, f"run {s.run_id!r}: the record's key {s.kid} is {why.decode()}; its content is "
                               "unreadable")  # fmt: skip
 

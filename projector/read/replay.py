@@ -20,7 +20,7 @@ import msgspec
 from runstate.eventlog.base import EventLog, Record
 from runstate.projector.runtime.loop import Projector
 from runstate.projector.read.queries import Projection
-from runstate.projector.core.runbook import RunBook
+from runstate.projector.core.runbook import UNREADABLE, RunBook
 from runstate.projector.core.outcomes import Applied, DeadLetter
 from runstate.projector.core.working import RunDoc
 from runstate.schemas import structs
@@ -298,6 +298,8 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
         report.records = replayer.replay(positions, on_progress=on_progress)
         rebuilt = Projection(str(scratch))
         report.damaged = sorted((d.partition, d.offset) for d in rebuilt.dead_letters() if d.reason == "checksum")
+        report.problems += [f"p{d.partition}@{d.offset} (run {d.key!r}) is unreadable: {d.reason}: {d.detail}"
+                            for d in live.dead_letters() if d.reason in UNREADABLE]  # fmt: skip
         live_digests, replay_digests = live.digests(), rebuilt.digests()
         restored = live.restored()
         report.runs = len(set(live_digests) | set(replay_digests))
