@@ -23,9 +23,11 @@ even by SIGKILL) and gets every partition. Scale-out is Kafka's job.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import os
 import sqlite3
+import struct
 import threading
 import time
 import uuid
@@ -50,7 +52,7 @@ from runstate.eventlog.base import (
     raise_unreported,
 )
 from runstate.eventlog.partitioner import partition_for
-from runstate.schemas.errors import DeliveryError, LogConfigError, LogError
+from runstate.schemas.errors import DeliveryError, LogConfigError, LogError, LostAcknowledged
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics(
@@ -67,6 +69,76 @@ CREATE TABLE IF NOT EXISTS commits(
     offset INTEGER NOT NULL, PRIMARY KEY(group_id, topic, partition)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 """
+
+
+class _AckedMark:
+    """``<log>.acked``: how far the log has acknowledged appends, kept outside SQLite's
+    files. SQLite drops every write-ahead-log frame from the first one that fails its
+    checksum, so one damaged byte there would silently take acknowledged appends with it;
+    the mark lets an open notice. The value is the sum of every partition's next offset
+    (offsets are never reused, so it only grows), written after each commit and before
+    the append is acknowledged, under an exclusive lock, in place (one small write) and
+    synced. It names the log it belongs to: a log re-created under the same name starts
+    a mark of its own."""
+
+    _FORMAT = struct.Struct("<8s8sQ")
+    _MAGIC = b"RSACKED2"
+
+    def __init__(self, path: Path, log_id: str) -> None:
+        self.path = path
+        self._owner = hashlib.blake2b(log_id.encode(), digest_size=8).digest()
+        self._fd: int | None
+        try:
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            log.warning("cannot open %s (%s): acknowledged appends lost from a damaged write-ahead log will not "
+                        "be noticed", path, e.strerror)  # fmt: skip
+            self._fd = None
+
+    def _read(self) -> int | None:
+        assert self._fd is not None
+        raw = os.pread(self._fd, self._FORMAT.size + 4, 0)
+        if not raw:
+            return None
+        body, crc = raw[: self._FORMAT.size], raw[self._FORMAT.size :]
+        if len(body) != self._FORMAT.size or zlib.crc32(body).to_bytes(4, "little") != crc:
+            raise LogConfigError(f"{self.path} (how far the embedded log acknowledged appends) is damaged: delete it "
+                                 "to trust the log as it is (appends lost from a damaged write-ahead log would "
+                                 "then go unnoticed)")  # fmt: skip
+        magic, owner, value = self._FORMAT.unpack(body)
+        if magic != self._MAGIC or owner != self._owner:
+            return None  # another log's (re-created under this name): this log starts its own
+        return int(value)
+
+    def read(self) -> int | None:
+        """The mark, or None where there is none yet (a new file)."""
+        if self._fd is None:
+            return None
+        fcntl.flock(self._fd, fcntl.LOCK_SH)
+        try:
+            return self._read()
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def advance(self, total: int, *, reset: bool = False) -> None:
+        """Raise the mark to ``total`` (never lower it, another process may be ahead, unless
+        ``reset``)."""
+        if self._fd is None:
+            return
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            current = None if reset else self._read()
+            if current is None or total > current:
+                body = self._FORMAT.pack(self._MAGIC, self._owner, total)
+                os.pwrite(self._fd, body + zlib.crc32(body).to_bytes(4, "little"), 0)
+                os.fdatasync(self._fd)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _crc(key: bytes | None, value: bytes) -> int:
@@ -180,9 +252,28 @@ class EmbeddedLog(EventLog):
         self._compacted: set[str] | None = None
         self._since_compaction = 0
         self._db = _Serialized(self._connect(create))
+        self._acked = _AckedMark(self.path.with_name(self.path.name + ".acked"), self.identity())
+        try:
+            self._check_acked()
+        except BaseException:
+            self.close()
+            raise
         self.wakeup = _wakeup_for(self.path)
         if create:
             self.create_topics(partitions)
+
+    def _appended_total(self) -> int:
+        return int(self._db.execute("SELECT COALESCE(SUM(next_offset), 0) FROM heads").fetchone()[0])
+
+    def _check_acked(self) -> None:
+        """Refuse a log that ends before what it acknowledged (:class:`LostAcknowledged`)."""
+        mark = self._acked.read()
+        total = self._appended_total()
+        if mark is None:
+            self._acked.advance(total, reset=True)
+        elif total < mark:
+            heads = {f"{t}[{p}]": o for t, p, o in self._db.execute("SELECT topic, partition, next_offset FROM heads")}
+            raise LostAcknowledged(str(self.path), mark - total, heads, str(self._acked.path))
 
     def _connect(self, create: bool = True) -> sqlite3.Connection:
         try:
@@ -195,11 +286,20 @@ class EmbeddedLog(EventLog):
                                          "point --log at the log, or restore it from a copy")  # fmt: skip
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
-            db.executescript(_SCHEMA)
-            columns = {row[1] for row in db.execute("PRAGMA table_info(records)")}
-            if "crc" not in columns:  # a file from before checksums: its old records have none
-                db.execute("ALTER TABLE records ADD COLUMN crc INTEGER")
-            db.execute("INSERT OR IGNORE INTO meta VALUES ('log_id', ?)", (f"embedded:{uuid.uuid4().hex}",))
+            # One write transaction: processes opening a new file at once must not both add a column.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                columns = {row[1] for row in db.execute("PRAGMA table_info(records)")}
+                if "crc" not in columns:  # a file from before checksums: its old records have none
+                    db.execute("ALTER TABLE records ADD COLUMN crc INTEGER")
+                db.execute("INSERT OR IGNORE INTO meta VALUES ('log_id', ?)", (f"embedded:{uuid.uuid4().hex}",))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
         except sqlite3.DatabaseError as e:
             raise LogConfigError(f"cannot open embedded log {self.path}: {e}") from e
         return db
@@ -344,6 +444,7 @@ class EmbeddedLog(EventLog):
                     "UPDATE heads SET next_offset=? WHERE topic=? AND partition=?",
                     [(o, t, p) for (t, p), o in heads.items()],
                 )
+                total = self._appended_total()
                 compacted = self._compacted_topics()
                 n = sum(1 for t, *_ in items if t in compacted)
                 if n:
@@ -355,6 +456,11 @@ class EmbeddedLog(EventLog):
                                 self._compact(t, p, end)
         except sqlite3.Error as e:
             raise LogError(f"append to {self.path} failed: {e}") from e
+        try:
+            self._acked.advance(total)  # before the append is acknowledged
+        except OSError as e:
+            raise LogError(f"append to {self.path}: cannot record it as acknowledged in {self._acked.path}: "
+                           f"{e.strerror}") from e  # fmt: skip
         self.wakeup.bump()  # committed: readers in this process need not wait for their next poll
         return out
 
@@ -380,9 +486,11 @@ class EmbeddedLog(EventLog):
             with _txn(self._db):
                 self._db.execute("PRAGMA secure_delete=ON")
                 try:
+                    # Per partition, as Kafka's cleaner: one key may live on several partitions.
                     self._db.execute(
-                        "DELETE FROM records WHERE topic=?1 AND key=?2 AND offset < "
-                        "(SELECT MAX(offset) FROM records WHERE topic=?1 AND key=?2)", (topic, key.encode()))
+                        "DELETE FROM records AS r WHERE topic=?1 AND key=?2 AND offset < "
+                        "(SELECT MAX(offset) FROM records WHERE topic=?1 AND key=?2 AND partition=r.partition)",
+                        (topic, key.encode()))
                 finally:
                     self._db.execute("PRAGMA secure_delete=OFF")
             for _ in range(50):  # a reader in another process may hold the WAL for a moment
@@ -439,6 +547,7 @@ class EmbeddedLog(EventLog):
 
     def close(self) -> None:
         self._db.close()
+        self._acked.close()
 
 
 class _Rows(list[Any]):

@@ -178,6 +178,19 @@ class KeyStoreError(RunstateError):
     the clear or under another master key."""
 
 
+class LostAcknowledged(LogError):
+    """The embedded log holds fewer records than it acknowledged (its write-ahead log was
+    damaged, or the file was replaced by an older copy): refused on open."""
+
+    def __init__(self, path: str, missing: int, heads: dict[str, int], mark: str) -> None:
+        self.missing = missing
+        ends = ", ".join(f"{k} ends at {v}" for k, v in sorted(heads.items()) if v)
+        super().__init__(f"embedded log {path} lost {missing} acknowledged record(s): it ends before what it "
+                         f"acknowledged ({ends or 'it is empty'}); its write-ahead log was damaged, or the file is an "
+                         f"older copy. Restore it from a copy; to go on with what it holds (the missing records are "
+                         f"lost for good), delete {mark}")  # fmt: skip
+
+
 class LostRecords(LogError):
     """The log ends before records an observer saw in it: acknowledged appends were lost (a
     damaged write-ahead log, say) or this is another log. Names the lost offsets."""

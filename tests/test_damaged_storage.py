@@ -21,7 +21,7 @@ from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.runtime.loop import Projector
 from runstate.projector.read.queries import Projection
 from runstate.projector.read.replay import verify
-from runstate.schemas.errors import LogError, LostRecords, StoreError
+from runstate.schemas.errors import LostAcknowledged, LogError, LostRecords, StoreError
 
 
 def _project(log: EmbeddedLog, state: Path, **kw: object) -> Projector:
@@ -86,6 +86,9 @@ def test_a_projection_ahead_of_its_log_is_an_error_not_negative_lag(tmp_path: Pa
     db.execute("UPDATE heads SET next_offset=3 WHERE topic='runstate.events'")
     db.commit()
     db.close()
+    with pytest.raises(LostAcknowledged, match="lost 3 acknowledged record"):
+        EmbeddedLog(path, create=False)
+    Path(f"{path}.acked").unlink()  # without the log's own mark, the projection still notices
     with pytest.raises(LostRecords, match=r"lost offsets 3\.\.5 of partition 0, which the projection"):
         _project(log, state)
 
@@ -326,8 +329,48 @@ def test_acknowledged_records_lost_from_the_wal_are_an_error_naming_the_lost_off
     for args in (["status"], ["project", "--until-caught-up", "--quiet"], ["verify", "--quiet"]):
         r = CliRunner().invoke(main, args, env=env)
         assert r.exit_code == 1, (args, r.output)
+        assert re.search(r"lost \d+ acknowledged record", r.output), (args, r.output)
+    # Without the log's own mark (deleted, as its message says, to go on), the projection
+    # still names the offsets it had seen.
+    (tmp_path / "log.db.acked").unlink()
+    for args in (["status"], ["project", "--until-caught-up", "--quiet"], ["verify", "--quiet"]):
+        r = CliRunner().invoke(main, args, env=env)
+        assert r.exit_code == 1, (args, r.output)
         m = re.search(r"lost offsets (\d+)\.\.39 of partition 0", r.output)
         assert m is not None, (args, r.output)
+
+
+def test_acknowledged_records_lost_from_the_wal_before_any_reader_saw_them_are_refused(tmp_path: Path) -> None:
+    """The same damage where no reader saw the records: the log itself knows how far it
+    acknowledged (``log.db.acked``) and refuses to open short of it; every command says so."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from helpers import fact, start\n"
+        "from runstate import app\n"
+        "from runstate.settings import Settings\n"
+        "s = Settings(log='log.db', state_dir='state', partitions=1)\n"
+        "app.publish(s, 'r', {'expected_revision': 0, 'events': [start('x')]}, where='t')\n"
+        "import sqlite3\n"
+        "held = sqlite3.connect('log.db')\n"
+        "held.execute('select count(*) from sqlite_master').fetchone()\n"
+        "for i in range(20):\n"
+        "    app.publish(s, 'r', {'expected_revision': i + 1, 'events': [fact(f'f{i}')]}, where='t')\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )  # fmt: skip
+    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, timeout=120)
+    wal = tmp_path / "log.db-wal"
+    raw = bytearray(wal.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    wal.write_bytes(raw)
+    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    for args in (["status"], ["project", "--until-caught-up", "--quiet"], ["verify", "--quiet"], ["publish", "r", "-"]):
+        r = CliRunner().invoke(main, args, env=env, input='{"expected_revision": 21, "events": []}')
+        assert r.exit_code == 1 and "Traceback" not in r.output, (args, r.output)
+        assert re.search(r"lost \d+ acknowledged record", r.output), (args, r.output)
 
 
 def test_a_full_disk_while_the_group_lock_is_written_is_a_one_line_error(tmp_path: Path) -> None:
@@ -344,3 +387,18 @@ def test_a_full_disk_while_the_group_lock_is_written_is_a_one_line_error(tmp_pat
         assert r.exit_code == 1 and "Traceback" not in r.output, r.output
         assert "cannot write the lock file" in r.output and "No space left on device" in r.output, r.output
         assert len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_processes_creating_the_embedded_log_at_once_all_open_it(tmp_path: Path) -> None:
+    """Sixteen first opens of one new file at the same moment: each opens it (the schema and
+    its columns are made in one write transaction, never twice)."""
+    import subprocess
+    import sys
+
+    for round_ in range(2):
+        path = tmp_path / f"log{round_}.db"
+        procs = [subprocess.Popen([sys.executable, "-c", "import sys; from runstate.eventlog.embedded import EmbeddedLog; "
+                                   "EmbeddedLog(sys.argv[1]).close()", str(path)], stderr=subprocess.PIPE, text=True)
+                 for _ in range(16)]  # fmt: skip
+        errors = [(p.wait(120), p.stderr.read() if p.stderr else "") for p in procs]
+        assert [e for e in errors if e[0] != 0] == []
