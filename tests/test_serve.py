@@ -49,6 +49,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "reader": add_token(tf, "auditor", "read"),
         "team_a": add_token(tf, "team-a-bot", runs=["team-a-*"]),
         "user": add_token(tf, "user", channel="user"),
+        "ops": add_token(tf, "ops", policy=True),
     }
     env = {"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"),
            "RUNSTATE_TOKENS_FILE": tf, "RUNSTATE_CHECKPOINT_EVERY": "2",
@@ -143,6 +144,27 @@ def test_only_the_user_channels_token_records_user_input_and_it_records_nothing_
         d = channel.submit("chan-1", {"expected_revision": 1, "events": [user_said]})
         assert (d.outcome, d.agent_id) == ("accepted", "user"), d
         d = rs.submit("chan-1", {"expected_revision": 2, "events": [fact("f2", evidence=None, source="user://m1")]})
+        assert d.outcome == "accepted", d
+
+
+def test_an_agent_cannot_switch_off_the_input_authority_that_constrains_it(served: Served) -> None:
+    """A policy that weakens who records authoritative inputs (``input_authority:
+    writers``, or the agent among a origin's recorders) is refused from an agent's token
+    (403, nothing appended), so the agent cannot record its own ``user`` input and cite it;
+    an operator's token (``token add --policy``) may start such a run."""
+    user_said = {"type": "InputRecorded", "input": {"id": "user://m1", "origin": "user", "text": "ship it"}}
+    with served.client() as rs, served.client("ops") as ops:
+        for policy in ({"input_authority": "writers"},
+                       {"input_recorders": [{"origin": "user", "agents": ["planner"]}]}):  # fmt: skip
+            with pytest.raises(ServiceError, match="weakens who records authoritative inputs") as e:
+                rs.submit("weak-1", {"expected_revision": 0, "events": [start(policy=policy)]})
+            assert e.value.status == 403
+        with pytest.raises(RunNotFound):
+            rs.state("weak-1")
+        started(rs, "weak-1", input_recorders=[{"origin": "user", "agents": ["user"]}])  # the default, stated
+        d = rs.submit("weak-1", {"expected_revision": 1, "events": [user_said]})
+        assert (d.outcome, d.rule) == ("rejected", "input.not_authorized"), d
+        d = ops.submit("weak-2", {"expected_revision": 0, "events": [start(policy={"input_authority": "writers"})]})
         assert d.outcome == "accepted", d
 
 

@@ -12,7 +12,11 @@ no agent's write token has by default. ``channel`` (optional) makes it an input 
 token (``user``, ``operator``, ``approval``, ``system_of_record``): it writes only
 ``InputRecorded`` events of that origin, which by default only the agent id equal to the
 origin may record on a run (the rule that keeps an agent from making its own guess an
-authoritative input). The token itself is shown once, by ``runstate token add``, and never stored.
+authoritative input). ``policy`` (optional, false) lets the token start runs whose policy
+weakens that rule (``input_authority: writers``, or ``input_recorders`` naming anyone but
+the origin's channel): an operator's act, since an agent that may write it may then make
+its own guess a user input. The token itself is shown once, by ``runstate token add``, and
+never stored.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class TokenEntry(BaseModel):
     runs: list[str] | None = None
     erase: bool = False
     channel: InputOrigin | None = None
+    policy: bool = False
 
 
 class TokensFile(BaseModel):
@@ -69,6 +74,8 @@ class Identity:
     erase: bool = False
     #: an input channel's token: it writes only inputs of this origin
     channel: str | None = None
+    #: may start runs whose policy weakens input authority (an operator's token)
+    policy: bool = False
 
     def may_read(self, run_id: str) -> None:
         if self.runs is not None and not any(fnmatch.fnmatchcase(run_id, pat) for pat in self.runs):
@@ -85,13 +92,35 @@ class Identity:
         self.may_read(run_id)
 
     def may_propose(self, events: list[Any]) -> None:
-        """A channel's token writes only inputs of its origin. Raises :class:`AuthError` (403)."""
+        """A channel's token writes only inputs of its origin; only an operator's token
+        (``policy``) starts a run whose policy weakens input authority. Raises
+        :class:`AuthError` (403)."""
+        if not (self.trusted or self.policy):
+            for e in events:
+                why = weakened_authority(e.policy) if e.type == "RunStarted" else None
+                if why is not None:
+                    raise AuthError(f"agent {self.agent_id!r}'s token may not start a run whose policy {why}: that "
+                                    "weakens who records authoritative inputs, an operator's act (runstate token "
+                                    "add NAME --policy)", 403)  # fmt: skip
         if self.channel is None:
             return
         for i, e in enumerate(events):
             if e.type != "InputRecorded" or e.input.origin != self.channel:
                 raise AuthError(f"agent {self.agent_id!r} holds the {self.channel} channel's token, which records only "
                                 f"{self.channel} inputs (InputRecorded); event {i} is {e.type}", 403)  # fmt: skip
+
+
+def weakened_authority(policy: Any) -> str | None:
+    """How a run policy weakens input authority (who may record an input of an
+    authoritative origin), or None: ``input_authority: writers``, or ``input_recorders``
+    naming anyone but the origin's own channel identity."""
+    if policy.input_authority == "writers":
+        return "sets input_authority to 'writers'"
+    for r in policy.input_recorders:
+        others = [a for a in r.agents if a != r.origin]
+        if others:
+            return f"names {others[0]!r} among the recorders of {r.origin} inputs"
+    return None
 
 
 def _digest(token: str) -> str:
@@ -132,19 +161,19 @@ class Tokens:
         for e in self.entries:
             if hmac.compare_digest(e.sha256, digest):
                 return Identity(e.agent_id, e.role, None if e.runs is None else tuple(e.runs), erase=e.erase,
-                                channel=e.channel)  # fmt: skip
+                                channel=e.channel, policy=e.policy)  # fmt: skip
         raise AuthError("unknown token", 401)
 
 
 def add_token(path: str, agent_id: str, role: Role = "write", runs: list[str] | None = None,
-              erase: bool = False, channel: InputOrigin | None = None) -> str:
+              erase: bool = False, channel: InputOrigin | None = None, policy: bool = False) -> str:
     """Create a token for ``agent_id``, store its hash in ``path`` (created 0600) and
     return the token (the only time it is seen)."""
     p = Path(path)
     current = TokensFile.model_validate_json(p.read_bytes()) if p.exists() else TokensFile()
     token = "rs_" + secrets.token_urlsafe(32)
     current.tokens.append(TokenEntry(sha256=_digest(token), agent_id=agent_id, role=role, runs=runs, erase=erase,
-                                     channel=channel))  # fmt: skip
+                                     channel=channel, policy=policy))  # fmt: skip
     tmp = p.with_name(p.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
