@@ -482,10 +482,10 @@ class KeyStore:
         """Record the erasure (the first record stands; it is returned) and destroy every key
         of the run: each key record is replaced, and the old ones purged from the log's
         files (at once on the embedded log; by Kafka's cleaner within the topic's
-        ``max.compaction.lag.ms``). The caller has just read the run's partition
-        (:meth:`SealedLog.erase`)."""
+        ``max.compaction.lag.ms``). Idempotent: a projector finishing an erasure whose
+        process died after appending it calls it again."""
         p = partition_for(run_id, self.partitions)
-        entry = self.run(run_id)
+        entry = self.run(run_id, refresh=True)
         if entry is None or entry.erased is None:
             self._append(run_id, {"run_id": run_id, "erased": erasure}, p)
         entry = self.run(run_id)

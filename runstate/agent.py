@@ -171,7 +171,8 @@ class _Local:
         self._layout: Any = None
         if project:
             self._live = _Live()
-            projector = Projector(self.log, self.state_dir, publish_dead_letters=False, hooks=self._live)
+            projector = Projector(self.log, self.state_dir, publish_dead_letters=False, hooks=self._live,
+                                  destroy_erased_keys=True)  # fmt: skip
             self._thread = threading.Thread(target=projector.run, name="runstate-projector", daemon=True,
                                             kwargs={"stop": self._stop, "poll_timeout_s": 0.02})  # fmt: skip
             self._thread.start()

@@ -111,6 +111,15 @@ class PartitionStatus:
     lag: int
 
 
+def erasures_pending(settings: Settings) -> list[str]:
+    """Runs whose erasure the local projection took but did not finish (a process died
+    between its steps): the next projector to open the store finishes them."""
+    if not (Path(settings.state_dir) / "layout.json").exists():
+        return []
+    with Projection(settings.state_dir) as proj:
+        return proj.erasing()
+
+
 def status(settings: Settings) -> list[PartitionStatus]:
     """Consumer lag per partition: log end vs the local projection and the group's mirror."""
     log = open_settings_log(settings, create=False)
@@ -263,7 +272,7 @@ def make_projector(settings: Settings, log: EventLog, *,
                      cache_runs=settings.cache_runs, cache_items_per_run=settings.cache_items_per_run,
                      on_progress=on_progress, restore=restore, hooks=hooks,
                      publish_decisions=settings.decisions_published(), client_id=client_id,
-                     tune_gc=tune_gc)  # fmt: skip
+                     tune_gc=tune_gc, destroy_erased_keys=True)  # fmt: skip
 
 
 def project(settings: Settings, *, until_caught_up: bool = False,

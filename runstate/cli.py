@@ -487,6 +487,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
                    f"{dash if r.committed is None else r.committed}\t{r.lag}")  # fmt: skip
     total = sum(r.lag for r in rows)
     click.echo(f"total lag {total}")
+    pending = app.erasures_pending(ctx.obj)
+    if pending:
+        click.echo(f"erasures not finished: {', '.join(pending)} (the next `runstate project` finishes them)")
 
 
 @main.command()

@@ -308,7 +308,7 @@ class Snapshotter:
                                 "(or RUNSTATE_MASTER_KEY_FILE)")  # fmt: skip
         self.writer = CheckpointWriter(log_, policy or CheckpointPolicy(), key, retention, retention_every_s)
         self.projector = Projector(log_, str(snapshotter_dir(state_dir)), group_id=group_id, batch_size=batch_size,
-                                   publish_dead_letters=False, hooks=self.writer)  # fmt: skip
+                                   publish_dead_letters=False, hooks=self.writer, destroy_erased_keys=True)  # fmt: skip
         self.writer.owned = lambda: set(self.projector.parts)
 
     def run(self, *, until_caught_up: bool = False, **kw: object) -> ProjectorStats:

@@ -425,3 +425,92 @@ def test_retention_erases_ended_runs_when_due_and_counts_what_it_did(sealed: Set
                          retention="completed=1d")  # fmt: skip
         app.publish(plain, "x", marked_patches("x")[0], where="t")
         app.snapshot(plain, until_caught_up=True)
+
+
+def _killed_at(settings: Settings, where: str, call: str) -> int:
+    """Run ``call`` (app.<...>) in a process that SIGKILLs itself when ``where`` (a
+    ``module:Class.method``) is first called; returns its exit code."""
+    import subprocess
+    import sys
+
+    module, attr = where.split(":")
+    cls, method = attr.split(".")
+    script = (
+        "import os, signal, sys, importlib\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from runstate import app\n"
+        "from runstate.settings import Settings\n"
+        "import json\n"
+        f"s = Settings.model_validate({{**json.loads({settings.model_dump_json()!r}), "
+        f"'master_key': {settings.master_key.get_secret_value()!r}}})\n"  # type: ignore[union-attr]
+        f"cls = getattr(importlib.import_module({module!r}), {cls!r})\n"
+        f"setattr(cls, {method!r}, lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))\n"
+        f"app.{call}\n"
+    )  # fmt: skip
+    return subprocess.run([sys.executable, "-c", script], timeout=120).returncode
+
+
+def _keys_alive(settings: Settings, run_id: str) -> list[str]:
+    from runstate.eventlog.embedded import EmbeddedLog
+    from runstate.eventlog.keystore import KeyStore, MasterKeys
+
+    raw = EmbeddedLog(settings.log, create=False)
+    store = KeyStore(raw, MasterKeys.parse(settings.master_key.get_secret_value()))  # type: ignore[union-attr]
+    try:
+        entry = store.run(run_id, refresh=True)
+        return [] if entry is None else entry.usable()
+    finally:
+        store.close()
+        raw.close()
+
+
+def test_an_erasure_killed_at_each_step_is_finished_by_the_next_process(sealed: Settings, tmp_path: Path) -> None:
+    """SIGKILL between the erasure's WriteBatch and its compaction (projector, snapshotter),
+    and between ``erase``'s append and its key destruction: the next process that takes the
+    erasure finishes it, and no file holds the content, compressed blocks included."""
+    publish_all(sealed, "victim", marked_patches(MARKER))
+    publish_all(sealed, "other", marked_patches("kept"))
+    app.project(sealed, until_caught_up=True)
+    app.snapshot(sealed, until_caught_up=True, every=1)
+    assert files_holding(tmp_path, MARKER.encode())
+    # `runstate erase` dies after appending the erasure, before destroying the keys.
+    assert _killed_at(sealed, "runstate.eventlog.keystore:KeyStore.erase",
+                      "erase(s, 'victim', 'asked', 'ops')") == -9  # fmt: skip
+    assert _keys_alive(sealed, "victim")
+    # The projector and the snapshotter die with the run wiped but not compacted away.
+    for call in ("project(s, until_caught_up=True)", "snapshot(s, until_caught_up=True)"):
+        assert _killed_at(sealed, "runstate.projector.store.partition:ProjectionStore._compact_erased", call) == -9
+    with Projection(sealed.state_dir) as proj:
+        assert proj.erasing() == ["victim"]
+    r = CliRunner().invoke(main, ["status"], env={"RUNSTATE_LOG": sealed.log, "RUNSTATE_STATE_DIR": sealed.state_dir,
+                                                  "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value()})  # type: ignore[union-attr]  # fmt: skip
+    assert r.exit_code == 0 and "erasures not finished: victim" in r.output, r.output
+    # Restarted: each finishes what it left, then goes on.
+    for i in range(3):
+        publish_all(sealed, "other", [{"expected_revision": 2 + i, "events": [fact(f"g{i}")]}])
+    app.project(sealed, until_caught_up=True)
+    app.snapshot(sealed, until_caught_up=True)
+    assert _keys_alive(sealed, "victim") == []
+    with Projection(sealed.state_dir) as proj:
+        assert proj.erasing() == []
+    assert files_holding(tmp_path, MARKER.encode()) == []
+    with pytest.raises(RunErased):
+        app.get_state(sealed, "victim")
+    assert app.get_state(sealed, "other").revision == 5
+
+
+def test_retention_cut_short_is_finished_on_restart(sealed: Settings, tmp_path: Path) -> None:
+    import time
+
+    kept = sealed.model_copy(update={"retention": "completed=1s", "retention_check_s": 0.05})
+    publish_all(kept, "done", [*marked_patches(MARKER), {"expected_revision": 2, "events": [ev("RunCompleted")]}])
+    app.project(kept, until_caught_up=True)
+    time.sleep(1.2)
+    assert _killed_at(kept, "runstate.eventlog.keystore:KeyStore.erase", "snapshot(s, until_caught_up=True)") == -9
+    assert _keys_alive(kept, "done")
+    app.snapshot(kept, until_caught_up=True)
+    app.project(kept, until_caught_up=True)
+    assert _keys_alive(kept, "done") == []
+    with pytest.raises(RunErased):
+        app.get_state(kept, "done")
+    assert files_holding(tmp_path, MARKER.encode()) == []

@@ -159,6 +159,15 @@ class Projection:
                 out.extend(st.dead_letters())
         return out
 
+    def erasing(self) -> list[str]:
+        """Runs whose erasure this projection stored but has not finished."""
+        out: list[str] = []
+        for p in range(self.partitions()):
+            st = self._store(p)
+            if st is not None:
+                out.extend(st.erasing())
+        return sorted(out)
+
     def digests(self) -> dict[str, str]:
         """State digest per run."""
         out = {}

@@ -37,7 +37,7 @@ from runstate.eventlog.base import EventLog, LogConsumer, Record
 from runstate.projector.runtime import gc_policy
 from runstate.projector.store.keys import patch_id_digest
 from runstate.projector.core.runbook import InternalErrorPolicy, RunBook, read_record
-from runstate.eventlog.sealed import CONTENT_FREE
+from runstate.eventlog.sealed import CONTENT_FREE, SealedLog
 from runstate.projector.core.outcomes import Erased, DeadLetter
 from runstate.projector.store.statedir import Layout
 from runstate.projector.store.partition import PendingBatch, ProjectionStore
@@ -97,6 +97,8 @@ class _Partition:
         # Runs restored from checkpoints: their records up to this offset are already in
         # the restored state and are skipped (by key, without decoding).
         self.skip: dict[bytes, int] = {k.encode(): v for k, v in restored.items() if v >= self.next_offset}
+        #: erasures left pending by a key store that could not be written: retried after each batch
+        self.erasing = False
 
 
 class ProjectorHooks(Protocol):
@@ -144,8 +146,12 @@ class Projector:
         tune_gc: bool = False,
         publish_decisions: bool = False,
         client_id: str | None = None,
+        destroy_erased_keys: bool = False,
     ) -> None:
         self.log = log_
+        #: A live projector (not a replay) finishes the erasures it takes: the run's keys
+        #: destroyed, whoever appended the erasure and whether or not it lived to do so.
+        self.destroy_erased_keys = destroy_erased_keys
         self.layout = Layout(state_dir)
         self.group_id = group_id
         self.batch_size = batch_size
@@ -198,11 +204,41 @@ class Projector:
                                       f"the projection ({self.layout.store_path(p)})")
                 with self.lock:
                     self.parts[p] = part
+                self._finish_erasures(p, store)  # what a crash left half done
                 if self.hooks is not None:
                     self.hooks.on_assign(p, store)
             starts[p] = self.parts[p].next_offset
         log.info("assigned partitions %s at %s", partitions, starts)
         return starts
+
+    def _finish_erasures(self, partition: int, store: ProjectionStore) -> None:
+        """Finish every erasure the store holds as pending: the runs' keys destroyed (a live
+        projector on a sealed log; idempotent, so one the erasing process finished costs a
+        read), their bytes compacted out of the store's files, the marks cleared. A key
+        store that cannot be written now leaves the marks, retried after the next batch."""
+        runs = store.erasing()
+        part = self.parts.get(partition)
+        if not runs:
+            if part is not None:
+                part.erasing = False
+            return
+        if self.destroy_erased_keys and isinstance(self.log, SealedLog):
+            for run_id in runs:
+                header = store.header(run_id)
+                erasure = None if header is None else header.erasure
+                record = ({"at": "", "by": "unknown", "reason": "erasure finished after a restart"} if erasure is None
+                          else {"at": erasure.at.isoformat(), "by": erasure.by, "reason": erasure.reason})  # fmt: skip
+                try:
+                    self.log.keyring.erase(run_id, record)
+                except LogError as e:
+                    log.warning("erasure of run %r: its keys could not be destroyed yet (%s); retried", run_id, e)
+                    if part is not None:
+                        part.erasing = True
+                    return
+        with self.lock:
+            store.finish_erasures(runs)
+        if part is not None:
+            part.erasing = False
 
     def _open_store(self, partition: int, wait_s: float = 30.0) -> ProjectionStore:
         """Open a partition's store; when another local projector is still handing it over
@@ -448,6 +484,8 @@ class Projector:
                 raise
             part.next_offset = batch.next_offset
             part.book.settle()
+            if batch.erased or part.erasing:
+                self._finish_erasures(p, part.store)
             if part.skip and part.next_offset > max(part.skip.values()):
                 part.skip = {}
             if self.hooks is not None:

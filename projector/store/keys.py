@@ -45,6 +45,8 @@ RESTORED_IDS = b"s:"
 CHECKPOINTS = b"c:"
 OUTBOX = b"o:"
 DEDUPE = b"d:"
+#: runs whose erasure is stored but not finished (keys destroyed, bytes compacted away)
+ERASING = b"e:"
 
 
 
@@ -115,6 +117,10 @@ def checkpoints_prefix(run_id: str) -> bytes:
 
 def checkpoint_key(run_id: str, revision: int) -> bytes:
     return checkpoints_prefix(run_id) + f"{revision:016x}".encode()
+
+
+def erasing_key(run_id: str) -> bytes:
+    return ERASING + _run(run_id)
 
 
 def run_ranges(run_id: str) -> list[tuple[bytes, bytes]]:

@@ -216,6 +216,8 @@ class ProjectionStore:
         wb = WriteBatch(raw_mode=True)
         for run_id in batch.erased:
             self._stage_erasure(wb, run_id)
+            # Finished after the batch (finish_erasures), and on every open until then.
+            wb.put(keys.erasing_key(run_id), run_id.encode())
         for run_id, header in batch.headers.items():
             wb.put(keys.header_key(run_id), keys.encode_header(header))
         for k in batch.deletes:
@@ -238,8 +240,27 @@ class ProjectionStore:
         wb.put(keys.NEXT_OFFSET, keys.encode_int(batch.next_offset))
         try:
             self._db.write(wb, self._wopts)
-            if batch.erased:
-                self._compact_erased(batch.erased)
+        except Exception as e:
+            raise _write_error(self.path, e) from e
+
+    def erasing(self) -> list[str]:
+        """Runs whose erasure is stored but not finished (see :meth:`finish_erasures`)."""
+        return [v.decode() for _k, v in self._prefix(keys.ERASING)]
+
+    def finish_erasures(self, runs: Iterable[str]) -> None:
+        """The last step of erasing ``runs`` here: their bytes leave the store's files
+        (:meth:`_compact_erased`), then their pending marks are cleared. Until then every
+        open finds them in :meth:`erasing`, so a crash between the erasure's WriteBatch and
+        its compaction is finished by the next process that opens the store."""
+        runs = list(runs)
+        if not runs:
+            return
+        try:
+            self._compact_erased(runs)
+            wb = WriteBatch(raw_mode=True)
+            for run_id in runs:
+                wb.delete(keys.erasing_key(run_id))
+            self._db.write(wb, self._wopts)
         except Exception as e:
             raise _write_error(self.path, e) from e
 
