@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 import os
 import re
 import threading
@@ -743,3 +744,34 @@ class Keyring:
     def erase(self, run_id: str, erasure: dict[str, str]) -> dict[str, str]:
         self.forget(run_id)
         return self.store.erase(run_id, erasure)
+
+
+#: The key store's name for the checkpoint keys: not a run id (run ids hold no control
+#: characters), so no run shares them and none can erase them.
+CHECKPOINT_KEYS = "\x01checkpoints"
+
+
+class CheckpointSigner:
+    """Signs checkpoints with a random key kept in the key store like a run key (wrapped by
+    the master key, rewrapped by a rotation), and names it in the signature (``kid:hmac``):
+    a rotation leaves every checkpoint verifiable, and a forged checkpoint with a
+    recomputed digest is refused."""
+
+    def __init__(self, keyring: Keyring) -> None:
+        self.keyring = keyring
+
+    def sign(self, digest: str) -> str:
+        kid, key = self.keyring.for_sealing(CHECKPOINT_KEYS)
+        return f"{kid}:{hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()}"
+
+    def verify(self, digest: str, signature: str) -> bool:
+        kid, _, mac = signature.partition(":")
+        if not mac:
+            return False
+        try:
+            key = self.keyring.for_opening(CHECKPOINT_KEYS, kid)
+        except KeyStoreError:
+            return False
+        if len(key) != sealed.KEY_BYTES:
+            return False
+        return hmac.compare_digest(mac.encode(), hmac.new(key, digest.encode(), hashlib.sha256).hexdigest().encode())

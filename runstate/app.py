@@ -7,6 +7,7 @@ queries), so producers and the projector stay independent of each other.
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import threading
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from runstate.eventlog import EventLog, open_log
-from runstate.eventlog.keystore import Keyring, KeyReport, KeyStore, MasterKey, MasterKeys, MasterRecord, Rotation
+from runstate.eventlog.keystore import CheckpointSigner, Keyring, KeyReport, KeyStore, MasterKey, MasterKeys, MasterRecord, Rotation
 from runstate.eventlog.sealed import SealedLog
 from runstate.producers.decisions import TopicDecisions
 from runstate.producers.run_producer import DecisionSource, Receipt, RunProducer
@@ -38,7 +39,7 @@ from runstate.schemas.codec import content_digest
 from runstate.schemas.errors import (
     ContractError, KeyStoreError, LogConfigError, LogError, LostRecords, RunErased, RunNotFound, RunstateError,
 )  # fmt: skip
-from runstate.snapshotter.checkpoint import Checkpoint, decode_patch_ids
+from runstate.snapshotter.checkpoint import Checkpoint, SigningKey, decode_patch_ids
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.projector.store.partition import ProjectionStore
@@ -67,6 +68,26 @@ def open_settings_log(settings: Settings, *, create: bool = True) -> EventLog:
     except BaseException:
         log.close()
         raise
+
+
+def checkpoint_key(settings: Settings, log: EventLog, *, writer: bool = False) -> SigningKey:
+    """What signs and checks checkpoints: ``RUNSTATE_CHECKPOINT_KEY``, else (content sealed)
+    a checkpoint key of the key store, else nothing: a digest only, which a ``writer``
+    (the snapshotter starting) says once."""
+    explicit = settings.checkpoint_key_bytes()
+    if explicit is not None:
+        return explicit
+    if isinstance(log, SealedLog):
+        return CheckpointSigner(log.keyring)
+    if writer and not _warned_unsigned:
+        _warned_unsigned.append(True)
+        logging.getLogger("runstate").warning(
+            "checkpoints are not authenticated (a digest only): set RUNSTATE_MASTER_KEY (they are then signed with "
+            "a key of the key store) or RUNSTATE_CHECKPOINT_KEY")  # fmt: skip
+    return None
+
+
+_warned_unsigned: list[bool] = []
 
 
 def _open_raw(settings: Settings, create: bool = True) -> EventLog:
@@ -266,7 +287,7 @@ def make_projector(settings: Settings, log: EventLog, *,
             if on_restore_progress is not None:
                 on_restore_progress(partition, done, total)
 
-        return restore_partition(log, partition, store, progress, key=settings.checkpoint_key_bytes())
+        return restore_partition(log, partition, store, progress, key=checkpoint_key(settings, log))
 
     return Projector(log, settings.state_dir, group_id=settings.group_id, batch_size=settings.batch_size,
                      cache_runs=settings.cache_runs, cache_items_per_run=settings.cache_items_per_run,
@@ -309,7 +330,7 @@ def snapshot(settings: Settings, *, until_caught_up: bool = False, every: int | 
     try:
         policy = settings.checkpoint_policy(every)
         snap = Snapshotter(log, settings.state_dir, policy=policy, batch_size=settings.batch_size,
-                           key=settings.checkpoint_key_bytes(), retention=settings.retention_policy(),
+                           key=checkpoint_key(settings, log, writer=True), retention=settings.retention_policy(),
                            retention_every_s=settings.retention_check_s)  # fmt: skip
         snap.projector.on_progress = on_progress
         stats = snap.run(until_caught_up=until_caught_up)
@@ -413,7 +434,7 @@ def run_verify(settings: Settings, on_progress: Callable[[int, int], None] | Non
                deep: bool = False) -> VerifyReport:
     """Projection == replay; ``deep`` also checks the log's storage and every checkpoint."""
     log = open_settings_log(settings, create=False)
-    key = settings.checkpoint_key_bytes()
+    key = checkpoint_key(settings, log)
     try:
         return verify(log, settings.state_dir, on_progress=on_progress,
                       deep=(lambda lg: check_checkpoints(lg, key)) if deep else None)  # fmt: skip

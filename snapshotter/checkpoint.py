@@ -20,7 +20,7 @@ import hashlib
 import hmac
 import typing
 from collections.abc import Collection, Iterable
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
 import orjson
 import pydantic
@@ -143,17 +143,40 @@ def _canonical(doc: dict[str, Any]) -> bytes:
     return orjson.dumps({k: v for k, v in doc.items() if k not in _SEAL_FIELDS}, option=orjson.OPT_SORT_KEYS)
 
 
-def _sign(digest: str, key: bytes) -> str:
-    return hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()
+class Signer(Protocol):
+    """Signs checkpoints with keys that carry an id (the key store's checkpoint keys), so
+    that a checkpoint names the key that signed it and a master key rotation leaves it
+    verifiable."""
+
+    def sign(self, digest: str) -> str: ...
+
+    def verify(self, digest: str, signature: str) -> bool: ...
 
 
-def seal(doc: dict[str, Any], key: bytes | None) -> bytes:
+#: What signs and checks checkpoints: an operator's key (``RUNSTATE_CHECKPOINT_KEY``), a
+#: :class:`Signer`, or None (a digest only: not authenticated).
+SigningKey = bytes | Signer | None
+
+
+def _sign(digest: str, key: bytes | Signer) -> str:
+    if isinstance(key, bytes):
+        return hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()
+    return key.sign(digest)
+
+
+def _verify(digest: str, signature: str, key: bytes | Signer) -> bool:
+    if isinstance(key, bytes):
+        return hmac.compare_digest(signature.encode(), _sign(digest, key).encode())
+    return key.verify(digest, signature)
+
+
+def seal(doc: dict[str, Any], key: SigningKey) -> bytes:
     """Encode a checkpoint or coverage document with its digest (and signature, with a key)."""
     digest = hashlib.sha256(_canonical(doc)).hexdigest()
     return orjson.dumps({**doc, "digest": digest, "signature": None if key is None else _sign(digest, key)})
 
 
-def _check_seal(doc: dict[str, Any], key: bytes | None, run_id: str | None) -> None:
+def _check_seal(doc: dict[str, Any], key: SigningKey, run_id: str | None) -> None:
     """Raises :class:`CheckpointInvalid` unless the digest covers the document as it is and,
     with a ``key``, the signature is the key's. Without a key a signature cannot be checked."""
     digest = doc.get("digest")
@@ -163,13 +186,14 @@ def _check_seal(doc: dict[str, Any], key: bytes | None, run_id: str | None) -> N
     if key is not None:
         sig = doc.get("signature")
         if not sig:
-            raise CheckpointInvalid(run_id, "not signed, and a checkpoint key is configured")
-        if not isinstance(sig, str) or not hmac.compare_digest(sig.encode(), _sign(digest, key).encode()):
-            raise CheckpointInvalid(run_id, "wrong signature (not made with the configured checkpoint key)")
+            raise CheckpointInvalid(run_id, "not signed, and checkpoints are signed here")
+        if not isinstance(sig, str) or not _verify(digest, sig, key):
+            raise CheckpointInvalid(run_id, "wrong signature (not made with the configured checkpoint key, nor with "
+                                    "a checkpoint key of the key store)")  # fmt: skip
 
 
 def make_checkpoint(state: RunState, *, partition: int, covers_offset: int, triggers: list[str],
-                    recent: list[Decision], patch_ids: Iterable[str] = (), key: bytes | None = None) -> Checkpoint:  # fmt: skip
+                    recent: list[Decision], patch_ids: Iterable[str] = (), key: SigningKey = None) -> Checkpoint:  # fmt: skip
     """The checkpoint of ``state``, sealed (digest over all of it; signed with ``key``).
     ``patch_ids`` are the run's decided patch ids up to ``covers_offset``. ``recent``: the
     run's last decisions, as models or as the core's structs of them (projector/core/decide.py)."""
@@ -190,7 +214,7 @@ def encode(cp: Checkpoint) -> bytes:
     return cp.model_dump_json().encode()
 
 
-def _trusted_doc(raw: bytes, key: bytes | None) -> dict[str, Any]:
+def _trusted_doc(raw: bytes, key: SigningKey) -> dict[str, Any]:
     """A checkpoint record as plain JSON data, with a current-schema state, once everything
     but its shape is checked (see :func:`validate`). Raises :class:`CheckpointInvalid`."""
     try:
@@ -222,7 +246,7 @@ def _trusted_doc(raw: bytes, key: bytes | None) -> dict[str, Any]:
     return doc  # type: ignore[no-any-return]
 
 
-def validate(raw: bytes, key: bytes | None = None) -> Checkpoint:
+def validate(raw: bytes, key: SigningKey = None) -> Checkpoint:
     """Check a checkpoint record and return it with a current-schema state.
 
     Raises :class:`CheckpointInvalid` when it is not JSON / not a checkpoint, from another
@@ -257,7 +281,7 @@ class RestoreData(NamedTuple):
 _decision_decoder = structs.decoder(Decision)
 
 
-def restore_data(raw: bytes, key: bytes | None = None) -> RestoreData:
+def restore_data(raw: bytes, key: SigningKey = None) -> RestoreData:
     """:func:`validate` for recovery: the same checks of the record (format and reducer
     versions, digest, signature with a ``key``, the state's run and revision, an older schema
     migrated), its decisions and patch ids validated, the state kept as plain data, which
@@ -280,7 +304,7 @@ def restore_data(raw: bytes, key: bytes | None = None) -> RestoreData:
         raise CheckpointInvalid(run_id, f"not a checkpoint: {e}") from e
 
 
-def state_data_of(raw: bytes, key: bytes | None = None) -> dict[str, Any]:
+def state_data_of(raw: bytes, key: SigningKey = None) -> dict[str, Any]:
     """A checkpoint's state as plain JSON data (``RunState.model_dump(mode="json")`` of the
     state :func:`validate` returns), checked as :func:`validate` checks it (format and
     reducer versions, digest, signature with a ``key``, the state's run and revision; an
@@ -380,7 +404,7 @@ def runs_digest(run_ids: Iterable[str]) -> str:
     return f"{acc:016x}"
 
 
-def make_coverage(partition: int, covers_below: int, key: bytes | None, runs: Collection[str] = (),
+def make_coverage(partition: int, covers_below: int, key: SigningKey, runs: Collection[str] = (),
                   dense: bool = False) -> bytes:  # fmt: skip
     """The snapshotter's promise for one partition: every checkpoint it made for records
     below ``covers_below`` is published, so every run with an accepted record there has
@@ -392,7 +416,7 @@ def make_coverage(partition: int, covers_below: int, key: bytes | None, runs: Co
                  "dense": dense}, key)  # fmt: skip
 
 
-def validate_coverage(raw: bytes, partition: int, key: bytes | None = None) -> Coverage:
+def validate_coverage(raw: bytes, partition: int, key: SigningKey = None) -> Coverage:
     """A coverage record's promise. Raises :class:`CheckpointInvalid`."""
     try:
         doc = orjson.loads(raw)

@@ -10,7 +10,7 @@ from runstate.eventlog.partitioner import partition_for
 from runstate.projector.store.statedir import Layout
 from runstate.projector.store.partition import ProjectionStore
 from runstate.schemas.errors import CheckpointInvalid
-from runstate.snapshotter.checkpoint import Checkpoint, state_data_of, validate
+from runstate.snapshotter.checkpoint import Checkpoint, SigningKey, state_data_of, validate
 
 #: What a check of a checkpoint record gives.
 T = TypeVar("T")
@@ -19,7 +19,7 @@ T = TypeVar("T")
 class CheckpointHistory:
     """Read-only view of the checkpoints the snapshotter wrote under ``<state_dir>/snapshotter``."""
 
-    def __init__(self, snapshotter_dir: str | os.PathLike[str], key: bytes | None = None) -> None:
+    def __init__(self, snapshotter_dir: str | os.PathLike[str], key: SigningKey = None) -> None:
         self.layout = Layout(snapshotter_dir)
         self.key = key
         self._stores: dict[int, ProjectionStore] = {}

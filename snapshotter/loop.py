@@ -38,7 +38,9 @@ from runstate.projector.runtime.loop import Projector, ProjectorStats
 from runstate.projector.store.partition import PendingBatch, ProjectionStore
 from runstate.projector.core.working import RunDoc
 from runstate.schemas.patch import Decision, Patch
-from runstate.snapshotter.checkpoint import RECENT_DECISIONS, Checkpoint, coverage_keys, encode, make_checkpoint, make_coverage
+from runstate.snapshotter.checkpoint import (
+    RECENT_DECISIONS, Checkpoint, SigningKey, coverage_keys, encode, make_checkpoint, make_coverage,
+)  # fmt: skip
 from runstate.schemas.errors import KeyStoreError, RunNotFound
 from runstate.schemas.state import status_span
 from runstate.schemas.patch import Author
@@ -67,7 +69,7 @@ class CheckpointWriter:
     """The projector hooks that turn accepted patches into checkpoints. ``key`` signs
     them (HMAC-SHA256; ``RUNSTATE_CHECKPOINT_KEY``)."""
 
-    def __init__(self, log_: EventLog, policy: CheckpointPolicy, key: bytes | None = None,
+    def __init__(self, log_: EventLog, policy: CheckpointPolicy, key: SigningKey = None,
                  retention: RetentionPolicy | None = None, retention_every_s: float = 60.0) -> None:  # fmt: skip
         self.log = log_
         self.policy = policy
@@ -301,7 +303,7 @@ class Snapshotter:
     writes checkpoints. Same loop and pure core as the projector."""
 
     def __init__(self, log_: EventLog, state_dir: str, *, policy: CheckpointPolicy | None = None,
-                 batch_size: int = 2000, group_id: str = GROUP, key: bytes | None = None,
+                 batch_size: int = 2000, group_id: str = GROUP, key: SigningKey = None,
                  retention: RetentionPolicy | None = None, retention_every_s: float = 60.0) -> None:  # fmt: skip
         if retention is not None and not isinstance(log_, SealedLog):
             raise KeyStoreError("RUNSTATE_RETENTION erases runs, which needs sealed content: set RUNSTATE_MASTER_KEY "

@@ -36,7 +36,7 @@ from runstate.projector.core.working import RunDoc
 from runstate.projector.store.partition import ProjectionStore, RestoredRun
 from runstate.schemas.errors import CheckpointInvalid, describe_validation_error
 from runstate.snapshotter.checkpoint import (
-    Coverage, is_coverage_key, restore_data, runs_digest, validate, validate_coverage,
+    Coverage, SigningKey, is_coverage_key, restore_data, runs_digest, validate, validate_coverage,
 )  # fmt: skip
 
 log = logging.getLogger("runstate.recovery")
@@ -84,7 +84,7 @@ def _checkpoint_offsets(log_: EventLog, partition: int, end: int, on_progress: R
     return offsets, coverage
 
 
-def _newest_coverage(coverage: list[tuple[int, bytes]], partition: int, key: bytes | None,
+def _newest_coverage(coverage: list[tuple[int, bytes]], partition: int, key: SigningKey,
                      report: RestoreReport) -> Coverage | None:  # fmt: skip
     for offset, value in reversed(coverage):  # the newest valid one
         try:
@@ -97,7 +97,7 @@ def _newest_coverage(coverage: list[tuple[int, bytes]], partition: int, key: byt
     return None
 
 
-def _restored(value: bytes, run: str, partition: int, key: bytes | None) -> RestoredRun:
+def _restored(value: bytes, run: str, partition: int, key: SigningKey) -> RestoredRun:
     """A checkpoint record as the run to write, validated as plain data, piece by piece.
     Raises :class:`CheckpointInvalid`."""
     data = restore_data(value, key)
@@ -114,7 +114,7 @@ def _restored(value: bytes, run: str, partition: int, key: bytes | None) -> Rest
 
 
 def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
-                      on_progress: RestoreProgress | None = None, key: bytes | None = None) -> RestoreReport:  # fmt: skip
+                      on_progress: RestoreProgress | None = None, key: SigningKey = None) -> RestoreReport:  # fmt: skip
     """Fill a brand-new partition store from checkpoints (see the module docstring).
     ``key``: checkpoints must be signed with it (``RUNSTATE_CHECKPOINT_KEY``).
 
@@ -198,7 +198,7 @@ def _distrust(promise: Coverage, found: set[str]) -> str | None:
     return None
 
 
-def check_checkpoints(log_: EventLog, key: bytes | None = None) -> list[str]:
+def check_checkpoints(log_: EventLog, key: SigningKey = None) -> list[str]:
     """Every record of the checkpoints topic that does not validate (run checkpoints and
     coverage records), as problems for ``verify --deep``. Older checkpoints of a run that
     compaction has not removed yet are checked too."""

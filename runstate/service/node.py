@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from runstate.app import make_projector, open_settings_log
+from runstate.app import checkpoint_key, make_projector, open_settings_log
 from runstate.eventlog.base import EventLog
 from runstate.eventlog.partitioner import partition_for
 from runstate.producers.decisions import DecisionFeed
@@ -162,8 +162,9 @@ class Node:
         self.snapshotter: Snapshotter | None = None
         if snapshotter:
             policy = settings.checkpoint_policy()
-            self.snapshotter = Snapshotter(open_settings_log(settings), settings.state_dir, policy=policy,
-                                           batch_size=settings.batch_size, key=settings.checkpoint_key_bytes(),
+            snap_log = open_settings_log(settings)
+            self.snapshotter = Snapshotter(snap_log, settings.state_dir, policy=policy,
+                                           batch_size=settings.batch_size, key=checkpoint_key(settings, snap_log, writer=True),
                                            retention=settings.retention_policy(),
                                            retention_every_s=settings.retention_check_s)  # fmt: skip
         self.producer = RunProducer(self.log, Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
