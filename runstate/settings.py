@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     #: ``runstate serve``: seconds a request body may pause between two of its parts before
     #: the request is answered 408 (a client that stops sending must not hold a connection).
     body_timeout_s: float = Field(30.0, gt=0, le=3600)
+    #: ``runstate serve``: seconds a request may take to send its headers, and then its whole
+    #: body, however steadily it trickles (a client sending a byte a second must not hold a
+    #: connection): past it the connection is closed (headers) or answered 408 (body).
+    request_timeout_s: float = Field(60.0, gt=0, le=3600)
     #: Raw librdkafka settings (JSON object in the env var); ``producer.``/``consumer.``
     #: prefixed keys apply to one client kind only. They win over runstate's defaults.
     kafka_config: dict[str, str | int | bool] = {}

@@ -184,12 +184,14 @@ def test_a_garbage_layout_file_is_one_line_naming_it(tmp_path: Path, command: li
 def test_aborted_and_slow_request_bodies_leave_no_traceback_and_hold_nothing(tmp_path: Path) -> None:
     """A client that closes in the middle of a patch body, and one that sends its body a
     byte at a time and then stops: serve logs no traceback for the first, and answers the
-    second 408 after RUNSTATE_BODY_TIMEOUT_S instead of holding the connection forever."""
+    second 408 after RUNSTATE_BODY_TIMEOUT_S instead of holding the connection forever; a body
+    or headers trickled steadily are cut off at RUNSTATE_REQUEST_TIMEOUT_S, and /metrics
+    counts each."""
     import socket
     import time
 
     env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
-           "RUNSTATE_BODY_TIMEOUT_S": "1"}  # fmt: skip
+           "RUNSTATE_BODY_TIMEOUT_S": "1", "RUNSTATE_REQUEST_TIMEOUT_S": "2"}  # fmt: skip
     proc = ServeProcess(env, tmp_path)
     try:
         proc.wait_ready()
@@ -206,7 +208,44 @@ def test_aborted_and_slow_request_bodies_leave_no_traceback_and_hold_nothing(tmp
                 answer += chunk
             assert answer.startswith(b"HTTP/1.1 408"), answer
             assert b"RUNSTATE_BODY_TIMEOUT_S" in answer and time.monotonic() - started < 5
+        # Trickled steadily, a byte every 0.3 s: the body never stalls, its whole has a deadline.
+        with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as s:
+            s.sendall(head)
+            started, answer = time.monotonic(), b""
+            s.settimeout(0.3)
+            while time.monotonic() - started < 8 and not answer:
+                try:
+                    s.sendall(b" ")
+                    answer = s.recv(4096)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    break
+            assert answer.startswith(b"HTTP/1.1 408") and b"RUNSTATE_REQUEST_TIMEOUT_S" in answer, answer
+            assert time.monotonic() - started < 5
+        # Headers trickled (and a connection that sends nothing): closed at the deadline.
+        for first in (b"POST /runs/r/patches HTTP/1.1\r\n", b""):
+            with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as s:
+                s.sendall(first)
+                started, closed = time.monotonic(), False
+                s.settimeout(0.3)
+                while time.monotonic() - started < 8:
+                    try:
+                        if first:
+                            s.sendall(b"X-Slow: 1\r\n")
+                        if s.recv(4096) == b"":
+                            closed = True
+                            break
+                    except TimeoutError:
+                        continue
+                    except OSError:
+                        closed = True
+                        break
+                assert closed and time.monotonic() - started < 5
         assert httpx.get(proc.url + "/healthz").status_code == 200
+        metrics = httpx.get(proc.url + "/metrics").text
+        assert 'runstate_http_slow_clients_total{phase="headers"} 2.0' in metrics, metrics
+        assert 'runstate_http_slow_clients_total{phase="body"} 2.0' in metrics, metrics
         time.sleep(0.3)
         assert "Traceback" not in proc.log() and "ClientDisconnect" not in proc.log(), proc.log()
     finally:

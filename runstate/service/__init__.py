@@ -57,6 +57,7 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, adve
     import uvicorn
 
     from runstate.service.auth import ANONYMOUS, Tokens
+    from runstate.service.deadline import deadline_protocol
     from runstate.service.http import create_app
     from runstate.service.node import Node
     from runstate.service.routing import Router
@@ -85,8 +86,10 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, adve
     node = Node(settings, me, snapshotter=snapshotter, on_fatal=fatal)
     router = Router(node.log, settings.group_id, me) if settings.log.startswith("kafka://") else None
     app = create_app(node, tokens, router)
+    slow = app.state.metrics.slow_clients.labels("headers")
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, ssl_keyfile=ssl_keyfile,
-                            ssl_certfile=ssl_certfile, timeout_graceful_shutdown=5, lifespan="on")  # fmt: skip
+                            ssl_certfile=ssl_certfile, timeout_graceful_shutdown=5, lifespan="on",
+                            http=deadline_protocol(settings.request_timeout_s, slow.inc))  # fmt: skip
     server = uvicorn.Server(config)
     server_box["server"] = server
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the

@@ -14,6 +14,7 @@ or not yet at ``min_revision``).
 from __future__ import annotations
 
 import asyncio
+import time
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
@@ -56,11 +57,12 @@ class _ClientGone(Exception):
 
 
 class _BodyStalled(Exception):
-    """The request body stopped arriving for longer than the body timeout."""
+    """The request body stopped arriving for longer than the body timeout, or did not
+    arrive whole within the request timeout (``whole``)."""
 
-    def __init__(self, after_s: float) -> None:
+    def __init__(self, after_s: float, setting: str, *, whole: bool = False) -> None:
         super().__init__(after_s)
-        self.after_s = after_s
+        self.after_s, self.setting, self.whole = after_s, setting, whole
 
 
 class ErrorDetail(BaseModel):
@@ -125,6 +127,9 @@ class Metrics:
         self.restore = Gauge("runstate_restore_progress_ratio", "Checkpoint restore progress (0..1)", ["partition"],
                              registry=self.registry)  # fmt: skip
         self.requests = Counter("runstate_http_requests", "HTTP requests", ["route", "status"], registry=self.registry)
+        self.slow_clients = Counter("runstate_http_slow_clients", "Connections cut off for sending their headers or "
+                                    "body too slowly (RUNSTATE_REQUEST_TIMEOUT_S, RUNSTATE_BODY_TIMEOUT_S)", ["phase"],
+                                    registry=self.registry)  # fmt: skip
         self.retention_due = Gauge("runstate_retention_due_runs", "Runs the retention policy found due at its last "
                                    "check (RUNSTATE_RETENTION)", ["partition"], registry=self.registry)  # fmt: skip
         self.retention_erased = Gauge("runstate_retention_erased_runs", "Runs erased by the retention policy since "
@@ -207,8 +212,9 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
 
     @api.exception_handler(_BodyStalled)
     async def _body_stalled(_req: Request, e: _BodyStalled) -> JSONResponse:
-        return error_response(408, "request_timeout", f"the request body stopped arriving for {e.after_s:g} s "
-                              "(RUNSTATE_BODY_TIMEOUT_S); nothing was appended", headers={"Connection": "close"})
+        what = f"did not arrive whole within {e.after_s:g} s" if e.whole else f"stopped arriving for {e.after_s:g} s"
+        return error_response(408, "request_timeout", f"the request body {what} ({e.setting}); nothing was appended",
+                              headers={"Connection": "close"})  # fmt: skip
 
     @api.exception_handler(StarletteHTTPException)
     async def _http_error(_req: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -233,13 +239,18 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
             raise PatchTooLarge(run_id, int(declared), limit, as_json=True)
         chunks, size = [], 0
         parts = request.stream().__aiter__()
+        deadline = time.monotonic() + node.settings.request_timeout_s
         while True:
+            left = deadline - time.monotonic()
             try:
-                chunk = await asyncio.wait_for(parts.__anext__(), node.settings.body_timeout_s)
+                chunk = await asyncio.wait_for(parts.__anext__(), min(node.settings.body_timeout_s, max(left, 0.0)))
             except StopAsyncIteration:
                 break
             except TimeoutError:
-                raise _BodyStalled(node.settings.body_timeout_s) from None
+                metrics.slow_clients.labels("body").inc()
+                if left <= node.settings.body_timeout_s:
+                    raise _BodyStalled(node.settings.request_timeout_s, "RUNSTATE_REQUEST_TIMEOUT_S", whole=True) from None
+                raise _BodyStalled(node.settings.body_timeout_s, "RUNSTATE_BODY_TIMEOUT_S") from None
             except ClientDisconnect:
                 raise _ClientGone from None
             size += len(chunk)
@@ -479,6 +490,7 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         return api.openapi_schema
 
     api.openapi = openapi  # type: ignore[method-assign]
+    api.state.metrics = metrics
     return api
 
 
