@@ -451,10 +451,9 @@ def _killed_at(settings: Settings, where: str, call: str) -> int:
 
 
 def _keys_alive(settings: Settings, run_id: str) -> list[str]:
-    from runstate.eventlog.embedded import EmbeddedLog
     from runstate.eventlog.keystore import KeyStore, MasterKeys
 
-    raw = EmbeddedLog(settings.log, create=False)
+    raw = app._open_raw(settings, create=False)
     store = KeyStore(raw, MasterKeys.parse(settings.master_key.get_secret_value()))  # type: ignore[union-attr]
     try:
         entry = store.run(run_id, refresh=True)
@@ -514,3 +513,28 @@ def test_retention_cut_short_is_finished_on_restart(sealed: Settings, tmp_path: 
     with pytest.raises(RunErased):
         app.get_state(kept, "done")
     assert files_holding(tmp_path, MARKER.encode()) == []
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_on_kafka_an_erasure_killed_at_each_step_is_finished(kafka_bootstrap: str, kafka_topics: Any,
+                                                            tmp_path: Path) -> None:  # fmt: skip
+    prefix = kafka_topics.events.rsplit(".", 1)[0]
+    s = Settings(log=f"kafka://{kafka_bootstrap}", topic_prefix=prefix, state_dir=str(tmp_path / "state"),
+                 master_key=MasterKey.generate(), partitions=3, checkpoint_every=1)  # fmt: skip
+    app.create_topics(s)
+    publish_all(s, "victim", marked_patches(MARKER))
+    publish_all(s, "other", marked_patches("kept"))
+    app.project(s, until_caught_up=True)
+    app.snapshot(s, until_caught_up=True, every=1)
+    assert _killed_at(s, "runstate.eventlog.keystore:KeyStore.erase", "erase(s, 'victim', 'asked', 'ops')") == -9
+    assert _keys_alive(s, "victim")
+    for call in ("project(s, until_caught_up=True)", "snapshot(s, until_caught_up=True)"):
+        assert _killed_at(s, "runstate.projector.store.partition:ProjectionStore._compact_erased", call) == -9
+    app.project(s, until_caught_up=True)
+    app.snapshot(s, until_caught_up=True)
+    assert _keys_alive(s, "victim") == []
+    assert files_holding(Path(s.state_dir), MARKER.encode()) == []
+    with pytest.raises(RunErased):
+        app.get_state(s, "victim")
+    assert app.get_state(s, "other").revision == 2

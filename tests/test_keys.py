@@ -63,7 +63,7 @@ LAGGARD = textwrap.dedent("""
     from runstate import app
     from runstate.settings import Settings
     from runstate.schemas.errors import RunstateError
-    s = Settings(log=sys.argv[1], state_dir=sys.argv[2], master_key=sys.argv[3], partitions=4)
+    s = Settings.model_validate({**json.loads(sys.argv[1]), "master_key": sys.argv[2]})
     producer = app.make_producer(s)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -77,14 +77,19 @@ LAGGARD = textwrap.dedent("""
 """)
 
 
+def start_laggard(s: Settings, key: str) -> subprocess.Popen[str]:
+    plain = s.model_dump(mode="json", exclude={"master_key"})
+    return subprocess.Popen([sys.executable, "-c", LAGGARD, json.dumps(plain), key], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+
 def test_a_writer_still_holding_the_old_key_during_a_rotation_loses_no_acknowledged_append(tmp_path: Path) -> None:
     old, new = MasterKey.generate(), MasterKey.generate()
     (tmp_path / "new.key").write_text(new)
     s_old = settings(tmp_path, old)
     for i in range(6):
         publish_all(s_old, f"before-{i}", two_patches("before"))
-    laggard = subprocess.Popen([sys.executable, "-c", LAGGARD, s_old.log, s_old.state_dir, old],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    laggard = start_laggard(s_old, old)
     try:
         assert laggard.stdout is not None and laggard.stdin is not None
         assert json.loads(laggard.stdout.readline())["ready"]
@@ -332,3 +337,59 @@ def test_checkpoints_are_signed_with_a_key_of_the_key_store_forgeries_refused_ro
         shutil.rmtree(p)
     app.project(rotated, until_caught_up=True)
     assert app.get_state(rotated, "r").goal.statement == "the true goal"
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_on_kafka_a_rotation_killed_at_random_points_beside_a_laggard_writer_loses_nothing(
+        kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path) -> None:  # fmt: skip
+    """The drill on a real broker: a writer holding only the old key keeps starting runs
+    while ``keys rotate`` is SIGKILLed at several points and then finished; every run whose
+    start was acknowledged reads with the new key alone, nothing is dead-lettered."""
+    old, new = MasterKey.generate(), MasterKey.generate()
+    (tmp_path / "new.key").write_text(new)
+    prefix = kafka_topics.events.rsplit(".", 1)[0]
+    s = Settings(log=f"kafka://{kafka_bootstrap}", topic_prefix=prefix, state_dir=str(tmp_path / "state"),
+                 master_key=old, partitions=3)  # fmt: skip
+    app.create_topics(s)
+    for i in range(8):
+        publish_all(s, f"k{i}", two_patches("x"))
+    laggard = start_laggard(s, old)
+    answers: list[dict[str, Any]] = []
+    env = {**os.environ, "RUNSTATE_LOG": s.log, "RUNSTATE_TOPIC_PREFIX": prefix, "RUNSTATE_MASTER_KEY": old,
+           "RUNSTATE_STATE_DIR": s.state_dir}  # fmt: skip
+    rotate = [sys.executable, "-m", "runstate.cli", "keys", "rotate", "--new-key-file", str(tmp_path / "new.key")]
+    try:
+        assert laggard.stdout is not None and laggard.stdin is not None
+        assert json.loads(laggard.stdout.readline())["ready"]
+
+        def ask(run: str) -> None:
+            laggard.stdin.write(run + "\n")  # type: ignore[union-attr]
+            laggard.stdin.flush()  # type: ignore[union-attr]
+            answers.append(json.loads(laggard.stdout.readline()))  # type: ignore[union-attr]
+
+        for n, delay in enumerate((1.0, 2.0, 3.0)):
+            ask(f"lag-{n}-a")
+            proc = subprocess.Popen(rotate, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                proc.wait(delay)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+            ask(f"lag-{n}-b")
+        r = subprocess.run(rotate, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        for n in range(3):
+            ask(f"lag-after-{n}")
+    finally:
+        laggard.kill()
+        laggard.wait()
+    for a in answers:
+        assert a["acked"] or "rotated" in a["error"], a
+    s_new = s.model_copy(update={"master_key": None, "master_key_file": str(tmp_path / "new.key")})
+    app.project(s_new, until_caught_up=True)
+    for a in answers:
+        if a["acked"]:
+            assert app.get_state(s_new, a["run"]).revision == 1, a
+    assert all(app.get_state(s_new, f"k{i}").revision == 2 for i in range(8))
+    assert app.dead_letters(s_new) == []
