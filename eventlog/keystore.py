@@ -63,8 +63,6 @@ class MasterKey:
         self._aead = AESGCM(raw)
         #: names the key in records without revealing it (a keyed digest of a random key)
         self.id = hashlib.blake2b(raw, digest_size=8, person=b"runstate-master").hexdigest()
-        #: a key derived from this one for signing checkpoints (never the master itself)
-        self.signing_key = hashlib.blake2b(raw, digest_size=32, person=b"runstate-ckpt").digest()
 
     @classmethod
     def parse(cls, text: str, *, where: str = "RUNSTATE_MASTER_KEY") -> MasterKey:
@@ -472,13 +470,6 @@ class KeyStore:
         return any(isinstance(r, MasterRecord) and (r.master == master_id or master_id in r.retired)
                    for r in self._part_master.values())  # fmt: skip
 
-    def unwrap(self, run_id: str, kid: str, wrapped: str) -> bytes:
-        """Raises ``ValueError`` for a damaged record or another master key."""
-        entry = self.run(run_id) or RunKeys({})
-        if entry.keys.get(kid) != wrapped:
-            entry = RunKeys({kid: wrapped})
-        return self.open_key(run_id, kid, entry)
-
     def erase(self, run_id: str, erasure: dict[str, str]) -> dict[str, str]:
         """Record the erasure (the first record stands; it is returned) and destroy every key
         of the run: each key record is replaced, and the old ones purged from the log's
@@ -588,7 +579,8 @@ class KeyStore:
                     pass
         key = self.masters.primary
         opened, refused = 0, []
-        for run_id, entry in self.all_runs().items():
+        runs = self.all_runs()
+        for run_id, entry in runs.items():
             for kid in entry.usable():
                 if entry.masters.get(kid, "") not in ("", key.id):
                     continue
@@ -597,7 +589,7 @@ class KeyStore:
                     opened += 1
                 except ValueError:
                     refused.append(f"{run_id}/{kid}")
-        if refused or (opened == 0 and any(e.usable() for e in self.all_runs().values())):
+        if refused or (opened == 0 and any(e.usable() for e in runs.values())):
             raise KeyStoreError(f"this master key (id {key.id}) is not the store's: it opens {opened} run key(s) and "
                                 f"not {len(refused) or 'the others'}; nothing written")  # fmt: skip
         epoch = max((r.epoch for r in self._part_master.values() if isinstance(r, MasterRecord)), default=0)
@@ -634,10 +626,6 @@ class KeyStore:
                          "damaged" if rec is None and problems else ("empty" if rec is None else rec.state),
                          [] if rec is None else list(rec.retired), behind, by_master, stale,
                          sum(1 for e in runs.values() if e.erased is not None), problems)  # fmt: skip
-
-    def rewrap(self, new: MasterKey) -> int:
-        """:meth:`rotate`, returning how many keys it rewrapped."""
-        return self.rotate(new).rewrapped
 
     def close(self) -> None:
         self._producer.close()

@@ -11,7 +11,8 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -516,57 +517,46 @@ def generate_master_key() -> str:
     return MasterKey.generate()
 
 
-def rotate_master_key(settings: Settings, new: MasterKey) -> Rotation:
-    """Rotate to ``new``: every run key ends wrapped by it, or nothing changes (see
-    :meth:`KeyStore.rotate`). The configured keys must open every live run key. Raises
-    :class:`KeyStoreError`."""
-    configured = settings.master()
-    if configured is None:
-        raise KeyStoreError("no master key configured: there is nothing to rotate")
+@contextmanager
+def _key_store(settings: Settings, *, also: MasterKey | None = None, check: bool = True) -> Iterator[KeyStore]:
+    """The key store of the configured log with the configured master keys (and ``also``)."""
+    masters = settings.master()
+    if masters is None:
+        raise KeyStoreError("no master key configured (RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE)")
+    if also is not None:
+        masters = MasterKeys([*masters.by_id.values(), also])
     log = _open_raw(settings, create=False)
     try:
-        # The new key beside the configured ones: a rotation cut short is resumed from either side.
-        store = KeyStore(log, MasterKeys([*configured.by_id.values(), new]))
+        store = KeyStore(log, masters, check=check)
         try:
-            return store.rotate(new)
+            yield store
         finally:
             store.close()
     finally:
         log.close()
 
 
-def _key_store(settings: Settings, *, check: bool) -> tuple[EventLog, KeyStore]:
-    masters = settings.master()
-    if masters is None:
-        raise KeyStoreError("no master key configured (RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE)")
-    log = _open_raw(settings, create=False)
-    try:
-        return log, KeyStore(log, masters, check=check)
-    except BaseException:
-        log.close()
-        raise
+def rotate_master_key(settings: Settings, new: MasterKey) -> Rotation:
+    """Rotate to ``new``: every run key ends wrapped by it, or nothing changes (see
+    :meth:`KeyStore.rotate`). The configured keys must open every live run key. Raises
+    :class:`KeyStoreError`."""
+    # The new key beside the configured ones: a rotation cut short is resumed from either side.
+    with _key_store(settings, also=new) as store:
+        return store.rotate(new)
 
 
 def key_status(settings: Settings) -> KeyReport:
     """Where the key store stands: its master, a rotation under way, keys by master, and
     the problems to act on (read with the configured keys, never written)."""
-    log, store = _key_store(settings, check=False)
-    try:
+    with _key_store(settings, check=False) as store:
         return store.report()
-    finally:
-        store.close()
-        log.close()
 
 
 def repair_master_record(settings: Settings) -> MasterRecord:
     """Write the key store's check record again for the configured master key, once that
     key opens the run keys that name it (:meth:`KeyStore.repair`)."""
-    log, store = _key_store(settings, check=False)
-    try:
+    with _key_store(settings, check=False) as store:
         return store.repair()
-    finally:
-        store.close()
-        log.close()
 
 
 def erasure_of(settings: Settings, run_id: str) -> dict[str, str] | None:

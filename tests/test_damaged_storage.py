@@ -293,10 +293,9 @@ def test_a_truncated_table_file_is_a_typed_error_naming_how_to_rebuild(tmp_path:
     assert r.exit_code == 1 and "rebuild it from the log" in r.output and r.output.count("\n") <= 2, r.output
 
 
-def test_acknowledged_records_lost_from_the_wal_are_an_error_naming_the_lost_offsets(tmp_path: Path) -> None:
-    """One flipped byte in the embedded log's write-ahead log: SQLite stops reading it at the
-    bad frame, and acknowledged appends vanish. Where the projection saw them, `status`,
-    `project` and `verify` name the lost offsets instead of reporting negative lag."""
+def _appended_then_wal_damaged(work: Path, patches: int, *, projected: bool) -> None:
+    """A process appends a run's patches to ``work/log.db`` (and projects them), then is
+    SIGKILLed with the WAL left as it is; then one byte in the middle of the WAL is flipped."""
     import subprocess
     import sys
 
@@ -311,16 +310,23 @@ def test_acknowledged_records_lost_from_the_wal_are_an_error_naming_the_lost_off
         "import sqlite3\n"
         "held = sqlite3.connect('log.db')  # open at the kill, so no close folds the WAL into the file\n"
         "held.execute('select count(*) from sqlite_master').fetchone()\n"
-        "for i in range(39):\n"
+        f"for i in range({patches}):\n"
         "    app.publish(s, 'r', {'expected_revision': i + 1, 'events': [fact(f'f{i}')]}, where='t')\n"
-        "app.project(s, until_caught_up=True)\n"
-        "os.kill(os.getpid(), signal.SIGKILL)  # the WAL is left as it is, not folded into the file\n"
+        + ("app.project(s, until_caught_up=True)\n" if projected else "")
+        + "os.kill(os.getpid(), signal.SIGKILL)  # the WAL is left as it is, not folded into the file\n"
     )  # fmt: skip
-    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, timeout=120)
-    wal = tmp_path / "log.db-wal"
+    subprocess.run([sys.executable, "-c", script], cwd=work, timeout=120)
+    wal = work / "log.db-wal"
     raw = bytearray(wal.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     wal.write_bytes(raw)
+
+
+def test_acknowledged_records_lost_from_the_wal_are_an_error_naming_the_lost_offsets(tmp_path: Path) -> None:
+    """One flipped byte in the embedded log's write-ahead log: SQLite stops reading it at the
+    bad frame, and acknowledged appends vanish. Where the projection saw them, `status`,
+    `project` and `verify` name the lost offsets instead of reporting negative lag."""
+    _appended_then_wal_damaged(tmp_path, 39, projected=True)
     env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
     from click.testing import CliRunner
 
@@ -343,29 +349,7 @@ def test_acknowledged_records_lost_from_the_wal_are_an_error_naming_the_lost_off
 def test_acknowledged_records_lost_from_the_wal_before_any_reader_saw_them_are_refused(tmp_path: Path) -> None:
     """The same damage where no reader saw the records: the log itself knows how far it
     acknowledged (``log.db.acked``) and refuses to open short of it; every command says so."""
-    import subprocess
-    import sys
-
-    script = (
-        "import os, signal, sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from helpers import fact, start\n"
-        "from runstate import app\n"
-        "from runstate.settings import Settings\n"
-        "s = Settings(log='log.db', state_dir='state', partitions=1)\n"
-        "app.publish(s, 'r', {'expected_revision': 0, 'events': [start('x')]}, where='t')\n"
-        "import sqlite3\n"
-        "held = sqlite3.connect('log.db')\n"
-        "held.execute('select count(*) from sqlite_master').fetchone()\n"
-        "for i in range(20):\n"
-        "    app.publish(s, 'r', {'expected_revision': i + 1, 'events': [fact(f'f{i}')]}, where='t')\n"
-        "os.kill(os.getpid(), signal.SIGKILL)\n"
-    )  # fmt: skip
-    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, timeout=120)
-    wal = tmp_path / "log.db-wal"
-    raw = bytearray(wal.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    wal.write_bytes(raw)
+    _appended_then_wal_damaged(tmp_path, 20, projected=False)
     env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
     for args in (["status"], ["project", "--until-caught-up", "--quiet"], ["verify", "--quiet"], ["publish", "r", "-"]):
         r = CliRunner().invoke(main, args, env=env, input='{"expected_revision": 21, "events": []}')
