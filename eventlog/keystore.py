@@ -262,16 +262,6 @@ class KeyStore:
         if check:
             self._check_master()
 
-    @property
-    def master(self) -> MasterKey:
-        """The master this process wraps new run keys with: the store's, when held."""
-        rec = self._part_master.get(self.home)
-        if isinstance(rec, MasterRecord):
-            held = self.masters.get(rec.master)
-            if held is not None:
-                return held
-        return self.masters.primary
-
     # -- the check record ------------------------------------------------------------------
 
     def store_record(self) -> MasterRecord | None:
@@ -417,8 +407,9 @@ class KeyStore:
         process has not been given the key of): nothing may be sealed with that key."""
         p = partition_for(run_id, self.partitions)
         key = AESGCM.generate_key(bit_length=256)
-        for _ in range(3):
-            master = self._wrapping_master(p)
+        tried: set[str] = set()
+        while (master := self._wrapping_master(p)).id not in tried:  # once more only for a newer held master
+            tried.add(master.id)
             kid = os.urandom(8).hex()
             name = _record_key(run_id, kid)
             self._append(name, {"run_id": run_id, "kid": kid, "master": master.id, "wrapped": master.wrap(name, key)}, p)
@@ -432,12 +423,13 @@ class KeyStore:
                             "restart it with the new master key; nothing was sealed with the retired one")  # fmt: skip
 
     def _wrapping_master(self, partition: int) -> MasterKey:
-        rec = self._part_master.get(partition)
-        if isinstance(rec, MasterRecord):
-            held = self.masters.get(rec.master)
-            if held is not None:
-                return held
-        return self.master
+        """The master new run keys of ``partition`` are wrapped with: its own master record's,
+        else the store's, when this process holds it; else this process's own."""
+        for p in (partition, self.home):
+            rec = self._part_master.get(p)
+            if isinstance(rec, MasterRecord) and rec.master in self.masters:
+                return self.masters.by_id[rec.master]
+        return self.masters.primary
 
     def open_key(self, run_id: str, kid: str, entry: RunKeys) -> bytes:
         """The run key ``kid`` in the clear. Raises ``ValueError`` for a damaged record (or
