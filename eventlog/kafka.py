@@ -515,6 +515,10 @@ def _records(msgs: list[Any], owned: set[int] | None) -> list[Record]:
     return out
 
 
+#: How often a consumer's poll refreshes its view of the log end (end_offsets).
+ENDS_EVERY_S = 0.05
+
+
 def _poll(c: Consumer, max_records: int, timeout_s: float) -> list[Any]:
     # Return as soon as anything is there (latency), then take what else is already
     # fetched without waiting (throughput): consume(n, timeout) alone would wait for n.
@@ -543,6 +547,11 @@ class KafkaConsumer(LogConsumer):
         self._c = consumer
         self._topic = topic
         self._owned: set[int] = set()
+        #: the log end per partition as the last poll saw it: end_offsets reads this, never
+        #: the handle, which another thread's call can wait on for as long as a rebalance
+        #: callback (a partition's restore) runs in poll
+        self._ends: dict[int, int | None] = {}
+        self._ends_at = 0.0
 
     def subscribe(self, on_assign: OnAssign, on_revoke: OnRevoke) -> None:
         def assigned(consumer: Consumer, tps: list[TopicPartition]) -> None:
@@ -554,24 +563,29 @@ class KafkaConsumer(LogConsumer):
 
         def revoked(consumer: Consumer, tps: list[TopicPartition]) -> None:
             on_revoke([tp.partition for tp in tps])
-            self._owned -= {tp.partition for tp in tps}
+            self._owned = self._owned - {tp.partition for tp in tps}  # a new set: read from other threads
             consumer.unassign()
 
         self._c.subscribe([self._topic], on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
-        return _records(_poll(self._c, max_records, timeout_s), self._owned)
+        out = _records(_poll(self._c, max_records, timeout_s), self._owned)
+        now = time.monotonic()
+        if now - self._ends_at >= ENDS_EVERY_S:
+            ends: dict[int, int | None] = {}
+            for p in self._owned:
+                # cached=True: the high watermark of the last fetch response, no broker request.
+                _, high = self._c.get_watermark_offsets(TopicPartition(self._topic, p), cached=True)
+                ends[p] = int(high) if high >= 0 else None
+            self._ends, self._ends_at = ends, now
+        return out
 
     def assignment(self) -> list[int]:
         return sorted(self._owned)
 
     def end_offsets(self) -> dict[int, int | None]:
-        out: dict[int, int | None] = {}
-        for p in self._owned:
-            # cached=True: the high watermark of the last fetch response, no broker request.
-            _, high = self._c.get_watermark_offsets(TopicPartition(self._topic, p), cached=True)
-            out[p] = int(high) if high >= 0 else None
-        return out
+        ends = self._ends
+        return {p: ends.get(p) for p in self._owned}
 
     def commit(self, positions: dict[int, int]) -> None:
         tps = [TopicPartition(self._topic, p, o) for p, o in positions.items() if p in self._owned]
