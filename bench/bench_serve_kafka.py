@@ -39,6 +39,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import shutil
 import signal
 import subprocess
@@ -60,6 +61,9 @@ from runstate.projector.read.replay import verify
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Author, Patch
 
+#: The instances prove it to each other before forwarding (eventlog/instancekey.py).
+INSTANCE_SECRET = secrets.token_hex(32)
+
 PARTITIONS = 6
 SESSION_TIMEOUT_S = 10.0  # eventlog/kafka.py's session.timeout.ms
 #: A send slot finding this many patches in flight is skipped and counted: a server that
@@ -78,7 +82,7 @@ class Instance:
         self.url = f"http://127.0.0.1:{self.port}"
         self.state = work / name
         env = {**os.environ, "RUNSTATE_LOG": f"kafka://{bootstrap}", "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
-               "RUNSTATE_STATE_DIR": str(self.state)}  # fmt: skip
+               "RUNSTATE_STATE_DIR": str(self.state), "RUNSTATE_INSTANCE_SECRET": INSTANCE_SECRET}  # fmt: skip
         self.proc = subprocess.Popen([sys.executable, "-m", "runstate.cli", "serve", "--port", str(self.port)], env=env,
                                      stdout=subprocess.DEVNULL, stderr=open(work / f"{name}.log", "wb"))  # fmt: skip
         self.pool = LeanPool("127.0.0.1", self.port)

@@ -54,6 +54,27 @@ MASTER_RECORD = "__master__"
 _CHECK = b"runstate master key check"
 
 
+def parse_key_bytes(text: str, *, where: str, what: str) -> bytes:
+    """32 random bytes given as 64 hex digits or (URL-safe) base64, as ``runstate keys
+    generate`` prints them. Raises :class:`KeyStoreError` naming ``where``."""
+    t = text.strip()
+    raw: bytes | None = None
+    if len(t) == 64:
+        try:
+            raw = bytes.fromhex(t)
+        except ValueError:
+            raw = None
+    if raw is None:
+        try:
+            raw = base64.urlsafe_b64decode(t + "=" * (-len(t) % 4))
+        except (binascii.Error, ValueError):
+            raw = b""
+    if len(raw) != 32:
+        raise KeyStoreError(f"{where} is not {what}: give 64 hex digits (32 random bytes), "
+                            "e.g. from `runstate keys generate`")  # fmt: skip
+    return raw
+
+
 class MasterKey:
     """The operator's key: wraps run keys, never leaves the process."""
 
@@ -67,22 +88,7 @@ class MasterKey:
     @classmethod
     def parse(cls, text: str, *, where: str = "RUNSTATE_MASTER_KEY") -> MasterKey:
         """64 hex digits, or 32 bytes in (URL-safe) base64. Raises :class:`KeyStoreError`."""
-        t = text.strip()
-        raw: bytes | None = None
-        if len(t) == 64:
-            try:
-                raw = bytes.fromhex(t)
-            except ValueError:
-                raw = None
-        if raw is None:
-            try:
-                raw = base64.urlsafe_b64decode(t + "=" * (-len(t) % 4))
-            except (binascii.Error, ValueError):
-                raw = b""
-        if len(raw) != 32:
-            raise KeyStoreError(f"{where} is not a master key: give 64 hex digits (32 random bytes), "
-                                "e.g. from `runstate keys generate`")  # fmt: skip
-        return cls(raw)
+        return cls(parse_key_bytes(text, where=where, what="a master key"))
 
     @classmethod
     def from_file(cls, path: str) -> MasterKey:

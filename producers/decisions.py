@@ -15,6 +15,7 @@ import logging
 from collections import OrderedDict
 
 from runstate.eventlog.base import EventLog, LogReader
+from runstate.eventlog.instancekey import InstanceKeys
 from runstate.schemas.codec import decode_decision
 from runstate.schemas.errors import DecodeError
 from runstate.schemas.patch import Decision
@@ -24,17 +25,31 @@ log = logging.getLogger("runstate.decisions")
 
 class DecisionFeed:
     """Follows the decisions topic (all partitions, from their end at creation, or from
-    ``positions``). Not thread-safe: one reader thread."""
+    ``positions``). With ``keys`` (the instance secret), only records a projector signed
+    are decisions; any other is counted in ``ignored`` and never heard. Not thread-safe:
+    one reader thread."""
 
-    def __init__(self, log_: EventLog, positions: dict[int, int] | None = None) -> None:
+    def __init__(self, log_: EventLog, positions: dict[int, int] | None = None, *,
+                 keys: InstanceKeys | None = None) -> None:  # fmt: skip
         topic = log_.topics.decisions
         start = positions if positions is not None else log_.end_offsets(topic)
         self._reader: LogReader = log_.reader(topic, start)
+        self._keys = keys
+        #: records on the topic that no projector holding the secret signed
+        self.ignored = 0
 
     def poll(self, timeout_s: float, max_records: int = 1000) -> list[Decision]:
-        """Decisions that arrived since the last poll (undecodable records are skipped)."""
+        """Decisions that arrived since the last poll (undecodable and, with ``keys``,
+        unsigned records are skipped)."""
         out = []
         for rec in self._reader.poll(max_records, timeout_s):
+            if self._keys is not None and not self._keys.record_ok(rec):
+                self.ignored += 1
+                if self.ignored == 1 or self.ignored % 1000 == 0:
+                    log.warning("ignoring %s[%d]@%d (%d so far): not signed with this instance's "
+                                "RUNSTATE_INSTANCE_SECRET (forged, or a projector without it)",
+                                rec.topic, rec.partition, rec.offset, self.ignored)  # fmt: skip
+                continue
             try:
                 out.append(decode_decision(rec.value))
             except DecodeError as e:  # a foreign record must not stop the waiters
@@ -49,8 +64,8 @@ class TopicDecisions:
     """A decision source for :class:`RunProducer` (``decisions=``) that reads the decisions
     topic. Create it before appending; it remembers the last ``keep`` decisions it saw."""
 
-    def __init__(self, log_: EventLog, keep: int = 10_000) -> None:
-        self._feed = DecisionFeed(log_)
+    def __init__(self, log_: EventLog, keep: int = 10_000, *, keys: InstanceKeys | None = None) -> None:
+        self._feed = DecisionFeed(log_, keys=keys)
         self._seen: OrderedDict[tuple[str, str], Decision] = OrderedDict()
         self._keep = keep
 

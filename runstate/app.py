@@ -181,7 +181,7 @@ def decision_source(settings: Settings, log: EventLog) -> DecisionSource:
     local = decision_reader(settings.state_dir)
     if not settings.decisions_published():
         return local
-    topic = TopicDecisions(log)
+    topic = TopicDecisions(log, keys=settings.instance_keys())
 
     def read(run_id: str, patch_id: str) -> Decision | None:
         return topic(run_id, patch_id) or local(run_id, patch_id)
@@ -294,7 +294,7 @@ def make_projector(settings: Settings, log: EventLog, *,
                      cache_runs=settings.cache_runs, cache_items_per_run=settings.cache_items_per_run,
                      on_progress=on_progress, restore=restore, hooks=hooks,
                      publish_decisions=settings.decisions_published(), client_id=client_id,
-                     tune_gc=tune_gc, destroy_erased_keys=True)  # fmt: skip
+                     tune_gc=tune_gc, destroy_erased_keys=True, decision_keys=settings.instance_keys())  # fmt: skip
 
 
 def project(settings: Settings, *, until_caught_up: bool = False,

@@ -6,6 +6,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runstate.eventlog.base import TopicNames
+from runstate.eventlog.instancekey import InstanceKeys
 from runstate.eventlog.keystore import MasterKeys
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.retention import RetentionPolicy
@@ -85,6 +86,13 @@ class Settings(BaseSettings):
     master_key: SecretStr | None = None
     #: A file holding the master key (instead of ``master_key``); one key a line.
     master_key_file: str | None = None
+    #: The secret every ``serve`` instance and projector of a deployment shares (64 hex
+    #: digits; ``runstate keys generate``; during a change, the new and the old separated by
+    #: a comma). Decisions on the decisions topic are signed with it and waiters hear no
+    #: other; instances forward requests only to a peer that proves it. Unset: decisions
+    #: are not authenticated and an instance forwards nothing (it answers 503 for runs it
+    #: does not own).
+    instance_secret: SecretStr | None = None
     #: On Kafka: the longest an erased run's old key record stays in the keys topic's files
     #: (the topic's segment and compaction lag, set when ``runstate topics create`` makes it).
     key_purge_s: int = Field(3600, ge=1, le=30 * 86400)
@@ -109,6 +117,10 @@ class Settings(BaseSettings):
         if self.master_key_file is not None:
             return MasterKeys.from_file(self.master_key_file)
         return None
+
+    def instance_keys(self) -> InstanceKeys | None:
+        """The instance secrets, or None. Raises :class:`KeyStoreError` for a malformed one."""
+        return None if self.instance_secret is None else InstanceKeys.parse(self.instance_secret.get_secret_value())
 
     def checkpoint_policy(self, every: int | None = None) -> CheckpointPolicy:
         return CheckpointPolicy(every=every or self.checkpoint_every, max_age=self.checkpoint_max_age,

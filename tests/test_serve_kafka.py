@@ -22,11 +22,14 @@ from runstate.schemas.errors import DecisionTimeout
 from runstate.schemas.patch import Decision
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+#: Shared by the instances of one deployment (runstate keys generate).
+INSTANCE_SECRET = "7" * 64
 
 
 def kenv(bootstrap: str, topics: TopicNames, state: Path) -> dict[str, str]:
     return {"RUNSTATE_LOG": f"kafka://{bootstrap}", "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
-            "RUNSTATE_STATE_DIR": str(state), "RUNSTATE_CHECKPOINT_EVERY": "5"}  # fmt: skip
+            "RUNSTATE_STATE_DIR": str(state), "RUNSTATE_CHECKPOINT_EVERY": "5",
+            "RUNSTATE_INSTANCE_SECRET": INSTANCE_SECRET}  # fmt: skip
 
 
 def owned(url: str) -> list[int]:

@@ -34,6 +34,7 @@ from threading import Event
 from typing import Protocol
 
 from runstate.eventlog.base import EventLog, LogConsumer, Record
+from runstate.eventlog.instancekey import InstanceKeys
 from runstate.projector.runtime import gc_policy
 from runstate.projector.store.keys import patch_id_digest
 from runstate.projector.core.runbook import InternalErrorPolicy, RunBook, read_record
@@ -147,6 +148,7 @@ class Projector:
         publish_decisions: bool = False,
         client_id: str | None = None,
         destroy_erased_keys: bool = False,
+        decision_keys: InstanceKeys | None = None,
     ) -> None:
         self.log = log_
         #: A live projector (not a replay) finishes the erasures it takes: the run's keys
@@ -168,6 +170,9 @@ class Projector:
         #: Copies every decision to the decisions topic after its batch is stored (a
         #: notification for waiters elsewhere; at least once, best effort like dead letters).
         self.publish_decisions = publish_decisions
+        #: Signs what it copies there, so that a waiter can tell a projector's decision from
+        #: anyone else's record on the topic.
+        self.decision_keys = decision_keys
         self.publish_dead_letters = publish_dead_letters
         #: Producer of the dead-letter and decisions topics.
         self._out = log_.producer() if publish_dead_letters or publish_decisions else None
@@ -495,8 +500,10 @@ class Projector:
                 for d in batch.decisions:
                     # An erasure's decisions hold no content: readable after the run's keys are gone.
                     free = CONTENT_FREE if d.reason == "run_erased" or d.event_types == ["RunErased"] else ()
-                    self._out.append_async(self.log.topics.decisions, d.run_id, encode_decision(d), _log_failed_decision,
-                                           free)  # fmt: skip
+                    value = encode_decision(d)
+                    if self.decision_keys is not None:
+                        free += self.decision_keys.record_headers(self.log.topics.decisions, d.run_id, value)
+                    self._out.append_async(self.log.topics.decisions, d.run_id, value, _log_failed_decision, free)
             if self.publish_dead_letters and self._out is not None and batch.dead:
                 for dl in batch.dead:
                     self._publish_dead_letter(dl, records)

@@ -84,7 +84,8 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, adve
             os.kill(os.getpid(), signal.SIGTERM)
 
     node = Node(settings, me, snapshotter=snapshotter, on_fatal=fatal)
-    router = Router(node.log, settings.group_id, me) if settings.log.startswith("kafka://") else None
+    kafka = settings.log.startswith("kafka://")
+    router = Router(node.log, settings.group_id, me, settings.instance_keys()) if kafka else None
     app = create_app(node, tokens, router)
     slow = app.state.metrics.slow_clients.labels("headers")
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, ssl_keyfile=ssl_keyfile,
@@ -99,6 +100,10 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, adve
     if not tokens.enabled:
         print(f"runstate serve: no tokens file: anyone on this machine may read and write; bound to {host} only",
               file=sys.stderr)  # fmt: skip
+    if kafka and settings.instance_secret is None:
+        print("runstate serve: RUNSTATE_INSTANCE_SECRET is not set: decisions on the decisions topic are not "
+              "authenticated, and this instance neither forwards to other instances nor accepts their forwards "
+              "(runs of partitions it does not own answer 503)", file=sys.stderr)  # fmt: skip
     print(f"runstate serve: {me} ({node.log.describe()}, {node.partitions} partitions)", file=sys.stderr, flush=True)
     server.run(sockets=[sock])
     if node.health.failed:

@@ -59,6 +59,8 @@ class Forward:
     body: bytes | None = None
     #: this request was forwarded to us: answer locally or 503, never forward again
     forwarded: bool = False
+    #: the caller, as this instance verified it: what a forward sends in place of its token
+    who: Identity | None = None
 
 
 class Submitted(BaseModel):
@@ -180,7 +182,8 @@ class Service:
                 partition = e.partition
             try:
                 url = await self.router.owner(partition, refresh)
-                resp = await self.router.forward(url, fwd.method, fwd.path, list(fwd.params), dict(fwd.headers), fwd.body)
+                resp = await self.router.forward(url, fwd.method, fwd.path, list(fwd.params), dict(fwd.headers), fwd.body,
+                                                 who=fwd.who)  # fmt: skip
                 if resp.status_code != 503:
                     return parse(self._json(resp))
                 why = f"the owner of partition {partition} is handing it over"
@@ -211,7 +214,7 @@ class Service:
         urls = sorted(set(owners.values()) - {self.router.me})
         for url in urls:
             try:
-                resp = await self.router.forward(url, fwd.method, fwd.path, list(fwd.params), dict(fwd.headers))
+                resp = await self.router.forward(url, fwd.method, fwd.path, list(fwd.params), dict(fwd.headers), who=fwd.who)
             except ForwardError as e:
                 raise Unavailable(f"instance {url} does not answer ({e})") from e
             if resp.status_code == 503:
@@ -259,7 +262,8 @@ class Service:
         # decision. One hop, where appending here costs a lookup there for the resend check
         # and the decision's way back through the decisions topic.
         body = orjson.dumps({**data, "patch_id": patch.patch_id})
-        ask = Forward("POST", f"/runs/{run_id}/patches", (("wait", repr(wait_s)),) if wait_s else (), fwd.headers, body)
+        ask = Forward("POST", f"/runs/{run_id}/patches", (("wait", repr(wait_s)),) if wait_s else (), fwd.headers, body,
+                      who=who)  # fmt: skip
         return await self.on_owner(run_id, ask, here, Submitted.model_validate)
 
     async def _submit_here(self, run_id: str, patch: Patch, encoded: bytes, resend_possible: bool,
@@ -339,7 +343,7 @@ class Service:
     async def decision_or_none(self, run_id: str, patch_id: str, fwd: Forward) -> Decision | None:
         try:
             return await self.decision(run_id, patch_id, Forward("GET", f"/runs/{run_id}/decisions/{patch_id}",
-                                                                 headers=fwd.headers))  # fmt: skip
+                                                                 headers=fwd.headers, who=fwd.who))  # fmt: skip
         except (DecisionTimeout, Unavailable):
             return None
         except RemoteError as e:

@@ -17,7 +17,8 @@ import asyncio
 import time
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from urllib.parse import parse_qsl, urlencode
 from typing import Annotated, Any
 
 import msgspec
@@ -42,7 +43,7 @@ from runstate.service.auth import AuthError, Identity, Tokens
 from runstate.service.errors import answer, body
 from runstate.service.core import DeadLetterOut, ErasedOut, FieldChangeOut, Forward, ResumeOut, Service, Submitted
 from runstate.service.node import Node
-from runstate.service.routing import FORWARDED, Router
+from runstate.service.routing import FORWARDED, HELLO_PATH, SIGNED, PeerGate, Router, body_digest
 from runstate.snapshotter.checkpoint import Checkpoint
 
 RUN_ID = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:@/-]+$")]
@@ -134,6 +135,12 @@ class Metrics:
                                    "check (RUNSTATE_RETENTION)", ["partition"], registry=self.registry)  # fmt: skip
         self.retention_erased = Gauge("runstate_retention_erased_runs", "Runs erased by the retention policy since "
                                       "this instance started", registry=self.registry)  # fmt: skip
+        self.untrusted = Gauge("runstate_untrusted", "Refused since start for want of the instance secret: "
+                               "decisions on the topic no projector signed, peers that did not prove it, "
+                               "requests marked forwarded that no instance signed", ["source"],
+                               registry=self.registry)  # fmt: skip
+        #: source -> its count (set by create_app: the router and the gate are made there)
+        self.untrusted_sources: dict[str, Callable[[], int]] = {"decisions_topic": lambda: node.decisions_ignored}
         self.node = node
         node.hub.on_decision.append(self._count)
 
@@ -162,13 +169,19 @@ class Metrics:
             self.retention_erased.set(writer.retention_erased)
         for p, r in list(node.health.restoring.items()):
             self.restore.labels(str(p)).set(r.done / r.total if r.total else 0.0)
+        for source, count in self.untrusted_sources.items():
+            self.untrusted.labels(source).set(count())
         return generate_latest(self.registry)
 
 
 def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp: bool = True) -> FastAPI:
     """The ASGI app over a started-or-not ``node`` (the lifespan starts and stops it)."""
     service = Service(node, router)
+    gate = PeerGate(node.settings.instance_keys(), node.advertise)
     metrics = Metrics(node)
+    metrics.untrusted_sources["forwarded_requests"] = lambda: gate.refused
+    if router is not None:
+        metrics.untrusted_sources["peers"] = lambda: router.refused
     mcp_server = None
     if mcp:
         from runstate.service.mcp import build_mcp
@@ -221,16 +234,22 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         return error_response(e.status_code, "http_" + str(e.status_code), str(e.detail))
 
     def ident(request: Request) -> Identity:
+        # A forwarded request's caller, as the instance that verified its token saw it
+        # (PeerCheck verified that instance's signature first).
+        peer = request.scope.get(PEER_SCOPE_KEY)
+        if peer is not None:
+            return peer  # type: ignore[no-any-return]
         return tokens.identify(request.headers.get("authorization"))
 
-    keep = (b"authorization", b"last-event-id", b"content-type")
+    # Never the client's token: a forward carries the caller's identity, signed.
+    keep = (b"last-event-id", b"content-type")
 
     def fwd(request: Request, body: bytes | None = None) -> Forward:
         # From the raw ASGI header list: built for every request, forwarded for few.
         raw = request.scope["headers"]
         return Forward(request.method, request.url.path, tuple(request.query_params.multi_items()),
                        tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in raw if k in keep), body,
-                       forwarded=any(k == FORWARDED_B for k, _v in raw))  # fmt: skip
+                       forwarded=any(k == FORWARDED_B for k, _v in raw), who=ident(request))  # fmt: skip
 
     async def read_body(request: Request, run_id: str) -> bytes:
         limit = 2 * node.settings.max_patch_bytes  # JSON text is larger than its Avro encoding
@@ -468,9 +487,16 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
             ident(request)
         return Response(await asyncio.to_thread(metrics.render), media_type=CONTENT_TYPE_LATEST)
 
+    @api.post(HELLO_PATH, include_in_schema=False)
+    async def peer_hello(hello: Hello) -> dict[str, str]:
+        """Another instance's challenge: the proof that this instance, at its advertised
+        address, holds the instance secret (routing.py)."""
+        return {"proof": gate.hello(hello.nonce)}
+
     from runstate.service.pages import mount_pages
 
     mount_pages(api)
+    api.add_middleware(PeerCheck, gate=gate)
     api.add_middleware(CountRequests, counter=metrics.requests)
 
     if mcp_server is not None:
@@ -492,6 +518,80 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
     api.openapi = openapi  # type: ignore[method-assign]
     api.state.metrics = metrics
     return api
+
+
+class Hello(BaseModel):
+    """Another instance's challenge (routing.py)."""
+
+    nonce: str = pydantic.Field(min_length=16, max_length=64)
+
+
+#: Where PeerCheck leaves a forwarded request's verified caller in the ASGI scope.
+PEER_SCOPE_KEY = "runstate.peer"
+
+
+class PeerCheck:
+    """Requests forwarded by another instance: answered only when an instance holding the
+    secret signed them for this address (with this body), and their answers signed for the
+    forwarder (routing.py). Other requests pass untouched. Plain ASGI, as CountRequests."""
+
+    def __init__(self, app: ASGIApp, gate: PeerGate) -> None:
+        self.app = app
+        self.gate = gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not any(k == FORWARDED_B for k, _v in scope["headers"]):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k.startswith(b"x-runstate-")}
+        query = urlencode(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
+        try:
+            who, digest, nonce = self.gate.check(scope["method"], scope["path"], query, headers)
+        except AuthError as e:
+            await translate(e)(scope, receive, send)
+            return
+        chunks = []  # from an instance that signed it: already bounded there
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        content = b"".join(chunks)
+        if body_digest(content) != digest:
+            await translate(self.gate.refuse_body())(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": content, "more_body": False}
+            return await receive()
+
+        start: Message | None = None
+        parts: list[bytes] = []
+
+        async def send_signed(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+                return
+            if message["type"] != "http.response.body" or start is None:
+                await send(message)
+                return
+            parts.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            answer_ = b"".join(parts)
+            sig = self.gate.sign_answer(nonce, start["status"], answer_)
+            await send({**start, "headers": [*start.get("headers", []), (SIGNED.encode(), sig.encode())]})
+            await send({"type": "http.response.body", "body": answer_})
+
+        scope[PEER_SCOPE_KEY] = who
+        await self.app(scope, replay, send_signed)
 
 
 class CountRequests:

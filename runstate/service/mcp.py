@@ -102,10 +102,9 @@ def _answering(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R | CallT
     return tool
 
 
-def _who(ctx: Context, tokens: Tokens) -> tuple[Identity, tuple[tuple[str, str], ...]]:
+def _who(ctx: Context, tokens: Tokens) -> Identity:
     request = ctx.request_context.request
-    auth = request.headers.get("authorization") if request is not None else None
-    return tokens.identify(auth), ((("authorization", auth),) if auth else ())
+    return tokens.identify(request.headers.get("authorization") if request is not None else None)
 
 
 _EVENT_SCHEMAS: dict[str, dict[str, Any]] = {}
@@ -142,39 +141,39 @@ def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
         """The run's compact context: goal, confirmed facts, open hypotheses and questions,
         tasks with owners, waits, budgets, the current revision. Read it before acting.
         max_tokens (at least 50) bounds it; what was left out is counted in the text."""
-        who, headers = _who(ctx, tokens)
+        who = _who(ctx, tokens)
         who.may_read(run_id)
         if max_tokens is not None and max_tokens < 50:
             raise ContractError("max_tokens must be at least 50", field="max_tokens")
         params = () if max_tokens is None else (("max_tokens", str(max_tokens)),)
-        return await service.context(run_id, Forward("GET", f"/runs/{run_id}/context", params, headers), None,
+        return await service.context(run_id, Forward("GET", f"/runs/{run_id}/context", params, who=who), None,
                                      max_tokens)  # fmt: skip
 
     async def run_state(run_id: str, ctx: Context) -> dict[str, Any]:
         """The run's whole typed state (JSON), with its revision."""
-        who, headers = _who(ctx, tokens)
+        who = _who(ctx, tokens)
         who.may_read(run_id)
         # The document the HTTP route sends (the validated state's JSON, as stored), parsed.
-        doc = await service.state_json(run_id, Forward("GET", f"/runs/{run_id}", headers=headers))
+        doc = await service.state_json(run_id, Forward("GET", f"/runs/{run_id}", who=who))
         return document.load(doc, run_id, "the projection", "data")  # type: ignore[no-any-return]
 
     async def propose_patch(run_id: str, patch: PatchInput, ctx: Context, wait_s: float = 5.0) -> dict[str, Any]:
         """Append events to the run, based on the revision you read (expected_revision).
         Returns the decision: accepted (the new revision) or rejected with its reason and
         the rule it broke; status "pending" if not decided within wait_s."""
-        who, headers = _who(ctx, tokens)
+        who = _who(ctx, tokens)
         data = patch.model_dump(mode="json", exclude_none=True, exclude={"agent_version"})
         if patch.agent_version is not None:
             data["author"] = {"agent_id": who.agent_id, "agent_version": patch.agent_version}
         out = await service.submit(who, run_id, data, min(max(wait_s, 0.0), 60.0),
-                                   Forward("POST", f"/runs/{run_id}/patches", headers=headers), channel="mcp")  # fmt: skip
+                                   Forward("POST", f"/runs/{run_id}/patches", who=who), channel="mcp")  # fmt: skip
         return out.model_dump(mode="json")
 
     async def run_history(run_id: str, ctx: Context) -> list[dict[str, Any]]:
         """Every decision on the run's patches in log order (who proposed what, accepted or why not)."""
-        who, headers = _who(ctx, tokens)
+        who = _who(ctx, tokens)
         who.may_read(run_id)
-        decisions = await service.history(run_id, Forward("GET", f"/runs/{run_id}/history", headers=headers))
+        decisions = await service.history(run_id, Forward("GET", f"/runs/{run_id}/history", who=who))
         return [d.model_dump(mode="json") for d in decisions]
 
     async def event_schema(event_type: str) -> dict[str, Any]:
@@ -191,7 +190,7 @@ def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
         try:
             who = tokens.identify(None)
             who.may_read(run_id)
-            return await service.context(run_id, Forward("GET", f"/runs/{run_id}/context"))
+            return await service.context(run_id, Forward("GET", f"/runs/{run_id}/context", who=who))
         except Exception as e:
             got = answer(e)
             if got is None:

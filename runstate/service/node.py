@@ -169,6 +169,7 @@ class Node:
                                            retention_every_s=settings.retention_check_s)  # fmt: skip
         self.producer = RunProducer(self.log, Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
                                     max_patch_bytes=settings.max_patch_bytes)  # fmt: skip
+        self._feed: DecisionFeed | None = None
         self._appends: queue.Queue[tuple[Patch, bytes, Future[Receipt]] | None] = queue.Queue()
 
     # -- life cycle ----------------------------------------------------------------------
@@ -183,7 +184,8 @@ class Node:
         if self.settings.decisions_published():
             # Positioned now, before the first request is served: no decision slips past it.
             feed_log = open_settings_log(self.settings)
-            feed = DecisionFeed(feed_log)
+            feed = DecisionFeed(feed_log, keys=self.settings.instance_keys())
+            self._feed = feed
             self._spawn("decision-feed", lambda: self._feed_loop(feed, feed_log))
 
     def _spawn(self, name: str, target: Callable[[], object]) -> None:
@@ -212,6 +214,11 @@ class Node:
             self.log.close()
             if self.snapshotter is not None:
                 self.snapshotter.projector.log.close()
+
+    @property
+    def decisions_ignored(self) -> int:
+        """Records on the decisions topic no projector holding the instance secret signed."""
+        return 0 if self._feed is None else self._feed.ignored
 
     # -- ownership and reads --------------------------------------------------------------
 
