@@ -268,7 +268,8 @@ def keys() -> None:
 
 @keys.command("generate")
 def keys_generate() -> None:
-    """Print a new master key (64 hex digits) for RUNSTATE_MASTER_KEY or a key file."""
+    """Print a new key (64 hex digits): a master key for RUNSTATE_MASTER_KEY or a key file, or an instance
+    secret for RUNSTATE_INSTANCE_SECRET."""
     click.echo(app.generate_master_key())
 
 
