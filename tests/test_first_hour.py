@@ -228,6 +228,17 @@ def test_aborted_and_slow_request_bodies_leave_no_traceback_and_hold_nothing(tmp
                     answer += chunk
             assert answer.startswith(b"HTTP/1.1 408") and b"RUNSTATE_REQUEST_TIMEOUT_S" in answer, answer
             assert time.monotonic() - started < 5
+        # An MCP call's body is held to the same deadline as a patch's.
+        mcp_head = (b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    b"Accept: application/json, text/event-stream\r\nContent-Length: 1000\r\n\r\n")  # fmt: skip
+        with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as s:
+            s.sendall(mcp_head + b'{"jsonrpc"')
+            started, answer = time.monotonic(), b""
+            with contextlib.suppress(OSError):
+                while chunk := s.recv(4096):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408") and b"RUNSTATE_BODY_TIMEOUT_S" in answer, answer
+            assert time.monotonic() - started < 5
         # Headers trickled (and a connection that sends nothing): closed at the deadline.
         for first in (b"POST /runs/r/patches HTTP/1.1\r\n", b""):
             with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as s:
@@ -250,7 +261,7 @@ def test_aborted_and_slow_request_bodies_leave_no_traceback_and_hold_nothing(tmp
         assert httpx.get(proc.url + "/healthz").status_code == 200
         metrics = httpx.get(proc.url + "/metrics").text
         assert 'runstate_http_slow_clients_total{phase="headers"} 2.0' in metrics, metrics
-        assert 'runstate_http_slow_clients_total{phase="body"} 2.0' in metrics, metrics
+        assert 'runstate_http_slow_clients_total{phase="body"} 3.0' in metrics, metrics
         time.sleep(0.3)
         assert "Traceback" not in proc.log() and "ClientDisconnect" not in proc.log(), proc.log()
     finally:

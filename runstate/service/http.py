@@ -497,6 +497,7 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
 
     mount_pages(api)
     api.add_middleware(PeerCheck, gate=gate)
+    api.add_middleware(McpBodies, settings=node.settings, counter=metrics.slow_clients)
     api.add_middleware(CountRequests, counter=metrics.requests)
 
     if mcp_server is not None:
@@ -524,6 +525,60 @@ class Hello(BaseModel):
     """Another instance's challenge (routing.py)."""
 
     nonce: str = pydantic.Field(min_length=16, max_length=64)
+
+
+class McpBodies:
+    """``POST /mcp``: the body read whole, under the same deadlines as a patch's body
+    (``RUNSTATE_BODY_TIMEOUT_S`` between parts, ``RUNSTATE_REQUEST_TIMEOUT_S`` for the
+    whole) and bounded, before the MCP SDK sees it; a client that trickles or stalls is
+    answered 408 and does not hold the connection. Plain ASGI, as CountRequests."""
+
+    def __init__(self, app: ASGIApp, settings: Any, counter: Counter) -> None:
+        self.app = app
+        self.settings = settings
+        self.counter = counter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith("/mcp"):
+            await self.app(scope, receive, send)
+            return
+        st = self.settings
+        limit = 2 * st.max_patch_bytes + 65536  # a patch in a JSON-RPC envelope
+        deadline = time.monotonic() + st.request_timeout_s
+        chunks, size = [], 0
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                message = await asyncio.wait_for(receive(), min(st.body_timeout_s, max(left, 0.0)))
+            except TimeoutError:
+                self.counter.labels("body").inc()
+                whole = left <= st.body_timeout_s
+                setting = "RUNSTATE_REQUEST_TIMEOUT_S" if whole else "RUNSTATE_BODY_TIMEOUT_S"
+                after = st.request_timeout_s if whole else st.body_timeout_s
+                what = f"did not arrive whole within {after:g} s" if whole else f"stopped arriving for {after:g} s"
+                await error_response(408, "request_timeout", f"the request body {what} ({setting})",
+                                     headers={"Connection": "close"})(scope, receive, send)  # fmt: skip
+                return
+            if message["type"] == "http.disconnect":
+                return
+            size += len(message.get("body", b""))
+            if size > limit:
+                await error_response(413, "too_large", f"an MCP request over {limit} bytes",
+                                     headers={"Connection": "close"})(scope, receive, send)  # fmt: skip
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        content, replayed = b"".join(chunks), False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": content, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 #: Where PeerCheck leaves a forwarded request's verified caller in the ASGI scope.
