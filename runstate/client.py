@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote, unquote
 
 import httpx
 import orjson
@@ -58,6 +59,14 @@ class Submitted:
         self.decision: Decision | None = Decision.model_validate(body["decision"]) if body.get("decision") else None
 
 
+def path_segment(value: str) -> str:
+    """An id as one path segment: every reserved character escaped, so that a ``/``, ``?``
+    or ``#`` in a thread id is part of it, and ``.``/``..`` escaped too (never dot segments,
+    which clients and proxies resolve to another path). The server routes on the raw path."""
+    q = quote(value, safe="")
+    return q.replace(".", "%2E") if q in (".", "..") else q
+
+
 def _draft(draft: PatchDraft | dict[str, Any]) -> bytes:
     data = draft.model_dump(mode="json", exclude_none=True) if isinstance(draft, PatchDraft) else dict(draft)
     # The idempotency key and the patch time are fixed here, so that a retry after a lost
@@ -78,8 +87,8 @@ def _raise(resp: httpx.Response) -> None:
     if resp.status_code in (413, 422):
         raise ContractError(message, field=err.get("field"))
     if resp.status_code == 404 and code == "not_found":
-        parts = resp.request.url.path.split("/")
-        raise RunNotFound(parts[2] if len(parts) > 2 else "?")
+        parts = resp.request.url.raw_path.decode("ascii").split("?")[0].split("/")
+        raise RunNotFound(unquote(parts[2]) if len(parts) > 2 else "?")
     retry = resp.headers.get("retry-after")
     raise ServiceError(resp.status_code, code, message, float(retry) if retry and retry.isdigit() else None)
 
@@ -123,14 +132,14 @@ class Client(_Base):
     def append(self, run_id: str, draft: PatchDraft | dict[str, Any], *, wait_s: float | None = None) -> Submitted:
         """Append a patch (``wait_s``: and wait that long for its decision)."""
         params = {"wait": wait_s} if wait_s else {}
-        return Submitted(self._request("POST", f"/runs/{run_id}/patches", content=_draft(draft), params=params,
+        return Submitted(self._request("POST", f"/runs/{path_segment(run_id)}/patches", content=_draft(draft), params=params,
                                        headers={"content-type": "application/json"}).json())  # fmt: skip
 
     def erase(self, run_id: str, reason: str, *, wait_s: float = 10.0) -> dict[str, Any]:
         """Erase the run (``DELETE /runs/{id}``; the token must allow erasing): the erasure
         record that stands. Raises :class:`ServiceError` (404: unknown run; 409: the
         deployment seals no content)."""
-        resp = self._request("DELETE", f"/runs/{run_id}", params={"reason": reason, "wait": wait_s})
+        resp = self._request("DELETE", f"/runs/{path_segment(run_id)}", params={"reason": reason, "wait": wait_s})
         return dict(resp.json())
 
     def submit(self, run_id: str, draft: PatchDraft | dict[str, Any], timeout_s: float = 10.0) -> Decision:
@@ -154,7 +163,7 @@ class Client(_Base):
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
         try:
-            return Decision.model_validate_json(self._request("GET", f"/runs/{run_id}/decisions/{patch_id}").content)
+            return Decision.model_validate_json(self._request("GET", f"/runs/{path_segment(run_id)}/decisions/{path_segment(patch_id)}").content)
         except ServiceError as e:
             if e.status == 404:
                 return None
@@ -162,31 +171,31 @@ class Client(_Base):
 
     def state(self, run_id: str, *, revision: int | None = None, min_revision: int | None = None) -> RunState:
         params = {k: v for k, v in {"revision": revision, "min_revision": min_revision}.items() if v is not None}
-        return RunState.model_validate_json(self._request("GET", f"/runs/{run_id}", params=params).content)
+        return RunState.model_validate_json(self._request("GET", f"/runs/{path_segment(run_id)}", params=params).content)
 
     def context(self, run_id: str, *, min_revision: int | None = None, max_tokens: int | None = None) -> str:
         params = {k: v for k, v in {"min_revision": min_revision, "max_tokens": max_tokens}.items() if v is not None}
-        return str(self._request("GET", f"/runs/{run_id}/context", params=params).json()["context"])
+        return str(self._request("GET", f"/runs/{path_segment(run_id)}/context", params=params).json()["context"])
 
     def history(self, run_id: str) -> list[Decision]:
-        return _DECISIONS.validate_json(self._request("GET", f"/runs/{run_id}/history").content)
+        return _DECISIONS.validate_json(self._request("GET", f"/runs/{path_segment(run_id)}/history").content)
 
     def runs(self, status: str | None = None) -> list[RunSummary]:
         return _SUMMARIES.validate_json(self._request("GET", "/runs", params={"status": status} if status else {}).content)
 
     def explain(self, run_id: str, path: str) -> list[dict[str, Any]]:
-        return list(self._request("GET", f"/runs/{run_id}/explain", params={"path": path}).json())
+        return list(self._request("GET", f"/runs/{path_segment(run_id)}/explain", params={"path": path}).json())
 
     def graph_checkpoints(self, run_id: str, *, ns: str | None = None, checkpoint_id: str | None = None,
                           before: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         """The run's LangGraph checkpoints, newest first (``GET /runs/{id}/graph/checkpoints``)."""
         params = _graph_params(ns, checkpoint_id, before, limit)
-        return list(self._request("GET", f"/runs/{run_id}/graph/checkpoints", params=params).json())
+        return list(self._request("GET", f"/runs/{path_segment(run_id)}/graph/checkpoints", params=params).json())
 
     def events(self, run_id: str, last_event_id: int | None = None) -> Iterator[Decision]:
         """The run's decisions as they happen (Server-Sent Events), after ``last_event_id``."""
         headers = {"last-event-id": str(last_event_id)} if last_event_id is not None else {}
-        with self.http.stream("GET", f"/runs/{run_id}/events", headers=headers, timeout=None) as resp:
+        with self.http.stream("GET", f"/runs/{path_segment(run_id)}/events", headers=headers, timeout=None) as resp:
             if resp.status_code >= 400:
                 resp.read()
                 _raise(resp)
@@ -242,13 +251,13 @@ class AsyncClient(_Base):
 
     async def append(self, run_id: str, draft: PatchDraft | dict[str, Any], *, wait_s: float | None = None) -> Submitted:
         params = {"wait": wait_s} if wait_s else {}
-        resp = await self._request("POST", f"/runs/{run_id}/patches", content=_draft(draft), params=params,
+        resp = await self._request("POST", f"/runs/{path_segment(run_id)}/patches", content=_draft(draft), params=params,
                                    headers={"content-type": "application/json"})  # fmt: skip
         return Submitted(resp.json())
 
     async def erase(self, run_id: str, reason: str, *, wait_s: float = 10.0) -> dict[str, Any]:
         """As :meth:`Client.erase`."""
-        resp = await self._request("DELETE", f"/runs/{run_id}", params={"reason": reason, "wait": wait_s})
+        resp = await self._request("DELETE", f"/runs/{path_segment(run_id)}", params={"reason": reason, "wait": wait_s})
         return dict(resp.json())
 
     async def submit(self, run_id: str, draft: PatchDraft | dict[str, Any], timeout_s: float = 10.0) -> Decision:
@@ -259,7 +268,7 @@ class AsyncClient(_Base):
 
     async def decision(self, run_id: str, patch_id: str) -> Decision | None:
         try:
-            resp = await self._request("GET", f"/runs/{run_id}/decisions/{patch_id}")
+            resp = await self._request("GET", f"/runs/{path_segment(run_id)}/decisions/{path_segment(patch_id)}")
         except ServiceError as e:
             if e.status == 404:
                 return None
@@ -268,14 +277,14 @@ class AsyncClient(_Base):
 
     async def state(self, run_id: str, *, revision: int | None = None, min_revision: int | None = None) -> RunState:
         params = {k: v for k, v in {"revision": revision, "min_revision": min_revision}.items() if v is not None}
-        return RunState.model_validate_json((await self._request("GET", f"/runs/{run_id}", params=params)).content)
+        return RunState.model_validate_json((await self._request("GET", f"/runs/{path_segment(run_id)}", params=params)).content)
 
     async def context(self, run_id: str, *, min_revision: int | None = None, max_tokens: int | None = None) -> str:
         params = {k: v for k, v in {"min_revision": min_revision, "max_tokens": max_tokens}.items() if v is not None}
-        return str((await self._request("GET", f"/runs/{run_id}/context", params=params)).json()["context"])
+        return str((await self._request("GET", f"/runs/{path_segment(run_id)}/context", params=params)).json()["context"])
 
     async def history(self, run_id: str) -> list[Decision]:
-        return _DECISIONS.validate_json((await self._request("GET", f"/runs/{run_id}/history")).content)
+        return _DECISIONS.validate_json((await self._request("GET", f"/runs/{path_segment(run_id)}/history")).content)
 
     async def runs(self, status: str | None = None) -> list[RunSummary]:
         resp = await self._request("GET", "/runs", params={"status": status} if status else {})
@@ -285,11 +294,11 @@ class AsyncClient(_Base):
                                 before: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         """As :meth:`Client.graph_checkpoints`."""
         params = _graph_params(ns, checkpoint_id, before, limit)
-        return list((await self._request("GET", f"/runs/{run_id}/graph/checkpoints", params=params)).json())
+        return list((await self._request("GET", f"/runs/{path_segment(run_id)}/graph/checkpoints", params=params)).json())
 
     async def events(self, run_id: str, last_event_id: int | None = None) -> AsyncIterator[Decision]:
         headers = {"last-event-id": str(last_event_id)} if last_event_id is not None else {}
-        async with self.http.stream("GET", f"/runs/{run_id}/events", headers=headers, timeout=None) as resp:
+        async with self.http.stream("GET", f"/runs/{path_segment(run_id)}/events", headers=headers, timeout=None) as resp:
             if resp.status_code >= 400:
                 await resp.aread()
                 _raise(resp)

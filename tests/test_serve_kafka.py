@@ -92,6 +92,17 @@ def test_any_instance_answers_and_the_survivor_takes_over(kafka_bootstrap: str, 
             hist = httpx.get(url + "/runs/run_3/history", params={"start": 1, "limit": 1}, timeout=30)
             assert [d["revision"] for d in hist.json()] == [2] and hist.headers["x-total-count"] == "3"
             assert httpx.get(url + "/deadletters", timeout=30).json() == []
+        # Ids that are not URL-safe, written through one instance and read through the other
+        # (forwarded with their percent-encoding intact): each its own run, run_3 untouched.
+        odd = ["thread/../run_3", "café #1", "run_3/context", "100% ?x=1", "..", "slack/C1/17.1"]
+        for n, run_id in enumerate(odd):
+            w, r = ("a", "b") if n % 2 else ("b", "a")
+            d = submit(clients[w], run_id, {"expected_revision": 0, "events": [start(run_id)]})
+            assert (d.run_id, d.revision) == (run_id, 1), d
+            assert clients[r].state(run_id, min_revision=1).goal.statement == run_id  # type: ignore[union-attr]
+            assert [h.run_id for h in clients[r].history(run_id)] == [run_id]
+        assert clients["a"].state("run_3").revision == seen["run_3"]
+        assert sorted(h.run_id for h in clients["b"].runs()) == sorted(runs + odd)
         a_parts = owned(a.url)
         assert a_parts, "a owns partitions before it dies"
         foreign = [r for r in runs if partition_for(r, 6) not in a_parts]
@@ -109,7 +120,7 @@ def test_any_instance_answers_and_the_survivor_takes_over(kafka_bootstrap: str, 
         for run_id in runs:
             assert clients["b"].state(run_id).revision == seen[run_id] == 6
             assert [d.revision for d in clients["b"].history(run_id) if d.outcome == "accepted"][-1] == 6
-        assert sorted(h.run_id for h in clients["b"].runs()) == sorted(runs)
+        assert sorted(h.run_id for h in clients["b"].runs()) == sorted(runs + odd)
         for c in clients.values():
             c.close()
     finally:

@@ -62,6 +62,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProc
     for i in range(12):
         assert _submit(rs, f"other-{i:02d}", 0, start(f"other work {i}")).outcome == "accepted"
     _incident(rs)
+    # An id with a slash, a space and a dot segment in it: one run, its own page.
+    assert _submit(rs, "team/eu 1/../..", 0, start("the odd id's goal")).outcome == "accepted"
     try:
         yield serve, rs
     finally:
@@ -116,7 +118,7 @@ def test_the_runs_list_shows_runs_searches_and_pages(browser: Any, served: tuple
     page = _page(browser)
     page.goto(serve.url + "/ui")
     page.wait_for_selector("#runs tbody tr")
-    assert page.locator("#count").inner_text() == "14 runs"
+    assert page.locator("#count").inner_text() == "15 runs"
     assert page.locator("#runs a", has_text="run-ui").count() == 1
     _shot(page, "ui-runs.png", tmp_path)
     page.fill("#q", "other-1")
@@ -267,3 +269,15 @@ def test_the_pages_colours_are_readable() -> None:
     for text in ("fg", "muted", "ok", "bad", "link"):
         for bg in backgrounds:
             assert ratio(var[text], bg) >= 4.5, (text, bg, ratio(var[text], bg))
+
+
+def test_a_run_whose_id_is_not_url_safe_has_its_own_page(browser: Any, served: tuple[ServeProcess, Client]) -> None:
+    serve, _ = served
+    page = _page(browser)
+    page.goto(serve.url + "/ui")
+    page.wait_for_selector("#runs tbody tr")
+    page.click("#runs a:text-is('team/eu 1/../..')")
+    page.wait_for_selector("#goal")
+    assert "the odd id's goal" in page.locator("#goal").inner_text()
+    assert page.locator("#timeline button.patch").count() == 1
+    page.close()

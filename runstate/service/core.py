@@ -24,6 +24,7 @@ from runstate import app
 from runstate.projector.read.context import render_context
 from runstate.projector.read.replay import explain, state_data_at
 from runstate.projector.store import document
+from runstate.client import path_segment
 from runstate.schemas.errors import ContractError, DecisionTimeout, RevisionNotFound, RunNotFound, RunstateError
 from runstate.schemas.patch import Author, Decision, Patch
 from runstate.schemas.state import RunHeader, RunSummary
@@ -262,7 +263,7 @@ class Service:
         # decision. One hop, where appending here costs a lookup there for the resend check
         # and the decision's way back through the decisions topic.
         body = orjson.dumps({**data, "patch_id": patch.patch_id})
-        ask = Forward("POST", f"/runs/{run_id}/patches", (("wait", repr(wait_s)),) if wait_s else (), fwd.headers, body,
+        ask = Forward("POST", f"/runs/{path_segment(run_id)}/patches", (("wait", repr(wait_s)),) if wait_s else (), fwd.headers, body,
                       who=who)  # fmt: skip
         return await self.on_owner(run_id, ask, here, Submitted.model_validate)
 
@@ -342,7 +343,7 @@ class Service:
 
     async def decision_or_none(self, run_id: str, patch_id: str, fwd: Forward) -> Decision | None:
         try:
-            return await self.decision(run_id, patch_id, Forward("GET", f"/runs/{run_id}/decisions/{patch_id}",
+            return await self.decision(run_id, patch_id, Forward("GET", f"/runs/{path_segment(run_id)}/decisions/{path_segment(patch_id)}",
                                                                  headers=fwd.headers, who=fwd.who))  # fmt: skip
         except (DecisionTimeout, Unavailable):
             return None

@@ -18,7 +18,7 @@ import time
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote_from_bytes, unquote, urlencode
 from typing import Annotated, Any
 
 import msgspec
@@ -28,7 +28,7 @@ from fastapi import FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -46,7 +46,26 @@ from runstate.service.node import Node
 from runstate.service.routing import FORWARDED, HELLO_PATH, SIGNED, PeerGate, Router, body_digest
 from runstate.snapshotter.checkpoint import Checkpoint
 
-RUN_ID = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._:@/-]+$")]
+
+
+def _path_id(segment: str) -> str:
+    """An id from its (still percent-encoded) path segment: the raw path is routed (RawPaths),
+    so that a ``/`` in an id is never a separator. The same ids as the log takes: 1-200
+    characters of UTF-8, no control characters."""
+    try:
+        value = unquote(segment, errors="strict")
+    except UnicodeDecodeError:
+        raise ValueError("an id is UTF-8 text, percent-encoded in the path") from None
+    if not 1 <= len(value) <= 200:
+        raise ValueError(f"an id is 1-200 characters, got {len(value)}")
+    if any(ord(c) < 0x20 for c in value):
+        raise ValueError("an id has no control characters")
+    return value
+
+
+#: 200 characters of up to 4 UTF-8 bytes, each %XX, at most.
+RUN_ID = Annotated[str, Path(min_length=1, max_length=2400), AfterValidator(_path_id)]
+PATCH_ID = Annotated[str, Path(min_length=1, max_length=2400), AfterValidator(_path_id)]
 #: The forwarding marker as it appears in the raw ASGI header list.
 FORWARDED_B = FORWARDED.encode()
 #: Longest ``wait`` a request may ask for (seconds).
@@ -321,7 +340,7 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         return json_out(await service.erase(ident(request), run_id, reason, wait))
 
     @api.get("/runs/{run_id}/decisions/{patch_id}", response_model=Decision, responses=_errors(401, 403, 404, 410, 503))
-    async def get_decision(request: Request, run_id: RUN_ID, patch_id: Annotated[str, Path(min_length=1, max_length=128)]) -> Response:
+    async def get_decision(request: Request, run_id: RUN_ID, patch_id: PATCH_ID) -> Response:
         """The decision on one patch; 404 while there is none."""
         ident(request).may_read(run_id)
         return json_out(await service.decision(run_id, patch_id, fwd(request)))
@@ -499,6 +518,7 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
     api.add_middleware(PeerCheck, gate=gate)
     api.add_middleware(McpBodies, settings=node.settings, counter=metrics.slow_clients)
     api.add_middleware(CountRequests, counter=metrics.requests)
+    api.add_middleware(RawPaths)
 
     if mcp_server is not None:
         from runstate.service.mcp import mount_mcp
@@ -525,6 +545,24 @@ class Hello(BaseModel):
     """Another instance's challenge (routing.py)."""
 
     nonce: str = pydantic.Field(min_length=16, max_length=64)
+
+
+class RawPaths:
+    """Routes ``/runs/…`` on the raw path: uvicorn decodes ``%2F`` before routing, which
+    would make a thread named ``a/context`` the route ``context`` of run ``a`` and
+    ``x%2F..%2Fvictim`` run ``victim``. Here the path keeps its percent-encoding, ids are
+    decoded by their parameter's type (``RUN_ID``), and a literal ``..`` or ``.`` segment
+    matches no route (404), never another run."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw is not None and raw.startswith(b"/runs/"):
+            # Bytes a client sent unescaped (UTF-8) become %XX; existing escapes stay.
+            scope["path"] = quote_from_bytes(raw.split(b"?", 1)[0], safe="/%:@!$&'()*+,;=-._~")
+        await self.app(scope, receive, send)
 
 
 class McpBodies:

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 import runstate
 from runstate.projector.store import document
+from runstate.client import path_segment
 from runstate.schemas.errors import ContractError
 from runstate.schemas.events import EVENT_TYPE_NAMES, EVENT_TYPES
 from runstate.service.auth import Identity, Tokens
@@ -146,7 +147,7 @@ def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
         if max_tokens is not None and max_tokens < 50:
             raise ContractError("max_tokens must be at least 50", field="max_tokens")
         params = () if max_tokens is None else (("max_tokens", str(max_tokens)),)
-        return await service.context(run_id, Forward("GET", f"/runs/{run_id}/context", params, who=who), None,
+        return await service.context(run_id, Forward("GET", f"/runs/{path_segment(run_id)}/context", params, who=who), None,
                                      max_tokens)  # fmt: skip
 
     async def run_state(run_id: str, ctx: Context) -> dict[str, Any]:
@@ -154,7 +155,7 @@ def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
         who = _who(ctx, tokens)
         who.may_read(run_id)
         # The document the HTTP route sends (the validated state's JSON, as stored), parsed.
-        doc = await service.state_json(run_id, Forward("GET", f"/runs/{run_id}", who=who))
+        doc = await service.state_json(run_id, Forward("GET", f"/runs/{path_segment(run_id)}", who=who))
         return document.load(doc, run_id, "the projection", "data")  # type: ignore[no-any-return]
 
     async def propose_patch(run_id: str, patch: PatchInput, ctx: Context, wait_s: float = 5.0) -> dict[str, Any]:
@@ -166,14 +167,14 @@ def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
         if patch.agent_version is not None:
             data["author"] = {"agent_id": who.agent_id, "agent_version": patch.agent_version}
         out = await service.submit(who, run_id, data, min(max(wait_s, 0.0), 60.0),
-                                   Forward("POST", f"/runs/{run_id}/patches", who=who), channel="mcp")  # fmt: skip
+                                   Forward("POST", f"/runs/{path_segment(run_id)}/patches", who=who), channel="mcp")  # fmt: skip
         return out.model_dump(mode="json")
 
     async def run_history(run_id: str, ctx: Context) -> list[dict[str, Any]]:
         """Every decision on the run's patches in log order (who proposed what, accepted or why not)."""
         who = _who(ctx, tokens)
         who.may_read(run_id)
-        decisions = await service.history(run_id, Forward("GET", f"/runs/{run_id}/history", who=who))
+        decisions = await service.history(run_id, Forward("GET", f"/runs/{path_segment(run_id)}/history", who=who))
         return [d.model_dump(mode="json") for d in decisions]
 
     async def event_schema(event_type: str) -> dict[str, Any]:
@@ -190,7 +191,7 @@ def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
         try:
             who = tokens.identify(None)
             who.may_read(run_id)
-            return await service.context(run_id, Forward("GET", f"/runs/{run_id}/context", who=who))
+            return await service.context(run_id, Forward("GET", f"/runs/{path_segment(run_id)}/context", who=who))
         except Exception as e:
             got = answer(e)
             if got is None:

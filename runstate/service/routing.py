@@ -43,6 +43,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 import orjson
+import yarl
 
 from runstate.eventlog.base import EventLog
 from runstate.eventlog.instancekey import InstanceKeys
@@ -259,8 +260,12 @@ class Router:
         sig = self.keys.sign("request", url, method, path, urlencode(params), ident, ts, nonce, digest)
         sent = {**headers, FORWARDED: self.me, IDENTITY: ident, SIGNED: f"{ts};{nonce};{sig}",
                 "x-runstate-body-sha256": digest}  # fmt: skip
+        # Sent as it is: the path's ids are percent-encoded (a "/" in a run id is %2F), which
+        # a re-quoting client would undo or change, and the owner checks the path it signed.
+        query = urlencode(params)
+        target = yarl.URL(url + path + (f"?{query}" if query else ""), encoded=True)
         try:
-            async with self._session().request(method, url + path, params=params, data=body, headers=sent) as resp:
+            async with self._session().request(method, target, data=body, headers=sent) as resp:
                 content = await resp.read()
                 got = {k.lower(): v for k, v in resp.headers.items()}
                 status = resp.status

@@ -67,8 +67,15 @@ function when(iso) {
   return isNaN(d) ? String(iso) : d.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
 }
 
+// A run id as one path segment (as runstate.client does): "/" and "?" escaped, and "." and
+// ".." too, which the browser would otherwise resolve as dot segments to another path.
+function seg(id) {
+  const q = encodeURIComponent(id);
+  return q === "." || q === ".." ? q.replace(/\./g, "%2E") : q;
+}
+
 function runLink(runId) {
-  return `/ui/runs/${encodeURIComponent(runId)}`;
+  return `/ui/runs/${seg(runId)}`;
 }
 
 function failure(e, what) {
@@ -226,8 +233,8 @@ class RunPage {
     document.title = `${this.runId} · runstate`;
     let state;
     try {
-      state = await api(`/runs/${encodeURIComponent(this.runId)}`);
-      const probe = await api(`/runs/${encodeURIComponent(this.runId)}/history?limit=1`, { raw: true });
+      state = await api(`/runs/${seg(this.runId)}`);
+      const probe = await api(`/runs/${seg(this.runId)}/history?limit=1`, { raw: true });
       this.total = Number(probe.headers.get("x-total-count"));
     } catch (e) {
       return failure(e, `Run ${this.runId}`);
@@ -268,7 +275,7 @@ class RunPage {
 
   async loadPage() {
     const q = new URLSearchParams({ start: this.start, limit: PAGE_PATCHES });
-    const resp = await api(`/runs/${encodeURIComponent(this.runId)}/history?${q}`, { raw: true });
+    const resp = await api(`/runs/${seg(this.runId)}/history?${q}`, { raw: true });
     this.history = await resp.json();
     this.total = Number(resp.headers.get("x-total-count"));
     this.renderTimeline();
@@ -330,7 +337,7 @@ class RunPage {
     }
     url.searchParams.set("revision", d.revision);
     history.replaceState(null, "", url);
-    const id = encodeURIComponent(this.runId);
+    const id = seg(this.runId);
     try {
       const [state, before] = await Promise.all([
         api(`/runs/${id}?revision=${d.revision}`),
@@ -394,7 +401,7 @@ class RunPage {
     const dialog = document.getElementById("explain");
     let body;
     try {
-      const changes = await api(`/runs/${encodeURIComponent(this.runId)}/explain?path=${encodeURIComponent(path)}`);
+      const changes = await api(`/runs/${seg(this.runId)}/explain?path=${encodeURIComponent(path)}`);
       body = changes.length ? el("ol", { id: "explain-list" }, changes.map((c) => el("li", {},
         el("a", { href: `${runLink(this.runId)}?revision=${c.revision}` }, `r${c.revision} @${c.offset}`),
         ` ${c.agent_id}@${c.agent_version} (${c.event_types.join(", ")}): `,
@@ -409,7 +416,7 @@ class RunPage {
   }
 
   async loadSide() {
-    const id = encodeURIComponent(this.runId);
+    const id = seg(this.runId);
     const parts = [el("h2", {}, "Checkpoints and resume")];
     try {
       const cps = await api(`/runs/${id}/checkpoints`);
@@ -439,7 +446,7 @@ class RunPage {
     const last = this.history.length ? this.history[this.history.length - 1].offset : null;
     if (last !== null) headers["last-event-id"] = String(last);
     try {
-      const resp = await fetch(`/runs/${encodeURIComponent(this.runId)}/events`, { headers });
+      const resp = await fetch(`/runs/${seg(this.runId)}/events`, { headers });
       if (!resp.ok || !resp.body) return;
       document.getElementById("live").hidden = false;
       const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
@@ -470,7 +477,7 @@ class RunPage {
       this.pager.querySelector("#range").textContent = `patches ${this.start + 1}–${this.start + this.history.length} of ${this.total}`;
     }
     if (d.outcome === "accepted") {
-      this.current = await api(`/runs/${encodeURIComponent(this.runId)}`);
+      this.current = await api(`/runs/${seg(this.runId)}`);
       this.renderSummary(this.current);
       if (this.selected === null) this.renderState(this.current, null, "current");
     }
