@@ -11,11 +11,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
+from langgraph.channels.delta import DeltaChannel
 from servekit import ServeProcess
 
 from runstate.agent import PatchRejected
@@ -233,3 +235,54 @@ def test_the_docs_example_runs_as_written(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "RunStarted,GraphCheckpointSaved" in _cli(tmp_path / ".runstate", "history", "thread-1")
+
+
+
+def _concat(state: list[str], writes: Any) -> list[str]:
+    return state + [x for w in writes for x in w]
+
+
+class _DeltaState(TypedDict):
+    items: Annotated[list[str], DeltaChannel(_concat, snapshot_frequency=1000)]
+
+
+def _delta_graph(saver: Any) -> Any:
+    """Two parallel nodes appending to a DeltaChannel; ``a`` finishes after ``b``."""
+    from langgraph.graph import START, StateGraph
+
+    def a(_s: _DeltaState) -> dict[str, list[str]]:
+        time.sleep(0.3)
+        return {"items": ["a"]}
+
+    def b(_s: _DeltaState) -> dict[str, list[str]]:
+        return {"items": ["b"]}
+
+    g = StateGraph(_DeltaState)
+    g.add_node("a", a)
+    g.add_node("b", b)
+    g.add_edge(START, "a")
+    g.add_edge(START, "b")
+    return g.compile(checkpointer=saver)
+
+def test_pending_writes_come_back_in_langgraphs_order_and_a_delta_channel_rebuilds_what_ran(tmp_path: Path) -> None:
+    """get_tuple returns a step's writes sorted by (task_path, task_id, idx), LangGraph's
+    writes_sort_key, as InMemorySaver does: a DeltaChannel rebuilt from them is the value
+    the run produced, whichever parallel task finished first."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    serve = ServeProcess({"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")},
+                         tmp_path)  # fmt: skip
+    try:
+        serve.wait_ready()
+        with RunstateSaver.from_conn_string(tmp_path / "rs") as embedded, \
+                RunstateSaver.from_conn_string(serve.url) as served:  # fmt: skip
+            for name, cp in (("memory", InMemorySaver()), ("embedded", embedded), ("serve", served)):
+                graph = _delta_graph(cp)
+                cfg = {"configurable": {"thread_id": f"delta {name}"}}
+                live = graph.invoke({"items": ["in"]}, cfg)["items"]
+                assert live == ["in", "a", "b"], (name, live)
+                assert graph.get_state(cfg).values["items"] == live, name
+                # The next step continues from the value the run produced.
+                assert graph.invoke({"items": ["next"]}, cfg)["items"] == [*live, "next", "a", "b"], name
+    finally:
+        assert serve.stop() == 0, serve.log()

@@ -73,6 +73,11 @@ def _unblob(b: dict[str, str]) -> tuple[str, bytes]:
     return b["type"], base64.b64decode(b["data"])
 
 
+def _write_order(w: dict[str, Any]) -> tuple[str, str, int]:
+    """LangGraph's ``writes_sort_key``: (task_path, task_id, idx)."""
+    return (w.get("task_path") or "", w["task_id"], int(w["idx"]))
+
+
 def _where(config: RunnableConfig) -> tuple[str, str, str | None]:
     """(thread id, namespace, checkpoint id or None) of a config. Raises ValueError without a thread id."""
     conf = config.get("configurable") or {}
@@ -117,8 +122,10 @@ class _Graph:
             metadata=self.serde.loads_typed(_unblob(doc["metadata"])),
             parent_config=({"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
                            if parent else None),  # fmt: skip
+            # In LangGraph's order (its writes_sort_key), not the order the tasks finished:
+            # a DeltaChannel replays them through an order-sensitive reducer.
             pending_writes=[(w["task_id"], w["channel"], self.serde.loads_typed(_unblob(w["value"])))
-                            for w in doc.get("writes", [])],  # fmt: skip
+                            for w in sorted(doc.get("writes", []), key=_write_order)],  # fmt: skip
         )
 
     @staticmethod
