@@ -465,6 +465,11 @@ def _effect(eid: str, status: str, kind: str, target: str, idempotency_key: str,
 _CLOSED_OPEN = "the run handle closed with the call open"
 
 
+def _result_refused(e: PatchRejected) -> str:
+    d = e.decision
+    return f"its result was rejected: {d.reason}{f' [{d.rule}]' if d.rule else ''}: {d.message or ''}".rstrip(": ")
+
+
 class Run(_Builders[Decision]):
     """One run as an agent worker sees it. Not thread-safe: one handle per worker."""
 
@@ -522,7 +527,13 @@ class Run(_Builders[Decision]):
             self.submit(_call_failed(call, e))
             raise
         self._open_calls.pop(call.call_id, None)
-        self.submit(*_call_done(call), rebase=False)
+        try:
+            self.submit(*_call_done(call), rebase=False)
+        except PatchRejected as e:
+            # The call ran; only its result was refused. Closed as failed with the reason,
+            # or it stays in flight and the run can never complete.
+            self.submit(_call_failed(call, _result_refused(e)))
+            raise
 
     @contextmanager
     def effect(self, kind: str, target: str, idempotency_key: str, *, effect_id: str | None = None,
@@ -682,7 +693,11 @@ class AsyncRun(_Builders[Awaitable[Decision]]):
             await self.submit(_call_failed(call, e))
             raise
         self._open_calls.pop(call.call_id, None)
-        await self.submit(*_call_done(call), rebase=False)
+        try:
+            await self.submit(*_call_done(call), rebase=False)
+        except PatchRejected as e:
+            await self.submit(_call_failed(call, _result_refused(e)))  # as in Run.tool_call
+            raise
 
     @asynccontextmanager
     async def effect(self, kind: str, target: str, idempotency_key: str, *, effect_id: str | None = None,

@@ -104,6 +104,39 @@ def test_tool_calls_and_effects_are_recorded_around_the_work(local: Path) -> Non
         assert again.state().pending_tool_calls == []
 
 
+def test_a_tool_call_whose_result_is_rejected_is_closed_as_failed_and_the_run_can_complete(local: Path) -> None:
+    """The second call names the same artifact id (refused: artifact.duplicate_id); the
+    handle raises PatchRejected and records the call failed, so nothing stays in flight
+    and the run completes. Sync and async alike."""
+    import asyncio
+
+    from runstate.agent import open_async_run
+
+    with open_run(local, "r-dup", agent_id="a", agent_version="1") as run:
+        run.start("twice")
+        with run.tool_call("search") as call:
+            call.result("artifact://search/1", kind="search_result")
+        with pytest.raises(PatchRejected, match="duplicate_id"), run.tool_call("search") as call:
+            call.result("artifact://search/1", kind="search_result")
+        assert run.state().pending_tool_calls == []
+        assert "rejected" in run.state().last_transition.action  # type: ignore[union-attr]
+        assert run.complete(summary="done").outcome == "accepted"
+
+    async def go() -> None:
+        run = await open_async_run(local, "r-dup-async", agent_id="a", agent_version="1")
+        async with run:
+            await run.start("twice")
+            async with run.tool_call("search") as call:
+                call.result("artifact://s/1", kind="search_result")
+            with pytest.raises(PatchRejected, match="duplicate_id"):
+                async with run.tool_call("search") as call:
+                    call.result("artifact://s/1", kind="search_result")
+            assert (await run.state()).pending_tool_calls == []
+            assert (await run.complete(summary="done")).outcome == "accepted"
+
+    asyncio.run(go())
+
+
 def test_a_crash_between_effect_started_and_committed_leaves_it_to_reconcile(local: Path) -> None:
     code = (f"import os, signal\nfrom runstate.agent import open_run\n"
             f"run = open_run({str(local)!r}, 'r3', agent_id='a', agent_version='1')\nrun.start('pay')\n"
