@@ -25,6 +25,7 @@ id, an observation, budget use) are sent with ``rebase`` by default.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
@@ -38,10 +39,14 @@ import pydantic
 from pydantic import TypeAdapter
 
 from runstate.schemas import events
-from runstate.schemas.errors import ContractError, RunstateError, describe_validation_error
+from runstate.schemas.errors import ContractError, DecisionTimeout, LogError, RunstateError, describe_validation_error
 from runstate.schemas.events import Model
 from runstate.schemas.patch import Author, Decision
 from runstate.schemas.state import RunState
+
+log = logging.getLogger("runstate.agent")
+#: How long opening a handle waits for its projector to hold the log's group (or find it taken).
+_JOIN_S = 10.0
 
 __all__ = ["AsyncRun", "PatchRejected", "RevisionConflict", "Run", "ToolCall", "events", "open_run", "open_async_run"]
 
@@ -130,9 +135,12 @@ class _Live:
         self.changed = threading.Condition()
         #: decisions awaited by a submit in this process, once made
         self.awaited: dict[tuple[str, str], Decision | None] = {}
+        #: set once the projector was assigned its partitions, or found the group taken
+        self.ready = threading.Event()
 
     def on_assign(self, partition: int, store: Any) -> None:
         self.stores[partition] = store
+        self.ready.set()
 
     def on_accepted(self, partition: int, patch: Any, decision: Any, doc: Any, batch: Any) -> None:
         pass
@@ -170,12 +178,32 @@ class _Local:
         self._live: _Live | None = None
         self._layout: Any = None
         if project:
-            self._live = _Live()
-            projector = Projector(self.log, self.state_dir, publish_dead_letters=False, hooks=self._live,
+            live = _Live()
+            projector = Projector(self.log, self.state_dir, publish_dead_letters=False, hooks=live,
                                   destroy_erased_keys=True)  # fmt: skip
-            self._thread = threading.Thread(target=projector.run, name="runstate-projector", daemon=True,
-                                            kwargs={"stop": self._stop, "poll_timeout_s": 0.02})  # fmt: skip
+            taken: list[str] = []
+
+            def run() -> None:
+                try:
+                    projector.run(stop=self._stop, poll_timeout_s=0.02)
+                except LogError as e:
+                    if "already has a member" not in str(e):
+                        raise
+                    taken.append(str(e))
+                    live.ready.set()
+
+            self._thread = threading.Thread(target=run, name="runstate-projector", daemon=True)
             self._thread.start()
+            # Until the projector holds the log's group, or another process (or handle) does:
+            # then that one decides, and this handle appends and reads its decisions from
+            # the projection (as with project=False), instead of waiting on a dead thread.
+            live.ready.wait(_JOIN_S)
+            if taken:
+                log.info("another projector decides %s (%s): this handle appends and reads its decisions",
+                         where, taken[0].split(": ", 1)[-1].split(".", 1)[0])  # fmt: skip
+                self._thread = None
+            else:
+                self._live = live
 
     def _store(self, run_id: str) -> Any:
         """The in-process projector's store of the run's partition, or None (no projector here, or not yet assigned)."""
@@ -228,7 +256,12 @@ class _Local:
                     if live.awaited[key] is None and (st := self._store(run_id)) is not None:
                         # A resent patch id gets no new decision: the earlier one is the answer.
                         live.awaited[key] = st.decision(run_id, patch.patch_id)
-            return d if d is not None else self.producer.wait(run_id, patch.patch_id, 0.0)
+            if d is not None:
+                return d
+            try:  # the projection's answer, last (a decision stored before this wait began)
+                return self.producer.wait(run_id, patch.patch_id, 0.0)
+            except DecisionTimeout:
+                raise DecisionTimeout(run_id, patch.patch_id, timeout_s) from None
         finally:
             with live.changed:
                 live.awaited.pop(key, None)

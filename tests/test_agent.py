@@ -209,3 +209,30 @@ def test_the_async_twin_does_the_same_on_the_local_log_and_on_a_serve(tmp_path: 
         asyncio.run(work(serve.url, token))
     finally:
         assert serve.stop() == 0, serve.log()
+
+
+def test_two_handles_on_one_directory_both_work_at_full_speed(tmp_path: Path) -> None:
+    """In one process and from a second one: the first handle projects, the others append
+    and read the decisions it makes, each answered in well under the handle's timeout, and
+    no projector thread dies with a traceback."""
+    import subprocess
+    import sys
+    import time
+
+    where = tmp_path / "rs"
+    with open_run(where, "two-a", agent_id="a", agent_version="1") as first:
+        first.start("first")
+        with open_run(where, "two-b", agent_id="b", agent_version="1", timeout_s=5) as second:
+            started = time.monotonic()
+            for i in range(5):
+                (second.start("second") if i == 0 else second.task(f"t{i}", "a task"))
+            assert second.state().revision == 5
+            assert time.monotonic() - started < 4, "each decision came from the first handle's projector"
+        code = ("import time\nfrom runstate.agent import open_run\n"
+                f"with open_run({str(where)!r}, 'two-c', agent_id='c', agent_version='1', timeout_s=5) as run:\n"
+                "    t = time.monotonic()\n    run.start('third')\n    assert run.state().revision == 1\n"
+                "    print(round(time.monotonic() - t, 2))\n")  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert float(out.stdout.strip()) < 3 and "Traceback" not in out.stderr, out
+        assert first.task("t1", "the first still decides").outcome == "accepted"

@@ -286,3 +286,17 @@ def test_pending_writes_come_back_in_langgraphs_order_and_a_delta_channel_rebuil
                 assert graph.invoke({"items": ["next"]}, cfg)["items"] == [*live, "next", "a", "b"], name
     finally:
         assert serve.stop() == 0, serve.log()
+
+
+def test_two_savers_on_one_directory_both_write_at_full_speed(tmp_path: Path) -> None:
+    """The second saver (as a second process would) appends and reads the decisions of the
+    first one's projector: a put is answered at once, not after a 30 s wait."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+    with RunstateSaver.from_conn_string(tmp_path / "rs") as first, RunstateSaver.from_conn_string(tmp_path / "rs") as second:
+        started = time.monotonic()
+        for saver, thread in ((second, "t-second"), (first, "t-first"), (second, "t-second-2")):
+            stored = saver.put(generate_config(thread), generate_checkpoint(), generate_metadata(), {})
+            saver.put_writes(stored, [("ch", "v")], "task-1")
+            assert saver.get_tuple(generate_config(thread)) is not None
+        assert time.monotonic() - started < 5
