@@ -39,7 +39,8 @@ import pydantic
 from pydantic import TypeAdapter
 
 from runstate.schemas import events
-from runstate.schemas.errors import ContractError, DecisionTimeout, LogError, RunstateError, describe_validation_error
+from runstate.schemas.errors import (ContractError, DecisionTimeout, LogError, RunNotFound, RunstateError,
+                                     describe_validation_error)
 from runstate.schemas.events import Model
 from runstate.schemas.patch import Author, Decision
 from runstate.schemas.state import RunState
@@ -787,8 +788,8 @@ async def open_async_run(where: str | Path, run_id: str, *, agent_id: str, agent
     run = AsyncRun(await async_backend(where, author, token=token, project=project), run_id, timeout_s=timeout_s)
     try:
         await run.refresh()
-    except RunstateError:
-        pass  # not started yet
+    except RunNotFound:
+        pass  # not started yet (an unreachable service or an erased run is said at once)
     return run
 
 
@@ -805,6 +806,6 @@ def open_run(where: str | Path, run_id: str, *, agent_id: str, agent_version: st
     run = Run(backend(where, author, token=token, project=project), run_id, timeout_s=timeout_s)
     try:
         run.refresh()
-    except RunstateError:
-        pass  # not started yet
+    except RunNotFound:
+        pass  # not started yet (an unreachable service or an erased run is said at once)
     return run

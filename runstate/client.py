@@ -30,10 +30,20 @@ from runstate.schemas.errors import ContractError, DecisionTimeout, RunNotFound,
 from runstate.schemas.patch import Decision, PatchDraft
 from runstate.schemas.state import RunState, RunSummary
 
-__all__ = ["AsyncClient", "Client", "ServiceError", "Submitted"]
+__all__ = ["AsyncClient", "Client", "ServiceError", "ServiceUnreachable", "Submitted"]
 
 _DECISIONS = TypeAdapter(list[Decision])
 _SUMMARIES = TypeAdapter(list[RunSummary])
+
+
+class ServiceUnreachable(RunstateError):
+    """No answer from the service at all (nothing listening, a reset, a timeout) for the
+    client's whole retry window; names the URL."""
+
+    def __init__(self, url: str, error: httpx.TransportError, retry_s: float) -> None:
+        super().__init__(f"cannot reach runstate serve at {url}: {type(error).__name__}: {error or 'no answer'} "
+                         f"(tried for {retry_s:g} s; is it running, and is the URL right?)")  # fmt: skip
+        self.url = url
 
 
 class ServiceError(RunstateError):
@@ -117,9 +127,9 @@ class Client(_Base):
         while True:
             try:
                 resp = self.http.request(method, path, **kw)
-            except httpx.TransportError:
+            except httpx.TransportError as e:
                 if time.monotonic() >= deadline:
-                    raise
+                    raise ServiceUnreachable(self.url, e, self.retry_s) from e
                 time.sleep(0.2)
                 continue
             if resp.status_code != 503 or time.monotonic() >= deadline:
@@ -239,9 +249,9 @@ class AsyncClient(_Base):
         while True:
             try:
                 resp = await self.http.request(method, path, **kw)
-            except httpx.TransportError:
+            except httpx.TransportError as e:
                 if time.monotonic() >= deadline:
-                    raise
+                    raise ServiceUnreachable(self.url, e, self.retry_s) from e
                 await asyncio.sleep(0.2)
                 continue
             if resp.status_code != 503 or time.monotonic() >= deadline:

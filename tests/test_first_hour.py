@@ -266,3 +266,15 @@ def test_aborted_and_slow_request_bodies_leave_no_traceback_and_hold_nothing(tmp
         assert "Traceback" not in proc.log() and "ClientDisconnect" not in proc.log(), proc.log()
     finally:
         assert proc.stop() == 0, proc.log()
+
+
+def test_a_wrong_serve_url_is_one_typed_error_naming_it() -> None:
+    """Nothing listens there: the client and the agent handle raise ServiceUnreachable with
+    the URL, not httpx's ConnectError."""
+    from runstate.agent import open_run
+    from runstate.client import Client, ServiceUnreachable
+
+    with Client("http://127.0.0.1:9", retry_s=0.3) as rs, pytest.raises(ServiceUnreachable, match="127.0.0.1:9"):
+        rs.state("r")
+    with pytest.raises(ServiceUnreachable, match=r"http://127.0.0.1:9: .*is it running"):
+        open_run("http://127.0.0.1:9", "r", agent_id="a", agent_version="1")
