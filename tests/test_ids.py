@@ -108,3 +108,14 @@ def test_a_path_the_server_cannot_route_is_refused_not_resolved_to_another_run(
         assert rs.state("victim").revision == 1
         with pytest.raises(ContractError, match="1-200 characters"):
             rs.state("v" * 201)
+
+
+def test_a_patch_sent_without_wait_is_202_pending_with_its_id(served: tuple[ServeProcess, Settings]) -> None:
+    import httpx
+
+    proc, _s = served
+    r = httpx.post(proc.url + "/runs/no-wait/patches", json={"patch_id": "nw1", "expected_revision": 0,
+                                                             "events": [start()]})  # fmt: skip
+    assert r.status_code == 202 and r.json()["status"] == "pending" and r.json()["patch_id"] == "nw1", r.text
+    with Client(proc.url) as rs:
+        assert rs.wait("no-wait", "nw1").outcome == "accepted"

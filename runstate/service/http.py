@@ -317,7 +317,8 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
     async def post_patch(request: Request, run_id: RUN_ID,
                          wait: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None) -> Response:
         """Append a patch (the CLI's patch JSON). The author is the token's identity. With
-        ``wait``: 200 with the decision (accepted or rejected), 202 when not decided in time."""
+        ``wait``: 200 with the decision (accepted or rejected); 202 ``pending`` with the patch id
+        when not decided within it, or sent without one."""
         who = ident(request)
         body = await read_body(request, run_id)
         try:
@@ -328,7 +329,7 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         if bad is not None:
             raise ContractError(f"invalid patch: {bad}: a string that UTF-8 cannot encode", field=bad)
         out = await service.submit(who, run_id, data, wait, fwd(request, body))
-        return json_out(out, 200 if out.status == "decided" or not wait else 202)
+        return json_out(out, 200 if out.status == "decided" else 202)
 
     @api.delete("/runs/{run_id}", response_model=ErasedOut, responses=_errors(401, 403, 404, 410, 409, 503))
     async def delete_run(request: Request, run_id: RUN_ID, reason: Annotated[str, Query(min_length=1, max_length=2000)],
