@@ -278,3 +278,20 @@ def test_a_wrong_serve_url_is_one_typed_error_naming_it() -> None:
         rs.state("r")
     with pytest.raises(ServiceUnreachable, match=r"http://127.0.0.1:9: .*is it running"):
         open_run("http://127.0.0.1:9", "r", agent_id="a", agent_version="1")
+
+
+def test_a_second_serve_on_one_embedded_log_is_one_line_before_any_announcement(tmp_path: Path) -> None:
+    from servekit import ServeProcess
+
+    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    first = ServeProcess(env, tmp_path)
+    try:
+        first.wait_ready()
+        second = subprocess.run([sys.executable, "-m", "runstate.cli", "serve", "--port", "0"], env={**os.environ, **env},
+                                cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert second.returncode == 1, second
+        assert "Traceback" not in second.stderr and "runstate serve: http" not in second.stderr, second.stderr
+        assert "already projected by another process" in second.stderr, second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1, second.stderr
+    finally:
+        first.stop()

@@ -48,6 +48,23 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _check_group_free(settings: Settings) -> None:
+    """The embedded log has one projector per group: another process holding it (another
+    serve, ``runstate project``, an agent handle) is one line before anything is announced.
+    Raises :class:`LogError`."""
+    from runstate.app import open_settings_log
+    from runstate.schemas.errors import LogError
+
+    log = open_settings_log(settings)
+    try:
+        members = log.group_members(settings.group_id)
+    finally:
+        log.close()
+    if members:
+        raise LogError(f"{settings.log} is already projected by another process ({members[0].client_id}): the "
+                       "embedded log has one projector; stop it, or send requests to the serve that has it")  # fmt: skip
+
+
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, advertise: str | None = None,
           snapshotter: bool = True, ssl_keyfile: str | None = None, ssl_certfile: str | None = None,
           log_level: str = "warning") -> None:
@@ -69,6 +86,8 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, adve
         if not _loopback(host):
             raise ContractError(f"without a tokens file (--tokens-file / RUNSTATE_TOKENS_FILE) serve binds to "
                                 f"127.0.0.1 only, not {host!r}: anyone who reaches it could write any run")  # fmt: skip
+    if not settings.log.startswith("kafka://"):
+        _check_group_free(settings)
     sock = bind(host, port)
     port = int(sock.getsockname()[1])
     scheme = "https" if ssl_certfile else "http"
