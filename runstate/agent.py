@@ -131,17 +131,19 @@ class _Live:
     waiter when its batch is stored (no polling of the projection), and reads use the
     projector's own stores (no read-only store opened per read)."""
 
-    def __init__(self) -> None:
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
         self.stores: dict[int, Any] = {}
         self.changed = threading.Condition()
         #: decisions awaited by a submit in this process, once made
         self.awaited: dict[tuple[str, str], Decision | None] = {}
-        #: set once the projector was assigned its partitions, or found the group taken
+        #: set once the projector holds every partition's store, or found the group taken
         self.ready = threading.Event()
 
     def on_assign(self, partition: int, store: Any) -> None:
         self.stores[partition] = store
-        self.ready.set()
+        if len(self.stores) >= self.partitions:
+            self.ready.set()
 
     def on_accepted(self, partition: int, patch: Any, decision: Any, doc: Any, batch: Any) -> None:
         pass
@@ -179,7 +181,7 @@ class _Local:
         self._live: _Live | None = None
         self._layout: Any = None
         if project:
-            live = _Live()
+            live = _Live(self.log.partitions(self.log.topics.events))
             projector = Projector(self.log, self.state_dir, publish_dead_letters=False, hooks=live,
                                   destroy_erased_keys=True)  # fmt: skip
             taken: list[str] = []
