@@ -38,7 +38,7 @@ from runstate.projector.read.replay import (
 )
 from runstate.schemas.codec import content_digest
 from runstate.schemas.errors import (
-    ContractError, KeyStoreError, LogConfigError, LogError, LostRecords, RunErased, RunNotFound, RunstateError,
+    ContractError, FieldNeverSet, KeyStoreError, LogConfigError, LogError, LostRecords, RunErased, RunNotFound, RunstateError,
 )  # fmt: skip
 from runstate.snapshotter.checkpoint import Checkpoint, SigningKey, decode_patch_ids
 from runstate.snapshotter.history import CheckpointHistory
@@ -360,12 +360,16 @@ def get_state(settings: Settings, run_id: str, revision: int | None = None) -> R
 
 
 def explain_field(settings: Settings, run_id: str, path: str) -> list[FieldChange]:
+    """Every patch that changed ``path``. Raises :class:`FieldNeverSet` when none did."""
     with Projection(settings.state_dir) as proj:
         log = open_settings_log(settings, create=False)
         try:
-            return explain(log, proj, run_id, path)
+            changes = explain(log, proj, run_id, path)
         finally:
             log.close()
+    if not changes:
+        raise FieldNeverSet(run_id, path)
+    return changes
 
 
 def checkpoints(settings: Settings, run_id: str) -> list[Checkpoint]:

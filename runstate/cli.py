@@ -334,8 +334,6 @@ def explain(ctx: click.Context, run_id: str, path: str) -> None:
     tasks.task_3.status, budgets.tokens_remaining, status.
     """
     changes = app.explain_field(ctx.obj, run_id, path)
-    if not changes:
-        raise click.ClickException(f"{path} of run {run_id!r} was never set (check the path: list items by id)")
     for c in changes:
         click.echo(f"r{c.revision} @{c.offset}\t{json.dumps(c.before, ensure_ascii=False)} -> "
                    f"{json.dumps(c.after, ensure_ascii=False)}\t{c.agent_id}@{c.agent_version}\t{','.join(c.event_types)}")  # fmt: skip

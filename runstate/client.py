@@ -26,7 +26,7 @@ import httpx
 import orjson
 from pydantic import TypeAdapter
 
-from runstate.schemas.errors import ContractError, DecisionTimeout, RunNotFound, RunstateError
+from runstate.schemas.errors import ContractError, DecisionTimeout, FieldNeverSet, RunNotFound, RunstateError
 from runstate.schemas.patch import Decision, PatchDraft
 from runstate.schemas.state import RunState, RunSummary
 
@@ -96,6 +96,9 @@ def _raise(resp: httpx.Response) -> None:
     code, message = str(err.get("code", "error")), str(err.get("message", resp.text[:200]))
     if resp.status_code in (413, 422):
         raise ContractError(message, field=err.get("field"))
+    if resp.status_code == 404 and code == "never_set":
+        parts = resp.request.url.raw_path.decode("ascii").split("?")[0].split("/")
+        raise FieldNeverSet(unquote(parts[2]), resp.request.url.params.get("path", "?"))
     if resp.status_code == 404 and code == "not_found":
         parts = resp.request.url.raw_path.decode("ascii").split("?")[0].split("/")
         raise RunNotFound(unquote(parts[2]) if len(parts) > 2 else "?")

@@ -149,6 +149,16 @@ class RunNotFound(RunstateError):
         super().__init__(f"run {run_id!r} not found in the projection")
 
 
+class FieldNeverSet(RunstateError):
+    """``explain``: no patch ever set ``path`` of the run (a typo, or a list item not
+    addressed by its id)."""
+
+    def __init__(self, run_id: str, path: str) -> None:
+        self.run_id = run_id
+        self.path = path
+        super().__init__(f"{path} of run {run_id!r} was never set (check the path: list items by id)")
+
+
 class RevisionNotFound(RunstateError):
     """A past revision was asked for that the run never had."""
 

@@ -119,3 +119,25 @@ def test_a_patch_sent_without_wait_is_202_pending_with_its_id(served: tuple[Serv
     assert r.status_code == 202 and r.json()["status"] == "pending" and r.json()["patch_id"] == "nw1", r.text
     with Client(proc.url) as rs:
         assert rs.wait("no-wait", "nw1").outcome == "accepted"
+
+
+def test_a_path_never_set_is_the_same_answer_over_http_the_client_and_the_cli(
+        served: tuple[ServeProcess, Settings]) -> None:  # fmt: skip
+    import httpx
+    from click.testing import CliRunner
+
+    from runstate.cli import main
+    from runstate.schemas.errors import FieldNeverSet
+
+    proc, s = served
+    with Client(proc.url) as rs:
+        rs.submit("explained", {"expected_revision": 0, "events": [start()]})
+        assert rs.explain("explained", "goal.statement")
+        r = httpx.get(proc.url + "/runs/explained/explain", params={"path": "tasks.nope.status"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "never_set", r.text
+        assert r.json()["error"]["field"] == "path" and "was never set" in r.json()["error"]["message"]
+        with pytest.raises(FieldNeverSet, match="tasks.nope.status of run 'explained' was never set"):
+            rs.explain("explained", "tasks.nope.status")
+    out = CliRunner().invoke(main, ["--log", s.log, "--state-dir", s.state_dir,
+                                    "explain", "written/embedded café", "tasks.nope.status"])  # fmt: skip
+    assert out.exit_code == 1 and "tasks.nope.status of run 'written/embedded café' was never set" in out.output

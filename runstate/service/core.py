@@ -25,7 +25,7 @@ from runstate.projector.read.context import render_context
 from runstate.projector.read.replay import explain, state_data_at
 from runstate.projector.store import document
 from runstate.client import path_segment
-from runstate.schemas.errors import ContractError, DecisionTimeout, RevisionNotFound, RunNotFound, RunstateError
+from runstate.schemas.errors import ContractError, DecisionTimeout, FieldNeverSet, RevisionNotFound, RunNotFound, RunstateError
 from runstate.schemas.patch import Author, Decision, Patch
 from runstate.schemas.state import RunHeader, RunSummary
 from runstate.service.auth import AuthError, Identity
@@ -452,6 +452,8 @@ class Service:
                     changes = explain(log, live, run_id, path)
                 finally:
                     log.close()
+                if not changes:
+                    raise FieldNeverSet(run_id, path)
                 return [FieldChangeOut(**vars(c)) for c in changes]
 
             return await asyncio.to_thread(run)

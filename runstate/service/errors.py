@@ -9,6 +9,7 @@ from typing import Any
 from runstate.schemas.errors import (
     ContractError,
     DecisionTimeout,
+    FieldNeverSet,
     LogError,
     PatchTooLarge,
     RevisionNotFound,
@@ -60,6 +61,8 @@ def answer(e: Exception) -> Answer | None:
         return Answer(410, b)
     if isinstance(e, KeyStoreError):
         return Answer(409, body("erasure_unavailable", str(e)))
+    if isinstance(e, FieldNeverSet):
+        return Answer(404, body("never_set", str(e), "path"))
     if isinstance(e, RunNotFound | RevisionNotFound):
         return Answer(404, body("not_found", str(e)))
     if isinstance(e, DecisionTimeout):
