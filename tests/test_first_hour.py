@@ -295,3 +295,31 @@ def test_a_second_serve_on_one_embedded_log_is_one_line_before_any_announcement(
         assert len(second.stderr.strip().splitlines()) == 1, second.stderr
     finally:
         first.stop()
+
+
+def test_readyz_answers_only_once_every_run_is_answered(tmp_path: Path) -> None:
+    """Right after /readyz first says 200, an unknown run is 404 on every route (not 503)."""
+    import time
+
+    import httpx
+    from servekit import ServeProcess
+
+    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+           "RUNSTATE_PARTITIONS": "16"}  # fmt: skip
+    proc = ServeProcess(env, tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(proc.url + "/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, proc.log()
+            time.sleep(0.01)
+        for i in range(16):
+            assert httpx.get(f"{proc.url}/runs/unknown-{i}", timeout=5).status_code == 404
+        assert httpx.get(proc.url + "/runs/unknown/events", timeout=5).status_code == 404
+        assert httpx.get(proc.url + "/healthz", timeout=5).status_code == 200
+    finally:
+        proc.stop()

@@ -487,16 +487,30 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})  # fmt: skip
 
-    @api.get("/healthz", response_model=Health, responses={503: {"model": Health, "description": "not healthy"}})
-    async def healthz() -> Response:
-        """200 when the projector runs and this instance owns partitions (or the group gave it none)."""
+    def health() -> Health:
         h = node.health
         restoring = {p: (r.done / r.total if r.total else 0.0) for p, r in h.restoring.items()}
         owned = node.owned()
         status = "failed" if h.failed else ("restoring" if restoring else ("serving" if owned else "starting"))
-        body = Health(status=status, owned_partitions=owned, partitions=node.partitions, restoring=restoring,
+        return Health(status=status, owned_partitions=owned, partitions=node.partitions, restoring=restoring,
                       failed=h.failed)  # fmt: skip
-        return json_out(body, 503 if h.failed else 200)
+
+    @api.get("/healthz", response_model=Health, responses={503: {"model": Health, "description": "not healthy"}})
+    async def healthz() -> Response:
+        """Liveness: 200 while the projector runs (starting, restoring or serving); 503 once
+        it failed (restart the process)."""
+        body = health()
+        return json_out(body, 503 if body.failed else 200)
+
+    @api.get("/readyz", response_model=Health, responses={503: {"model": Health, "description": "not ready"}})
+    async def readyz() -> Response:
+        """Readiness: 200 once this instance answers for the runs of its partitions — on the
+        embedded log every partition is assigned and restored; on Kafka it owns some and
+        restores none (one that owns none forwards only: not ready, the others are)."""
+        body = health()
+        every = router is None
+        ready = body.status == "serving" and (len(body.owned_partitions) == body.partitions or not every)
+        return json_out(body, 200 if ready else 503)
 
     @api.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
     async def get_metrics(request: Request) -> Response:
