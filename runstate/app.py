@@ -308,19 +308,39 @@ def project(settings: Settings, *, until_caught_up: bool = False,
     log = open_settings_log(settings, create=False)
     stop = threading.Event()
     previous = {}
+    caught: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        caught.append(signum)
+        stop.set()
+
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+            previous[sig] = signal.signal(sig, on_signal)
     try:
         # A projector that keeps following the log gets the GC policy; one that stops when
         # caught up has nothing to gain from it.
         projector = make_projector(settings, log, on_progress=on_progress, on_restore_progress=on_restore_progress,
                                    tune_gc=not until_caught_up)  # fmt: skip
-        return projector.run(until_caught_up=until_caught_up, stop=stop)
+        stats = projector.run(until_caught_up=until_caught_up, stop=stop)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         log.close()
+    if until_caught_up and caught:
+        raise Interrupted(stats, caught[0])
+    return stats
+
+
+class Interrupted(RunstateError):
+    """``project --until-caught-up`` stopped by a signal before the log was drained (what
+    was read is stored); ``stats`` says how far it got."""
+
+    def __init__(self, stats: ProjectorStats, signum: int) -> None:
+        self.stats = stats
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} before the log was drained "
+                         f"({stats.records:,} records stored; run it again to go on)")  # fmt: skip
 
 
 def snapshot(settings: Settings, *, until_caught_up: bool = False, every: int | None = None,

@@ -151,11 +151,19 @@ def _restore_progress(quiet: bool) -> Callable[[int, int, int], None]:
 def project(ctx: click.Context, until_caught_up: bool, batch_size: int | None, quiet: bool) -> None:
     """Run the projector: consume the log into the projection stores."""
     show, bar = _loop_progress("projector", quiet)
-    stats = app.project(_settings(ctx, batch_size=batch_size), until_caught_up=until_caught_up,
-                        on_progress=show, on_restore_progress=_restore_progress(quiet))  # fmt: skip
+    interrupted: app.Interrupted | None = None
+    try:
+        stats = app.project(_settings(ctx, batch_size=batch_size), until_caught_up=until_caught_up,
+                            on_progress=show, on_restore_progress=_restore_progress(quiet))  # fmt: skip
+    except app.Interrupted as e:
+        interrupted, stats = e, e.stats
     bar.finish()
     click.echo(json.dumps({"records": stats.records, "accepted": stats.accepted, "rejected": stats.rejected,
                            "duplicates": stats.duplicates, "dead_letters": stats.dead_letters, "events": stats.events}))  # fmt: skip
+    if interrupted is not None:
+        # Not caught up: `project --until-caught-up && next` must not go on (128 + the signal, as a shell says).
+        click.echo(f"runstate project: {interrupted}", err=True)
+        ctx.exit(128 + interrupted.signum)
 
 
 @main.command()

@@ -241,3 +241,36 @@ def test_resume_reads_the_log_after_the_checkpoint_even_while_the_projector_lags
     out = cli(env, "resume", "r").output
     assert "replay 3 patches since (to revision 4)" in out, out
     assert "projection: not built yet" in out
+
+
+def test_an_interrupted_project_until_caught_up_is_not_a_success(tmp_path: Path, env: dict[str, str]) -> None:
+    """SIGINT before the log is drained: what was read is stored, the counts are printed,
+    and the exit is 130 (128 + SIGINT), so `project --until-caught-up && next` stops."""
+    import signal
+    import time
+
+    from runstate import app
+    from runstate.settings import Settings
+
+    s = Settings(log=env["RUNSTATE_LOG"], state_dir=env["RUNSTATE_STATE_DIR"])
+    producer = app.make_producer(s)
+    for i in range(10_000):
+        producer.append_async(producer.build(f"r{i}", {"expected_revision": 0, "events": [start()]}))
+    assert producer.flush(60) == 0
+    producer.close()
+    proc = subprocess.Popen([sys.executable, "-m", "runstate.cli", "project", "--until-caught-up", "--quiet",
+                             "--batch-size", "1"], env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (Path(env["RUNSTATE_STATE_DIR"]) / "layout.json").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "stopped by SIGINT before the log was drained" in err and "Traceback" not in err, err
+    records = json.loads(out)["records"]
+    assert 0 < records < 10_000
+    again = cli(env, "project", "--until-caught-up", "--quiet")
+    assert again.exit_code == 0 and json.loads(again.output)["records"] == 10_000 - records
