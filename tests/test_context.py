@@ -34,9 +34,25 @@ def test_a_bounded_context_fits_and_counts_what_it_left_out(state, budget: int) 
     kept = [ln for ln in text.splitlines()[:-1] if " left out" not in ln]
     assert set(kept) <= set(whole.splitlines())
     shown_facts = sum(1 for ln in kept if ln.startswith("  - [f"))
-    left = {g: int(n) for n, g in re.findall(r"(\d+) (facts|hypotheses|pending tasks|observations)", last)}
+    plural = {"fact": "facts", "hypothesis": "hypotheses", "pending task": "pending tasks", "observation": "observations"}
+    left = {plural.get(g, g): int(n) for n, g in
+            re.findall(r"(\d+) (facts|fact|hypotheses|hypothesis|pending tasks|pending task|observations|observation)\b", last)}
     assert shown_facts + left.get("facts", 0) == len(state.confirmed_facts)
-    assert sum(int(n) for n in re.findall(r"\.\.\. (\d+) more facts left out", text)) == left.get("facts", 0)
+    assert sum(int(n) for n in re.findall(r"\.\.\. (\d+) more facts? left out", text)) == left.get("facts", 0)
+    assert not re.search(r"\b1 (facts|hypotheses|pending tasks|observations)\b", text)  # one is singular
+
+
+def test_every_budget_holds_for_the_whole_text_the_last_line_counted_in_it(state) -> None:  # type: ignore[no-untyped-def]
+    lengths = []
+    for budget in range(60, 1500, 10):
+        text = render_context(state, now=T0, max_tokens=budget)
+        required_only = "OVER the budget" in text
+        assert required_only or approx_tokens(text) <= budget, (budget, approx_tokens(text))
+        said = int(re.search(r"CONTEXT: about (\d+) of", text)[1])  # type: ignore[index]
+        assert said == approx_tokens(text), (budget, said, approx_tokens(text))  # the whole text, this line included
+        lengths.append((budget, len(text), required_only))
+    fitting = [(b, n) for b, n, over in lengths if not over]
+    assert all(n <= b * 4 for b, n in fitting)
 
 
 def test_what_is_kept_first(state) -> None:  # type: ignore[no-untyped-def]

@@ -172,27 +172,47 @@ def _lines(state: Any, now: datetime | None, stale_after: timedelta, add: Callab
             + (f" uncommitted {ws.uncommitted_changes}" if ws.uncommitted_changes else ""))  # fmt: skip
 
 
+_SINGULAR = {"hypotheses": "hypothesis", "finished-task summaries": "finished-task summary"}
+
+
+def _noun(n: int, group: str) -> str:
+    """``group`` (a plural noun) for ``n`` of it: "facts", but "fact" for one."""
+    return group if n != 1 else _SINGULAR.get(group, group[:-1] if group.endswith("s") else group)
+
+
+def _counted(n: int, group: str) -> str:
+    return f"{n} {_noun(n, group)}"
+
+
 def _left_out(n: int, group: str) -> str:
-    return f"  ... {n} more {group} left out"
+    return f"  ... {n} more {_noun(n, group)} left out"
 
 
 def _bounded(lines: list[_Line], max_tokens: int) -> str:
     """The lines that fit ``max_tokens`` by rank, in their order, with what was left out
-    counted after each section and in a last line."""
-    budget = max_tokens * CHARS_PER_TOKEN
-    # Room for the counts and the last line, so that the text with them stays in the budget.
-    groups = {ln.group for ln in lines if ln.group is not None}
-    reserve = 120 + sum(len(_left_out(10**6, g)) + 1 for g in groups)
+    counted after each section and in a last line; the whole text, counts and last line
+    included, holds the budget unless the required lines alone do not."""
     order = sorted(range(len(lines)), key=lambda i: lines[i].rank)  # sorted() is stable: ties keep their order
-    keep: set[int] = set()
-    used = 0
-    for i in order:
-        cost = len(lines[i].text) + 1
-        if lines[i].rank == _REQUIRED or used + cost <= budget - reserve:
-            keep.add(i)
-            used += cost
-        elif lines[i].rank != _REQUIRED:
-            break  # what ranks lower is left out too: no gaps within a rank's order
+    required = {i for i in order if lines[i].rank == _REQUIRED}
+    optional = [i for i in order if lines[i].rank != _REQUIRED]
+
+    def text_keeping(k: int) -> str:
+        return _render_kept(lines, required | set(optional[:k]), max_tokens)
+
+    # The most lines (a prefix of the rank order: no gaps within a rank) whose whole text fits.
+    lo, hi = 0, len(optional)
+    if approx_tokens(text_keeping(hi)) > max_tokens:
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if approx_tokens(text_keeping(mid)) <= max_tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        hi = lo
+    return text_keeping(hi)
+
+
+def _render_kept(lines: list[_Line], keep: set[int], max_tokens: int) -> str:
     out: list[str] = []
     left: dict[str, int] = {}
     pending: dict[str, int] = {}
@@ -205,9 +225,19 @@ def _bounded(lines: list[_Line], max_tokens: int) -> str:
         nxt = lines[i + 1].group if i + 1 < len(lines) else None
         for g in [g for g in pending if g != nxt]:
             out.append(_left_out(pending.pop(g), g))
-    text = "\n".join(out) + "\n"
-    tokens = approx_tokens(text)
-    what = ", ".join(f"{n} {g}" for g, n in left.items()) or "nothing"
-    over = f"; OVER the budget by {tokens - max_tokens}: the goal, the active task and what blocks the run are " \
-           "always kept" if tokens > max_tokens else ""  # fmt: skip
-    return text + f"CONTEXT: about {tokens} of {max_tokens} tokens (characters / 4); left out: {what}{over}\n"
+    body = "\n".join(out) + "\n"
+    what = ", ".join(_counted(n, g) for g, n in left.items()) or "nothing"
+
+    def footer(tokens: int) -> str:
+        over = (f"; OVER the budget by {tokens - max_tokens}: the goal, the active task and what blocks the run are "
+                "always kept") if tokens > max_tokens else ""  # fmt: skip
+        return f"CONTEXT: about {tokens} of {max_tokens} tokens (characters / 4), this line included; left out: {what}{over}\n"
+
+    # The count in the last line is of the whole text, the line itself included.
+    tokens = approx_tokens(body + footer(approx_tokens(body)))
+    for _ in range(3):
+        settled = approx_tokens(body + footer(tokens))
+        if settled == tokens:
+            break
+        tokens = settled
+    return body + footer(tokens)
