@@ -78,6 +78,12 @@ def test_tool_errors_carry_runstate_s_code_and_message_as_http_does_without_a_tr
                 "expected_revision": 1, "events": [{"type": "FactGuessed"}]}}),
             "bounded": await s.call_tool("run_context", {"run_id": "team-1", "max_tokens": 60}),
             "too_small": await s.call_tool("run_context", {"run_id": "team-1", "max_tokens": 5}),
+            # Argument shapes a model gets wrong: runstate's error body, not pydantic's text.
+            "flat": await s.call_tool("propose_patch", {"run_id": "team-1", "expected_revision": 1,
+                                                        "events": [start()]}),
+            "no_run": await s.call_tool("run_state", {}),
+            "bad_wait": await s.call_tool("propose_patch", {"run_id": "team-1", "wait_s": "soon", "patch": {
+                "expected_revision": 1, "events": [start()]}}),
         }  # fmt: skip
 
     got = _session(proc.url, tokens["writer"], calls)
@@ -97,6 +103,11 @@ def test_tool_errors_carry_runstate_s_code_and_message_as_http_does_without_a_tr
     assert bounded.rstrip().splitlines()[-1].startswith("CONTEXT: about") and "of 60 tokens" in bounded
     assert bounded == httpx.get(proc.url + "/runs/team-1/context", params={"max_tokens": 60}, headers=h).json()["context"]
     assert _error(got["too_small"])["field"] == "max_tokens"
+    flat = _error(got["flat"])
+    assert flat["code"] == "invalid" and flat["field"] == "patch" and '"patch": {' in flat["message"], flat
+    no_run = _error(got["no_run"])
+    assert (no_run["code"], no_run["field"]) == ("invalid", "run_id") and "pydantic" not in no_run["message"]
+    assert _error(got["bad_wait"])["field"] == "wait_s"
     assert "Traceback" not in proc.log()
 
 
@@ -143,7 +154,7 @@ def test_the_tool_list_is_small_and_propose_patch_still_names_every_event_type(s
     """tools/list is sent on every agent step: it stays small (the figure is in the
     README), and the schema still names every event type; an event's fields are one
     ``event_schema`` call away and checked on the server."""
-    from runstate.schemas.events import EVENT_TYPE_NAMES
+    from runstate.schemas.events import EVENT_TYPE_NAMES, OPERATOR_EVENT_TYPES
 
     proc, tokens = served
     h = {"authorization": f"Bearer {tokens['writer']}", "accept": "application/json, text/event-stream"}
@@ -152,7 +163,9 @@ def test_the_tool_list_is_small_and_propose_patch_still_names_every_event_type(s
     assert size < 8_000, size
     tools = {t["name"]: t for t in listed.json()["result"]["tools"]}
     schema = json.dumps(tools["propose_patch"]["inputSchema"])
-    assert all(f'"{name}"' in schema for name in EVENT_TYPE_NAMES)
+    # Every type an agent may send, and none only an operator may (RunErased: DELETE /runs/{id}).
+    assert all(f'"{name}"' in schema for name in EVENT_TYPE_NAMES if name not in OPERATOR_EVENT_TYPES)
+    assert OPERATOR_EVENT_TYPES and not any(f'"{name}"' in schema for name in OPERATOR_EVENT_TYPES)
 
     async def calls(s: Any, _init: Any) -> Any:
         return (await s.call_tool("event_schema", {"event_type": "FactConfirmed"}),

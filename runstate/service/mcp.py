@@ -25,20 +25,21 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 from fastapi import FastAPI
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolResult, TextContent, ToolAnnotations
+import pydantic
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 import runstate
 from runstate.projector.store import document
 from runstate.client import path_segment
-from runstate.schemas.errors import ContractError
-from runstate.schemas.events import EVENT_TYPE_NAMES, EVENT_TYPES
+from runstate.schemas.errors import ContractError, describe_validation_error
+from runstate.schemas.events import EVENT_TYPE_NAMES, EVENT_TYPES, OPERATOR_EVENT_TYPES
 from runstate.service.auth import Identity, Tokens
 from runstate.service.core import Forward, Service
-from runstate.service.errors import Answer, answer
+from runstate.service.errors import Answer, answer, body
 
 log = logging.getLogger("runstate.mcp")
 
@@ -58,7 +59,8 @@ class EventInput(BaseModel):
     ``invalid`` error naming the catalogue."""
 
     model_config = ConfigDict(extra="allow")
-    type: Annotated[str, Field(json_schema_extra={"enum": list(EVENT_TYPE_NAMES)})]
+    # What an agent may send: an operator's events (RunErased) have their own route.
+    type: Annotated[str, Field(json_schema_extra={"enum": [n for n in EVENT_TYPE_NAMES if n not in OPERATOR_EVENT_TYPES]})]
 
 
 class PatchInput(BaseModel):
@@ -126,7 +128,21 @@ def event_json_schema(event_type: str) -> dict[str, Any]:
 class _Server(MCPServer):
     """The SDK's server, answering ``prompts/get`` of a prompt it does not have as the
     protocol's invalid-params error (the SDK raises a bare ValueError there, which reaches
-    the client as an internal error and leaves a traceback in the log)."""
+    the client as an internal error and leaves a traceback in the log), and arguments that
+    do not fit a tool with runstate's error body (the SDK sends pydantic's text)."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Context[Any, Any] | None = None) -> Any:  # fmt: skip
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as e:
+            if not isinstance(e.__cause__, pydantic.ValidationError):
+                raise
+            field, message = describe_validation_error(e.__cause__)
+            if name == "propose_patch" and field == "patch" and {"events", "expected_revision"} & set(arguments):
+                message = ('patch: the events go inside "patch": {"run_id": "...", "patch": {"expected_revision": N, '
+                           '"events": [...]}, "wait_s": 5}')  # fmt: skip
+            return _error_result(Answer(422, body("invalid", message, field or None)))
 
     async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None,
                          context: Context[Any, Any] | None = None) -> Any:  # fmt: skip
