@@ -96,3 +96,12 @@ def test_the_readme_is_a_first_page_and_no_page_carries_the_lab_notebook() -> No
         text = (ROOT / page).read_text()
         assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), page
         assert not re.search(r"\b(at|commit|since|before|after) [0-9a-f]{7}\b", text), page
+
+
+def test_every_event_type_is_in_the_event_catalogue() -> None:
+    """docs/events.md names every event type of the contract (LeaseReleased was missing)."""
+    from runstate.schemas.events import EVENT_TYPE_NAMES
+
+    page = (ROOT / "docs" / "events.md").read_text()
+    missing = [name for name in EVENT_TYPE_NAMES if f"`{name}`" not in page]
+    assert not missing, missing
