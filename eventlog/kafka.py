@@ -82,6 +82,8 @@ _LEADER_RETRY = frozenset({
 })  # fmt: skip
 #: How long :meth:`KafkaLog.end_offsets` asks again while a partition's leader is elected.
 LEADER_WAIT_S = 30.0
+#: How long a start-up probe tries a broker that refuses connections (one restarting).
+PROBE_WINDOW_S = 3.0
 
 T = TypeVar("T")
 
@@ -139,20 +141,28 @@ class KafkaLog(EventLog):
         self._meta: Consumer | None = None
         self._reached = False
 
-    def _reachable(self, timeout_s: float = 3.0) -> None:
-        """Raise :class:`LogConfigError` at once when no bootstrap address accepts a TCP
-        connection, instead of after the client's metadata timeout (15 s). Checked once."""
+    def _reachable(self, timeout_s: float = PROBE_WINDOW_S) -> None:
+        """Raise :class:`LogConfigError` when no bootstrap address accepts a TCP connection
+        within ``timeout_s``, instead of after the client's metadata timeout (15 s). A
+        refusal is tried again until then: a broker that is restarting refuses for a moment,
+        and a process started meanwhile must not die of it. Checked once."""
         if self._reached:
             return
-        why = []
-        for addr in self.bootstrap.split(","):
-            host, _, port = addr.strip().rpartition(":")
-            try:
-                with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
-                    self._reached = True
-                    return
-            except (OSError, ValueError) as e:
-                why.append(f"{addr.strip()}: {getattr(e, 'strerror', None) or e}")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            why = []
+            for addr in self.bootstrap.split(","):
+                host, _, port = addr.strip().rpartition(":")
+                try:
+                    left = max(0.1, deadline - time.monotonic())
+                    with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=left):
+                        self._reached = True
+                        return
+                except (OSError, ValueError) as e:
+                    why.append(f"{addr.strip()}: {getattr(e, 'strerror', None) or e}")
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
         raise LogConfigError(f"cannot reach Kafka at {self.bootstrap} ({'; '.join(why)}): is the broker running "
                              "and is this its address? (`runstate -v` shows the Kafka client's log)")  # fmt: skip
 

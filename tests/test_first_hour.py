@@ -323,3 +323,31 @@ def test_readyz_answers_only_once_every_run_is_answered(tmp_path: Path) -> None:
         assert httpx.get(proc.url + "/healthz", timeout=5).status_code == 200
     finally:
         proc.stop()
+
+
+def test_a_broker_that_refuses_for_a_moment_is_reached_when_it_comes_back() -> None:
+    """The start-up probe tries a refusing address again within its window (a broker
+    restarting), and gives up with one line after it."""
+    import socket
+    import threading
+    import time
+
+    from runstate.eventlog.kafka import PROBE_WINDOW_S, KafkaLog
+    from runstate.schemas.errors import LogConfigError
+
+    port = free_port()
+    listener = socket.socket()
+
+    def come_back() -> None:
+        time.sleep(1.0)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+
+    threading.Thread(target=come_back, daemon=True).start()
+    log = KafkaLog(f"127.0.0.1:{port}")
+    log._reachable()  # refused for a second, then reached: no error
+    listener.close()
+    started = time.monotonic()
+    with pytest.raises(LogConfigError, match="Connection refused"):
+        KafkaLog(f"127.0.0.1:{free_port()}")._reachable()
+    assert PROBE_WINDOW_S - 0.5 < time.monotonic() - started < PROBE_WINDOW_S + 2
