@@ -496,6 +496,11 @@ def erase(settings: Settings, run_id: str, reason: str, by: str, *, wait_s: floa
         source = decision_source(settings, log) if wait_s > 0 else None
         done = erase_run(log, run_id, reason, by, Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
                          0 if header is None else header.revision, known=header is not None)  # fmt: skip
+        if source is not None and done.first and not settings.log.startswith("kafka://") \
+                and not log.group_members(settings.group_id):
+            # Nothing projects this embedded log, whose projections are on this machine:
+            # finish the erasure here rather than leave the content readable until one runs.
+            project(settings, until_caught_up=True)
         if source is not None and done.first:
             deadline = time.monotonic() + wait_s
             while done.decision is None and time.monotonic() < deadline:

@@ -266,7 +266,8 @@ def erase(ctx: click.Context, run_id: str, reason: str, by: str | None, wait_s: 
     if done.decision is not None:
         click.echo(f"the projector dropped its state (decision at offset {done.decision.offset})")
     elif wait_s > 0:
-        click.echo("no projector took the erasure yet: it drops the run's state when it reaches it")
+        click.echo(f"no projector took the erasure within {wait_s:g} s: the run's state leaves the projections when "
+                   "`runstate project` (or `serve`) reaches it; `runstate status` lists erasures not finished")
 
 
 @main.group()

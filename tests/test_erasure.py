@@ -538,3 +538,19 @@ def test_on_kafka_an_erasure_killed_at_each_step_is_finished(kafka_bootstrap: st
     with pytest.raises(RunErased):
         app.get_state(s, "victim")
     assert app.get_state(s, "other").revision == 2
+
+
+def test_erase_on_the_embedded_log_with_no_projector_running_finishes_the_erasure_itself(sealed: Settings) -> None:
+    """Nothing projects the log: `erase` runs the projector itself (the projections are on
+    this machine), so `state` no longer shows the content and `verify` passes at once."""
+    publish_all(sealed, "r", marked_patches("x"))
+    app.project(sealed, until_caught_up=True)
+    env = {"RUNSTATE_LOG": sealed.log, "RUNSTATE_STATE_DIR": sealed.state_dir,
+           "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value()}  # type: ignore[union-attr]
+    r = CliRunner().invoke(main, ["erase", "r", "--reason", "asked", "--by", "ops"], env=env)
+    assert r.exit_code == 0 and "dropped its state" in r.output, r.output
+    state = CliRunner().invoke(main, ["state", "r"], env=env)
+    assert MARKER not in state.output and "erased" in state.output, state.output
+    assert MARKER not in CliRunner().invoke(main, ["context", "r"], env=env).output
+    assert app.run_verify(sealed).ok
+    assert app.erasures_pending(sealed) == []
