@@ -120,6 +120,9 @@ def test_the_runs_list_shows_runs_searches_and_pages(browser: Any, served: tuple
     page.wait_for_selector("#runs tbody tr")
     assert page.locator("#count").inner_text() == "15 runs"
     assert page.locator("#runs a", has_text="run-ui").count() == 1
+    # Each run beside what it is for; 15 runs fit one page: no "Next page" on it.
+    assert "restore checkout for EU customers" in page.locator("#runs tr:has(a:text-is('incident-42')) td.goal").inner_text()
+    assert page.locator("a[rel=next]").count() == 0
     _shot(page, "ui-runs.png", tmp_path)
     page.fill("#q", "other-1")
     page.click("button[type=submit]")
@@ -232,6 +235,7 @@ def test_unknown_runs_dead_letters_and_a_page_that_needs_a_token(browser: Any, s
         page = _page(browser)
         page.goto(guarded.url + "/ui")
         page.wait_for_selector("h1:has-text('needs a token')")
+        assert "runstate token add" in page.inner_text("main")  # says how to get one
         page.fill("#token", reader)
         page.click("button[type=submit]")
         page.wait_for_selector("#runs tbody tr")

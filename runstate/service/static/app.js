@@ -112,7 +112,10 @@ function askForToken(why) {
       location.reload();
     },
   }, el("label", { for: "token" }, "Bearer token "), input, " ", el("button", { type: "submit" }, "Continue"));
-  show(el("h1", {}, "This server needs a token"), el("p", { class: "muted" }, why), form);
+  const how = el("p", {}, "Ask the operator of this server for one: ",
+    el("code", {}, "runstate token add YOUR_NAME --read-only --tokens-file FILE"),
+    " prints it once. It is kept in this tab only (session storage) and sent as ", el("code", {}, "Authorization: Bearer"), ".");
+  show(el("h1", {}, "This server needs a token"), el("p", { class: "muted" }, why), how, form);
   input.focus();
 }
 
@@ -124,7 +127,7 @@ async function runsPage() {
   const q = params.get("q") || "";
   const status = params.get("status") || "";
   const after = params.get("after") || "";
-  const query = new URLSearchParams({ limit: PAGE_RUNS });
+  const query = new URLSearchParams({ limit: PAGE_RUNS + 1 });  // one more: is there a next page?
   if (q) query.set("q", q);
   if (status) query.set("status", status);
   if (after) query.set("after", after);
@@ -134,7 +137,9 @@ async function runsPage() {
   } catch (e) {
     return failure(e, "Runs");
   }
-  const runs = await resp.json();
+  const fetched = await resp.json();
+  const more = fetched.length > PAGE_RUNS;
+  const runs = fetched.slice(0, PAGE_RUNS);
   const total = Number(resp.headers.get("x-total-count") || runs.length);
   const search = el("input", { id: "q", name: "q", type: "search", value: q, placeholder: "part of a run id" });
   const pick = el("select", { id: "status", name: "status" },
@@ -143,21 +148,25 @@ async function runsPage() {
   const form = el("form", { class: "controls", role: "search", method: "get", action: "/ui" },
     el("label", { for: "q" }, "Run id", search), el("label", { for: "status" }, "Status", pick),
     el("button", { type: "submit" }, "Filter"));
+  // A run is known by what it is for: its goal beside its id. An erased run has none left,
+  // and its last patch was the operator's erasure, not an agent's version.
   const rows = runs.map((r) => el("tr", {},
     el("td", {}, el("a", { href: runLink(r.run_id), class: "mono" }, r.run_id)),
+    el("td", { class: "goal" }, r.status === "erased" ? "" : (r.goal?.statement ?? "")),
     el("td", {}, r.status), el("td", {}, r.phase ?? ""), el("td", {}, String(r.revision)),
-    el("td", {}, when(r.updated_at)), el("td", {}, r.created_by ?? ""), el("td", {}, r.agent_version)));
+    el("td", {}, when(r.updated_at)), el("td", {}, r.created_by ?? ""),
+    el("td", {}, r.status === "erased" ? "" : r.agent_version)));
   const next = new URLSearchParams(params);
   if (runs.length) next.set("after", runs[runs.length - 1].run_id);
   const pager = el("div", { class: "pager" },
     after ? el("a", { href: "/ui" + (q || status ? `?${new URLSearchParams({ q, status })}` : "") }, "First page") : null,
-    runs.length === PAGE_RUNS ? el("a", { href: `/ui?${next}`, rel: "next" }, "Next page") : null);
+    more ? el("a", { href: `/ui?${next}`, rel: "next" }, "Next page") : null);
   show(
     el("h1", {}, "Runs"),
     form,
     el("p", { class: "muted", id: "count" }, `${total} run${total === 1 ? "" : "s"}${after ? `, after ${after}` : ""}`),
     el("table", { id: "runs" },
-      el("thead", {}, el("tr", {}, ["run", "status", "phase", "revision", "last change", "started by", "agent version"].map((h) =>
+      el("thead", {}, el("tr", {}, ["run", "goal", "status", "phase", "revision", "last change", "started by", "agent version"].map((h) =>
         el("th", { scope: "col" }, h)))),
       el("tbody", {}, rows)),
     pager,
