@@ -187,9 +187,11 @@ class LeanPool:
             w.close()
 
 
-async def append_at_rate(url: str, runs: int, rate: float, seconds: float, rng: random.Random) -> tuple[list[float], int, int, float]:
+async def append_at_rate(url: str, runs: int, rate: float, seconds: float, rng: random.Random,
+                         shed: list[float] | None = None) -> tuple[list[float], int, int, float]:  # fmt: skip
     """Open loop: a POST every 1/rate s to a run not in flight, with its next revision.
-    Returns latencies, not accepted, skipped slots and the generator's own CPU share."""
+    Returns latencies, not accepted, skipped slots and the generator's own CPU share;
+    ``shed`` gets the latency of each answer 429 (admission control: not sent again here)."""
     revisions = {f"run_{r}": 1 for r in range(runs)}
     busy: set[str] = set()
     lat: list[float] = []
@@ -206,6 +208,9 @@ async def append_at_rate(url: str, runs: int, rate: float, seconds: float, rng: 
         status, data = await pool.post_json(f"/runs/{run}/patches?wait=10", body)
         dt = time.perf_counter() - t
         busy.discard(run)
+        if status == 429 and shed is not None:
+            shed.append(dt)
+            return
         d = json.loads(data).get("decision") if status == 200 else None
         if d is None or d["outcome"] != "accepted":
             failed += 1
@@ -269,7 +274,8 @@ def main() -> None:
                 proj_get.append(time.perf_counter() - t)
 
         print("appending over HTTP ...", flush=True)
-        http_append, failed, skipped, gen_cpu = asyncio.run(append_at_rate(url, runs, args.rate, seconds, rng))
+        shed: list[float] = []
+        http_append, failed, skipped, gen_cpu = asyncio.run(append_at_rate(url, runs, args.rate, seconds, rng, shed))
         print("appending in-process ...", flush=True)
         # in-process: RunProducer against the same projector, sequential, on runs of its own
         log = EmbeddedLog(work / "log.db", create=False)
@@ -299,16 +305,20 @@ def main() -> None:
             proc.wait(60)
         shutil.rmtree(work, ignore_errors=True)
 
-    sent = len(http_append) + failed
+    sent = len(http_append) + failed + len(shed)
     print()
     print(f"{'call':58s} {'p50 / p99 / max (ms)':>28s}   n")
     print(f"{'POST patch ?wait -> decision, HTTP, open loop %d/s' % args.rate:58s} {pct(http_append)}   {sent} ({failed} not accepted, {skipped} slots skipped: run in flight)")
+    if shed:
+        print(f"{'  ... answered 429 at once (RUNSTATE_MAX_IN_FLIGHT)':58s} {pct(shed)}   {len(shed)}")
     print(f"{'RunProducer.submit in-process (sequential)':58s} {pct(local_append)}   {len(local_append)}")
     print(f"{'GET /runs/{id} state, HTTP, %d runs' % runs:58s} {pct(http_get)}   {len(http_get)}")
     print(f"{'Projection.state in-process':58s} {pct(proj_get)}   {len(proj_get)}")
     print(f"{'GET constant JSON, bare FastAPI on uvicorn (the floor)':58s} {pct(floor_get)}   {len(floor_get)}")
     print(f"load generator CPU {gen_cpu:.0%} of a core while appending"
           + (" (near saturation: its queueing counts as latency)" if gen_cpu > 0.8 else ""))
+    print(f"goodput {len(http_append) / seconds:.0f} decided patches/s of {args.rate:.0f}/s offered; "
+          f"max in flight {os.environ.get('RUNSTATE_MAX_IN_FLIGHT', '128 (default)')}")
     print()
     print(f"ratios: state HTTP / floor p50 {statistics.median(http_get) / statistics.median(floor_get):.2f}x, "
           f"p99 {p99(http_get) / p99(floor_get):.2f}x; state HTTP / in-process p50 "

@@ -15,6 +15,7 @@ moving) is retried, honouring ``Retry-After``, for up to ``retry_s`` seconds.
 from __future__ import annotations
 
 import asyncio
+import random
 import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -69,6 +70,12 @@ class Submitted:
         self.decision: Decision | None = Decision.model_validate(body["decision"]) if body.get("decision") else None
 
 
+#: Answers sent again after ``Retry-After`` within the client's ``retry_s``: 503 (the run's
+#: owner is moving or restoring) and 429 (the instance shed the request under load; a
+#: patch resent with its patch id is decided once).
+RETRIED = (429, 503)
+
+
 def path_segment(value: str) -> str:
     """An id as one path segment: every reserved character escaped, so that a ``/``, ``?``
     or ``#`` in a thread id is part of it, and ``.``/``..`` escaped too (never dot segments,
@@ -114,8 +121,10 @@ class _Base:
 
     @staticmethod
     def _pause(resp: httpx.Response) -> float:
+        # Jittered, so that the clients an overloaded instance shed do not come back at once.
         retry = resp.headers.get("retry-after")
-        return min(1.0, float(retry)) if retry and retry.isdigit() else 0.2
+        base = min(1.0, float(retry)) if retry and retry.isdigit() else 0.2
+        return base * random.uniform(0.5, 1.0)
 
 
 class Client(_Base):
@@ -135,7 +144,7 @@ class Client(_Base):
                     raise ServiceUnreachable(self.url, e, self.retry_s) from e
                 time.sleep(0.2)
                 continue
-            if resp.status_code != 503 or time.monotonic() >= deadline:
+            if resp.status_code not in RETRIED or time.monotonic() >= deadline:
                 _raise(resp)
                 return resp
             time.sleep(self._pause(resp))
@@ -257,7 +266,7 @@ class AsyncClient(_Base):
                     raise ServiceUnreachable(self.url, e, self.retry_s) from e
                 await asyncio.sleep(0.2)
                 continue
-            if resp.status_code != 503 or time.monotonic() >= deadline:
+            if resp.status_code not in RETRIED or time.monotonic() >= deadline:
                 _raise(resp)
                 return resp
             await asyncio.sleep(self._pause(resp))

@@ -76,6 +76,10 @@ class Settings(BaseSettings):
     #: body, however steadily it trickles (a client sending a byte a second must not hold a
     #: connection): past it the connection is closed (headers) or answered 408 (body).
     request_timeout_s: float = Field(60.0, gt=0, le=3600)
+    #: ``runstate serve``: requests for runs served at once by one instance; beyond it a
+    #: request is answered 429 with ``Retry-After`` at once (shed, not queued), and one
+    #: caller (token, else address) holds at most three quarters of them.
+    max_in_flight: int = Field(128, ge=1, le=100_000)
     #: Raw librdkafka settings (JSON object in the env var); ``producer.``/``consumer.``
     #: prefixed keys apply to one client kind only. They win over runstate's defaults.
     kafka_config: dict[str, str | int | bool] = {}

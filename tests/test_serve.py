@@ -418,3 +418,60 @@ def test_metrics_are_public_only_by_choice_where_tokens_are_needed(tmp_path: Pat
         assert httpx.get(proc.url + "/runs").status_code == 401  # only the metrics were made public
     finally:
         assert proc.stop() == 0, proc.log()
+
+
+def test_an_overloaded_instance_sheds_at_once_fairly_and_health_and_metrics_still_answer(tmp_path: Path) -> None:
+    """RUNSTATE_MAX_IN_FLIGHT=4 (a caller holds at most 3): requests that hold their slot
+    (a read waiting for a revision) fill it; the next is answered 429 with Retry-After at
+    once, another token still gets the last slot, health, readiness and metrics answer,
+    and the client sends a shed request again until it is served."""
+    import threading
+    import time
+
+    from runstate.client import Client
+    from runstate.service.auth import add_token
+
+    tokens = tmp_path / "tokens.json"
+    a, b, c = (add_token(str(tokens), name, "write") for name in ("a", "b", "c"))
+    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+           "RUNSTATE_TOKENS_FILE": str(tokens), "RUNSTATE_MAX_IN_FLIGHT": "4", "RUNSTATE_METRICS_PUBLIC": "true"}
+    proc = ServeProcess(env, tmp_path)
+    try:
+        proc.wait_ready()
+        with Client(proc.url, a) as rs:
+            rs.submit("busy", {"expected_revision": 0, "events": [start()]})
+
+        def hold(token: str) -> None:  # a patch whose body takes 3 s to come: its slot is held meanwhile
+            import socket
+
+            with socket.create_connection(("127.0.0.1", proc.port)) as sock:
+                sock.sendall(f"POST /runs/busy/patches HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                             "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode())  # fmt: skip
+                time.sleep(3)
+
+        holders = [threading.Thread(target=hold, args=(a,)) for _ in range(3)]
+        for t in holders:
+            t.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        shed = httpx.get(proc.url + "/runs/busy", headers={"authorization": f"Bearer {a}"})
+        assert shed.status_code == 429 and shed.headers["retry-after"] == "1", shed.text
+        assert shed.json()["error"]["code"] == "overloaded" and time.monotonic() - started < 0.5
+        other = threading.Thread(target=hold, args=(b,))  # a's share is full, the instance is not
+        other.start()
+        time.sleep(0.5)
+        full = httpx.get(proc.url + "/runs/busy", headers={"authorization": f"Bearer {c}"})
+        assert full.status_code == 429 and "RUNSTATE_MAX_IN_FLIGHT" in full.text, full.text
+        for path in ("/healthz", "/readyz", "/metrics"):
+            assert httpx.get(proc.url + path, timeout=2).status_code == 200, path
+        metrics = httpx.get(proc.url + "/metrics").text
+        assert 'runstate_http_shed_total{reason="caller"} 1.0' in metrics
+        assert 'runstate_http_shed_total{reason="limit"} 1.0' in metrics
+        assert "runstate_http_in_flight 4.0" in metrics
+        with Client(proc.url, c, retry_s=15) as rs:  # shed, sent again, served once a slot frees
+            assert rs.state("busy").revision == 1
+        for t in [*holders, other]:
+            t.join()
+        assert "Traceback" not in proc.log()
+    finally:
+        proc.stop()

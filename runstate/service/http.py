@@ -39,6 +39,7 @@ from runstate.projector.store.document import unreadable
 from runstate.schemas.errors import ContractError, PatchTooLarge, RunstateError
 from runstate.schemas.patch import Decision, PatchDraft
 from runstate.schemas.state import GraphCheckpoint, RunState, RunStatus, RunSummary
+from runstate.service.admission import Admission, Admit
 from runstate.service.auth import AuthError, Identity, Tokens
 from runstate.service.errors import answer, body
 from runstate.service.core import DeadLetterOut, ErasedOut, FieldChangeOut, Forward, ResumeOut, Service, Submitted
@@ -532,6 +533,10 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
     mount_pages(api)
     api.add_middleware(PeerCheck, gate=gate)
     api.add_middleware(McpBodies, settings=node.settings, counter=metrics.slow_clients)
+    # Outside the body readers: a shed request costs no read of its body.
+    limit = node.settings.max_in_flight
+    api.add_middleware(Admit, admission=Admission(limit, max(1, (limit * 3) // 4), metrics.registry),
+                       forwarded_header=FORWARDED_B)  # fmt: skip
     api.add_middleware(CountRequests, counter=metrics.requests)
     api.add_middleware(RawPaths)
 

@@ -24,7 +24,13 @@ function token() {
 async function api(path, { raw = false } = {}) {
   const headers = {};
   if (token()) headers.authorization = `Bearer ${token()}`;
-  const resp = await fetch(path, { headers });
+  let resp = await fetch(path, { headers });
+  // An instance that sheds load (429) or moves a partition (503) says when to come back.
+  for (let tries = 0; (resp.status === 429 || resp.status === 503) && tries < 5; tries++) {
+    const after = Math.min(2, Number(resp.headers.get("retry-after")) || 1);
+    await new Promise((done) => setTimeout(done, after * 1000 * (0.5 + Math.random() / 2)));
+    resp = await fetch(path, { headers });
+  }
   if (!resp.ok) {
     let code = `http_${resp.status}`;
     let message = resp.statusText;
