@@ -173,9 +173,12 @@ class _Local:
         self.state_dir = str(where / "state")
         self.author = author
         # RUNSTATE_MASTER_KEY (or _FILE) seals the runs' content, as everywhere: then erasable.
-        self.log = open_settings_log(Settings(log=str(where / "log.db"), state_dir=self.state_dir))
+        settings = Settings(log=str(where / "log.db"), state_dir=self.state_dir)
+        self.log = open_settings_log(settings)
+        # RUNSTATE_MAX_PATCH_BYTES holds here as everywhere (the error names it).
         self.producer = RunProducer(self.log, author, decisions=decision_reader(self.state_dir),
-                                    decisions_at=decision_at_reader(self.state_dir))  # fmt: skip
+                                    decisions_at=decision_at_reader(self.state_dir),
+                                    max_patch_bytes=settings.max_patch_bytes)  # fmt: skip
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._live: _Live | None = None

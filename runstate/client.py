@@ -27,7 +27,8 @@ import httpx
 import orjson
 from pydantic import TypeAdapter
 
-from runstate.schemas.errors import ContractError, DecisionTimeout, FieldNeverSet, RunNotFound, RunstateError
+from runstate.schemas.errors import (ContractError, DecisionTimeout, FieldNeverSet, PatchTooLarge, RunNotFound,
+                                     RunstateError)
 from runstate.schemas.patch import Decision, PatchDraft
 from runstate.schemas.state import RunState, RunSummary
 
@@ -101,6 +102,10 @@ def _raise(resp: httpx.Response) -> None:
     except (orjson.JSONDecodeError, AttributeError):
         err = {}
     code, message = str(err.get("code", "error")), str(err.get("message", resp.text[:200]))
+    if resp.status_code == 413 and code == "patch_too_large":
+        parts = resp.request.url.raw_path.decode("ascii").split("?")[0].split("/")
+        raise PatchTooLarge(unquote(parts[2]) if len(parts) > 2 else "?", int(err.get("size") or 0),
+                            int(err.get("limit") or 0), message=message)  # fmt: skip
     if resp.status_code in (413, 422):
         raise ContractError(message, field=err.get("field"))
     if resp.status_code == 404 and code == "never_set":

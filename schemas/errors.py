@@ -51,12 +51,13 @@ class UnknownEventType(ContractError):
 class PatchTooLarge(ContractError):
     """An encoded patch is over the configured size limit."""
 
-    def __init__(self, run_id: str, size: int, limit: int, *, as_json: bool = False) -> None:
+    def __init__(self, run_id: str, size: int, limit: int, *, as_json: bool = False, message: str | None = None) -> None:
         self.run_id = run_id
         self.size = size
         self.limit = limit
         what, setting = ("bytes of JSON", "twice RUNSTATE_MAX_PATCH_BYTES") if as_json else ("bytes", "RUNSTATE_MAX_PATCH_BYTES")
-        super().__init__(f"patch for run {run_id!r} is {size} {what}, over the limit of {limit} bytes ({setting})")
+        # ``message``: the server's own words, when a client raises it from a 413.
+        super().__init__(message or f"patch for run {run_id!r} is {size} {what}, over the limit of {limit} bytes ({setting})")
 
 
 class DecodeError(RunstateError):

@@ -300,3 +300,26 @@ def test_two_savers_on_one_directory_both_write_at_full_speed(tmp_path: Path) ->
             saver.put_writes(stored, [("ch", "v")], "task-1")
             assert saver.get_tuple(generate_config(thread)) is not None
         assert time.monotonic() - started < 5
+
+
+def test_the_patch_limit_is_the_setting_on_every_path_and_too_large_is_patch_too_large(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The embedded saver honours RUNSTATE_MAX_PATCH_BYTES (it named the setting and ignored
+    it), and through serve a checkpoint over the limit is PatchTooLarge, as embedded."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+    big = generate_checkpoint(channel_values={"blob": "x" * 2_000_000})
+    monkeypatch.setenv("RUNSTATE_MAX_PATCH_BYTES", str(4 * 1024 * 1024))
+    with RunstateSaver.from_conn_string(tmp_path / "rs") as saver:
+        saver.put(generate_config("big"), big, generate_metadata(), {})
+        assert saver.get_tuple(generate_config("big")) is not None
+    monkeypatch.delenv("RUNSTATE_MAX_PATCH_BYTES")
+    serve = ServeProcess({"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")},
+                         tmp_path)  # fmt: skip
+    try:
+        serve.wait_ready()
+        with RunstateSaver.from_conn_string(serve.url) as served, \
+                pytest.raises(PatchTooLarge, match="RUNSTATE_MAX_PATCH_BYTES"):  # fmt: skip
+            served.put(generate_config("big"), big, generate_metadata(), {})
+    finally:
+        assert serve.stop() == 0, serve.log()

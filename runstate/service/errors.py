@@ -52,7 +52,9 @@ def answer(e: Exception) -> Answer | None:
         headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
         return Answer(e.status, body("unauthorized" if e.status == 401 else "forbidden", str(e)), headers)
     if isinstance(e, PatchTooLarge):
-        return Answer(413, body("patch_too_large", str(e)))
+        b = body("patch_too_large", str(e))
+        b["error"].update(size=e.size, limit=e.limit)
+        return Answer(413, b)
     if isinstance(e, ContractError):
         return Answer(422, body("invalid", str(e), e.field))
     if isinstance(e, RunErased):
