@@ -270,3 +270,58 @@ def test_a_forwarded_request_is_answered_only_when_an_instance_signed_it_for_thi
         assert "Traceback" not in proc.log(), proc.log()
     finally:
         proc.stop()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_two_instances_forward_the_callers_identity_never_its_token(
+        kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path) -> None:  # fmt: skip
+    """With tokens on two instances sharing the secret: a write sent to the instance that
+    does not own the run is decided as the token's agent, a read-only token's write is 403
+    at the owner, and so is an erase without the erase scope."""
+    import httpx
+    from servekit import ServeProcess
+
+    from runstate.eventlog.kafka import KafkaLog
+    from runstate.eventlog.partitioner import partition_for
+    from runstate.service.auth import add_token
+
+    log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
+    log.create_topics(4)
+    tokens = tmp_path / "tokens.json"
+    writer = add_token(str(tokens), "agent-1", "write")
+    reader = add_token(str(tokens), "viewer", "read")
+    group = f"g2-{kafka_topics.events}"
+    base = {"RUNSTATE_LOG": f"kafka://{kafka_bootstrap}", "RUNSTATE_TOPIC_PREFIX": kafka_topics.events.rsplit(".", 1)[0],
+            "RUNSTATE_GROUP_ID": group, "RUNSTATE_TOKENS_FILE": str(tokens), "RUNSTATE_INSTANCE_SECRET": SECRET}
+    a = ServeProcess({**base, "RUNSTATE_STATE_DIR": str(tmp_path / "a")}, tmp_path)
+    b = ServeProcess({**base, "RUNSTATE_STATE_DIR": str(tmp_path / "b")}, tmp_path)
+    try:
+        a.wait_ready(owned=False)
+        b.wait_ready(owned=False)
+        deadline = time.monotonic() + 60
+        while True:
+            owned = {u: httpx.get(u + "/healthz").json()["owned_partitions"] for u in (a.url, b.url)}
+            if all(owned.values()) and sorted(owned[a.url] + owned[b.url]) == [0, 1, 2, 3]:
+                break
+            assert time.monotonic() < deadline, owned
+            time.sleep(0.3)
+        run_id = next(f"r{i}" for i in range(100) if partition_for(f"r{i}", 4) in owned[b.url])
+        auth = {"authorization": f"Bearer {writer}"}
+        draft = {"expected_revision": 0, "events": [start()]}
+        deadline = time.monotonic() + 30
+        while (r := httpx.post(f"{a.url}/runs/{run_id}/patches", params={"wait": 5}, headers=auth, json=draft,
+                               timeout=30)).status_code == 503 and time.monotonic() < deadline:  # fmt: skip
+            time.sleep(0.3)
+        assert r.status_code == 200 and r.json()["decision"]["agent_id"] == "agent-1", r.text
+        ro = httpx.post(f"{a.url}/runs/{run_id}/patches", params={"wait": 5}, json={**draft, "expected_revision": 1},
+                        headers={"authorization": f"Bearer {reader}"}, timeout=30)  # fmt: skip
+        assert ro.status_code == 403 and "read-only" in ro.text, ro.text
+        er = httpx.delete(f"{a.url}/runs/{run_id}", params={"reason": "x"}, headers=auth, timeout=30)
+        assert er.status_code == 403, er.text
+        assert httpx.get(f"{a.url}/runs/{run_id}", headers=auth, timeout=30).json()["revision"] == 1
+        assert "Traceback" not in a.log() + b.log()
+    finally:
+        a.stop()
+        b.stop()
+        log.close()
