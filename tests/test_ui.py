@@ -156,6 +156,10 @@ def test_a_run_page_shows_the_timeline_the_state_then_and_why(browser: Any, serv
     page.wait_for_selector("#state h2:has-text('State at revision 2')")
     assert "pending" in page.locator("#tasks").inner_text()
     assert "tasks.t1" in page.locator("#changes").inner_text()
+    # What a person calls the change (the new task), not what every patch changes.
+    listed = page.locator("#changes").inner_text().split(": ", 1)[1].split(", ")
+    assert "tasks.t1" in listed and not any(p in ("revision", "updated_at", "tasks") or "provenance" in p
+                                            or p.startswith("last_transition") for p in listed), listed
     assert "revision=2" in page.url
 
     # Keyboard: the timeline is walked with the arrow keys.

@@ -226,13 +226,29 @@ function paths(value, prefix, out = new Map()) {
   return out;
 }
 
+// What every patch changes (the revision, when, by which version, the last transition) and
+// the projector's own bookkeeping: true, but not what a person calls the change.
+const BOOKKEEPING_TOP = new Set(["revision", "updated_at", "agent_version", "last_transition", "last_control_revision",
+                                 "schema_version", "effect_ledger_ref"]);
+const BOOKKEEPING_LEAF = new Set(["updated_at", "updated_at_revision", "registered_at_revision", "started_at_revision"]);
+
 function changedPaths(before, after) {
   const a = paths(before || {}, "");
   const b = paths(after, "");
   const changed = new Set();
   for (const [k, v] of b) if (a.get(k) !== v) changed.add(k);
   for (const k of a.keys()) if (!b.has(k)) changed.add(k);
-  return changed;
+  const shown = [...changed].filter((p) => {
+    const parts = p.split(".");
+    return !BOOKKEEPING_TOP.has(parts[0]) && !BOOKKEEPING_LEAF.has(parts[parts.length - 1]) && !parts.includes("provenance");
+  });
+  // An item that came or went is one change ("tasks.t1"), not each of its fields.
+  const itemOf = (p) => p.split(".").slice(0, 2).join(".");
+  const inA = new Set([...a.keys()].map(itemOf));
+  const inB = new Set([...b.keys()].map(itemOf));
+  const out = new Set(shown.map((p) => (p.split(".").length > 2 && !(inA.has(itemOf(p)) && inB.has(itemOf(p))) ? itemOf(p) : p)));
+  // A collection whose items are listed is not listed itself (an empty list was one leaf).
+  return new Set([...out].filter((p) => ![...out].some((q) => q !== p && q.startsWith(p + "."))));
 }
 
 class RunPage {
@@ -367,7 +383,7 @@ class RunPage {
 
   renderState(s, before, label) {
     const changed = before ? changedPaths(before, s) : new Set();
-    const mark = (path) => [...changed].some((c) => c === path || c.startsWith(path + "."));
+    const mark = (path) => [...changed].some((c) => c === path || c.startsWith(path + ".") || path.startsWith(c + "."));
     const field = (path, text) => el("button", {
       type: "button", class: `field${mark(path) ? " changed" : ""}`, "data-path": path,
       title: `why does ${path} have this value?`, onclick: () => this.explain(path),
@@ -423,7 +439,8 @@ class RunPage {
         el("code", {}, JSON.stringify(c.before)), " → ", el("code", {}, JSON.stringify(c.after)))))
         : el("p", {}, "No patch changed it.");
     } catch (e) {
-      body = el("div", { class: "error", role: "alert" }, e instanceof ApiError ? `${e.code}: ${e.message}` : String(e));
+      body = e instanceof ApiError && e.code === "never_set" ? el("p", {}, "No patch changed it.")
+        : el("div", { class: "error", role: "alert" }, e instanceof ApiError ? `${e.code}: ${e.message}` : String(e));
     }
     dialog.replaceChildren(el("h2", { id: "explain-title" }, "Why ", el("code", {}, path), " has its value"), body,
       el("form", { method: "dialog" }, el("button", { type: "submit", autofocus: true }, "Close")));
