@@ -567,6 +567,21 @@ class Hello(BaseModel):
     nonce: str = pydantic.Field(min_length=16, max_length=64)
 
 
+def _replaying(content: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives a body already read whole, then what the client sends next
+    (its disconnect)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": content, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 class RawPaths:
     """Routes ``/runs/…`` on the raw path: uvicorn decodes ``%2F`` before routing, which
     would make a thread named ``a/context`` the route ``context`` of run ``a`` and
@@ -627,16 +642,7 @@ class McpBodies:
             chunks.append(message.get("body", b""))
             if not message.get("more_body"):
                 break
-        content, replayed = b"".join(chunks), False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": content, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, _replaying(b"".join(chunks), receive), send)
 
 
 #: Where PeerCheck leaves a forwarded request's verified caller in the ASGI scope.
@@ -675,15 +681,7 @@ class PeerCheck:
         if body_digest(content) != digest:
             await translate(self.gate.refuse_body())(scope, receive, send)
             return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": content, "more_body": False}
-            return await receive()
-
+        replay = _replaying(content, receive)
         start: Message | None = None
         parts: list[bytes] = []
 
