@@ -27,6 +27,7 @@ import pydantic
 from pydantic import AwareDatetime
 
 from runstate.eventlog.partitioner import partition_for
+from runstate.projector.core.reducer import REDUCER_VERSION
 from runstate.projector.store.keys import PATCH_ID_DIGEST, patch_id_digest
 from runstate.schemas import structs
 from runstate.schemas.errors import CheckpointInvalid, MigrationRequired, describe_validation_error
@@ -48,9 +49,6 @@ from runstate.schemas.state import (
 #: Version of this checkpoint format. 2: the digest covers the whole checkpoint (not only
 #: its state), an optional HMAC signature, and the run's decided patch ids.
 FORMAT_VERSION = 2
-#: Version of the reducer's semantics: bump when a reducer change would make the same log
-#: give a different state, so that older checkpoints are not trusted.
-REDUCER_VERSION = 3  # 2: evidence to complete a task, budgets/deadlines, loose ends, control conflicts; 3: log time, revokers, inputs by channel
 #: Recent decisions carried by a checkpoint, so that a restored projector still answers a
 #: producer's retry of a recent patch with its decision (older ones are known by id only).
 RECENT_DECISIONS = 4

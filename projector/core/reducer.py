@@ -103,6 +103,13 @@ REDUCERS: dict[str, Handler] = {}
 #: reducer reads what it needs either way). Tests hold each to a read the reducer makes.
 READS: dict[str, Callable[[Any], tuple[str, str]]] = {}
 
+#: Version of the reducer's semantics (with decide.py's rules): bump it when a change would
+#: make the same log give another decision or state, so that checkpoints made under the old
+#: rules are not trusted. tests/test_reducer_golden.py fails when the decisions of a fixed
+#: corpus change and this does not. 2: evidence to complete a task, budgets and deadlines,
+#: loose ends, control conflicts; 3: log time, revokers, inputs by channel.
+REDUCER_VERSION = 3
+
 
 def reducer(event_type: type[E], reads: Callable[[E], tuple[str, str]] | None = None,
             ) -> Callable[[Callable[[Draft, E, Ctx], None]], Callable[[Draft, E, Ctx], None]]:  # fmt: skip
