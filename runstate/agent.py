@@ -53,10 +53,9 @@ __all__ = ["AsyncRun", "PatchRejected", "RevisionConflict", "Run", "ToolCall", "
 
 R = TypeVar("R")
 
-#: Event types that commute with any concurrent patch (decide.py's own list decides; this
-#: one only chooses the default of ``rebase``).
-_COMMUTING = frozenset({"FactConfirmed", "HypothesisProposed", "QuestionOpened", "ObservationRecorded",
-                        "BudgetConsumed", "ArtifactRecorded", "InputRecorded"})  # fmt: skip
+#: Event types that commute with any concurrent patch (the catalogue's traits; here they
+#: choose the default of ``rebase``, which the projector grants for the same set).
+_COMMUTING = events.COMMUTING_EVENT_TYPES
 
 
 _EVENT: TypeAdapter[Any] = TypeAdapter(events.Event)

@@ -14,6 +14,8 @@ the agent, rather than a local exception only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from typing import Annotated, Literal, Union
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -529,16 +531,43 @@ EVENT_TYPES: tuple[type[Model], ...] = (
 #: Every event type name, in catalogue order.
 EVENT_TYPE_NAMES: tuple[str, ...] = tuple(t.__name__ for t in EVENT_TYPES)
 
-#: Events that win over the revision check (they apply whatever revision they were based on).
-CONTROL_EVENT_TYPES: frozenset[str] = frozenset({"RunCancelled", "GoalChanged", "PermissionRevoked", "GraphThreadDeleted",
-                                                 "RunErased"})
 
-#: Events only an operator proposes (``runstate erase``): a draft (HTTP, MCP, a patch file,
-#: ``RunProducer.build``) holding one is refused.
-OPERATOR_EVENT_TYPES: frozenset[str] = frozenset({"RunErased"})
 
-#: Events after which no further event is accepted.
-TERMINAL_EVENT_TYPES: frozenset[str] = frozenset({"RunCompleted", "RunFailed", "RunCancelled"})
+@dataclass(frozen=True, slots=True)
+class Traits:
+    """What the runtime knows of an event type beyond its fields. Every set of event types
+    below is derived from :data:`TRAITS`, and nowhere else is one written down."""
+
+    #: A stale patch of such events is re-applied on the current revision when it asks
+    #: (``rebase``), re-validated there: the event's effect does not depend on the revision
+    #: it was based on (it adds an item or a quantity). ``FactConfirmed`` replacing a
+    #: hypothesis does not commute (projector/core/decide.py ``commutes``).
+    commutes: bool = False
+    #: Wins over the revision check: applied whatever revision it was based on, and a later
+    #: patch based before it is ``superseded``.
+    control: bool = False
+    #: Only an operator proposes it (``runstate erase``): a draft holding one is refused.
+    operator: bool = False
+
+
+_C, _CONTROL = Traits(commutes=True), Traits(control=True)
+#: Every event type's traits (a test holds the keys to the catalogue).
+TRAITS: dict[str, Traits] = {
+    **{name: Traits() for name in EVENT_TYPE_NAMES},
+    **{name: _C for name in ("FactConfirmed", "HypothesisProposed", "QuestionOpened", "ObservationRecorded",
+                             "ArtifactRecorded", "InputRecorded", "BudgetConsumed", "GraphCheckpointSaved",
+                             "GraphWritesSaved")},
+    **{name: _CONTROL for name in ("GoalChanged", "PermissionRevoked", "RunCancelled", "GraphThreadDeleted")},
+    "RunErased": Traits(control=True, operator=True),
+}  # fmt: skip
+
+#: Events that commute with any concurrent patch (see :class:`Traits`).
+COMMUTING_EVENT_TYPES: frozenset[str] = frozenset(n for n, t in TRAITS.items() if t.commutes)
+#: Events that win over the revision check.
+CONTROL_EVENT_TYPES: frozenset[str] = frozenset(n for n, t in TRAITS.items() if t.control)
+#: Events only an operator proposes: a draft (HTTP, MCP, a patch file, ``RunProducer.build``)
+#: holding one is refused.
+OPERATOR_EVENT_TYPES: frozenset[str] = frozenset(n for n, t in TRAITS.items() if t.operator)
 
 #: Any event: a discriminated union on ``type`` over the catalogue above (one list only).
 Event = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]

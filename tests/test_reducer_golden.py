@@ -57,6 +57,7 @@ def _others() -> list[tuple[list[dict[str, Any]], int, bool]]:
         ([ev("TaskCompleted", task_id="t1", evidence="artifact://a/1")], 0, False),
         ([ev("ArtifactRecorded", artifact={"id": "artifact://a/1", "kind": "log"})], 0, False),
         ([ev("ArtifactRecorded", artifact={"id": "artifact://a/1", "kind": "log"})], 0, False),  # duplicate id
+        ([ev("ArtifactRecorded", artifact={"id": "artifact://a/2", "kind": "log"})], 1, True),  # stale: commutes
         ([ev("InputRecorded", input={"id": "i1", "origin": "user", "text": "go"})], 0, False),  # not the user's channel
         ([ev("EffectRecorded", effect={"id": "e1", "status": "started", "kind": "deploy", "target": "prod",
                                        "idempotency_key": "k1"})], 0, False),  # fmt: skip

@@ -247,6 +247,31 @@ def test_revision_conflict_then_rebase_of_commuting_events(run: Run) -> None:
     assert (d.reason, d.rule) == ("invalid", "fact.duplicate_id")
 
 
+def test_artifacts_and_inputs_commute_re_validated_on_the_current_state(run: Run) -> None:
+    """An artifact or an input adds an item whatever revision the patch was based on: a
+    stale one with rebase is applied (re-validated: a taken id is still refused), as the
+    agent handle asks (its own list of commuting events had them; the projector's did not)."""
+    base = run.revision
+    run.ok(fact("f1"))
+    d = run.send(base, ev("ArtifactRecorded", artifact={"id": "artifact://x/1", "kind": "log"}), rebase=True)
+    assert d.outcome == "accepted" and d.rebased, d
+    d = run.send(base, ev("ArtifactRecorded", artifact={"id": "artifact://x/1", "kind": "log"}), rebase=True)
+    assert (d.reason, d.rule) == ("invalid", "artifact.duplicate_id")
+    d = run.send(base, ev("InputRecorded", input={"id": "i1", "origin": "user", "text": "go"}), rebase=True, agent="user")
+    assert d.outcome == "accepted" and d.rebased, d
+
+
+def test_every_event_type_has_its_traits_and_every_set_is_derived_from_them() -> None:
+    from runstate.agent import _COMMUTING
+    from runstate.projector.core.decide import COMMUTING
+    from runstate.schemas import events
+
+    assert set(events.TRAITS) == set(events.EVENT_TYPE_NAMES)
+    assert COMMUTING == _COMMUTING == {n for n, t in events.TRAITS.items() if t.commutes}
+    assert events.CONTROL_EVENT_TYPES == {n for n, t in events.TRAITS.items() if t.control}
+    assert events.OPERATOR_EVENT_TYPES == {n for n, t in events.TRAITS.items() if t.operator}
+
+
 def test_control_events_win_and_supersede_older_patches(run: Run) -> None:
     stale = run.revision
     run.ok(fact("f1"))

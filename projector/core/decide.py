@@ -46,11 +46,9 @@ from runstate.schemas.generated.structs import Patch as PatchStruct  # noqa: E40
 from runstate.schemas.generated.structs import RunErased as RunErasedStruct  # noqa: E402
 from runstate.schemas.generated.structs import RunPolicy  # noqa: E402
 
-#: Events that commute with any concurrent patch (fresh ids are still checked).
-COMMUTING: frozenset[str] = frozenset(
-    {"FactConfirmed", "HypothesisProposed", "ObservationRecorded", "QuestionOpened", "BudgetConsumed",
-     "GraphCheckpointSaved", "GraphWritesSaved"}
-)
+#: Events that commute with any concurrent patch (fresh ids are still checked): the event
+#: catalogue's traits say which.
+COMMUTING: frozenset[str] = ev.COMMUTING_EVENT_TYPES
 
 
 def commutes(event: Item) -> bool:

@@ -107,8 +107,9 @@ READS: dict[str, Callable[[Any], tuple[str, str]]] = {}
 #: make the same log give another decision or state, so that checkpoints made under the old
 #: rules are not trusted. tests/test_reducer_golden.py fails when the decisions of a fixed
 #: corpus change and this does not. 2: evidence to complete a task, budgets and deadlines,
-#: loose ends, control conflicts; 3: log time, revokers, inputs by channel.
-REDUCER_VERSION = 3
+#: loose ends, control conflicts; 3: log time, revokers, inputs by channel; 4: artifacts
+#: and inputs commute (a stale patch of them with ``rebase`` is applied).
+REDUCER_VERSION = 4
 
 
 def reducer(event_type: type[E], reads: Callable[[E], tuple[str, str]] | None = None,
