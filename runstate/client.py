@@ -102,18 +102,17 @@ def _raise(resp: httpx.Response) -> None:
     except (orjson.JSONDecodeError, AttributeError):
         err = {}
     code, message = str(err.get("code", "error")), str(err.get("message", resp.text[:200]))
+    # The run id of the request, decoded from its path segment (/runs/{id}/…).
+    parts = resp.request.url.raw_path.decode("ascii").split("?")[0].split("/")
+    run_id = unquote(parts[2]) if len(parts) > 2 else "?"
     if resp.status_code == 413 and code == "patch_too_large":
-        parts = resp.request.url.raw_path.decode("ascii").split("?")[0].split("/")
-        raise PatchTooLarge(unquote(parts[2]) if len(parts) > 2 else "?", int(err.get("size") or 0),
-                            int(err.get("limit") or 0), message=message)  # fmt: skip
+        raise PatchTooLarge(run_id, int(err.get("size") or 0), int(err.get("limit") or 0), message=message)
     if resp.status_code in (413, 422):
         raise ContractError(message, field=err.get("field"))
     if resp.status_code == 404 and code == "never_set":
-        parts = resp.request.url.raw_path.decode("ascii").split("?")[0].split("/")
-        raise FieldNeverSet(unquote(parts[2]), resp.request.url.params.get("path", "?"))
+        raise FieldNeverSet(run_id, resp.request.url.params.get("path", "?"))
     if resp.status_code == 404 and code == "not_found":
-        parts = resp.request.url.raw_path.decode("ascii").split("?")[0].split("/")
-        raise RunNotFound(unquote(parts[2]) if len(parts) > 2 else "?")
+        raise RunNotFound(run_id)
     retry = resp.headers.get("retry-after")
     raise ServiceError(resp.status_code, code, message, float(retry) if retry and retry.isdigit() else None)
 
