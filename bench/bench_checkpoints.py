@@ -58,26 +58,26 @@ def _events(i: int) -> list[dict]:
 def fill(log: EmbeddedLog, runs: int, patches: int) -> int:
     """Every run's patches (round robin over the runs); returns the events' bytes."""
     total = 0
-    batch: list[tuple[str, str, bytes, tuple]] = []
+    batch: list[tuple[str, str, bytes, tuple, None]] = []
     for r in range(runs):
         run = f"long-{r:03d}"
         p = Patch.model_validate({"patch_id": f"{run}-0", "run_id": run, "expected_revision": 0, "events": [
             {"type": "RunStarted", "goal": {"statement": "a long investigation"}, "policy": TRUST}],
             "author": AUTHOR, "created_at": T0})  # fmt: skip
-        batch.append((log.topics.events, run, encode(p), ()))
+        batch.append((log.topics.events, run, encode(p), (), None))
     for i in range(1, patches):
         for r in range(runs):
             run = f"long-{r:03d}"
             p = Patch.model_validate({"patch_id": f"{run}-{i}", "run_id": run, "expected_revision": i,
                                       "events": _events(i), "author": AUTHOR,
                                       "created_at": T0 + timedelta(seconds=i)})  # fmt: skip
-            batch.append((log.topics.events, run, encode(p), ()))
+            batch.append((log.topics.events, run, encode(p), (), None))
         if len(batch) >= 20_000:
-            total += sum(len(v) for _, _, v, _ in batch)
+            total += sum(len(v) for _, _, v, _, _ in batch)
             log._append_many(batch)
             batch = []
     if batch:
-        total += sum(len(v) for _, _, v, _ in batch)
+        total += sum(len(v) for _, _, v, _, _ in batch)
         log._append_many(batch)
     return total
 

@@ -79,11 +79,11 @@ def build_log(path: Path, runs: int, updates: int) -> int:
     log = EmbeddedLog(path, partitions=4)
     n = 0
     i = 0
-    batch: list[tuple[str, str, bytes, tuple[()]]] = []
+    batch: list[tuple[str, str, bytes, tuple[()], None]] = []
 
     def put(p: Patch) -> None:
         nonlocal n, i, batch
-        batch.append((log.topics.events, p.run_id, encode(p), ()))
+        batch.append((log.topics.events, p.run_id, encode(p), (), None))
         n += len(p.events)
         i += 1
         if len(batch) >= 50_000:

@@ -50,7 +50,7 @@ def fill(log: EmbeddedLog, runs: int) -> None:
         p = Patch.model_validate({"patch_id": f"s{i}", "run_id": run_id(i), "expected_revision": 0, "events": [
             {"type": "RunStarted", "goal": {"statement": f"support ticket {i}"}, "policy": TRUST}],
             "author": AUTHOR, "created_at": T0})  # fmt: skip
-        batch.append((log.topics.events, run_id(i), encode(p), ()))
+        batch.append((log.topics.events, run_id(i), encode(p), (), None))
         if len(batch) >= 50_000:
             log._append_many(batch)
             batch = []
@@ -71,7 +71,7 @@ def tail(log: EmbeddedLog, runs: int, n: int, seed: int = 3) -> int:
             {"type": "FactConfirmed", "fact": {"id": f"f{k}", "statement": f"observation {k}", "evidence": f"artifact://o/{k}"}},
             {"type": "BudgetConsumed", "tokens": 10}], "author": AUTHOR,
             "created_at": T0 + timedelta(seconds=k)})  # fmt: skip
-        batch.append((log.topics.events, run_id(i), encode(p), ()))
+        batch.append((log.topics.events, run_id(i), encode(p), (), None))
     log._append_many(batch)
     return 2 * n
 

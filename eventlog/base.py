@@ -106,10 +106,13 @@ class LogProducer(ABC):
 
     @abstractmethod
     def append_async(
-        self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback | None, headers: Headers = ()
+        self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback | None, headers: Headers = (), *,
+        partition: int | None = None,
     ) -> None:
         """Queue one record; ``on_delivery`` is called (from ``flush``/``poll``) with where
         it landed or the error. Records queued together may be written in one group commit.
+        ``partition``: where, instead of the key's partition (a checkpoint's pieces go to
+        their run's partition under keys of their own).
 
         ``on_delivery=None``: no report for this record when it lands (the cheap path for
         a caller that needs no receipt); if it fails, the next :meth:`flush` or

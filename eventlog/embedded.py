@@ -414,17 +414,16 @@ class EmbeddedLog(EventLog):
 
     # -- writing -----------------------------------------------------------------------------
 
-    def _append_many(self, items: Sequence[tuple[str, str, bytes, Headers]],
-                     partition: int | None = None) -> list[Appended]:
-        """Append records in one transaction (group commit); ``partition``: where, instead
-        of each key's partition."""
+    def _append_many(self, items: Sequence[tuple[str, str, bytes, Headers, int | None]]) -> list[Appended]:
+        """Append records in one transaction (group commit); each with the partition it goes
+        to, or None for its key's partition."""
         now = int(time.time() * 1000)
         out = []
         try:
             with _txn(self._db):
                 heads: dict[tuple[str, int], int] = {}
                 rows = []
-                for topic, key, value, headers in items:
+                for topic, key, value, headers, partition in items:
                     p = partition_for(key, self.partitions(topic)) if partition is None else partition
                     hk = (topic, p)
                     if hk not in heads:
@@ -612,20 +611,21 @@ class EmbeddedProducer(LogProducer):
     def __init__(self, log: EmbeddedLog, linger_records: int = 500) -> None:
         self._log = log
         self._linger = linger_records
-        self._queue: list[tuple[str, str, bytes, Headers, DeliveryCallback | None]] = []
+        self._queue: list[tuple[str, str, bytes, Headers, DeliveryCallback | None, int | None]] = []
         self._failures: list[DeliveryError] = []
 
     def append(self, topic: str, key: str, value: bytes, headers: Headers = (), *,
                partition: int | None = None) -> Appended:
         try:
-            return self._log._append_many([(topic, key, value, headers)], partition)[0]
+            return self._log._append_many([(topic, key, value, headers, partition)])[0]
         except LogError as e:
             raise DeliveryError(key, str(e)) from e
 
     def append_async(
-        self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback | None, headers: Headers = ()
+        self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback | None, headers: Headers = (), *,
+        partition: int | None = None,
     ) -> None:
-        self._queue.append((topic, key, value, headers, on_delivery))
+        self._queue.append((topic, key, value, headers, on_delivery, partition))
         if len(self._queue) >= self._linger:
             # A group commit, not a flush: failures of records without a callback are
             # raised by the caller's next flush, as on Kafka, never by this append.
@@ -642,15 +642,15 @@ class EmbeddedProducer(LogProducer):
         appended without a callback is kept for :meth:`flush` to raise)."""
         queue, self._queue = self._queue, []
         try:
-            done = self._log._append_many([(t, k, v, h) for t, k, v, h, _ in queue])
+            done = self._log._append_many([(t, k, v, h, p) for t, k, v, h, _, p in queue])
         except LogError as e:
-            for _t, key, _v, _h, cb in queue:
+            for _t, key, _v, _h, cb, _p in queue:
                 if cb is None:
                     self._failures.append(DeliveryError(key, str(e)))
                 else:
                     cb(None, DeliveryError(key, str(e)))
             return
-        for (*_rest, cb), where in zip(queue, done):
+        for (*_rest, cb, _p), where in zip(queue, done):
             if cb is not None:
                 cb(where, None)
 

@@ -454,7 +454,7 @@ class KafkaProducer(LogProducer):
         self._unreported = partial(_keep_failure, self._failures)
 
     def append_async(self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback | None,
-                     headers: Headers = ()) -> None:  # fmt: skip
+                     headers: Headers = (), *, partition: int | None = None) -> None:  # fmt: skip
         # The hot path of every producer: one partial of a module function rather than a
         # closure, positional arguments, no header list when there are none: what Python
         # adds per record is of the order of librdkafka's own cost.
@@ -463,7 +463,9 @@ class KafkaProducer(LogProducer):
         p = self._p
         while True:
             try:
-                if headers:
+                if partition is not None:
+                    p.produce(topic, value, k, partition=partition, headers=list(headers) or None, on_delivery=cb)
+                elif headers:
                     p.produce(topic, value, k, headers=list(headers), on_delivery=cb)
                 else:
                     p.produce(topic, value, k, on_delivery=cb)

@@ -37,6 +37,12 @@ CONTENT_FREE: Headers = ((CONTENT, b"none"),)
 KEY_HEADER = "runstate-key"
 
 
+def run_of_key(key: str) -> str:
+    """The run a record is keyed by: its key up to the first NUL (a checkpoint's pieces are
+    keyed ``<run>\\0<piece>``; ids hold no control characters; '' for a coverage record)."""
+    return key.partition("\0")[0]
+
+
 def is_content_free(headers: Headers) -> bool:
     return bool(headers) and (CONTENT, b"none") in headers
 
@@ -64,7 +70,8 @@ class SealedLog(EventLog):
             except DecodeError:
                 envelope = None  # not a patch: sealed whole, and dead-lettered as it would have been
         else:
-            got = self.keyring.for_copies(key)
+            key = run_of_key(key)
+            got = self.keyring.for_copies(key) if key else None
             if got is None:
                 return value  # a run without a key (sealing came later), or not a run
             kid, k = got
@@ -105,7 +112,10 @@ class SealedLog(EventLog):
             return rec
         try:
             s = sealed.split(rec.value)
-            if rec.key is None or rec.key.decode(errors="replace") != s.run_id:
+            named = None if rec.key is None else rec.key.decode(errors="replace")
+            if named is not None and rec.topic != self.topics.events:
+                named = run_of_key(named)
+            if named != s.run_id:
                 return rec  # keyed by another run than it names: the core dead-letters it, no key is looked up
             key = self.keyring.for_opening(s.run_id, s.kid)
             if len(key) != sealed.KEY_BYTES:
@@ -186,7 +196,7 @@ class _SealingProducer(LogProducer):
         return self._inner.append(topic, key, self._log.seal(topic, key, value, headers), headers, partition=partition)
 
     def append_async(self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback | None,
-                     headers: Headers = ()) -> None:  # fmt: skip
+                     headers: Headers = (), *, partition: int | None = None) -> None:  # fmt: skip
         try:
             value = self._log.seal(topic, key, value, headers)
         except RunErased as e:
@@ -196,7 +206,7 @@ class _SealingProducer(LogProducer):
                 raise
             on_delivery(None, e)
             return
-        self._inner.append_async(topic, key, value, on_delivery, headers)
+        self._inner.append_async(topic, key, value, on_delivery, headers, partition=partition)
 
     def flush(self, timeout_s: float = 30.0) -> int:
         return self._inner.flush(timeout_s)

@@ -124,6 +124,18 @@ def verdict_of(state: RunState) -> tuple[ResumeVerdict, Reconciliation]:
     return "safe", Reconciliation(observations=list(state.environment_observations))
 
 
+def verdict_of_doc(doc: Any) -> ResumeVerdict:
+    """:func:`verdict_of`'s verdict for a run in its working form (``RunDoc``), reading
+    only its effect ledger and tool calls."""
+    h = doc.header
+    if h.schema_version != CURRENT_SCHEMA_VERSION:
+        return "migration_required"
+    if h.effect_ledger_ref or any(e is not None and e[1].status == "started" for e in doc.entries("effect_ledger").values()) \
+            or any(e is not None and e[1].side_effect for e in doc.entries("pending_tool_calls").values()):
+        return "needs_reconciliation"
+    return "safe"
+
+
 def encode_patch_ids(patch_ids: Iterable[str]) -> str:
     """The compact form of a set of patch ids (sorted digests, base64)."""
     return base64.b64encode(b"".join(sorted({patch_id_digest(p) for p in patch_ids}))).decode()

@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import base64
 import os
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+import orjson
+import pydantic
 
 from runstate.eventlog.partitioner import partition_for
 from runstate.projector.store.statedir import Layout
 from runstate.projector.store.partition import ProjectionStore
 from runstate.schemas.errors import CheckpointInvalid
-from runstate.snapshotter.checkpoint import Checkpoint, SigningKey, state_data_of, validate
+from runstate.projector.core.working import Entry, RunDoc
+from runstate.projector.core.reducer import REDUCER_VERSION
+from runstate.projector.store import keys
+from runstate.schemas.patch import Decision
+from runstate.schemas.state import state_digest
+from runstate.snapshotter import pieces
+from runstate.snapshotter.checkpoint import Checkpoint, SigningKey, state_data_of, validate, verdict_of
+
+
+def _unchecked_head(raw: bytes) -> pieces.Head:
+    d = orjson.loads(raw)
+    return pieces.Head(d["run_id"], d["revision"], d["partition"], d["covers_offset"], d["epoch"], d["pieces"],
+                       d["pieces_digest"], d["triggers"], d["verdict"], d.get("erased"), d)  # fmt: skip
 
 #: What a check of a checkpoint record gives.
 T = TypeVar("T")
@@ -39,11 +56,63 @@ class CheckpointHistory:
         return self._stores[p]
 
     def of(self, run_id: str) -> list[Checkpoint]:
-        """The run's checkpoints, oldest first."""
+        """The run's checkpoints, oldest first (as they are: not checked)."""
         st = self._store(run_id)
         if st is None:
             return []
-        return [Checkpoint.model_validate_json(v) for _, v in st.checkpoints(run_id)]
+        return [self._whole(st, run_id, rev, v, None) if v.startswith(b'{"kind":"head"')
+                else Checkpoint.model_validate_json(v) for rev, v in st.checkpoints(run_id)]  # fmt: skip
+
+    def _whole(self, st: ProjectionStore, run_id: str, revision: int, raw: bytes, key: SigningKey | bool) -> Checkpoint:
+        """A checkpoint of pieces as the whole checkpoint it stands for. ``key``: check its
+        head's seal with it and its pieces against the head (False: do not check)."""
+        doc, head = self._doc(st, run_id, revision, raw, key)
+        state = doc.to_state()
+        verdict, reconcile = verdict_of(state)
+        recent = self._recent(st, run_id, revision, head.epoch)
+        ids = b"".join(b for n, (_r, v) in sorted(st.pieces_at(run_id, revision).items())
+                       if pieces.is_ids(n) and (b := pieces.live(v, head.epoch)) is not None)  # fmt: skip
+        return Checkpoint(
+            format_version=pieces.FORMAT_VERSION, reducer_version=REDUCER_VERSION, run_id=run_id,
+            revision=head.revision, partition=head.partition, covers_offset=head.covers_offset,
+            schema_version=state.schema_version, agent_version=state.agent_version, workspace_ref=state.workspace_ref,
+            effect_ledger=state.effect_ledger, pending_tool_calls=state.pending_tool_calls,
+            state_digest=state_digest(state), triggers=head.triggers, verdict=verdict, reconcile=reconcile,
+            recent_decisions=recent, patch_ids=base64.b64encode(ids).decode(), at=state.updated_at or state.created_at,
+            state=state, digest=head.doc["digest"], signature=head.doc.get("signature"),
+        )  # fmt: skip
+
+    @staticmethod
+    def _recent(st: ProjectionStore, run_id: str, revision: int, epoch: int) -> list[Decision]:
+        got = st.pieces_at(run_id, revision).get(pieces.RECENT)
+        body = None if got is None else pieces.live(got[1], epoch)
+        if body is None:
+            return []
+        return [Decision.model_validate_json(raw) for _o, _p, _r, raw in orjson.loads(body)]
+
+    def _doc(self, st: ProjectionStore, run_id: str, revision: int, raw: bytes,
+             key: SigningKey | bool) -> tuple[RunDoc, pieces.Head]:  # fmt: skip
+        """The run as the checkpoint of pieces at ``revision`` holds it. Raises
+        :class:`CheckpointInvalid` (only when ``key`` is not False)."""
+        if key is False:
+            head = _unchecked_head(raw)
+        else:
+            head = pieces.load_head(raw, key)  # type: ignore[arg-type]
+        live = {n: b for n, (_r, v) in st.pieces_at(run_id, revision).items()
+                if (b := pieces.live(v, head.epoch)) is not None}  # fmt: skip
+        if key is not False:
+            pieces.check_pieces(head, pieces.tally_of(head.epoch, live.items()))
+        try:
+            if head.erased is not None:
+                return RunDoc(keys.decode_working_header(head.erased.encode()), defaultdict(dict)), head
+            items: dict[str, dict[str, Entry | None]] = defaultdict(dict)
+            for name, value in live.items():
+                if pieces.is_item(name):
+                    kind, id_ = pieces.item_of(name)
+                    items[kind][id_] = keys.decode_item(kind, value)
+            return RunDoc(keys.decode_working_header(live[pieces.HEADER]), items), head
+        except (KeyError, ValueError, pydantic.ValidationError) as e:
+            raise CheckpointInvalid(run_id, f"its pieces cannot be read: {e}") from e
 
     def nearest(self, run_id: str, revision: int) -> Checkpoint | None:
         """The newest *valid* checkpoint at or below ``revision`` (see
@@ -56,14 +125,18 @@ class CheckpointHistory:
         built), or None."""
         return self._newest_valid(run_id, revision, state_data_of)
 
-    def _newest_valid(self, run_id: str, revision: int, check: Callable[[bytes, bytes | None], T]) -> T | None:
+    def _newest_valid(self, run_id: str, revision: int, check: Callable[[bytes, SigningKey], T]) -> T | None:
         """``check(raw, key)`` of the newest checkpoint at or below ``revision`` that it does
         not refuse (:class:`CheckpointInvalid`: the next older one is tried), or None."""
         st = self._store(run_id)
         if st is None:
             return None
-        for _rev, raw in st.checkpoints_at_or_below(run_id, revision):
+        for rev, raw in st.checkpoints_at_or_below(run_id, revision):
             try:
+                if raw.startswith(b'{"kind":"head"'):
+                    if check is state_data_of:
+                        return self._doc(st, run_id, rev, raw, self.key)[0].to_state_data()  # type: ignore[return-value]
+                    return self._whole(st, run_id, rev, raw, self.key)  # type: ignore[return-value]
                 return check(raw, self.key)
             except CheckpointInvalid:
                 continue

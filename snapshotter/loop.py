@@ -22,14 +22,17 @@ they were; the next batch tries again.
 from __future__ import annotations
 
 import itertools
+import secrets
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 from runstate.eventlog.base import Appended, EventLog
@@ -38,19 +41,18 @@ from runstate.projector.runtime.loop import Projector, ProjectorStats
 from runstate.projector.store.partition import PendingBatch, ProjectionStore
 from runstate.projector.core.working import RunDoc
 from runstate.schemas.patch import Decision, Patch
-from runstate.snapshotter.checkpoint import (
-    RECENT_DECISIONS, Checkpoint, SigningKey, coverage_keys, encode, make_checkpoint, make_coverage,
-)  # fmt: skip
+from runstate.projector.store import keys
+from runstate.projector.store.keys import patch_id_digest
+from runstate.projector.store.partition import CheckpointWrite
+from runstate.schemas.state import COLLECTIONS
+from runstate.snapshotter import pieces
+from runstate.snapshotter.checkpoint import RECENT_DECISIONS, SigningKey, coverage_keys, make_coverage, verdict_of_doc
 from runstate.schemas.errors import KeyStoreError, RunNotFound
-from runstate.schemas.state import status_span
 from runstate.schemas.patch import Author
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.retention import RetentionPolicy
 
 log = logging.getLogger("runstate.snapshotter")
-
-#: How an erased run's tombstone checkpoint shows in its JSON.
-_ERASED = status_span("erased")
 
 GROUP = "runstate-snapshotter"
 #: Who an erasure by retention is recorded as.
@@ -63,6 +65,21 @@ COVERAGE_EVERY = 1000
 def snapshotter_dir(state_dir: str | Path) -> Path:
     """Where the snapshotter keeps its projection and checkpoint history."""
     return Path(state_dir) / "snapshotter"
+
+
+@dataclass
+class _Tracking:
+    """What changed in a partition's runs since their newest checkpoint, for the runs this
+    snapshotter based (checkpointed whole) since it took the partition: for the others it
+    does not know, and their next checkpoint is a base."""
+
+    based: set[str] = field(default_factory=set)
+    #: run -> the item pieces changed since its newest checkpoint
+    changed: dict[str, set[str]] = field(default_factory=dict)
+    #: run -> the patch ids it decided since its newest checkpoint (stored batches)
+    ids: dict[str, list[str]] = field(default_factory=dict)
+    #: run -> the offset up to which its patch ids are in a checkpoint (the batch being decided)
+    ids_upto: dict[str, int] = field(default_factory=dict)
 
 
 class CheckpointWriter:
@@ -86,6 +103,12 @@ class CheckpointWriter:
         self._weights: dict[int, dict[str, list[Any]]] = {}
         #: bytes of the checkpoints published since start
         self.written_bytes = 0
+        #: per partition, what tells a run's next checkpoint what changed (see :class:`_Tracking`)
+        self._tracked: dict[int, _Tracking] = {}
+        #: per partition, the pieces checkpoints of the batch being decided published, not stored yet
+        self._staged: dict[int, dict[tuple[str, str], bytes]] = {}
+        #: (partition, run) -> the run's epoch and digest after its newest checkpoint of that batch
+        self._tallies: dict[tuple[int, str], tuple[int, pieces.Tally]] = {}
         #: the partitions the projector owns now (set by :class:`Snapshotter`)
         self.owned: Callable[[], set[int]] = lambda: set(self.stores)
         self.producer = log_.producer()
@@ -111,6 +134,10 @@ class CheckpointWriter:
 
     def on_assign(self, partition: int, store: ProjectionStore) -> None:
         self.stores[partition] = store
+        # Another instance may have checkpointed its runs meanwhile: each run's next
+        # checkpoint here is a base, in an epoch of its own.
+        self._tracked[partition] = _Tracking()
+        self._staged.pop(partition, None)
         covered: dict[str, int] = {}
         for run, value in store.all_checkpoints():
             covers = int(orjson.loads(value)["covers_offset"])
@@ -130,49 +157,165 @@ class CheckpointWriter:
         weights = self._weights.setdefault(partition, {})
         w = weights.get(run)
         if w is None:
-            w = weights[run] = [0, 0, 0]  # records' bytes since the last checkpoint, its bytes, growth per byte
+            w = weights[run] = [0, 0]  # records' bytes since the last checkpoint, that checkpoint's bytes
         w[0] += batch.record_bytes
+        tracking = self._tracking(partition)
+        if run in tracking.based and batch.changes is not None:
+            changed = tracking.changed.setdefault(run, set())
+            changed.update(pieces.item_piece(kind, id_) for kind, id_ in batch.changes.puts)
+            changed.update(pieces.item_piece(kind, id_) for kind, id_ in batch.changes.deletes)
         if doc.header.status == "erased":
             # An erased run's tombstone replaces its checkpoints (on the compacted topic too),
             # so that a restore knows the run and never brings it back.
             triggers = ["erased"]
         else:
             triggers = self.policy.triggers(patch, decision.revision, doc)
-            if triggers and self.policy.budgeted(triggers) and not self.policy.within_budget(w[0], w[1], w[2]):
-                return  # the run's checkpoints would outweigh its records: the next trigger in budget
+            if triggers and self.policy.budgeted(triggers) and not self.policy.within_budget(w[0], w[1]):
+                return  # only periodic triggers, and the run's checkpoints would outweigh its records
         if triggers:
             self._checkpoint(partition, doc, decision.offset, triggers, batch)
 
+    def _tracking(self, partition: int) -> _Tracking:
+        t = self._tracked.get(partition)
+        if t is None:
+            t = self._tracked[partition] = _Tracking()
+        return t
+
     def _checkpoint(self, partition: int, doc: RunDoc, covers: int, triggers: list[str],
-                    batch: PendingBatch | None) -> tuple[Checkpoint, bytes]:  # fmt: skip
+                    batch: PendingBatch | None) -> tuple[int, CheckpointWrite]:  # fmt: skip
+        """The run's checkpoint at ``doc``'s revision, covering the log up to ``covers``:
+        the pieces that changed since its previous one (all of them for a base: the run's
+        first checkpoint since this snapshotter took its partition), then its head."""
         run = doc.header.run_id
         store = self.stores[partition]
-        # Decisions: the stored ones, then those of the batch not yet written.
+        tracking = self._tracking(partition)
+        staged = self._staged.setdefault(partition, {})
         unwritten = [d for d in batch.decisions if d.run_id == run] if batch is not None else []
-        recent = unwritten
+        revision = doc.header.revision
+        prior = self._tallies.get((partition, run))
+        if prior is None:
+            raw = store.tally(run)
+            prior = None if raw is None else pieces.Tally.decode(raw)
+        out: dict[str, bytes] = {}
         if doc.header.status == "erased":
-            patch_ids: list[str] = []  # nothing of the erased run's history travels on
+            # Every piece the run had goes (content-free: the keys that sealed them are gone).
+            for name in {*store.pieces_at(run), *(n for (r, n) in staged if r == run)}:
+                out[name] = b""
+            epoch, tally = 0, pieces.Tally()
+            tracking.based.discard(run)
+            erased: str | None = keys.encode_header(doc.header).decode()
         else:
-            if len(recent) < RECENT_DECISIONS:
-                recent = store.recent_history(run, RECENT_DECISIONS) + recent
-            patch_ids = [*store.patch_ids(run), *(d.patch_id for d in unwritten)]
-        cp = make_checkpoint(doc.to_state(), partition=partition, covers_offset=covers, triggers=triggers,
-                             recent=recent, patch_ids=patch_ids, key=self.key)  # fmt: skip
-        blob = encode(cp)
+            erased = None
+            ids = self._ids_since(tracking, run, unwritten, covers)
+            if run not in tracking.based or prior is None:
+                # A base: every piece, in a new epoch (the revision, and random bits: two
+                # instances that based the run at one revision do not share an epoch).
+                epoch, tally = revision << 20 | secrets.randbits(20), pieces.Tally()
+                current = self._all_pieces(doc, store, unwritten, epoch)
+                for name in {*store.pieces_at(run), *(n for (r, n) in staged if r == run)} - current.keys():
+                    out[name] = b""  # of an older epoch: never restored, and gone from the topic
+                for name, (body, value) in current.items():
+                    out[name] = value
+                    tally = tally.add(name, epoch, body)
+                tracking.based.add(run)
+            else:
+                epoch, tally = prior
+                names = tracking.changed.pop(run, set())
+                names.update((pieces.HEADER, pieces.RECENT))
+                for name in names:
+                    body = self._body(doc, store, unwritten, name)
+                    old = staged.get((run, name))
+                    if old is None:
+                        old = store.piece(run, name)
+                    was = pieces.live(old, epoch)
+                    if was is not None:
+                        tally = tally.remove(name, epoch, was)
+                    out[name] = pieces.piece_value(epoch, name, body or b"")
+                    if body:
+                        tally = tally.add(name, epoch, body)
+                if ids:
+                    name = pieces.ids_piece(revision)
+                    digests = b"".join(patch_id_digest(i) for i in ids)
+                    out[name] = pieces.piece_value(epoch, name, digests)
+                    tally = tally.add(name, epoch, digests)
+        head = pieces.make_head(
+            run_id=run, revision=revision, partition=partition, covers_offset=covers, epoch=epoch, tally=tally,
+            triggers=triggers, verdict=verdict_of_doc(doc), key=self.key, erased=erased)  # fmt: skip
+        free = erased is not None
+        records = [(pieces.record_key(run, name), value, free) for name, value in out.items()]
+        records.append((run, head, free))
+        # An erased run's history is gone: its tombstones are published, not kept (their
+        # names are the run's item ids, content).
+        kept = {} if erased is not None else out
+        cp = CheckpointWrite(head, kept, tally.encode(epoch), msgspec.msgpack.encode(records))
+        for name, value in kept.items():
+            staged[(run, name)] = value
+        self._tallies[(partition, run)] = (epoch, tally)
         if batch is not None:
-            batch.checkpoints[(run, cp.revision)] = blob
+            batch.checkpoints[(run, revision)] = cp
         self.covered.setdefault(partition, {})[run] = covers
-        weights = self._weights.setdefault(partition, {})
-        since, last, _ = weights.get(run, (0, 0, 0))
-        growth = max(0.0, (len(blob) - last) / since) if last and since else 0.0
-        weights[run] = [0, len(blob), growth]
-        return cp, blob
+        self._weights.setdefault(partition, {})[run] = [0, sum(len(v) for v in out.values()) + len(head)]
+        return revision, cp
+
+    def _ids_since(self, tracking: _Tracking, run: str, unwritten: list[Decision], covers: int) -> list[str]:
+        """The patch ids the run decided since its previous checkpoint, up to ``covers``."""
+        done = tracking.ids_upto.get(run, -1)
+        ids = tracking.ids.pop(run, [])
+        ids += [d.patch_id for d in unwritten if done < d.offset <= covers]
+        tracking.ids_upto[run] = covers
+        return ids
+
+    def _all_pieces(self, doc: RunDoc, store: ProjectionStore, unwritten: list[Decision],
+                    epoch: int) -> dict[str, tuple[bytes, bytes]]:  # fmt: skip
+        """Every piece of the run now: ``name -> (body, value as published in epoch)``."""
+        run = doc.header.run_id
+        bodies = {pieces.HEADER: keys.encode_header(doc.header), pieces.RECENT: self._recent(store, run, unwritten)}
+        for kind in COLLECTIONS:
+            for id_, e in doc.entries(kind).items():
+                if e is not None:
+                    bodies[pieces.item_piece(kind, id_)] = keys.encode_item(e)
+        ids = {*store.patch_ids(run), *(d.patch_id for d in unwritten)}
+        if ids:
+            bodies[pieces.ids_piece(doc.header.revision)] = b"".join(sorted(patch_id_digest(i) for i in ids))
+        return {name: (body, pieces.piece_value(epoch, name, body)) for name, body in bodies.items()}
+
+    def _body(self, doc: RunDoc, store: ProjectionStore, unwritten: list[Decision], name: str) -> bytes | None:
+        """A piece's bytes as the store holds them now (None: the item is gone)."""
+        if name == pieces.HEADER:
+            return keys.encode_header(doc.header)
+        if name == pieces.RECENT:
+            return self._recent(store, doc.header.run_id, unwritten)
+        kind, id_ = pieces.item_of(name)
+        e = doc.entry(kind, id_)
+        return None if e is None else keys.encode_item(e)
+
+    @staticmethod
+    def _recent(store: ProjectionStore, run: str, unwritten: list[Decision]) -> bytes:
+        """The run's last decisions (for a restored projector's answers to retries)."""
+        recent = unwritten[-RECENT_DECISIONS:]
+        if len(recent) < RECENT_DECISIONS:
+            recent = store.recent_history(run, RECENT_DECISIONS - len(recent)) + recent
+        return orjson.dumps([[d.offset, d.patch_id, d.reason == "patch_id_reused", keys.dump(d).decode()]
+                             for d in recent])  # fmt: skip
 
     def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
+        self._settle(partition, batch)
         self._track(partition, batch)
         aged = self._age(partition, batch.next_offset, store)
         self._publish(partition, store, self._covers_below(partition, batch.next_offset), {**batch.checkpoints, **aged})
         self.apply_retention(partition, store)
+
+    def _settle(self, partition: int, batch: PendingBatch) -> None:
+        """After ``batch`` is stored: what its checkpoints staged is in the store now, and
+        the patch ids decided after a run's newest checkpoint wait for its next one."""
+        self._staged.pop(partition, None)
+        for k in [k for k in self._tallies if k[0] == partition]:
+            del self._tallies[k]
+        tracking = self._tracking(partition)
+        for d in batch.decisions:
+            if d.run_id in tracking.based and d.offset > tracking.ids_upto.get(d.run_id, -1):
+                tracking.ids.setdefault(d.run_id, []).append(d.patch_id)
+        tracking.ids_upto.clear()
 
     def _track(self, partition: int, batch: PendingBatch) -> None:
         """Which runs have records past their newest checkpoint, after ``batch`` (whose
@@ -231,13 +374,13 @@ class CheckpointWriter:
         return erased
 
     def _publish(self, partition: int, store: ProjectionStore, covers_below: int,
-                 added: dict[tuple[str, int], bytes] | None) -> None:
+                 added: dict[tuple[str, int], CheckpointWrite] | None) -> None:
         """Publish the outbox, clear what the log acknowledged, then (all out) the coverage.
         ``added``: the checkpoints stored since the last publish (None: unknown, read the
         outbox)."""
         topic = self.log.topics.checkpoints
         if added is not None and partition in self._outbox_empty:
-            pending = [(run, rev, blob) for (run, rev), blob in added.items()]
+            pending = [(run, rev, cp.records) for (run, rev), cp in added.items()]
         else:
             pending = store.outbox()
         self._outbox_empty.discard(partition)
@@ -247,9 +390,14 @@ class CheckpointWriter:
             if err is not None:
                 failed.append(err)
 
-        for run, _rev, blob in pending:
-            # An erased run's tombstone holds no content: written readable, to outlive its keys.
-            self.producer.append_async(topic, run, blob, delivered, CONTENT_FREE if _ERASED in blob else ())
+        sent = 0
+        for _run, _rev, records in pending:
+            # Pieces first, then the head that names them, all on the run's partition.
+            for key, value, free in msgspec.msgpack.decode(records):
+                # An erased run's tombstone holds no content: written readable, to outlive its keys.
+                self.producer.append_async(topic, key, value, delivered, CONTENT_FREE if free else (),
+                                           partition=partition)  # fmt: skip
+                sent += len(value)
         left = self.producer.flush(60)
         if failed or left:
             # Kept in the outbox: the next batch (or a restart) publishes them again.
@@ -259,7 +407,7 @@ class CheckpointWriter:
         if pending:
             store.clear_outbox((run, rev) for run, rev, _ in pending)
             self.written += len(pending)
-            self.written_bytes += sum(len(blob) for _, _, blob in pending)
+            self.written_bytes += sent
         self._outbox_empty.add(partition)
         if not pending and covers_below - self._coverage_sent.get(partition, -COVERAGE_EVERY) < COVERAGE_EVERY:
             return  # nothing new to promise yet; a coverage that lags only lengthens a restore's tail
@@ -271,7 +419,7 @@ class CheckpointWriter:
         if self.producer.flush(60) or failed:
             log.error("coverage of partition %d not published; the next batch tries again", partition)
 
-    def _age(self, partition: int, next_offset: int, store: ProjectionStore) -> dict[tuple[str, int], bytes]:
+    def _age(self, partition: int, next_offset: int, store: ProjectionStore) -> dict[tuple[str, int], CheckpointWrite]:
         """Checkpoint runs with a record their newest checkpoint does not cover, older than
         ``max_age`` records (stored, and returned): what holds the coverage, and so a
         restore's tail, back. A run whose records are all covered is never checkpointed
@@ -287,11 +435,14 @@ class CheckpointWriter:
             doc = store.load_doc(run)
             if doc is None:
                 continue
-            cp, blob = self._checkpoint(partition, doc, next_offset - 1, ["age"], None)
-            extra[(run, cp.revision)] = blob
+            revision, cp = self._checkpoint(partition, doc, next_offset - 1, ["age"], None)
+            extra[(run, revision)] = cp
             dirty.pop(run, None)
         if extra:
             store.put_checkpoints(extra)
+            self._staged.pop(partition, None)
+            for k in [k for k in self._tallies if k[0] == partition]:
+                del self._tallies[k]
         return extra
 
     def close(self) -> None:

@@ -12,8 +12,9 @@ from runstate.schemas.patch import Patch
 from runstate.schemas.state import TERMINAL_STATUSES
 
 _TASK_ENDS = frozenset({"TaskCompleted", "TaskFailed", "TaskCancelled"})
-#: Triggers for recovery's speed, which the byte budget may defer (the others are resume points).
-BUDGETED = frozenset({"tasks_done", "workspace", "age"})
+#: The purely periodic triggers, which the byte budget may defer (with ``every_K``); every
+#: boundary of the document is always taken.
+BUDGETED = frozenset({"age"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,15 +23,13 @@ class CheckpointPolicy:
     covers less than ``log position - max_age`` is checkpointed again (trigger ``age``),
     so that recovery never has to read far back for an idle run.
 
-    ``bytes_ratio``: the checkpoints a run writes for recovery's sake weigh at most this many
-    times its records. A checkpoint holds the whole state, which grows with a long run while
-    each patch stays small, so the periodic triggers (``every_K``, ``age``, a group of tasks
-    done, a new workspace version) are taken only once the records since the run's last
-    checkpoint weigh enough for the next checkpoint to stay in the budget. What a skipped
-    one costs is a longer tail on restore, bounded by the state's own size. The points an
-    operator resumes from (the run's start, entering a wait, before a side-effecting or
-    costly call, a lease released, the end, an erasure) are always taken. None: every
-    trigger is taken."""
+    ``bytes_ratio``: the checkpoints a run writes for the periodic triggers (``every_K``,
+    ``age``) weigh at most this many times its records: such a trigger is taken once the
+    records since the run's last checkpoint weigh ``1 / bytes_ratio`` of that checkpoint's
+    bytes (it wrote only what changed, so this rarely defers one). The document's
+    boundaries (the run's start, a group of tasks done, entering a wait, before a
+    side-effecting or costly call, a new workspace version, a lease released, the end, an
+    erasure) are always taken. None: every trigger is taken."""
 
     every: int = 50
     max_age: int = 100_000
@@ -46,18 +45,10 @@ class CheckpointPolicy:
         """Whether every one of ``triggers`` is one the byte budget may defer."""
         return all(t in BUDGETED or t.startswith("every_") for t in triggers)
 
-    def within_budget(self, since_bytes: int, last_checkpoint_bytes: int, growth: float = 0.0) -> bool:
+    def within_budget(self, since_bytes: int, last_checkpoint_bytes: int) -> bool:
         """Whether a run whose records since its last checkpoint (of ``last_checkpoint_bytes``)
-        weigh ``since_bytes`` may be checkpointed now. ``growth``: how many bytes the run's
-        checkpoint grew per byte of its records between its last two checkpoints; the next
-        checkpoint's size is predicted from it, so that it too stays in the budget. (A run
-        whose state grows faster than the ratio cannot stay in it: then the last checkpoint's
-        size alone is weighed.)"""
-        r = self.bytes_ratio
-        if r is None:
-            return True
-        predicted = last_checkpoint_bytes + (growth * since_bytes if growth < r else 0.0)
-        return since_bytes * r >= predicted
+        weigh ``since_bytes`` may be checkpointed now for a periodic trigger."""
+        return self.bytes_ratio is None or since_bytes * self.bytes_ratio >= last_checkpoint_bytes
 
     def triggers(self, patch: Patch, revision: int, doc: RunDoc) -> list[str]:
         """Why the state after ``patch`` (at ``revision``) is a checkpoint; empty if not."""

@@ -26,15 +26,19 @@ checkpoints are all invalid. Never trusted blindly, never lost.
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import orjson
 import pydantic
 
 from runstate.eventlog.base import EventLog
 from runstate.projector.core.working import RunDoc
 from runstate.projector.store.partition import ProjectionStore, RestoredRun
 from runstate.schemas.errors import CheckpointInvalid, describe_validation_error
+from runstate.snapshotter import pieces
+from runstate.snapshotter.pieces import Head, load_head
 from runstate.snapshotter.checkpoint import (
     Coverage, SigningKey, is_coverage_key, restore_data, runs_digest, validate, validate_coverage,
 )  # fmt: skip
@@ -63,25 +67,42 @@ RESTORE_CHUNK = 2_000
 
 
 def _checkpoint_offsets(log_: EventLog, partition: int, end: int, on_progress: RestoreProgress | None,
-                        report: RestoreReport) -> tuple[dict[str, list[int]], list[tuple[int, bytes]]]:  # fmt: skip
-    """One pass over a partition of the checkpoints topic, up to ``end``: each run's
-    checkpoint offsets (oldest first; only offsets are kept, never the checkpoints) and the
-    coverage records."""
+                        report: RestoreReport) -> tuple[set[str], dict[str, list[int]], dict[str, tuple[int, bytes]],
+                                                        list[tuple[int, bytes]]]:  # fmt: skip
+    """One pass over a partition of the checkpoints topic, up to ``end``: the runs with a
+    checkpoint; for each run whose newest is a whole checkpoint (format 2), the offsets of
+    its whole checkpoints since its last head (oldest first; only offsets); for each run
+    whose newest is a head (format 3, small), that head; and the coverage records.
+    Pieces are counted only."""
     topic = log_.topics.checkpoints
+    found: set[str] = set()
     offsets: dict[str, list[int]] = {}
+    heads: dict[str, tuple[int, bytes]] = {}
     coverage: list[tuple[int, bytes]] = []
     for rec in log_.scan(topic, partition, 0, end):
         report.checkpoints_read += 1
+        if on_progress is not None and report.checkpoints_read % 1000 == 0:
+            on_progress(rec.offset + 1, end)
         if is_coverage_key(rec.key):
             coverage.append((rec.offset, rec.value))
             continue
-        run = rec.key.decode(errors="replace") if rec.key is not None else "?"
-        offsets.setdefault(run, []).append(rec.offset)
-        if on_progress is not None and report.checkpoints_read % 1000 == 0:
-            on_progress(rec.offset + 1, end)
+        run, piece = pieces.split_key(rec.key)
+        if piece is not None:
+            continue
+        found.add(run)
+        if rec.value.startswith(_HEAD):
+            heads[run] = (rec.offset, rec.value)
+            offsets.pop(run, None)  # whole checkpoints before a head are superseded
+        else:
+            heads.pop(run, None)  # a whole checkpoint (format 2, or what claims to be) came after
+            offsets.setdefault(run, []).append(rec.offset)
     if on_progress is not None:
         on_progress(end, end)
-    return offsets, coverage
+    return found, offsets, heads, coverage
+
+
+#: How a head's JSON starts (``seal`` keeps the document's order): told apart without parsing.
+_HEAD = b'{"kind":"head"'
 
 
 def _newest_coverage(coverage: list[tuple[int, bytes]], partition: int, key: SigningKey,
@@ -118,22 +139,150 @@ def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
     """Fill a brand-new partition store from checkpoints (see the module docstring).
     ``key``: checkpoints must be signed with it (``RUNSTATE_CHECKPOINT_KEY``).
 
-    Memory stays bounded by :data:`RESTORE_CHUNK` runs, whatever the partition holds: a
-    first pass keeps only each run's checkpoint offsets; a second reads each run's newest,
-    validates it and writes the runs in chunks; a run whose newest checkpoint is invalid
-    takes its next older one in a further pass (rare: damage)."""
+    A first pass over the partition of the checkpoints topic keeps each run's heads (and
+    the coverage records); a second writes the pieces of every run whose newest head is
+    sound into the store as they come, the store's own bytes, in chunks; then each run's
+    pieces are checked against its head's digest, and a run whose pieces do not match is
+    dropped (replayed). Runs whose newest checkpoint is of format 2 (a whole state) are
+    restored as before, taking an older one where the newest is invalid."""
     report = RestoreReport(partition)
     topic = log_.topics.checkpoints
     end = log_.end_offsets(topic).get(partition, 0)  # both passes read up to the same end
-    offsets, coverage = _checkpoint_offsets(log_, partition, end, on_progress, report)
+    store.begin_restore()
+    found, offsets, heads, coverage = _checkpoint_offsets(log_, partition, end, on_progress, report)
     promise = _newest_coverage(coverage, partition, key, report)
     if promise is not None:
-        report.distrust = _distrust(promise, set(offsets))
+        report.distrust = _distrust(promise, found)
         if report.distrust is not None:
             log.warning("coverage of partition %d not trusted: %s; replaying the partition from its start",
                         partition, report.distrust)  # fmt: skip
-    want = {offs[-1]: run for run, offs in offsets.items()}  # newest first
     unusable = 0
+    trusted: dict[str, Head] = {}
+    for run, (offset, raw) in heads.items():
+        try:
+            head = load_head(raw, key)
+            if head.run_id != run or head.partition != partition:
+                raise CheckpointInvalid(head.run_id, f"keyed {run!r} on partition {partition}, "
+                                                     f"but is for {head.run_id!r} p{head.partition}")  # fmt: skip
+            trusted[run] = head
+        except CheckpointInvalid as e:
+            report.rejected.append((offset, e.reason))
+            log.warning("checkpoint head p%d@%d of %r skipped: %s", partition, offset, run, e.reason)
+            unusable += 1
+    restored, bad = _restore_pieces(log_, partition, end, store, trusted, report)
+    unusable += bad
+    lowest_cover = min((h.covers_offset for h in restored), default=None)
+    n2, lowest2, lowest_older, unusable2 = _restore_whole(log_, partition, end, store, offsets, key, report)
+    unusable += unusable2
+    report.runs += len(restored) + n2
+    if lowest2 is not None:
+        lowest_cover = lowest2 if lowest_cover is None else min(lowest_cover, lowest2)
+    if lowest_cover is None:
+        store.finish_restore(0)
+        return report
+    if unusable or report.coverage is None or report.distrust is not None:
+        start = 0
+    elif promise is not None and promise.dense:
+        # Below the coverage every run's records are in its newest checkpoint: the tail
+        # starts there, unless a run had to take an older one.
+        start = report.coverage if lowest_older is None else min(report.coverage, lowest_older + 1)
+    else:
+        start = min(report.coverage, lowest_cover + 1)
+    store.finish_restore(start)
+    report.start_offset = start
+    log.info("partition %d restored: %d runs from checkpoints, tail from offset %d (%d checkpoints rejected)",
+             partition, report.runs, start, len(report.rejected))  # fmt: skip
+    return report
+
+
+def _restore_pieces(log_: EventLog, partition: int, end: int, store: ProjectionStore, heads: dict[str, Head],
+                    report: RestoreReport) -> tuple[list[Head], int]:  # fmt: skip
+    """Write the pieces of the runs with a sound head (format 3) into ``store`` and check
+    each run's against its head; returns the heads of the runs restored and how many were
+    dropped."""
+    if not heads:
+        return [], 0
+    recent: dict[str, bytes | None] = {}
+    ids: dict[str, dict[str, bytes | None]] = {}
+    chunk: list[tuple[str, str | None, str, bytes | None]] = []
+    for rec in log_.scan(log_.topics.checkpoints, partition, 0, end):
+        run, digest = pieces.split_key(rec.key)
+        if digest is None:
+            continue
+        head = heads.get(run)
+        if head is None or head.erased is not None:
+            continue
+        got = pieces.unpack(rec.value)
+        if got is None or pieces.record_key(run, got[1]) != rec.key.decode(errors="replace"):  # type: ignore[union-attr]
+            continue  # gone with an older epoch, or damaged: its key's newest value says nothing of it
+        epoch, name, body = got
+        body_or_gone = body if epoch == head.epoch and body else None
+        if name == pieces.HEADER:
+            chunk.append((run, None, "", body_or_gone))
+        elif pieces.is_item(name):
+            kind, id_ = pieces.item_of(name)
+            chunk.append((run, kind, id_, body_or_gone))
+        elif name == pieces.RECENT:
+            recent[run] = body_or_gone
+        else:
+            ids.setdefault(run, {})[name] = body_or_gone
+        if len(chunk) >= RESTORE_CHUNK * 10:
+            store.restore_pieces(chunk)
+            chunk = []
+    if chunk:
+        store.restore_pieces(chunk)
+    # What was loaded, counted against each head (the store's bytes, as the pieces' were).
+    tallies: dict[str, pieces.Tally] = {}
+    for run, kind, id_, body in store.stored_pieces():
+        head = heads.get(run)
+        if head is None:
+            continue
+        piece = pieces.HEADER if kind is None else pieces.item_piece(kind, id_)
+        tallies[run] = tallies.get(run, _EMPTY).add(piece, head.epoch, body)
+    restored, dropped = [], []
+    for run, head in heads.items():
+        if head.erased is not None:
+            store.restore_pieces([(run, None, "", head.erased.encode())])
+            store.mark_restored(run, head.covers_offset, b"", ())
+            restored.append(head)
+            continue
+        t = tallies.get(run, _EMPTY)
+        r = recent.get(run)
+        if r is not None:
+            t = t.add(pieces.RECENT, head.epoch, r)
+        got = {n: v for n, v in ids.get(run, {}).items() if v is not None}
+        for n, v in got.items():
+            t = t.add(n, head.epoch, v)
+        try:
+            pieces.check_pieces(head, t)
+            decisions = [(o, p, reused, raw.encode()) for o, p, reused, raw in orjson.loads(r)] \
+                if r is not None else []  # fmt: skip
+        except (CheckpointInvalid, ValueError, TypeError) as e:
+            reason = e.reason if isinstance(e, CheckpointInvalid) else f"its last decisions cannot be read: {e}"
+            report.rejected.append((-1, reason))
+            log.warning("checkpoint of %r on partition %d skipped: %s", run, partition, reason)
+            dropped.append(run)
+            continue
+        patch_ids = b"".join(v for _n, v in sorted(got.items()))
+        store.mark_restored(run, head.covers_offset, patch_ids, decisions)
+        restored.append(head)
+    if dropped:
+        store.drop_runs(dropped)
+    return restored, len(dropped)
+
+
+_EMPTY = pieces.Tally()
+
+
+def _restore_whole(log_: EventLog, partition: int, end: int, store: ProjectionStore, offsets: dict[str, list[int]],
+                   key: SigningKey, report: RestoreReport) -> tuple[int, int | None, int | None, int]:  # fmt: skip
+    """Restore the runs whose newest checkpoint is of format 2 (the whole state in one
+    record), each from its newest valid one; returns how many, the lowest offset they
+    cover, the lowest of those restored from an older than their newest, and how many
+    had none valid."""
+    topic = log_.topics.checkpoints
+    want = {offs[-1]: run for run, offs in offsets.items()}  # newest first
+    unusable = runs = 0
     lowest_cover: int | None = None
     lowest_older: int | None = None  # of the runs restored from an older than their newest checkpoint
     newest = True
@@ -160,29 +309,15 @@ def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
                 if not newest:
                     lowest_older = min(restored.covers_offset, restored.covers_offset if lowest_older is None else lowest_older)
                 if len(chunk) >= RESTORE_CHUNK:
-                    report.runs += store.restore(chunk)
+                    runs += store.restore(chunk)
                     chunk = []
             if not want:
                 break
         want = older
         newest = False
     if chunk:
-        report.runs += store.restore(chunk)
-    if lowest_cover is None:
-        return report
-    if unusable or report.coverage is None or report.distrust is not None:
-        start = 0
-    elif promise is not None and promise.dense:
-        # Below the coverage every run's records are in its newest checkpoint: the tail
-        # starts there, unless a run had to take an older one.
-        start = report.coverage if lowest_older is None else min(report.coverage, lowest_older + 1)
-    else:
-        start = min(report.coverage, lowest_cover + 1)
-    store.restore((), start)
-    report.start_offset = start
-    log.info("partition %d restored: %d runs from checkpoints, tail from offset %d (%d checkpoints rejected)",
-             partition, report.runs, start, len(report.rejected))  # fmt: skip
-    return report
+        runs += store.restore(chunk)
+    return runs, lowest_cover, lowest_older, unusable
 
 
 def _distrust(promise: Coverage, found: set[str]) -> str | None:
@@ -199,13 +334,17 @@ def _distrust(promise: Coverage, found: set[str]) -> str | None:
 
 
 def check_checkpoints(log_: EventLog, key: SigningKey = None) -> list[str]:
-    """Every record of the checkpoints topic that does not validate (run checkpoints and
-    coverage records), as problems for ``verify --deep``. Older checkpoints of a run that
-    compaction has not removed yet are checked too."""
+    """Every record of the checkpoints topic that does not validate, as problems for
+    ``verify --deep``: coverage records and whole checkpoints (format 2, older ones that
+    compaction has not removed yet included) one by one; each run's newest head and its
+    pieces as a restore checks them, by restoring the partition into a scratch store."""
     topic = log_.topics.checkpoints
     problems = []
     for p, end in sorted(log_.end_offsets(topic).items()):
         for rec in log_.scan(topic, p, 0, end):
+            run, piece = pieces.split_key(rec.key)
+            if piece is not None or rec.value.startswith(_HEAD):
+                continue  # checked by the restore below
             try:
                 if is_coverage_key(rec.key):
                     validate_coverage(rec.value, p, key)
@@ -215,4 +354,10 @@ def check_checkpoints(log_: EventLog, key: SigningKey = None) -> list[str]:
                         raise CheckpointInvalid(cp.run_id, f"keyed {rec.key!r} on partition {p}")
             except CheckpointInvalid as e:
                 problems.append(f"checkpoint {topic}[{p}]@{rec.offset}: {e.reason}")
+        with tempfile.TemporaryDirectory(prefix="runstate-verify-") as tmp, ProjectionStore(tmp) as scratch:
+            report = restore_partition(log_, p, scratch, key=key)
+        for offset, reason in report.rejected:  # -1: a run's pieces, which have no one offset
+            line = f"checkpoint {topic}[{p}]{'' if offset < 0 else f'@{offset}'}: {reason}"
+            if line not in problems:  # a whole checkpoint is rejected by both
+                problems.append(line)
     return problems

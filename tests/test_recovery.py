@@ -226,49 +226,51 @@ def test_a_digest_or_signature_with_non_ascii_characters_is_an_invalid_checkpoin
                                         "digest": "9d82ce33fb˙Ϝ", "signature": None}), 0)  # fmt: skip
 
 
-def test_a_restore_writes_runs_in_bounded_chunks_and_a_crash_between_chunks_loses_nothing(
+def test_a_restore_writes_pieces_in_bounded_chunks_and_a_crash_midway_is_started_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A partition's runs are restored a chunk at a time (what a restore holds is bounded,
-    not the partition's runs), at position 0 until the last: a process that dies between
-    two chunks leaves a store that replays from the start, skipping what its restored runs
-    cover, and ends equal to a full replay."""
+    """A partition's pieces are written a chunk at a time (what a restore holds is bounded,
+    not the partition's pieces). A process that dies midway leaves a store marked as being
+    restored: the next projector starts the restore over (never projects a half-restored
+    store), and ends equal to a full replay."""
     import runstate.snapshotter.recovery as recovery
     from runstate.projector.store.partition import ProjectionStore
 
-    monkeypatch.setattr(recovery, "RESTORE_CHUNK", 3)
+    monkeypatch.setattr(recovery, "RESTORE_CHUNK", 1)  # chunks of 10 pieces
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     runs = [f"run-{i:02d}" for i in range(10)]
     append_all(log, [patch(r, 0, start()) for r in runs] + [patch(r, 1, fact("f1")) for r in runs])
-    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1)).run(until_caught_up=True, poll_timeout_s=0.01)
+    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1, bytes_ratio=None)).run(until_caught_up=True, poll_timeout_s=0.01)
     append_all(log, [patch(r, 2, fact("f2")) for r in runs])
     Projector(log, str(tmp_path / "full"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
     want = _digests(tmp_path / "full")
 
     written: list[int] = []
-    real = ProjectionStore.restore
+    real = ProjectionStore.restore_pieces
 
-    def restore(self: ProjectionStore, chunk: list[object], next_offset: int = 0) -> int:
+    def counted(self: ProjectionStore, chunk: list[object]) -> None:
         written.append(len(chunk))
-        return real(self, chunk, next_offset)  # type: ignore[arg-type]
+        real(self, chunk)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ProjectionStore, "restore", restore)
+    monkeypatch.setattr(ProjectionStore, "restore_pieces", counted)
     _restore(log, tmp_path / "chunked")
-    assert written == [3, 3, 3, 1, 0] and _digests(tmp_path / "chunked") == want
+    assert max(written) == 10 and sum(written) == 30 and _digests(tmp_path / "chunked") == want
 
     calls = 0
 
-    def dies_after_one_chunk(self: ProjectionStore, chunk: list[object], next_offset: int = 0) -> int:
+    def dies_after_one_chunk(self: ProjectionStore, chunk: list[object]) -> None:
         nonlocal calls
         calls += 1
         if calls == 2:
             raise _Died
-        return real(self, chunk, next_offset)  # type: ignore[arg-type]
+        real(self, chunk)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ProjectionStore, "restore", dies_after_one_chunk)
+    monkeypatch.setattr(ProjectionStore, "restore_pieces", dies_after_one_chunk)
     with pytest.raises(_Died):
         _restore(log, tmp_path / "crashed")
-    monkeypatch.setattr(ProjectionStore, "restore", real)
+    with ProjectionStore(tmp_path / "crashed" / "p000") as half:
+        assert half.restoring() and half.header("run-00") is not None  # pieces written, not whole
+    monkeypatch.setattr(ProjectionStore, "restore_pieces", real)
     _restore(log, tmp_path / "crashed")
     assert _digests(tmp_path / "crashed") == want
     assert verify(log, str(tmp_path / "crashed")).ok

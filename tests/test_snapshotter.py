@@ -276,26 +276,66 @@ def test_lost_projection_recovers_from_checkpoints_plus_tail(tmp_path: Path) -> 
     log.close()
 
 
-def test_corrupted_newest_checkpoint_is_skipped_for_an_older_valid_one(tmp_path: Path) -> None:
+def test_a_damaged_piece_or_head_is_never_restored_the_run_is_replayed(tmp_path: Path) -> None:
+    """A piece flipped in transit (run_0) and a head that is not one (run_1): neither run is
+    restored from its checkpoint, the tail starts at 0, and the projection equals a replay."""
+    from runstate.snapshotter import pieces
+
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     append_all(log, workload(runs=2, per_run=20))
     state = tmp_path / "state"
     Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
     Snapshotter(log, str(state), policy=CheckpointPolicy(every=5)).run(until_caught_up=True, poll_timeout_s=0.01)
     ck = log.topics.checkpoints
-    newest = [r for r in log.scan(ck, 0, 0, log.end_offsets(ck)[0]) if r.key == b"run_0"][-1]
-    doc = orjson.loads(newest.value)
-    doc["state"]["budgets"]["tokens_used"] += 1000  # a bit flip in transit, say
-    log.producer().append(ck, "run_0", orjson.dumps(doc))
-    log.producer().append(ck, "run_1", b"garbage")  # run_1 keeps its valid ones
+    header_key = pieces.record_key("run_0", pieces.HEADER).encode()
+    newest = [r for r in log.scan(ck, 0, 0, log.end_offsets(ck)[0]) if r.key == header_key][-1]
+    epoch, name, body = pieces.unpack(newest.value)  # type: ignore[misc]
+    flipped = pieces.piece_value(epoch, name, body.replace(b'"revision":', b'"revision":1'))  # a bit flip, say
+    assert flipped != newest.value
+    log.producer().append(ck, header_key.decode(), flipped, partition=0)
+    log.producer().append(ck, "run_1", b"garbage")
     shutil.rmtree(state / "p000")
     reports = []
     Projector(log, str(state), restore=lambda p, s: reports.append(restore_partition(log, p, s))).run(
         until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
     [rep] = reports
-    assert sorted(reason.split(" (")[0].split(":")[0] for _, reason in rep.rejected) == [
-        "digest does not match the checkpoint", "not JSON"]
-    assert rep.runs == 2 and rep.start_offset > 0
+    reasons = sorted(reason.split(" (")[0].split(":")[0] for _, reason in rep.rejected)
+    assert reasons == ["its pieces do not match its head", "not JSON"], reasons
+    assert rep.runs == 0 and rep.start_offset == 0
+    assert verify(log, str(state)).ok
+    log.close()
+
+
+def test_format_2_checkpoints_are_still_restored_an_invalid_newest_for_an_older_valid_one(tmp_path: Path) -> None:
+    """A topic written by an older runstate (whole checkpoints, format 2) is read: each
+    run from its newest valid checkpoint, a damaged newest skipped for an older one."""
+    from runstate.projector.read.queries import Projection
+    from runstate.snapshotter.checkpoint import coverage_keys, make_checkpoint, make_coverage
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, workload(runs=2, per_run=20))
+    state = tmp_path / "state"
+    Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
+    ck = log.topics.checkpoints
+    end = log.end_offsets(log.topics.events)[0]
+    with Projection(str(state)) as proj:
+        for run in ("run_0", "run_1"):
+            st = proj.state(run)
+            ids = [d.patch_id for d in proj.history(run)]
+            covers = max(d.offset for d in proj.history(run))
+            cp = make_checkpoint(st, partition=0, covers_offset=covers, triggers=["every_5"], recent=[], patch_ids=ids)
+            log.producer().append(ck, run, cp.model_dump_json().encode())
+    newest = orjson.loads(cp.model_dump_json())
+    newest["state"]["budgets"]["tokens_used"] += 1000  # a bit flip in transit, say
+    log.producer().append(ck, "run_1", orjson.dumps(newest))
+    log.producer().append(ck, coverage_keys(1)[0], make_coverage(0, end, None, ["run_0", "run_1"], dense=True))
+    shutil.rmtree(state / "p000")
+    reports = []
+    Projector(log, str(state), restore=lambda p, s: reports.append(restore_partition(log, p, s))).run(
+        until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+    [rep] = reports
+    assert [reason.split(" (")[0] for _, reason in rep.rejected] == ["digest does not match the checkpoint"]
+    assert rep.runs == 2 and 0 < rep.start_offset <= end
     assert verify(log, str(state)).ok
     log.close()
 
@@ -314,7 +354,7 @@ def test_a_run_with_no_valid_checkpoint_forces_replay_from_zero(tmp_path: Path) 
     for r in log.scan(log.topics.events, 0, 0, 10**9):
         prod.append(log2.topics.events, r.key.decode() if r.key else "", r.value)
     for r in log.scan(ck, 0, 0, 10**9):
-        if r.key == b"run_0" or r.value == b"{}":
+        if (r.key or b"").split(b"\0")[0] == b"run_0" or r.value == b"{}":
             prod.append(ck, r.key.decode() if r.key else "", r.value)
     state2 = tmp_path / "state2"  # another log: its own projections (the identity check)
     reports = []
@@ -386,9 +426,12 @@ def test_an_idle_run_is_not_checkpointed_again_and_recovery_does_not_read_back_t
 
 
 def test_checkpoints_of_long_runs_weigh_at_most_twice_their_records_and_resume_points_stay(tmp_path: Path) -> None:
-    """A long run's state grows while its patches stay small: at the default policy its
-    checkpoints weigh at most 2x its records (every 50 revisions unbudgeted weighs ~100x),
-    and a checkpoint before a side effect is still taken, budget or not."""
+    """A long run's state grows while its patches stay small, and a checkpoint writes only
+    what changed since the run's previous one: at the default policy, with every boundary
+    taken (a group of tasks done every ~10 patches here), its checkpoints weigh at most 2x
+    its records, and with the periodic triggers unbudgeted too not much more (whole-state
+    checkpoints every 50 revisions weighed ~100x). A checkpoint before a side effect is
+    taken, budget or not."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -401,7 +444,7 @@ def test_checkpoints_of_long_runs_weigh_at_most_twice_their_records_and_resume_p
     assert 0 < snap.writer.written_bytes <= 2 * events_bytes
     unbudgeted = Snapshotter(log, str(tmp_path / "u"), policy=CheckpointPolicy(bytes_ratio=None), group_id="u")
     unbudgeted.run(until_caught_up=True, poll_timeout_s=0.01)
-    assert unbudgeted.writer.written_bytes > 10 * events_bytes
+    assert unbudgeted.writer.written_bytes <= 3 * events_bytes
     # A resume point is taken whatever the budget says.
     append_all(log, [patch("long-000", 600, ev("ToolCallStarted", call_id="pay", tool="bank", side_effect=True))])
     snap = Snapshotter(log, str(tmp_path / "s"))

@@ -26,6 +26,7 @@ error propagates: the projector never continues past state it could not store.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -199,6 +200,11 @@ class Projector:
             if p not in self.parts:
                 fresh = not (self.layout.store_path(p) / "CURRENT").exists()
                 store = self._open_store(p)
+                if not fresh and self.restore is not None and store.restoring():
+                    # A restore a crash interrupted: what it wrote is not a whole state; again.
+                    store.close()
+                    shutil.rmtree(self.layout.store_path(p))
+                    fresh, store = True, self._open_store(p)
                 if fresh and self.restore is not None:
                     # New machine, lost disk or moved partition: checkpoints + tail, not offset 0.
                     self.restore(p, store)
@@ -476,6 +482,7 @@ class Projector:
                     doc = part.book.docs[patch.run_id]
                     assert doc is not None
                     batch.record_bytes = len(rec.value)
+                    batch.changes = applied.changes
                     self.hooks.on_accepted(rec.partition, patch, applied.decision, doc, batch)
             else:
                 self.stats.rejected += 1

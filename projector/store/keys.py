@@ -8,6 +8,7 @@ log/revision order::
 
     m:format                          store format version
     m:next_offset                     next log offset to apply (8 bytes, big-endian)
+    m:restoring                       a restore from checkpoints began and did not finish
     h:<run>                           run header (RunHeader JSON)
     i:<run>\\0<collection>\\0<id>       one collection item: 8-byte insertion seq + item JSON
     l:<run>\\0<offset 16 hex>          decision of the patch at that offset (history, log order)
@@ -18,8 +19,13 @@ log/revision order::
     s:<run>                           the patch ids decided before that restore (concatenated
                                       16-byte digests): old resends are duplicates, exactly
     c:<run>\\0<revision 16 hex>        a checkpoint of the run (the snapshotter's stores: local
-                                      history; the value is opaque to the store)
-    o:<run>\\0<revision 16 hex>        outbox: that checkpoint is stored but not yet published
+                                      history; its head, opaque to the store)
+    v:<run>\\0<piece>\\0<revision 16 hex> a piece of the run as the checkpoint at that revision
+                                      published it (opaque; its newest version at or below a
+                                      revision is the piece's value in that checkpoint)
+    a:<run>                           the digest of the run's live pieces after its newest
+                                      checkpoint (opaque)
+    o:<run>\\0<revision 16 hex>        outbox: that checkpoint's records, stored but not yet published
 
 Values are JSON written by pydantic's serializer (one encoder for runs, whichever path
 writes them: live patches or a restore from checkpoints).
@@ -38,6 +44,8 @@ from runstate.schemas.state import COLLECTIONS, RunHeader
 STORE_FORMAT = b"3"  # 2: run headers track their running tasks; 3: run policies name input_authority
 FORMAT = b"m:format"
 NEXT_OFFSET = b"m:next_offset"
+#: a restore from checkpoints began and has not finished: the store is not to be used
+RESTORING = b"m:restoring"
 HEADERS = b"h:"
 DEAD_LETTERS = b"x:"
 RESTORED = b"k:"
@@ -45,6 +53,8 @@ RESTORED_IDS = b"s:"
 CHECKPOINTS = b"c:"
 OUTBOX = b"o:"
 DEDUPE = b"d:"
+PIECES = b"v:"
+TALLIES = b"a:"
 #: runs whose erasure is stored but not finished (keys destroyed, bytes compacted away)
 ERASING = b"e:"
 
@@ -119,6 +129,24 @@ def checkpoint_key(run_id: str, revision: int) -> bytes:
     return checkpoints_prefix(run_id) + f"{revision:016x}".encode()
 
 
+def pieces_prefix(run_id: str) -> bytes:
+    return PIECES + _run(run_id) + b"\0"
+
+
+def piece_version_key(run_id: str, piece: str, revision: int) -> bytes:
+    return pieces_prefix(run_id) + piece.encode() + b"\0" + f"{revision:016x}".encode()
+
+
+def piece_and_revision(key: bytes, run_id: str) -> tuple[str, int]:
+    """``(piece, revision)`` of a ``v:`` key of ``run_id``."""
+    piece, rev = key[len(pieces_prefix(run_id)):].rsplit(b"\0", 1)
+    return piece.decode(), int(rev, 16)
+
+
+def tally_key(run_id: str) -> bytes:
+    return TALLIES + _run(run_id)
+
+
 def erasing_key(run_id: str) -> bytes:
     return ERASING + _run(run_id)
 
@@ -127,10 +155,10 @@ def run_ranges(run_id: str) -> list[tuple[bytes, bytes]]:
     """Every key range that holds something of one run, as ``[start, end)`` pairs."""
     run = _run(run_id)
     out = []
-    for prefix in (b"i:", b"l:", b"d:", CHECKPOINTS, OUTBOX):
+    for prefix in (b"i:", b"l:", b"d:", CHECKPOINTS, OUTBOX, PIECES):
         start = prefix + run + b"\0"
         out.append((start, prefix + run + b"\1"))
-    for prefix in (HEADERS, RESTORED, RESTORED_IDS):
+    for prefix in (HEADERS, RESTORED, RESTORED_IDS, TALLIES):
         out.append((prefix + run, prefix + run + b"\0"))
     return out
 

@@ -54,6 +54,18 @@ class RestoredRun:
     patch_ids: bytes = b""
 
 
+@dataclass(frozen=True)
+class CheckpointWrite:
+    """One checkpoint as the snapshotter's store keeps it (every value opaque here): its
+    head, the pieces it published (name -> value), the run's digest after it, and the
+    records to publish (the outbox, until :meth:`ProjectionStore.clear_outbox`)."""
+
+    head: bytes
+    pieces: dict[str, bytes]
+    tally: bytes
+    records: bytes
+
+
 @dataclass
 class PendingBatch:
     """Everything one poll batch writes to one partition's store."""
@@ -66,9 +78,9 @@ class PendingBatch:
     dead: list[DeadLetter] = field(default_factory=list)
     #: runs restored from checkpoints -> the offset their checkpoint covers
     restored: dict[str, int] = field(default_factory=dict)
-    #: (run_id, revision) -> an encoded checkpoint (the snapshotter's local history); each
-    #: also goes into the outbox until :meth:`ProjectionStore.clear_outbox`
-    checkpoints: dict[tuple[str, int], bytes] = field(default_factory=dict)
+    #: (run_id, revision) -> a checkpoint (the snapshotter's local history); each also
+    #: goes into the outbox until :meth:`ProjectionStore.clear_outbox`
+    checkpoints: dict[tuple[str, int], CheckpointWrite] = field(default_factory=dict)
     #: runs restored from checkpoints -> the patch ids decided before (digests)
     restored_ids: dict[str, bytes] = field(default_factory=dict)
     #: runs erased in this batch: everything stored of them is deleted before the batch's
@@ -77,6 +89,8 @@ class PendingBatch:
     #: the size of the record a hook's ``on_accepted`` is called for (the snapshotter weighs
     #: a run's records since its last checkpoint)
     record_bytes: int = 0
+    #: what that patch changed (the snapshotter's checkpoints write what changed)
+    changes: Changes | None = None
 
     def add_changes(self, run_id: str, changes: Changes) -> None:
         """Stage what one accepted patch (or a restore) changed in a run. An erasure (``wipe``)
@@ -232,9 +246,12 @@ class ProjectionStore:
             wb.put(keys.dead_letter_key(dl.offset), orjson.dumps(dl.__dict__))
         for run_id, covers in batch.restored.items():
             wb.put(keys.restored_key(run_id), keys.encode_int(covers))
-        for (run_id, revision), blob in batch.checkpoints.items():
-            wb.put(keys.checkpoint_key(run_id, revision), blob)
-            wb.put(keys.outbox_key(run_id, revision), b"")  # published later, then cleared
+        for (run_id, revision), cp in batch.checkpoints.items():
+            wb.put(keys.checkpoint_key(run_id, revision), cp.head)
+            for piece, value in cp.pieces.items():
+                wb.put(keys.piece_version_key(run_id, piece, revision), value)
+            wb.put(keys.tally_key(run_id), cp.tally)
+            wb.put(keys.outbox_key(run_id, revision), cp.records)  # published later, then cleared
         for run_id, ids in batch.restored_ids.items():
             wb.put(keys.restored_ids_key(run_id), ids)
         wb.put(keys.NEXT_OFFSET, keys.encode_int(batch.next_offset))
@@ -302,19 +319,84 @@ class ProjectionStore:
         self._restored_ids.clear()
         return n
 
-    def put_checkpoints(self, checkpoints: dict[tuple[str, int], bytes]) -> None:
+    def begin_restore(self) -> None:
+        """Mark this (new) store as being restored, until :meth:`finish_restore`: a store a
+        crash left half restored is started over, never used."""
+        self._db[keys.RESTORING] = b"1"
+
+    def restoring(self) -> bool:
+        return self._get(keys.RESTORING) is not None
+
+    def finish_restore(self, next_offset: int) -> None:
+        """The restore is complete; the projector goes on from ``next_offset``."""
+        wb = WriteBatch(raw_mode=True)
+        wb.put(keys.NEXT_OFFSET, keys.encode_int(next_offset))
+        wb.delete(keys.RESTORING)
+        try:
+            self._db.write(wb, self._wopts)
+        except Exception as e:
+            raise _write_error(self.path, e) from e
+        self._restored_ids.clear()
+
+    def restore_pieces(self, pieces: Iterable[tuple[str, str | None, str, bytes | None]]) -> None:
+        """Write pieces of runs restored from checkpoints, as the store's own bytes:
+        ``(run, kind, id, body)``, the run's header where ``kind`` is None, else one item;
+        a body of None deletes it (a newer version of the piece says it is gone)."""
+        wb = WriteBatch(raw_mode=True)
+        for run, kind, id_, body in pieces:
+            k = keys.header_key(run) if kind is None else keys.item_key(run, kind, id_)
+            if body is None:
+                wb.delete(k)
+            else:
+                wb.put(k, body)
+        try:
+            self._db.write(wb, self._wopts)
+        except Exception as e:
+            raise _write_error(self.path, e) from e
+
+    def stored_pieces(self) -> Iterator[tuple[str, str | None, str, bytes]]:
+        """Every run's header and items as :meth:`restore_pieces` takes them (headers first)."""
+        for k, v in self._prefix(keys.HEADERS):
+            yield keys.run_of(k, keys.HEADERS), None, "", v
+        for k, v in self._prefix(b"i:"):
+            run, kind, id_ = k[2:].split(b"\0", 2)
+            yield run.decode(), kind.decode(), id_.decode(), v
+
+    def mark_restored(self, run_id: str, covers_offset: int, patch_ids: bytes,
+                      decisions: Iterable[tuple[int, str, bool, bytes]]) -> None:  # fmt: skip
+        """A run whose pieces :meth:`restore_pieces` wrote is restored up to ``covers_offset``,
+        having decided ``patch_ids`` (digests); ``decisions``: its last ones as
+        ``(offset, patch_id, reused, decision JSON)``."""
+        wb = WriteBatch(raw_mode=True)
+        for offset, patch_id, reused, raw in decisions:
+            wb.put(keys.history_key(run_id, offset), raw)
+            if not reused:
+                wb.put(keys.dedupe_key(run_id, patch_id), keys.encode_int(offset))
+        wb.put(keys.restored_key(run_id), keys.encode_int(covers_offset))
+        wb.put(keys.restored_ids_key(run_id), patch_ids)
+        try:
+            self._db.write(wb, self._wopts)
+        except Exception as e:
+            raise _write_error(self.path, e) from e
+
+    def drop_runs(self, runs: Iterable[str]) -> None:
+        """Delete everything stored of ``runs`` (a restore that could not trust them)."""
+        wb = WriteBatch(raw_mode=True)
+        for run_id in runs:
+            for start, end in keys.run_ranges(run_id):
+                wb.delete_range(start, end)
+        try:
+            self._db.write(wb, self._wopts)
+        except Exception as e:
+            raise _write_error(self.path, e) from e
+
+    def put_checkpoints(self, checkpoints: dict[tuple[str, int], CheckpointWrite]) -> None:
         """Add checkpoints to the local history (and the outbox) outside a poll batch."""
         self.write(PendingBatch(next_offset=self.next_offset(), checkpoints=checkpoints))
 
     def outbox(self) -> list[tuple[str, int, bytes]]:
-        """Checkpoints stored but not yet published: ``(run_id, revision, encoded)``."""
-        out = []
-        for k, _ in self._prefix(keys.OUTBOX):
-            run, rev = keys.run_and_revision(k, keys.OUTBOX)
-            blob = self._get(keys.checkpoint_key(run, rev))
-            if blob is not None:
-                out.append((run, rev, blob))
-        return out
+        """Checkpoints stored but not yet published: ``(run_id, revision, records)``."""
+        return [(*keys.run_and_revision(k, keys.OUTBOX), v) for k, v in self._prefix(keys.OUTBOX)]
 
     def clear_outbox(self, published: Iterable[tuple[str, int]]) -> None:
         """Those checkpoints are published (acknowledged by the log)."""
@@ -590,6 +672,27 @@ class ProjectionStore:
         a time (a caller that takes the first valid one reads only that one)."""
         for k, v in self._prefix_reversed(keys.checkpoints_prefix(run_id), keys.checkpoint_key(run_id, revision)):
             yield keys.run_and_revision(k, keys.CHECKPOINTS)[1], v
+
+    def pieces_at(self, run_id: str, revision: int | None = None) -> dict[str, tuple[int, bytes]]:
+        """Each piece of the run as its newest checkpoint at or below ``revision`` (None:
+        the newest) published it: ``name -> (revision, value)``."""
+        out: dict[str, tuple[int, bytes]] = {}
+        for k, v in self._prefix(keys.pieces_prefix(run_id)):
+            piece, rev = keys.piece_and_revision(k, run_id)
+            if revision is None or rev <= revision:
+                out[piece] = (rev, v)  # versions of a piece come oldest first
+        return out
+
+    def piece(self, run_id: str, piece: str) -> bytes | None:
+        """The newest published value of one piece of the run, or None."""
+        start = keys.piece_version_key(run_id, piece, 0)
+        for k, v in self._prefix_reversed(start[:-16], start[:-16] + b"\xff"):
+            return v
+        return None
+
+    def tally(self, run_id: str) -> bytes | None:
+        """The digest state of the run's newest checkpoint (opaque), or None."""
+        return self._get(keys.tally_key(run_id))
 
     def all_checkpoints(self) -> Iterator[tuple[str, bytes]]:
         """Every stored checkpoint as ``(run_id, encoded)``, by run then revision."""
