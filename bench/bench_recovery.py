@@ -8,7 +8,8 @@ side, at two history lengths (embedded log, real RocksDB).
 Each run starts with a goal, a budget, 10 facts and 3 tasks, then appends 4-event patches
 that update bounded state (budget use, a re-observation of one of 3 subjects, a revised
 hypothesis, a phase change): the state's size is the same at both history lengths, as in
-a long-lived agent run. The snapshotter checkpoints every ``--every`` revisions. Then:
+a long-lived agent run. The snapshotter runs at the product's default policy (``--every``
+changes K). Then:
 
 - full replay: ``runstate project`` (its own process) on an empty state directory, before
   any checkpoint exists, from offset 0;
@@ -118,6 +119,12 @@ def project_process(log_path: Path, state: Path) -> tuple[float, int, str]:
     return dt, peak, out.stdout + out.stderr
 
 
+def log_bytes(log: EmbeddedLog) -> int:
+    """The events' bytes on the log."""
+    t = log.topics.events
+    return sum(len(r.value) for p in range(log.partitions(t)) for r in log.scan(t, p, 0, 10**12))
+
+
 def _ok(where: object, err: Exception | None) -> None:
     if err is not None:
         raise err
@@ -126,7 +133,8 @@ def _ok(where: object, err: Exception | None) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--every", type=int, default=5, help="checkpoint every K revisions [5]")
+    ap.add_argument("--every", type=int, default=CheckpointPolicy().every,
+                    help="checkpoint every K revisions [the product's default, %(default)s]")
     ap.add_argument("--max-age", type=int, default=CheckpointPolicy().max_age,
                     help="records a run's uncovered records may wait for a checkpoint (the restore's tail) [%(default)s]")
     ap.add_argument("--runs", type=int, default=10_000)
@@ -152,12 +160,17 @@ def main() -> None:
             snap = Snapshotter(log, str(d / "snap"), policy=CheckpointPolicy(every=args.every, max_age=args.max_age),
                                batch_size=5000)  # fmt: skip
             snap.run(until_caught_up=True, poll_timeout_s=0.01)
+            ck = log.topics.checkpoints
+            live = sum(len(r.value) for p in range(log.partitions(ck)) for r in log.scan(ck, p, 0, 10**12))
             print(f"  snapshotter (not timed in the comparison): {snap.writer.written:,} checkpoints in "
-                  f"{time.perf_counter() - t:.0f}s", flush=True)  # fmt: skip
+                  f"{time.perf_counter() - t:.0f}s, {snap.writer.written_bytes / 1e6:,.1f} MB written "
+                  f"({snap.writer.written_bytes / log_bytes(log):.2f}x the events' bytes), "
+                  f"{live / 1e6:,.1f} MB on the compacted topic", flush=True)  # fmt: skip
             log.close()
 
             rec_s, rec_peak, _ = project_process(d / "log.db", d / "recovered")
-            print(f"  checkpoints + tail: {rec_s:.1f}s, peak {rec_peak / 1024:.0f} MB", flush=True)
+            print(f"  checkpoints + tail: {rec_s:.1f}s ({live / 1e6 / rec_s:,.1f} MB/s of checkpoints loaded), "
+                  f"peak {rec_peak / 1024:.0f} MB", flush=True)  # fmt: skip
             with Projection(d / "full") as a, Projection(d / "recovered") as b:
                 assert a.digests() == b.digests(), "recovered projection differs from the full replay"
             rows.append((events, full_s, rec_s, full_peak, rec_peak))

@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     #: The snapshotter checkpoints each run every this many revisions (and at safe boundaries).
     checkpoint_every: int = Field(50, ge=1, le=1_000_000)
     #: ... and re-checkpoints a run whose newest checkpoint is this many records behind.
-    checkpoint_max_age: int = Field(100_000, ge=1)
+    checkpoint_max_age: int = Field(20_000, ge=1)
     #: A run's checkpoints weigh at most this many times its records: a trigger waits until
     #: the records since the run's last checkpoint weigh enough (0: every trigger is taken).
     checkpoint_bytes_ratio: float = Field(2.0, ge=0, le=1000)

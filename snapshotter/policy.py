@@ -32,7 +32,7 @@ class CheckpointPolicy:
     erasure) are always taken. None: every trigger is taken."""
 
     every: int = 50
-    max_age: int = 100_000
+    max_age: int = 20_000
     bytes_ratio: float | None = 2.0
 
     def __post_init__(self) -> None:
