@@ -15,7 +15,7 @@ from runstate.eventlog.partitioner import partition_for
 from runstate.projector.store.statedir import Layout
 from runstate.projector.store.partition import ProjectionStore
 from runstate.schemas.errors import CheckpointInvalid
-from runstate.projector.core.working import Entry, RunDoc
+from runstate.projector.core.working import Entry, RunDoc, assembled
 from runstate.projector.core.reducer import REDUCER_VERSION
 from runstate.projector.store import keys
 from runstate.schemas.patch import Decision
@@ -90,18 +90,40 @@ class CheckpointHistory:
             return []
         return [Decision.model_validate_json(raw) for _o, _p, _r, raw in orjson.loads(body)]
 
-    def _doc(self, st: ProjectionStore, run_id: str, revision: int, raw: bytes,
-             key: SigningKey | bool) -> tuple[RunDoc, pieces.Head]:  # fmt: skip
-        """The run as the checkpoint of pieces at ``revision`` holds it. Raises
-        :class:`CheckpointInvalid` (only when ``key`` is not False)."""
-        if key is False:
-            head = _unchecked_head(raw)
-        else:
-            head = pieces.load_head(raw, key)  # type: ignore[arg-type]
+    def _live(self, st: ProjectionStore, run_id: str, revision: int, raw: bytes,
+              key: SigningKey | bool) -> tuple[pieces.Head, dict[str, bytes]]:  # fmt: skip
+        """The head at ``revision`` and the bodies of its pieces, checked against it unless
+        ``key`` is False. Raises :class:`CheckpointInvalid`."""
+        head = _unchecked_head(raw) if key is False else pieces.load_head(raw, key)  # type: ignore[arg-type]
         live = {n: b for n, (_r, v) in st.pieces_at(run_id, revision).items()
                 if (b := pieces.live(v, head.epoch)) is not None}  # fmt: skip
         if key is not False:
             pieces.check_pieces(head, pieces.tally_of(head.epoch, live.items()))
+        return head, live
+
+    def _state_data(self, st: ProjectionStore, run_id: str, revision: int, raw: bytes) -> dict[str, Any]:
+        """The state of the checkpoint of pieces at ``revision`` as plain JSON data, from
+        the store's bytes once their digest matches the head's (no model built: they are
+        what the snapshotter's store wrote from validated items, as ``state_data_of``
+        trusts a sealed checkpoint). Raises :class:`CheckpointInvalid`."""
+        head, live = self._live(st, run_id, revision, raw, self.key)
+        try:
+            if head.erased is not None:
+                return RunDoc(keys.decode_working_header(head.erased.encode()), defaultdict(dict)).to_state_data()
+            lists: dict[str, list[tuple[int, Any]]] = defaultdict(list)
+            for name, body in live.items():
+                if pieces.is_item(name):
+                    lists[pieces.item_of(name)[0]].append((keys.decode_int(body[:8]), orjson.loads(body[8:])))
+            return assembled(orjson.loads(live[pieces.HEADER]),
+                             {k: [item for _, item in sorted(v, key=lambda e: e[0])] for k, v in lists.items()})
+        except (KeyError, ValueError) as e:
+            raise CheckpointInvalid(run_id, f"its pieces cannot be read: {e}") from e
+
+    def _doc(self, st: ProjectionStore, run_id: str, revision: int, raw: bytes,
+             key: SigningKey | bool) -> tuple[RunDoc, pieces.Head]:  # fmt: skip
+        """The run as the checkpoint of pieces at ``revision`` holds it. Raises
+        :class:`CheckpointInvalid` (only when ``key`` is not False)."""
+        head, live = self._live(st, run_id, revision, raw, key)
         try:
             if head.erased is not None:
                 return RunDoc(keys.decode_working_header(head.erased.encode()), defaultdict(dict)), head
@@ -135,7 +157,7 @@ class CheckpointHistory:
             try:
                 if raw.startswith(b'{"kind":"head"'):
                     if check is state_data_of:
-                        return self._doc(st, run_id, rev, raw, self.key)[0].to_state_data()  # type: ignore[return-value]
+                        return self._state_data(st, run_id, rev, raw)  # type: ignore[return-value]
                     return self._whole(st, run_id, rev, raw, self.key)  # type: ignore[return-value]
                 return check(raw, self.key)
             except CheckpointInvalid:
