@@ -22,8 +22,8 @@ they were; the next batch tries again.
 from __future__ import annotations
 
 import itertools
-import secrets
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -308,9 +308,7 @@ class CheckpointWriter:
     def _settle(self, partition: int, batch: PendingBatch) -> None:
         """After ``batch`` is stored: what its checkpoints staged is in the store now, and
         the patch ids decided after a run's newest checkpoint wait for its next one."""
-        self._staged.pop(partition, None)
-        for k in [k for k in self._tallies if k[0] == partition]:
-            del self._tallies[k]
+        self._forget_staged(partition)
         tracking = self._tracking(partition)
         for d in batch.decisions:
             if d.run_id in tracking.based and d.offset > tracking.ids_upto.get(d.run_id, -1):
@@ -440,10 +438,14 @@ class CheckpointWriter:
             dirty.pop(run, None)
         if extra:
             store.put_checkpoints(extra)
-            self._staged.pop(partition, None)
-            for k in [k for k in self._tallies if k[0] == partition]:
-                del self._tallies[k]
+            self._forget_staged(partition)
         return extra
+
+    def _forget_staged(self, partition: int) -> None:
+        """What the partition's checkpoints staged is stored now: read it from the store."""
+        self._staged.pop(partition, None)
+        for k in [k for k in self._tallies if k[0] == partition]:
+            del self._tallies[k]
 
     def close(self) -> None:
         self.producer.close()
