@@ -24,11 +24,6 @@ from runstate.snapshotter import pieces
 from runstate.snapshotter.checkpoint import Checkpoint, SigningKey, state_data_of, validate, verdict_of
 
 
-def _unchecked_head(raw: bytes) -> pieces.Head:
-    d = orjson.loads(raw)
-    return pieces.Head(d["run_id"], d["revision"], d["partition"], d["covers_offset"], d["epoch"], d["pieces"],
-                       d["pieces_digest"], d["triggers"], d["verdict"], d.get("erased"), d)  # fmt: skip
-
 #: What a check of a checkpoint record gives.
 T = TypeVar("T")
 
@@ -60,18 +55,17 @@ class CheckpointHistory:
         st = self._store(run_id)
         if st is None:
             return []
-        return [self._whole(st, run_id, rev, v, None) if v.startswith(b'{"kind":"head"')
+        return [self._whole(st, run_id, rev, v, False) if pieces.is_head_record(v)
                 else Checkpoint.model_validate_json(v) for rev, v in st.checkpoints(run_id)]  # fmt: skip
 
     def _whole(self, st: ProjectionStore, run_id: str, revision: int, raw: bytes, key: SigningKey | bool) -> Checkpoint:
         """A checkpoint of pieces as the whole checkpoint it stands for. ``key``: check its
         head's seal with it and its pieces against the head (False: do not check)."""
-        doc, head = self._doc(st, run_id, revision, raw, key)
-        state = doc.to_state()
+        head, live = self._live(st, run_id, revision, raw, key)
+        state = self._doc(run_id, head, live).to_state()
         verdict, reconcile = verdict_of(state)
-        recent = self._recent(st, run_id, revision, head.epoch)
-        ids = b"".join(b for n, (_r, v) in sorted(st.pieces_at(run_id, revision).items())
-                       if pieces.is_ids(n) and (b := pieces.live(v, head.epoch)) is not None)  # fmt: skip
+        recent = [Decision.model_validate_json(d) for _o, _p, _r, d in orjson.loads(live.get(pieces.RECENT, b"[]"))]
+        ids = b"".join(body for name, body in sorted(live.items()) if pieces.is_ids(name))
         return Checkpoint(
             format_version=pieces.FORMAT_VERSION, reducer_version=REDUCER_VERSION, run_id=run_id,
             revision=head.revision, partition=head.partition, covers_offset=head.covers_offset,
@@ -82,19 +76,11 @@ class CheckpointHistory:
             state=state, digest=head.doc["digest"], signature=head.doc.get("signature"),
         )  # fmt: skip
 
-    @staticmethod
-    def _recent(st: ProjectionStore, run_id: str, revision: int, epoch: int) -> list[Decision]:
-        got = st.pieces_at(run_id, revision).get(pieces.RECENT)
-        body = None if got is None else pieces.live(got[1], epoch)
-        if body is None:
-            return []
-        return [Decision.model_validate_json(raw) for _o, _p, _r, raw in orjson.loads(body)]
-
     def _live(self, st: ProjectionStore, run_id: str, revision: int, raw: bytes,
               key: SigningKey | bool) -> tuple[pieces.Head, dict[str, bytes]]:  # fmt: skip
         """The head at ``revision`` and the bodies of its pieces, checked against it unless
         ``key`` is False. Raises :class:`CheckpointInvalid`."""
-        head = _unchecked_head(raw) if key is False else pieces.load_head(raw, key)  # type: ignore[arg-type]
+        head = pieces.head_of(orjson.loads(raw)) if key is False else pieces.load_head(raw, key)  # type: ignore[arg-type]
         live = {n: b for n, (_r, v) in st.pieces_at(run_id, revision).items()
                 if (b := pieces.live(v, head.epoch)) is not None}  # fmt: skip
         if key is not False:
@@ -109,7 +95,7 @@ class CheckpointHistory:
         head, live = self._live(st, run_id, revision, raw, self.key)
         try:
             if head.erased is not None:
-                return RunDoc(keys.decode_working_header(head.erased.encode()), defaultdict(dict)).to_state_data()
+                return self._doc(run_id, head, live).to_state_data()
             lists: dict[str, list[tuple[int, Any]]] = defaultdict(list)
             for name, body in live.items():
                 if pieces.is_item(name):
@@ -119,20 +105,19 @@ class CheckpointHistory:
         except (KeyError, ValueError) as e:
             raise CheckpointInvalid(run_id, f"its pieces cannot be read: {e}") from e
 
-    def _doc(self, st: ProjectionStore, run_id: str, revision: int, raw: bytes,
-             key: SigningKey | bool) -> tuple[RunDoc, pieces.Head]:  # fmt: skip
-        """The run as the checkpoint of pieces at ``revision`` holds it. Raises
-        :class:`CheckpointInvalid` (only when ``key`` is not False)."""
-        head, live = self._live(st, run_id, revision, raw, key)
+    @staticmethod
+    def _doc(run_id: str, head: pieces.Head, live: dict[str, bytes]) -> RunDoc:
+        """The run as a checkpoint of pieces (its head and its pieces' bodies) holds it.
+        Raises :class:`CheckpointInvalid`."""
         try:
             if head.erased is not None:
-                return RunDoc(keys.decode_working_header(head.erased.encode()), defaultdict(dict)), head
+                return RunDoc(keys.decode_working_header(head.erased.encode()), defaultdict(dict))
             items: dict[str, dict[str, Entry | None]] = defaultdict(dict)
             for name, value in live.items():
                 if pieces.is_item(name):
                     kind, id_ = pieces.item_of(name)
                     items[kind][id_] = keys.decode_item(kind, value)
-            return RunDoc(keys.decode_working_header(live[pieces.HEADER]), items), head
+            return RunDoc(keys.decode_working_header(live[pieces.HEADER]), items)
         except (KeyError, ValueError, pydantic.ValidationError) as e:
             raise CheckpointInvalid(run_id, f"its pieces cannot be read: {e}") from e
 
@@ -155,7 +140,7 @@ class CheckpointHistory:
             return None
         for rev, raw in st.checkpoints_at_or_below(run_id, revision):
             try:
-                if raw.startswith(b'{"kind":"head"'):
+                if pieces.is_head_record(raw):
                     if check is state_data_of:
                         return self._state_data(st, run_id, rev, raw)  # type: ignore[return-value]
                     return self._whole(st, run_id, rev, raw, self.key)  # type: ignore[return-value]

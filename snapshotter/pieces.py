@@ -280,6 +280,23 @@ def is_head(doc: Any) -> bool:
     return isinstance(doc, dict) and doc.get("kind") == "head"
 
 
+#: How a head's JSON starts (``seal`` keeps the document's order).
+_HEAD_START = b'{"kind":"head"'
+
+
+def is_head_record(raw: bytes) -> bool:
+    """Whether a run-keyed record of the checkpoints topic is a head (format 3) rather than
+    a whole checkpoint (format 2), told without parsing it."""
+    return raw.startswith(_HEAD_START)
+
+
+def head_of(doc: dict[str, Any]) -> Head:
+    """A head document's fields, not checked (:func:`check_head` checks them). Raises
+    ``KeyError`` for a missing one."""
+    return Head(doc["run_id"], doc["revision"], doc["partition"], doc["covers_offset"], doc["epoch"], doc["pieces"],
+                doc["pieces_digest"], doc["triggers"], doc["verdict"], doc.get("erased"), doc)  # fmt: skip
+
+
 def check_head(doc: dict[str, Any], key: SigningKey) -> Head:
     """A head record's promise, once its seal, versions and shape are checked. Raises
     :class:`CheckpointInvalid`."""
@@ -292,8 +309,7 @@ def check_head(doc: dict[str, Any], key: SigningKey) -> Head:
                                         f"{doc.get('versions')!r}, this runstate {VERSIONS!r}): its state may "
                                         "differ from a replay with today's rules")  # fmt: skip
     try:
-        head = Head(doc["run_id"], doc["revision"], doc["partition"], doc["covers_offset"], doc["epoch"],
-                    doc["pieces"], doc["pieces_digest"], doc["triggers"], doc["verdict"], doc.get("erased"), doc)  # fmt: skip
+        head = head_of(doc)
     except KeyError as e:
         raise CheckpointInvalid(run_id, f"not a checkpoint head: no {e}") from e
     if not all(type(v) is int for v in (head.revision, head.partition, head.covers_offset, head.epoch, head.pieces)) \

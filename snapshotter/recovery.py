@@ -90,7 +90,7 @@ def _checkpoint_offsets(log_: EventLog, partition: int, end: int, on_progress: R
         if piece is not None:
             continue
         found.add(run)
-        if rec.value.startswith(_HEAD):
+        if pieces.is_head_record(rec.value):
             heads[run] = (rec.offset, rec.value)
             offsets.pop(run, None)  # whole checkpoints before a head are superseded
         else:
@@ -99,10 +99,6 @@ def _checkpoint_offsets(log_: EventLog, partition: int, end: int, on_progress: R
     if on_progress is not None:
         on_progress(end, end)
     return found, offsets, heads, coverage
-
-
-#: How a head's JSON starts (``seal`` keeps the document's order): told apart without parsing.
-_HEAD = b'{"kind":"head"'
 
 
 def _newest_coverage(coverage: list[tuple[int, bytes]], partition: int, key: SigningKey,
@@ -250,8 +246,8 @@ def _restore_pieces(log_: EventLog, partition: int, end: int, store: ProjectionS
         r = recent.get(run)
         if r is not None:
             t = t.add(pieces.RECENT, head.epoch, r)
-        got = {n: v for n, v in ids.get(run, {}).items() if v is not None}
-        for n, v in got.items():
+        segments = {n: v for n, v in ids.get(run, {}).items() if v is not None}
+        for n, v in segments.items():
             t = t.add(n, head.epoch, v)
         try:
             pieces.check_pieces(head, t)
@@ -263,7 +259,7 @@ def _restore_pieces(log_: EventLog, partition: int, end: int, store: ProjectionS
             log.warning("checkpoint of %r on partition %d skipped: %s", run, partition, reason)
             dropped.append(run)
             continue
-        patch_ids = b"".join(v for _n, v in sorted(got.items()))
+        patch_ids = b"".join(v for _n, v in sorted(segments.items()))
         store.mark_restored(run, head.covers_offset, patch_ids, decisions)
         restored.append(head)
     if dropped:
@@ -343,7 +339,7 @@ def check_checkpoints(log_: EventLog, key: SigningKey = None) -> list[str]:
     for p, end in sorted(log_.end_offsets(topic).items()):
         for rec in log_.scan(topic, p, 0, end):
             run, piece = pieces.split_key(rec.key)
-            if piece is not None or rec.value.startswith(_HEAD):
+            if piece is not None or pieces.is_head_record(rec.value):
                 continue  # checked by the restore below
             try:
                 if is_coverage_key(rec.key):
