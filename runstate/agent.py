@@ -122,6 +122,7 @@ class Backend(Protocol):
     def erase(self, run_id: str, reason: str) -> bool: ...
     def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
                           limit: int | None) -> list[dict[str, Any]]: ...  # fmt: skip
+    def run_ids(self) -> list[str]: ...
     def close(self) -> None: ...
 
 
@@ -310,6 +311,13 @@ class _Local:
                 raw = proj.graph_checkpoints(run_id, ns, checkpoint_id=checkpoint_id, before=before, limit=limit)
         return [orjson.loads(r) for r in raw]
 
+    def run_ids(self) -> list[str]:
+        """Every run of the projection (what LangGraph's ``delete_for_runs`` searches)."""
+        from runstate.projector import Projection
+
+        with Projection(self.state_dir) as proj:
+            return [h.run_id for h in proj.runs()]
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -354,6 +362,9 @@ class _Remote:
     def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
                           limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
         return self.client.graph_checkpoints(run_id, ns=ns, checkpoint_id=checkpoint_id, before=before, limit=limit)
+
+    def run_ids(self) -> list[str]:
+        return [r.run_id for r in self.client.runs()]
 
     def close(self) -> None:
         self.client.close()
@@ -613,6 +624,7 @@ class AsyncBackend(Protocol):
     async def erase(self, run_id: str, reason: str) -> bool: ...
     async def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
                                 limit: int | None) -> list[dict[str, Any]]: ...  # fmt: skip
+    async def run_ids(self) -> list[str]: ...
     async def close(self) -> None: ...
 
 
@@ -641,6 +653,9 @@ class _AsyncLocal:
     async def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
                                 limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
         return await asyncio.to_thread(self.local.graph_checkpoints, run_id, ns, checkpoint_id, before, limit)
+
+    async def run_ids(self) -> list[str]:
+        return await asyncio.to_thread(self.local.run_ids)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.local.close)
@@ -683,6 +698,9 @@ class _AsyncRemote:
                                 limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
         return await self.client.graph_checkpoints(run_id, ns=ns, checkpoint_id=checkpoint_id, before=before,
                                                    limit=limit)  # fmt: skip
+
+    async def run_ids(self) -> list[str]:
+        return [r.run_id for r in await self.client.runs()]
 
     async def close(self) -> None:
         await self.client.aclose()

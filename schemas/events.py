@@ -247,6 +247,17 @@ class GraphWrite(Model):
     task_path: str = ""
 
 
+class GraphCheckpointRef(Model):
+    """One LangGraph checkpoint of a thread, by its namespace and id."""
+
+    ns: GraphNamespace = ""
+    id: Id
+
+
+#: The most checkpoints one ``GraphCheckpointsRemoved`` names (a bigger removal is several patches).
+MAX_GRAPH_REMOVALS = 500
+
+
 # --- events -----------------------------------------------------------------------------
 
 
@@ -493,6 +504,17 @@ class GraphWritesSaved(Model):
     writes: list[GraphWrite]
 
 
+class GraphCheckpointsRemoved(Model):
+    """LangGraph's checkpointer removed some checkpoints of the thread (``prune``,
+    ``delete_for_runs``): each named checkpoint and the writes saved against it leave the
+    Run State; one that is not there is no error (removed already). The run goes on, and
+    the log keeps what was removed (erasure removes it from the log)."""
+
+    type: Literal["GraphCheckpointsRemoved"] = "GraphCheckpointsRemoved"
+    checkpoints: Annotated[list[GraphCheckpointRef], Field(min_length=1, max_length=MAX_GRAPH_REMOVALS)]
+    reason: str
+
+
 class GraphThreadDeleted(Model):
     """LangGraph deleted the thread: every checkpoint and write of it leaves the Run State,
     and the run is cancelled, so that a late write cannot bring the thread back. Accepted on
@@ -525,7 +547,7 @@ EVENT_TYPES: tuple[type[Model], ...] = (
     WaitingStarted, WaitingResolved, LeaseReleased,
     BudgetSet, BudgetConsumed,
     PermissionRevoked, RunCompleted, RunFailed, RunCancelled,
-    GraphCheckpointSaved, GraphWritesSaved, GraphThreadDeleted, RunErased,
+    GraphCheckpointSaved, GraphWritesSaved, GraphCheckpointsRemoved, GraphThreadDeleted, RunErased,
 )  # fmt: skip
 
 #: Every event type name, in catalogue order.
@@ -548,6 +570,9 @@ class Traits:
     control: bool = False
     #: Only an operator proposes it (``runstate erase``): a draft holding one is refused.
     operator: bool = False
+    #: Accepted on a run in a terminal status too (a patch of only such events): what
+    #: LangGraph deletes must go whatever became of the run.
+    any_status: bool = False
 
 
 _C, _CONTROL = Traits(commutes=True), Traits(control=True)
@@ -557,7 +582,9 @@ TRAITS: dict[str, Traits] = {
     **{name: _C for name in ("FactConfirmed", "HypothesisProposed", "QuestionOpened", "ObservationRecorded",
                              "ArtifactRecorded", "InputRecorded", "BudgetConsumed", "GraphCheckpointSaved",
                              "GraphWritesSaved")},
-    **{name: _CONTROL for name in ("GoalChanged", "PermissionRevoked", "RunCancelled", "GraphThreadDeleted")},
+    **{name: _CONTROL for name in ("GoalChanged", "PermissionRevoked", "RunCancelled")},
+    "GraphCheckpointsRemoved": Traits(commutes=True, any_status=True),
+    "GraphThreadDeleted": Traits(control=True, any_status=True),
     "RunErased": Traits(control=True, operator=True),
 }  # fmt: skip
 
@@ -568,6 +595,9 @@ CONTROL_EVENT_TYPES: frozenset[str] = frozenset(n for n, t in TRAITS.items() if 
 #: Events only an operator proposes: a draft (HTTP, MCP, a patch file, ``RunProducer.build``)
 #: holding one is refused.
 OPERATOR_EVENT_TYPES: frozenset[str] = frozenset(n for n, t in TRAITS.items() if t.operator)
+
+#: Events accepted on a run in a terminal status (a patch of only these).
+ANY_STATUS_EVENT_TYPES: frozenset[str] = frozenset(n for n, t in TRAITS.items() if t.any_status)
 
 #: Any event: a discriminated union on ``type`` over the catalogue above (one list only).
 Event = Annotated[Union[EVENT_TYPES], Field(discriminator="type")]  # type: ignore[valid-type]

@@ -26,8 +26,9 @@ from runstate.schemas.errors import PatchTooLarge
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "langgraph_approval.py"
-#: The base capabilities' checks in langgraph-checkpoint-conformance 0.0.2.
-BASE_CHECKS = 58
+#: The checks of langgraph-checkpoint-conformance 0.0.2: its base capabilities' and its
+#: extended ones' (copy_thread, delete_for_runs, prune).
+BASE_CHECKS, EXTENDED_CHECKS = 58, 23
 
 
 def _validate(name: str, make: Any) -> Any:
@@ -44,14 +45,16 @@ def _validate(name: str, make: Any) -> Any:
     return report
 
 
-def _assert_every_base_check_passes(report: Any) -> None:
-    from langgraph.checkpoint.conformance.capabilities import BASE_CAPABILITIES
+def _assert_every_check_passes(report: Any) -> None:
+    """Every capability of the suite, base and extended, detected and passed, check by check."""
+    from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
 
-    base = [report.results[c.value] for c in BASE_CAPABILITIES]
-    failures = [f for r in base for f in r.failures]
+    results = [report.results[c.value] for c in ALL_CAPABILITIES]
+    failures = [f for r in results for f in r.failures]
     assert not failures, failures
-    assert report.passed_all_base()
-    assert sum(r.tests_passed for r in base) == BASE_CHECKS
+    assert all(r.detected for r in results), {c.value: r.detected for c, r in zip(ALL_CAPABILITIES, results)}
+    assert report.passed_all_base() and report.passed_all()
+    assert sum(r.tests_passed for r in results) == BASE_CHECKS + EXTENDED_CHECKS
 
 
 def test_langgraph_conformance_async_saver_on_the_embedded_log(tmp_path: Path) -> None:
@@ -60,7 +63,7 @@ def test_langgraph_conformance_async_saver_on_the_embedded_log(tmp_path: Path) -
     def make() -> Any:
         return AsyncRunstateSaver.from_conn_string(tmp_path / f"s{next(n)}")
 
-    _assert_every_base_check_passes(_validate("AsyncRunstateSaver (embedded)", make))
+    _assert_every_check_passes(_validate("AsyncRunstateSaver (embedded)", make))
 
 
 def _sync_savers(where: Path) -> Any:
@@ -78,7 +81,7 @@ def _sync_savers(where: Path) -> Any:
 
 
 def test_langgraph_conformance_sync_saver_on_the_embedded_log(tmp_path: Path) -> None:
-    _assert_every_base_check_passes(_validate("RunstateSaver (embedded)", _sync_savers(tmp_path)))
+    _assert_every_check_passes(_validate("RunstateSaver (embedded)", _sync_savers(tmp_path)))
 
 
 @pytest.mark.slow
@@ -88,7 +91,7 @@ def test_langgraph_conformance_through_a_serve(tmp_path: Path) -> None:
     try:
         serve.wait_ready()
         report = _validate("AsyncRunstateSaver (serve)", lambda: AsyncRunstateSaver.from_conn_string(serve.url))
-        _assert_every_base_check_passes(report)
+        _assert_every_check_passes(report)
     finally:
         assert serve.stop() == 0, serve.log()
 
@@ -105,7 +108,7 @@ def test_langgraph_conformance_on_the_kafka_broker(kafka_bootstrap: str, kafka_t
     try:
         serve.wait_ready(timeout_s=120)
         report = _validate("AsyncRunstateSaver (Kafka)", lambda: AsyncRunstateSaver.from_conn_string(serve.url))
-        _assert_every_base_check_passes(report)
+        _assert_every_check_passes(report)
     finally:
         assert serve.stop() == 0, serve.log()
 
@@ -202,7 +205,7 @@ def test_with_a_master_key_the_suite_passes_and_delete_thread_erases(tmp_path: P
     from runstate.schemas.errors import RunErased
 
     monkeypatch.setenv("RUNSTATE_MASTER_KEY", MasterKey.generate())
-    _assert_every_base_check_passes(_validate("RunstateSaver (embedded, sealed)", _sync_savers(tmp_path)))
+    _assert_every_check_passes(_validate("RunstateSaver (embedded, sealed)", _sync_savers(tmp_path)))
 
     marker = "secret-marker-4411-0123456789"
     # LangGraph's serializer writes the value as it is; runstate keeps its bytes in base64.
@@ -286,6 +289,53 @@ def test_pending_writes_come_back_in_langgraphs_order_and_a_delta_channel_rebuil
                 assert graph.invoke({"items": ["next"]}, cfg)["items"] == [*live, "next", "a", "b"], name
     finally:
         assert serve.stop() == 0, serve.log()
+
+
+class _SeqDeltaState(TypedDict):
+    items: Annotated[list[str], DeltaChannel(_concat, snapshot_frequency=3)]
+
+
+def _sequential_delta_graph(saver: Any) -> Any:
+    """One node appending to a DeltaChannel that LangGraph snapshots every third update."""
+    from langgraph.graph import START, StateGraph
+
+    g = StateGraph(_SeqDeltaState)
+    g.add_node("step", lambda s: {"items": [f"step {len(s['items'])}"]})
+    g.add_edge(START, "step")
+    return g.compile(checkpointer=saver)
+
+
+def test_prune_keeps_what_a_delta_channel_is_rebuilt_from_and_a_copy_is_the_thread(tmp_path: Path) -> None:
+    """prune(keep_latest) on a thread with a DeltaChannel between snapshots keeps the newest
+    checkpoint and its ancestors back to the snapshot, with their writes (a naive
+    keep-latest rebuilds the channel empty, LangGraph's own warning): the state and the
+    next step are what they were. copy_thread gives a thread with the same state and history."""
+    with RunstateSaver.from_conn_string(tmp_path / "rs") as saver:
+        graph = _sequential_delta_graph(saver)
+        cfg = {"configurable": {"thread_id": "delta thread"}}
+        for turn in range(4):
+            graph.invoke({"items": [f"in {turn}"]}, cfg)
+        before = graph.get_state(cfg).values["items"]
+        assert len(before) == 8, before
+        history = list(saver.list(cfg))
+        copy_cfg = {"configurable": {"thread_id": "delta copy"}}
+        saver.copy_thread("delta thread", "delta copy")
+        assert [t.checkpoint["id"] for t in saver.list(copy_cfg)] == [t.checkpoint["id"] for t in history]
+        assert graph.get_state(copy_cfg).values["items"] == before
+
+        saver.prune(["delta thread"], strategy="keep_latest")
+        assert graph.get_state(cfg).values["items"] == before
+        kept = list(saver.list(cfg))
+        assert 1 < len(kept) < len(history), (len(kept), len(history))  # back to the snapshot, not further
+        assert "items" in kept[-1].checkpoint["channel_values"]  # the oldest kept holds the snapshot
+        assert graph.invoke({"items": ["in 4"]}, cfg)["items"] == [*before, "in 4", "step 9"]
+
+        # Without a DeltaChannel gap (the newest holds every channel) only the newest stays.
+        saver.prune(["delta copy"], strategy="delete")
+        assert list(saver.list(copy_cfg)) == []
+        with pytest.raises(ValueError, match="keep_latest, delete"):
+            saver.prune(["delta thread"], strategy="keep_oldest")
+    assert "GraphCheckpointsRemoved" in _cli(tmp_path / "rs", "history", "delta thread")
 
 
 def test_two_savers_on_one_directory_both_write_at_full_speed(tmp_path: Path) -> None:

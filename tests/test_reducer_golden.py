@@ -71,6 +71,9 @@ def _others() -> list[tuple[list[dict[str, Any]], int, bool]]:
         ([ev("GraphCheckpointSaved", checkpoint=graph)], 2, True),
         ([ev("GraphWritesSaved", checkpoint_id="c1", writes=[{"task_id": "x", "idx": 0, "channel": "c",
                                                               "value": BLOB, "task_path": "a"}])], 0, True),  # fmt: skip
+        ([ev("GraphCheckpointSaved", checkpoint={**graph, "id": "c2", "parent_id": "c1"})], 0, False),
+        ([ev("GraphCheckpointsRemoved", checkpoints=[{"ns": "", "id": "c1"}, {"ns": "", "id": "gone"}],
+             reason="prune keep_latest")], 1, True),  # stale, rebased: it commutes; one not there  # fmt: skip
         ([ev("PermissionRevoked", agent_id="agent-2", reason="compromised")], 0, False),
         ([ev("GoalChanged", goal={"statement": "narrower", "scope": {"include": ["src"]}})], 1, False),  # stale control
     ]

@@ -270,6 +270,7 @@ def test_every_event_type_has_its_traits_and_every_set_is_derived_from_them() ->
     assert COMMUTING == _COMMUTING == {n for n, t in events.TRAITS.items() if t.commutes}
     assert events.CONTROL_EVENT_TYPES == {n for n, t in events.TRAITS.items() if t.control}
     assert events.OPERATOR_EVENT_TYPES == {n for n, t in events.TRAITS.items() if t.operator}
+    assert events.ANY_STATUS_EVENT_TYPES == {"GraphThreadDeleted", "GraphCheckpointsRemoved"}
 
 
 def test_control_events_win_and_supersede_older_patches(run: Run) -> None:
@@ -711,3 +712,28 @@ def test_time_rules_use_the_log_s_time_not_the_time_a_patch_claims(tmp_path: Pat
     book = replay(r for r in log.scan(log.topics.events, 0, 0, 10**9))
     assert [d.rule for d in book.decided.values()][-1] == "deadline.passed"
     log.close()
+
+
+def test_graph_checkpoints_removed_by_name_take_their_writes_and_leave_the_others() -> None:
+    """LangGraph's prune and delete_for_runs: the named checkpoints and their writes leave
+    the state, one already gone is no error, the run goes on; a stale removal is rebased."""
+    blob = {"type": "json", "data": "e30="}
+    run = Run()
+    run.ok(start())
+    for cid, parent in (("c1", None), ("c2", "c1"), ("c3", "c2")):
+        run.ok(ev("GraphCheckpointSaved", checkpoint={"id": cid, "parent_id": parent, "checkpoint": blob, "metadata": blob}))
+    run.ok(ev("GraphWritesSaved", checkpoint_id="c1", writes=[{"task_id": "t", "idx": 0, "channel": "c", "value": blob}]))
+    removal = ev("GraphCheckpointsRemoved", checkpoints=[{"id": "c1"}, {"id": "c2"}, {"id": "never"}], reason="prune")
+    d = run.send(run.revision - 2, removal, rebase=True)
+    assert d.outcome == "accepted", d
+    graph = {k: v[1] for k, v in run.doc.entries("graph_checkpoints").items() if v is not None}
+    assert [cp.id for cp in graph.values()] == ["c3"]
+    assert run.doc.header.status == "running"
+    run.ok(removal)  # again: nothing left to remove, no error
+    run.ok(ev("GraphCheckpointSaved", checkpoint={"id": "c4", "parent_id": "c3", "checkpoint": blob, "metadata": blob}))
+    # On a finished run too (what LangGraph deletes must go), but nothing else is accepted there.
+    run.ok(ev("RunCancelled", reason="done with it"))
+    run.ok(ev("GraphCheckpointsRemoved", checkpoints=[{"id": "c4"}], reason="prune"))
+    assert [k for k, v in run.doc.entries("graph_checkpoints").items() if v is not None] == ["0:/c3"]
+    d = run.send(None, ev("GraphCheckpointsRemoved", checkpoints=[{"id": "c3"}], reason="prune"), fact("f9"))
+    assert d.reason == "run_terminal", d

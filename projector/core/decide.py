@@ -140,8 +140,9 @@ def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
     else:
         header = doc.header
         current = header.revision
-        # Deleting a LangGraph thread is accepted in any status (its checkpoints must go).
-        if header.status in ("completed", "failed", "cancelled") and types != ["GraphThreadDeleted"]:
+        # Deleting a LangGraph thread or some of its checkpoints is accepted in any status
+        # (what LangGraph deletes must go).
+        if header.status in ("completed", "failed", "cancelled") and not set(types) <= ev.ANY_STATUS_EVENT_TYPES:
             return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="run_terminal",
                                      message=f"run {patch.run_id!r} is {header.status}; nothing is accepted after a terminal status"))  # fmt: skip
 

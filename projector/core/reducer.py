@@ -108,8 +108,9 @@ READS: dict[str, Callable[[Any], tuple[str, str]]] = {}
 #: rules are not trusted. tests/test_reducer_golden.py fails when the decisions of a fixed
 #: corpus change and this does not. 2: evidence to complete a task, budgets and deadlines,
 #: loose ends, control conflicts; 3: log time, revokers, inputs by channel; 4: artifacts
-#: and inputs commute (a stale patch of them with ``rebase`` is applied).
-REDUCER_VERSION = 4
+#: and inputs commute (a stale patch of them with ``rebase`` is applied); 5: LangGraph's
+#: checkpoints removed by name (``GraphCheckpointsRemoved``).
+REDUCER_VERSION = 5
 
 
 def reducer(event_type: type[E], reads: Callable[[E], tuple[str, str]] | None = None,
@@ -753,6 +754,14 @@ def _graph_writes_saved(d: Draft, e: gen.GraphWritesSaved, ctx: Ctx) -> None:
         elif w.idx < 0:  # a special channel (error, interrupt, ...): the latest write holds
             writes[i] = w
     d.put("graph_checkpoints", key, updated(cp, {"writes": writes, "saved_at_revision": ctx.revision}))
+
+
+@reducer(gen.GraphCheckpointsRemoved)
+def _graph_checkpoints_removed(d: Draft, e: gen.GraphCheckpointsRemoved, ctx: Ctx) -> None:
+    for ref in e.checkpoints:
+        key = state.graph_key(ref.ns, ref.id)
+        if d.get("graph_checkpoints", key) is not None:  # one removed already is no error
+            d.delete("graph_checkpoints", key)
 
 
 @reducer(gen.GraphThreadDeleted)

@@ -63,6 +63,11 @@ DEFAULT_AUTHOR = Author(agent_id="langgraph", agent_version=runstate.__version__
 #: or a control event moved the run on since the revision the write named (name the current one).
 #: A write names revision 0 and asks for a rebase: the graph events commute with any patch.
 _START, _SUPERSEDED = "unknown_run", "superseded"
+#: ``copy_thread`` puts checkpoints in one patch up to this many bytes of their values (one
+#: bigger than that goes alone: it was saved once, so it fits a patch).
+COPY_BYTES = 256 * 1024
+#: ``prune``'s strategies, as LangGraph names them.
+PRUNE_STRATEGIES = ("keep_latest", "delete")
 
 
 def _blob(typed: tuple[str, bytes]) -> events.Blob:
@@ -139,6 +144,67 @@ class _Graph:
         return (thread_id, ns if "checkpoint_ns" in conf else None, checkpoint_id,
                 get_checkpoint_id(before) if before else None, None if filter else limit)  # fmt: skip
 
+    @staticmethod
+    def _copies(source: list[dict[str, Any]]) -> list[list[events.Model]]:
+        """The events that copy a thread's checkpoints (``source``, newest first, as read),
+        in patches, oldest first: each checkpoint with the writes saved against it, as they
+        were serialized (not read back through the serializer)."""
+        out: list[list[events.Model]] = []
+        batch: list[events.Model] = []
+        size = 0
+        for doc in reversed(source):
+            ns = doc.get("ns", "")
+            evs: list[events.Model] = [events.GraphCheckpointSaved(checkpoint=events.GraphCheckpointSpec.model_validate(
+                {"ns": ns, "id": doc["id"], "parent_id": doc.get("parent_id"), "checkpoint": doc["checkpoint"],
+                 "metadata": doc["metadata"]}))]  # fmt: skip
+            if doc.get("writes"):
+                evs.append(events.GraphWritesSaved.model_validate({"ns": ns, "checkpoint_id": doc["id"],
+                                                                   "writes": doc["writes"]}))  # fmt: skip
+            n = len(doc["checkpoint"]["data"]) + len(doc["metadata"]["data"]) + sum(len(w["value"]["data"])
+                                                                                for w in doc.get("writes", []))  # fmt: skip
+            if batch and size + n > COPY_BYTES:
+                out.append(batch)
+                batch, size = [], 0
+            batch += evs
+            size += n
+        if batch:
+            out.append(batch)
+        return out
+
+    def _pruned(self, docs: list[dict[str, Any]], strategy: str) -> list[events.GraphCheckpointRef]:
+        """The checkpoints of a thread (``docs``, newest first) that ``prune`` removes.
+        ``keep_latest`` keeps each namespace's newest checkpoint and, for a channel it holds
+        no value of (a ``DeltaChannel`` between snapshots), every ancestor back to one that
+        holds it, with their writes: LangGraph rebuilds such a channel from them."""
+        if strategy not in PRUNE_STRATEGIES:
+            raise ValueError(f"prune strategy {strategy!r}: runstate's checkpointer knows {', '.join(PRUNE_STRATEGIES)}")
+        if strategy == "delete":
+            return [events.GraphCheckpointRef(ns=d.get("ns", ""), id=d["id"]) for d in docs]
+        by_id = {(d.get("ns", ""), d["id"]): d for d in docs}
+        keep: set[tuple[str, str]] = set()
+        for ns in {d.get("ns", "") for d in docs}:
+            latest = next(d for d in docs if d.get("ns", "") == ns)  # newest first
+            keep.add((ns, latest["id"]))
+            cp = self.serde.loads_typed(_unblob(latest["checkpoint"]))
+            missing = set(cp.get("channel_versions", {})) - set(cp.get("channel_values", {}))
+            parent = latest.get("parent_id")
+            while missing and parent is not None and (ns, parent) in by_id:
+                doc = by_id[(ns, parent)]
+                keep.add((ns, parent))
+                missing -= set(self.serde.loads_typed(_unblob(doc["checkpoint"])).get("channel_values", {}))
+                parent = doc.get("parent_id")
+        return [events.GraphCheckpointRef(ns=ns, id=id_) for ns, id_ in by_id if (ns, id_) not in keep]
+
+    def _of_runs(self, docs: list[dict[str, Any]], run_ids: set[str]) -> list[events.GraphCheckpointRef]:
+        """The checkpoints of a thread whose metadata names one of LangGraph's ``run_ids``."""
+        return [events.GraphCheckpointRef(ns=d.get("ns", ""), id=d["id"]) for d in docs
+                if str(self.serde.loads_typed(_unblob(d["metadata"])).get("run_id")) in run_ids]  # fmt: skip
+
+    @staticmethod
+    def _removals(refs: list[events.GraphCheckpointRef], reason: str) -> list[events.GraphCheckpointsRemoved]:
+        n = events.MAX_GRAPH_REMOVALS
+        return [events.GraphCheckpointsRemoved(checkpoints=refs[i:i + n], reason=reason) for i in range(0, len(refs), n)]
+
     def _listed(self, thread_id: str, docs: list[dict[str, Any]], filter: dict[str, Any] | None,
                 limit: int | None) -> Iterator[CheckpointTuple]:  # fmt: skip
         n = 0
@@ -152,19 +218,19 @@ class _Graph:
             yield tup
 
 
-def _attempts(thread_id: str, event: events.Model, start: bool,
+def _attempts(thread_id: str, evs: list[events.Model], start: bool,
               new: bool) -> Generator[dict[str, Any], Decision, Decision | None]:  # fmt: skip
-    """The drafts that write ``event`` to the thread's run, each sent after the decision on
+    """The drafts that write ``evs`` to the thread's run, each sent after the decision on
     the one before (the sync and async savers drive it alike); returns the last decision, or
     None where the run does not exist and ``start`` is off. ``new``: try starting the run
     first. Each rejection it resolves is resolved once: the run started meanwhile (send the
     event alone), a control event moved the run on (name its revision), no run yet (start it)."""
-    begun = [events.RunStarted(goal=events.GoalSpec(statement=f"LangGraph thread {thread_id}")), event]
+    begun = [events.RunStarted(goal=events.GoalSpec(statement=f"LangGraph thread {thread_id}")), *evs]
     d = (yield _draft(0, begun, False)) if new and start else None
     if d is None or d.reason == "revision_conflict":  # not new, or started already
-        d = yield _draft(0, [event], True)
+        d = yield _draft(0, evs, True)
     if d.reason == _SUPERSEDED:
-        d = yield _draft(d.revision, [event], True)
+        d = yield _draft(d.revision, evs, True)
     elif d.reason == _START:
         if not start:
             return None
@@ -201,21 +267,21 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[int]):
         finally:
             saver.backend.close()
 
-    def _submit(self, thread_id: str, event: events.Model, *, start: bool = True, new: bool = False) -> Decision | None:
-        """Write ``event`` to the thread's run, starting the run if it does not exist (unless
+    def _submit(self, thread_id: str, *evs: events.Model, start: bool = True, new: bool = False) -> Decision | None:
+        """Write ``evs`` (one patch) to the thread's run, starting the run if it does not exist (unless
         ``start`` is off: then None). ``new``: the thread is probably new (a checkpoint with no
         parent), so the start is tried first. A thread's first write in this process holds
         the others to it, so that concurrent writes do not race to start the run. Raises
         :class:`PatchRejected`."""
         if thread_id in self._started:
-            return _outcome(self._write(thread_id, event, start, new))
+            return _outcome(self._write(thread_id, list(evs), start, new))
         with self._starting:
-            d = _outcome(self._write(thread_id, event, start, new))
+            d = _outcome(self._write(thread_id, list(evs), start, new))
             self._started.add(thread_id)
             return d
 
-    def _write(self, thread_id: str, event: events.Model, start: bool, new: bool) -> Decision | None:
-        plan = _attempts(thread_id, event, start, new)
+    def _write(self, thread_id: str, evs: list[events.Model], start: bool, new: bool) -> Decision | None:
+        plan = _attempts(thread_id, evs, start, new)
         try:
             draft = next(plan)
             while True:
@@ -253,6 +319,35 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[int]):
         if not self.backend.erase(str(thread_id), DELETE_REASON):
             self._submit(str(thread_id), events.GraphThreadDeleted(), start=False)
 
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Save every checkpoint of the source thread (each namespace, the whole parent chain)
+        and the writes saved against them on the target thread, under the same ids,
+        starting its run if it has none. A source without checkpoints copies nothing."""
+        source = self.backend.graph_checkpoints(str(source_thread_id), None, None, None, None)
+        for i, evs in enumerate(self._copies(source)):
+            self._submit(str(target_thread_id), *evs, new=i == 0)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Remove the checkpoints (and their writes) whose metadata names one of LangGraph's
+        ``run_ids``, on every thread: each thread's checkpoints are read to find them (the
+        metadata is LangGraph's serialized bytes). The log keeps them (``GraphCheckpointsRemoved``)."""
+        wanted = {str(r) for r in run_ids}
+        if not wanted:
+            return
+        for thread_id in self.backend.run_ids():
+            docs = self.backend.graph_checkpoints(thread_id, None, None, None, None)
+            for removal in self._removals(self._of_runs(docs, wanted), "LangGraph delete_for_runs"):
+                self._submit(thread_id, removal, start=False)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Remove checkpoints of the threads: ``keep_latest`` keeps each namespace's newest
+        (and what a ``DeltaChannel`` needs to be rebuilt, see ``_pruned``), ``delete`` none.
+        The threads go on; the log keeps what was removed."""
+        for thread_id in map(str, thread_ids):
+            docs = self.backend.graph_checkpoints(thread_id, None, None, None, None)
+            for removal in self._removals(self._pruned(docs, strategy), f"LangGraph prune {strategy}"):
+                self._submit(thread_id, removal, start=False)
+
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
         return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
@@ -271,6 +366,15 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[int]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
 
 
 class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[int]):
@@ -297,18 +401,18 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[int]):
         finally:
             await saver.backend.close()
 
-    async def _submit(self, thread_id: str, event: events.Model, *, start: bool = True,
+    async def _submit(self, thread_id: str, *evs: events.Model, start: bool = True,
                       new: bool = False) -> Decision | None:  # fmt: skip
         """As :meth:`RunstateSaver._submit`."""
         if thread_id in self._started:
-            return _outcome(await self._write(thread_id, event, start, new))
+            return _outcome(await self._write(thread_id, list(evs), start, new))
         async with self._starting:
-            d = _outcome(await self._write(thread_id, event, start, new))
+            d = _outcome(await self._write(thread_id, list(evs), start, new))
             self._started.add(thread_id)
             return d
 
-    async def _write(self, thread_id: str, event: events.Model, start: bool, new: bool) -> Decision | None:
-        plan = _attempts(thread_id, event, start, new)
+    async def _write(self, thread_id: str, evs: list[events.Model], start: bool, new: bool) -> Decision | None:
+        plan = _attempts(thread_id, evs, start, new)
         try:
             draft = next(plan)
             while True:
@@ -344,6 +448,29 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[int]):
         if not await self.backend.erase(str(thread_id), DELETE_REASON):
             await self._submit(str(thread_id), events.GraphThreadDeleted(), start=False)
 
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """As :meth:`RunstateSaver.copy_thread`."""
+        source = await self.backend.graph_checkpoints(str(source_thread_id), None, None, None, None)
+        for i, evs in enumerate(self._copies(source)):
+            await self._submit(str(target_thread_id), *evs, new=i == 0)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """As :meth:`RunstateSaver.delete_for_runs`."""
+        wanted = {str(r) for r in run_ids}
+        if not wanted:
+            return
+        for thread_id in await self.backend.run_ids():
+            docs = await self.backend.graph_checkpoints(thread_id, None, None, None, None)
+            for removal in self._removals(self._of_runs(docs, wanted), "LangGraph delete_for_runs"):
+                await self._submit(thread_id, removal, start=False)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """As :meth:`RunstateSaver.prune`."""
+        for thread_id in map(str, thread_ids):
+            docs = await self.backend.graph_checkpoints(thread_id, None, None, None, None)
+            for removal in self._removals(self._pruned(docs, strategy), f"LangGraph prune {strategy}"):
+                await self._submit(thread_id, removal, start=False)
+
     # LangGraph calls the synchronous methods from other threads (``graph.get_state`` in a
     # sync context): they run on the saver's loop.
     def _on_loop(self, coro: Any) -> Any:
@@ -377,3 +504,12 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[int]):
 
     def delete_thread(self, thread_id: str) -> None:
         self._on_loop(self.adelete_thread(thread_id))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._on_loop(self.acopy_thread(source_thread_id, target_thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._on_loop(self.adelete_for_runs(run_ids))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._on_loop(self.aprune(thread_ids, strategy=strategy))

@@ -851,6 +851,23 @@ class GraphWritesSaved(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     writes: list[GraphWrite]
 
 
+class GraphCheckpointRef(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
+    """The struct of :class:`runstate.schemas.events.GraphCheckpointRef` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.events.GraphCheckpointRef'
+    ns: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]*\\Z', max_length=2000)] = ''
+    id: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]
+
+
+class GraphCheckpointsRemoved(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False, tag_field='type', tag='GraphCheckpointsRemoved'):
+    """The struct of :class:`runstate.schemas.events.GraphCheckpointsRemoved` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.events.GraphCheckpointsRemoved'
+    type: ClassVar[Literal['GraphCheckpointsRemoved']] = 'GraphCheckpointsRemoved'
+    checkpoints: Annotated[list[GraphCheckpointRef], msgspec.Meta(min_length=1, max_length=500)]
+    reason: str
+
+
 class GraphThreadDeleted(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False, tag_field='type', tag='GraphThreadDeleted'):
     """The struct of :class:`runstate.schemas.events.GraphThreadDeleted` (``__contract__``)."""
 
@@ -883,7 +900,7 @@ class Patch(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tru
     patch_id: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]
     run_id: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)]
     expected_revision: Annotated[int, msgspec.Meta(ge=0, le=9223372036854775807)]
-    events: Annotated[list[RunStarted | GoalChanged | ConstraintSet | PhaseChanged | FactConfirmed | FactRetracted | HypothesisProposed | HypothesisRevised | HypothesisRejected | QuestionOpened | QuestionResolved | TaskCreated | TaskStarted | TaskBlocked | TaskCompleted | TaskFailed | TaskCancelled | TaskHandedOver | ToolCallStarted | ToolSucceeded | ToolFailed | ArtifactRecorded | InputRecorded | ObservationRecorded | EffectRecorded | WorkspaceUpdated | WaitingStarted | WaitingResolved | LeaseReleased | BudgetSet | BudgetConsumed | PermissionRevoked | RunCompleted | RunFailed | RunCancelled | GraphCheckpointSaved | GraphWritesSaved | GraphThreadDeleted | RunErased], msgspec.Meta(min_length=1)]
+    events: Annotated[list[RunStarted | GoalChanged | ConstraintSet | PhaseChanged | FactConfirmed | FactRetracted | HypothesisProposed | HypothesisRevised | HypothesisRejected | QuestionOpened | QuestionResolved | TaskCreated | TaskStarted | TaskBlocked | TaskCompleted | TaskFailed | TaskCancelled | TaskHandedOver | ToolCallStarted | ToolSucceeded | ToolFailed | ArtifactRecorded | InputRecorded | ObservationRecorded | EffectRecorded | WorkspaceUpdated | WaitingStarted | WaitingResolved | LeaseReleased | BudgetSet | BudgetConsumed | PermissionRevoked | RunCompleted | RunFailed | RunCancelled | GraphCheckpointSaved | GraphWritesSaved | GraphCheckpointsRemoved | GraphThreadDeleted | RunErased], msgspec.Meta(min_length=1)]
     author: Author
     created_at: Annotated[datetime, msgspec.Meta(tz=True)]
     rebase: bool = False
