@@ -55,8 +55,14 @@ class CheckpointHistory:
         st = self._store(run_id)
         if st is None:
             return []
-        return [self._whole(st, run_id, rev, v, False) if pieces.is_head_record(v)
-                else Checkpoint.model_validate_json(v) for rev, v in st.checkpoints(run_id)]  # fmt: skip
+        out = []
+        for rev, v in st.checkpoints(run_id):
+            if not pieces.is_head_record(v):
+                out.append(Checkpoint.model_validate_json(v))
+            elif pieces.head_document(v).get("format_version") == pieces.FORMAT_VERSION:
+                out.append(self._whole(st, run_id, rev, v, False))
+            # a head of another format (3, a development build's) cannot be rebuilt: left out
+        return out
 
     def _whole(self, st: ProjectionStore, run_id: str, revision: int, raw: bytes, key: SigningKey | bool) -> Checkpoint:
         """A checkpoint of pieces as the whole checkpoint it stands for. ``key``: check its
@@ -64,7 +70,7 @@ class CheckpointHistory:
         head, live = self._live(st, run_id, revision, raw, key)
         state = self._doc(run_id, head, live).to_state()
         verdict, reconcile = verdict_of(state)
-        recent = [Decision.model_validate_json(d) for _o, _p, _r, d in orjson.loads(live.get(pieces.RECENT, b"[]"))]
+        recent = [Decision.model_validate_json(d) for _o, _p, _r, d in head.recent]
         ids = b"".join(body for name, body in sorted(live.items()) if pieces.is_ids(name))
         return Checkpoint(
             format_version=pieces.FORMAT_VERSION, reducer_version=REDUCER_VERSION, run_id=run_id,
@@ -80,7 +86,7 @@ class CheckpointHistory:
               key: SigningKey | bool) -> tuple[pieces.Head, dict[str, bytes]]:  # fmt: skip
         """The head at ``revision`` and the bodies of its pieces, checked against it unless
         ``key`` is False. Raises :class:`CheckpointInvalid`."""
-        head = pieces.head_of(orjson.loads(raw)) if key is False else pieces.load_head(raw, key)  # type: ignore[arg-type]
+        head = pieces.head_of(pieces.head_document(raw)) if key is False else pieces.load_head(raw, key)  # type: ignore[arg-type]
         live = {n: b for n, (_r, v) in st.pieces_at(run_id, revision).items()
                 if (b := pieces.live(v, head.epoch)) is not None}  # fmt: skip
         if key is not False:
@@ -100,7 +106,7 @@ class CheckpointHistory:
             for name, body in live.items():
                 if pieces.is_item(name):
                     lists[pieces.item_of(name)[0]].append((keys.decode_int(body[:8]), orjson.loads(body[8:])))
-            return assembled(orjson.loads(live[pieces.HEADER]),
+            return assembled(orjson.loads(head.header),
                              {k: [item for _, item in sorted(v, key=lambda e: e[0])] for k, v in lists.items()})
         except (KeyError, ValueError) as e:
             raise CheckpointInvalid(run_id, f"its pieces cannot be read: {e}") from e
@@ -117,7 +123,7 @@ class CheckpointHistory:
                 if pieces.is_item(name):
                     kind, id_ = pieces.item_of(name)
                     items[kind][id_] = keys.decode_item(kind, value)
-            return RunDoc(keys.decode_working_header(live[pieces.HEADER]), items)
+            return RunDoc(keys.decode_working_header(head.header), items)
         except (KeyError, ValueError, pydantic.ValidationError) as e:
             raise CheckpointInvalid(run_id, f"its pieces cannot be read: {e}") from e
 

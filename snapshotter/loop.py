@@ -80,6 +80,8 @@ class _Tracking:
     ids: dict[str, list[str]] = field(default_factory=dict)
     #: run -> the offset up to which its patch ids are in a checkpoint (the batch being decided)
     ids_upto: dict[str, int] = field(default_factory=dict)
+    #: run -> its live segments of patch ids: name -> how many ids
+    segments: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class CheckpointWriter:
@@ -140,7 +142,7 @@ class CheckpointWriter:
         self._staged.pop(partition, None)
         covered: dict[str, int] = {}
         for run, value in store.all_checkpoints():
-            covers = int(orjson.loads(value)["covers_offset"])
+            covers = int(pieces.head_document(value)["covers_offset"])
             covered[run] = max(covers, covered.get(run, -1))
         self.covered[partition] = covered
         found = []
@@ -203,9 +205,12 @@ class CheckpointWriter:
                 out[name] = b""
             epoch, tally = 0, pieces.Tally()
             tracking.based.discard(run)
+            tracking.segments.pop(run, None)
             erased: str | None = keys.encode_header(doc.header).decode()
+            recent: list[Any] = []
         else:
             erased = None
+            recent = self._recent(store, run, unwritten)
             ids = self._ids_since(tracking, run, unwritten, covers)
             if run not in tracking.based or prior is None:
                 # A base: every piece, in a new epoch (the revision, and random bits: two
@@ -218,29 +223,30 @@ class CheckpointWriter:
                     out[name] = value
                     tally = tally.add(name, epoch, body)
                 tracking.based.add(run)
+                tracking.segments[run] = {n: len(b) // 16 for n, (b, _v) in current.items() if pieces.is_ids(n)}
             else:
                 epoch, tally = prior
-                names = tracking.changed.pop(run, set())
-                names.update((pieces.HEADER, pieces.RECENT))
-                for name in names:
-                    body = self._body(doc, store, unwritten, name)
+
+                def was(name: str) -> bytes | None:
+                    """The piece's body in the run's newest checkpoint (None: not there)."""
                     old = staged.get((run, name))
-                    if old is None:
-                        old = store.piece(run, name)
-                    was = pieces.live(old, epoch)
-                    if was is not None:
-                        tally = tally.remove(name, epoch, was)
+                    return pieces.live(store.piece(run, name) if old is None else old, epoch)
+
+                bodies: dict[str, bytes | None] = {name: self._body(doc, name) for name in tracking.changed.pop(run, ())}
+                if ids:
+                    bodies.update(self._segments(tracking.segments.setdefault(run, {}), revision, ids, was))
+                for name, body in bodies.items():
+                    old = was(name)
+                    if old is not None:
+                        tally = tally.remove(name, epoch, old)
                     out[name] = pieces.piece_value(epoch, name, body or b"")
                     if body:
                         tally = tally.add(name, epoch, body)
-                if ids:
-                    name = pieces.ids_piece(revision)
-                    digests = b"".join(patch_id_digest(i) for i in ids)
-                    out[name] = pieces.piece_value(epoch, name, digests)
-                    tally = tally.add(name, epoch, digests)
+        header = erased.encode() if erased is not None else keys.encode_header(doc.header)
         head = pieces.make_head(
             run_id=run, revision=revision, partition=partition, covers_offset=covers, epoch=epoch, tally=tally,
-            triggers=triggers, verdict=verdict_of_doc(doc), key=self.key, erased=erased)  # fmt: skip
+            triggers=triggers, verdict=verdict_of_doc(doc), key=self.key, header=header, recent=recent,
+            erased=erased)  # fmt: skip
         free = erased is not None
         records = [(pieces.record_key(run, name), value, free) for name, value in out.items()]
         records.append((run, head, free))
@@ -265,11 +271,29 @@ class CheckpointWriter:
         tracking.ids_upto[run] = covers
         return ids
 
+    @staticmethod
+    def _segments(segments: dict[str, int], revision: int, ids: list[str],
+                  was: Callable[[str], bytes | None]) -> dict[str, bytes | None]:  # fmt: skip
+        """The segments of patch ids a checkpoint at ``revision`` writes: one of ``ids``, and
+        the merges that makes due (``segments``, the run's, updated; ``was``: a segment's
+        body as published), a merged-away segment as None (gone)."""
+        name = pieces.ids_piece(revision)
+        bodies: dict[str, bytes | None] = {name: b"".join(patch_id_digest(i) for i in ids)}
+        segments[name] = len(ids)
+        for group in pieces.merged_segments(segments):
+            merged = b"".join(bodies[n] if n in bodies else was(n) or b"" for n in group)  # type: ignore[misc]
+            for n in group[:-1]:
+                bodies[n] = None
+                del segments[n]
+            bodies[group[-1]] = merged
+            segments[group[-1]] = len(merged) // 16
+        return bodies
+
     def _all_pieces(self, doc: RunDoc, store: ProjectionStore, unwritten: list[Decision],
                     epoch: int) -> dict[str, tuple[bytes, bytes]]:  # fmt: skip
         """Every piece of the run now: ``name -> (body, value as published in epoch)``."""
         run = doc.header.run_id
-        bodies = {pieces.HEADER: keys.encode_header(doc.header), pieces.RECENT: self._recent(store, run, unwritten)}
+        bodies = {}
         for kind in COLLECTIONS:
             for id_, e in doc.entries(kind).items():
                 if e is not None:
@@ -279,24 +303,21 @@ class CheckpointWriter:
             bodies[pieces.ids_piece(doc.header.revision)] = b"".join(sorted(patch_id_digest(i) for i in ids))
         return {name: (body, pieces.piece_value(epoch, name, body)) for name, body in bodies.items()}
 
-    def _body(self, doc: RunDoc, store: ProjectionStore, unwritten: list[Decision], name: str) -> bytes | None:
-        """A piece's bytes as the store holds them now (None: the item is gone)."""
-        if name == pieces.HEADER:
-            return keys.encode_header(doc.header)
-        if name == pieces.RECENT:
-            return self._recent(store, doc.header.run_id, unwritten)
+    @staticmethod
+    def _body(doc: RunDoc, name: str) -> bytes | None:
+        """An item piece's bytes as the store holds them now (None: the item is gone)."""
         kind, id_ = pieces.item_of(name)
         e = doc.entry(kind, id_)
         return None if e is None else keys.encode_item(e)
 
     @staticmethod
-    def _recent(store: ProjectionStore, run: str, unwritten: list[Decision]) -> bytes:
-        """The run's last decisions (for a restored projector's answers to retries)."""
+    def _recent(store: ProjectionStore, run: str, unwritten: list[Decision]) -> list[Any]:
+        """The run's last decisions (for a restored projector's answers to retries), as a
+        head holds them."""
         recent = unwritten[-RECENT_DECISIONS:]
         if len(recent) < RECENT_DECISIONS:
             recent = store.recent_history(run, RECENT_DECISIONS - len(recent)) + recent
-        return orjson.dumps([[d.offset, d.patch_id, d.reason == "patch_id_reused", keys.dump(d).decode()]
-                             for d in recent])  # fmt: skip
+        return [[d.offset, d.patch_id, d.reason == "patch_id_reused", keys.dump(d).decode()] for d in recent]
 
     def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
         self._settle(partition, batch)

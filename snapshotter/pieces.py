@@ -1,13 +1,19 @@
-"""Checkpoints as pieces (format 3): what a checkpoint writes is what changed since the
+"""Checkpoints as pieces (format 4): what a checkpoint writes is what changed since the
 run's previous one.
 
-A run's checkpoint is the store's own pieces of the run — its header, one piece per item,
-its last decisions, the patch ids it decided — each a record of the compacted checkpoints
-topic keyed ``<run>\\0<piece>``, plus a **head** keyed ``<run>``: revision, covered
-offset, verdict, triggers and a digest of the whole set of pieces, sealed and signed. A
-checkpoint publishes the pieces that changed since the run's previous checkpoint, then its
-head; compaction keeps the newest value of every key, so the topic holds each run's live
-pieces once, whatever its history (Kafka Streams' changelog topics work the same way).
+A run's checkpoint is the store's own pieces of the run — one piece per item and the
+patch ids it decided, in a few segments — each a record of the compacted checkpoints topic
+keyed ``<run>\\0<piece>``, plus a **head** keyed ``<run>``: revision, covered offset,
+verdict, triggers, the run's header and last decisions (which change with every
+checkpoint, so they ride in the head rather than in pieces of their own) and a digest of
+the whole set of pieces, sealed, signed and compressed. A checkpoint publishes the pieces
+that changed since the run's previous checkpoint, then its head; compaction keeps the
+newest value of every key, so the topic holds each run's live pieces once, whatever its
+history (Kafka Streams' changelog topics work the same way).
+
+**Segments of patch ids** are merged as they pile up, four of a size into one of the next
+(size-tiered, as an LSM tree's): a run holds a few segments whatever its length, and each
+id is rewritten a few times at most.
 
 **Epochs.** Every piece value starts with the run's *epoch*: the revision of the run's
 last *base* checkpoint, one that wrote every piece (a run's first checkpoint, and its first
@@ -41,11 +47,9 @@ from runstate.schemas.patch import Decision
 from runstate.schemas.state import COLLECTIONS, RunHeader
 from runstate.snapshotter.checkpoint import SigningKey, _check_seal, seal
 
-#: The format of a head and its pieces.
-FORMAT_VERSION = 3
-#: Pieces of one run: the header, items, the run's last decisions, its decided patch ids.
-HEADER = "h"
-RECENT = "r"
+#: The format of a head and its pieces (3: the header and last decisions were pieces).
+FORMAT_VERSION = 4
+#: Pieces of one run: its items and its decided patch ids.
 _ITEM = "i\0"
 _IDS = "p\0"
 EPOCH_BYTES = 8
@@ -60,9 +64,41 @@ def item_piece(kind: str, id_: str) -> str:
 
 
 def ids_piece(revision: int) -> str:
-    """The patch ids a run decided up to the checkpoint at ``revision`` and after its
-    previous one (append-only: never rewritten but by a base)."""
+    """A segment of the patch ids a run decided, named by the revision of the checkpoint
+    that wrote it (see :func:`merged_segments`)."""
     return f"{_IDS}{revision:016x}"
+
+
+#: Segments of patch ids merge this many of a size into one (see :func:`merged_segments`).
+SEGMENT_FANOUT = 4
+
+
+def segment_tier(ids: int) -> int:
+    """A segment's size class: 0 below ``SEGMENT_FANOUT`` ids, then one per power of it."""
+    tier = 0
+    while ids >= SEGMENT_FANOUT:
+        ids //= SEGMENT_FANOUT
+        tier += 1
+    return tier
+
+
+def merged_segments(segments: dict[str, int]) -> list[list[str]]:
+    """Which of a run's segments (``name -> ids in it``) to merge now: groups of
+    ``SEGMENT_FANOUT`` of one tier, smallest first, until no tier holds that many (each
+    merged group becomes one segment, named by its newest member)."""
+    sizes = dict(segments)
+    out: list[list[str]] = []
+    while True:
+        tiers: dict[int, list[str]] = {}
+        for name in sorted(sizes):
+            tiers.setdefault(segment_tier(sizes[name]), []).append(name)
+        full = [names for _t, names in sorted(tiers.items()) if len(names) >= SEGMENT_FANOUT]
+        if not full:
+            return out
+        group = full[0][:SEGMENT_FANOUT]
+        out.append(group)
+        total = sum(sizes.pop(n) for n in group)
+        sizes[group[-1]] = total
 
 
 def is_item(name: str) -> bool:
@@ -118,13 +154,18 @@ def _field_names(model: type[pydantic.BaseModel], seen: set[type]) -> list[str]:
 
 
 def _zdict() -> bytes:
-    """zlib's preset dictionary for pieces: the field names of the header, decisions and
-    every item (a piece is one small JSON document, which compresses poorly on its own).
+    """zlib's preset dictionary for pieces and heads: the field names of a head, the header,
+    decisions and every item (a piece is one small JSON document, which compresses poorly
+    on its own).
     Derived from the models, so its digest is in every head (:data:`ZDICT_ID`)."""
     seen: set[type] = set()
     names = [n for m in (RunHeader, Decision, *COLLECTIONS.values()) for n in _field_names(m, seen)]
     values = [f'"{v}"' for tp in _literals() for v in typing.get_args(tp)]
-    return ("".join(names) + ",".join(values) + "null,false,true,[],{},artifact://,T00:00:00Z").encode()
+    head = '{"kind":"head","format_version":"versions":"run_id":"revision":"partition":"covers_offset":"epoch":' \
+           '"pieces":"pieces_digest":"triggers":["run_started","tasks_done","waiting","before_side_effect",' \
+           '"workspace","lease_released","terminal","age","every_"],"verdict":"erased":"header":"recent":' \
+           '"digest":"signature":'
+    return (head + "".join(names) + ",".join(values) + "null,false,true,[],{},artifact://,T00:00:00Z").encode()
 
 
 def _literals() -> list[Any]:
@@ -263,38 +304,62 @@ class Head(NamedTuple):
     verdict: str
     #: an erased run's tombstone header (content-free), or None
     erased: str | None
+    #: the run's header as the store holds it
+    header: bytes
+    #: the run's last decisions: ``[offset, patch id, reused, decision JSON]``
+    recent: list[Any]
     doc: dict[str, Any]
 
 
 def make_head(*, run_id: str, revision: int, partition: int, covers_offset: int, epoch: int, tally: Tally,
-              triggers: list[str], verdict: str, key: SigningKey, erased: str | None = None) -> bytes:  # fmt: skip
-    """A head, sealed (digest over all of it; signed with ``key``). The state's schema
-    version and time are its header piece's."""
-    return seal({"kind": "head", "format_version": FORMAT_VERSION, "versions": VERSIONS, "run_id": run_id,
-                 "revision": revision, "partition": partition, "covers_offset": covers_offset, "epoch": epoch,
-                 "pieces": tally.count, "pieces_digest": tally.digest(), "triggers": triggers, "verdict": verdict,
-                 "erased": erased}, key)  # fmt: skip
+              triggers: list[str], verdict: str, key: SigningKey, header: bytes, recent: list[Any],
+              erased: str | None = None) -> bytes:  # fmt: skip
+    """A head as published: sealed (digest over all of it; signed with ``key``), then
+    compressed behind :data:`HEAD_MAGIC`. ``header``: the run's header as the store holds
+    it (the state's schema version and time are its); ``recent``: its last decisions."""
+    doc = seal({"kind": "head", "format_version": FORMAT_VERSION, "versions": VERSIONS, "run_id": run_id,
+                "revision": revision, "partition": partition, "covers_offset": covers_offset, "epoch": epoch,
+                "pieces": tally.count, "pieces_digest": tally.digest(), "triggers": triggers, "verdict": verdict,
+                "erased": erased, "header": header.decode(), "recent": recent}, key)  # fmt: skip
+    return head_value(doc)
+
+
+def head_value(doc: bytes) -> bytes:
+    """A sealed head document as a head record holds it."""
+    return HEAD_MAGIC + _compress(doc)
 
 
 def is_head(doc: Any) -> bool:
     return isinstance(doc, dict) and doc.get("kind") == "head"
 
 
-#: How a head's JSON starts (``seal`` keeps the document's order).
-_HEAD_START = b'{"kind":"head"'
+#: How a head record starts: then its sealed JSON, compressed. (A format 3 head was that
+#: JSON as it is, starting with :data:`_HEAD3_START`: ``seal`` keeps the document's order.)
+HEAD_MAGIC = b"\x00rsh"
+_HEAD3_START = b'{"kind":"head"'
 
 
 def is_head_record(raw: bytes) -> bool:
-    """Whether a run-keyed record of the checkpoints topic is a head (format 3) rather than
-    a whole checkpoint (format 2), told without parsing it."""
-    return raw.startswith(_HEAD_START)
+    """Whether a run-keyed record of the checkpoints topic is a head (format 3 or 4) rather
+    than a whole checkpoint (format 2), told without parsing it."""
+    return raw.startswith(HEAD_MAGIC) or raw.startswith(_HEAD3_START)
+
+
+def head_document(raw: bytes) -> Any:
+    """A head record's JSON document, parsed (not checked); a whole checkpoint's (format 2)
+    too. Raises ``ValueError``."""
+    try:
+        return orjson.loads(_decompress(raw[len(HEAD_MAGIC):]) if raw.startswith(HEAD_MAGIC) else raw)
+    except zlib.error as e:
+        raise ValueError(f"not a compressed head: {e}") from e
 
 
 def head_of(doc: dict[str, Any]) -> Head:
     """A head document's fields, not checked (:func:`check_head` checks them). Raises
     ``KeyError`` for a missing one."""
     return Head(doc["run_id"], doc["revision"], doc["partition"], doc["covers_offset"], doc["epoch"], doc["pieces"],
-                doc["pieces_digest"], doc["triggers"], doc["verdict"], doc.get("erased"), doc)  # fmt: skip
+                doc["pieces_digest"], doc["triggers"], doc["verdict"], doc.get("erased"), doc["header"].encode(),
+                doc["recent"], doc)  # fmt: skip
 
 
 def check_head(doc: dict[str, Any], key: SigningKey) -> Head:
@@ -310,19 +375,19 @@ def check_head(doc: dict[str, Any], key: SigningKey) -> Head:
                                         "differ from a replay with today's rules")  # fmt: skip
     try:
         head = head_of(doc)
-    except KeyError as e:
+    except (KeyError, AttributeError) as e:
         raise CheckpointInvalid(run_id, f"not a checkpoint head: no {e}") from e
     if not all(type(v) is int for v in (head.revision, head.partition, head.covers_offset, head.epoch, head.pieces)) \
-            or type(head.run_id) is not str or type(head.pieces_digest) is not str:
+            or type(head.run_id) is not str or type(head.pieces_digest) is not str or type(head.recent) is not list:
         raise CheckpointInvalid(run_id, "not a checkpoint head: wrong field types")
     return head
 
 
 def load_head(raw: bytes, key: SigningKey) -> Head:
     try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise CheckpointInvalid(None, f"not JSON: {e}") from e
+        doc = head_document(raw)
+    except ValueError as e:  # orjson's errors are ValueErrors too
+        raise CheckpointInvalid(None, f"not a head: {e}") from e
     if not is_head(doc):
         raise CheckpointInvalid(doc.get("run_id") if isinstance(doc, dict) else None, "not a checkpoint head")
     return check_head(doc, key)

@@ -198,7 +198,6 @@ def _restore_pieces(log_: EventLog, partition: int, end: int, store: ProjectionS
     dropped."""
     if not heads:
         return [], 0
-    recent: dict[str, bytes | None] = {}
     ids: dict[str, dict[str, bytes | None]] = {}
     chunk: list[tuple[str, str | None, str, bytes | None]] = []
     for rec in log_.scan(log_.topics.checkpoints, partition, 0, end):
@@ -213,15 +212,13 @@ def _restore_pieces(log_: EventLog, partition: int, end: int, store: ProjectionS
             continue  # gone with an older epoch, or damaged: its key's newest value says nothing of it
         epoch, name, body = got
         body_or_gone = body if epoch == head.epoch and body else None
-        if name == pieces.HEADER:
-            chunk.append((run, None, "", body_or_gone))
-        elif pieces.is_item(name):
+        if pieces.is_item(name):
             kind, id_ = pieces.item_of(name)
             chunk.append((run, kind, id_, body_or_gone))
-        elif name == pieces.RECENT:
-            recent[run] = body_or_gone
-        else:
+        elif pieces.is_ids(name):
             ids.setdefault(run, {})[name] = body_or_gone
+        else:
+            continue  # not a piece of this format: its head does not count it
         if len(chunk) >= RESTORE_CHUNK * 10:
             store.restore_pieces(chunk)
             chunk = []
@@ -231,28 +228,27 @@ def _restore_pieces(log_: EventLog, partition: int, end: int, store: ProjectionS
     tallies: dict[str, pieces.Tally] = {}
     for run, kind, id_, body in store.stored_pieces():
         head = heads.get(run)
-        if head is None:
+        if head is None or kind is None:
             continue
-        piece = pieces.HEADER if kind is None else pieces.item_piece(kind, id_)
-        tallies[run] = tallies.get(run, _EMPTY).add(piece, head.epoch, body)
+        tallies[run] = tallies.get(run, _EMPTY).add(pieces.item_piece(kind, id_), head.epoch, body)
     restored, dropped = [], []
+    headers: list[tuple[str, str | None, str, bytes | None]] = []
     for run, head in heads.items():
+        if len(headers) >= RESTORE_CHUNK * 10:
+            store.restore_pieces(headers)
+            headers = []
         if head.erased is not None:
             store.restore_pieces([(run, None, "", head.erased.encode())])
             store.mark_restored(run, head.covers_offset, b"", ())
             restored.append(head)
             continue
         t = tallies.get(run, _EMPTY)
-        r = recent.get(run)
-        if r is not None:
-            t = t.add(pieces.RECENT, head.epoch, r)
         segments = {n: v for n, v in ids.get(run, {}).items() if v is not None}
         for n, v in segments.items():
             t = t.add(n, head.epoch, v)
         try:
             pieces.check_pieces(head, t)
-            decisions = [(o, p, reused, raw.encode()) for o, p, reused, raw in orjson.loads(r)] \
-                if r is not None else []  # fmt: skip
+            decisions = [(o, p, reused, raw.encode()) for o, p, reused, raw in head.recent]
         except (CheckpointInvalid, ValueError, TypeError) as e:
             reason = e.reason if isinstance(e, CheckpointInvalid) else f"its last decisions cannot be read: {e}"
             report.rejected.append((-1, reason))
@@ -260,8 +256,10 @@ def _restore_pieces(log_: EventLog, partition: int, end: int, store: ProjectionS
             dropped.append(run)
             continue
         patch_ids = b"".join(v for _n, v in sorted(segments.items()))
+        headers.append((run, None, "", head.header))
         store.mark_restored(run, head.covers_offset, patch_ids, decisions)
         restored.append(head)
+    store.restore_pieces(headers)
     if dropped:
         store.drop_runs(dropped)
     return restored, len(dropped)

@@ -1,4 +1,4 @@
-"""Checkpoints as pieces (format 3): a checkpoint writes what changed since the run's
+"""Checkpoints as pieces (format 4): a checkpoint writes what changed since the run's
 previous one, and a restore trusts a run's pieces only when they are exactly its head's.
 
 Each fault the design must answer is made on a real embedded log and a real RocksDB: a
@@ -110,8 +110,8 @@ def test_a_piece_that_is_not_the_heads_drops_its_run(tmp_path: Path) -> None:
     the run's key, say): the run is replayed."""
     log = _snapshotted(tmp_path)
     ck = log.topics.checkpoints
-    header = [r for r in log.scan(ck, 0, 0, 10**9) if _piece(r) == pieces.HEADER and r.key.startswith(b"run_c\0")][-1]
-    epoch = pieces.unpack(header.value)[0]  # type: ignore[index]
+    item = [r for r in log.scan(ck, 0, 0, 10**9) if pieces.is_item(_piece(r) or "") and r.key.startswith(b"run_c\0")][-1]
+    epoch = pieces.unpack(item.value)[0]  # type: ignore[index]
     name = pieces.item_piece("confirmed_facts", "planted")
     log.producer().append(ck, pieces.record_key("run_c", name), pieces.piece_value(epoch, name, b"x" * 20), partition=0)
     rep = _restored(log, tmp_path / "state")
@@ -155,3 +155,30 @@ def test_a_checkpoint_writes_what_changed_and_history_rebuilds_every_revision(tm
         for cp in cps:
             assert hist.nearest("run_a", cp.revision) == cp
             assert len(cp.state.confirmed_facts) == cp.revision - 1 - sum(1 for i in (3, 6) if i < cp.revision - 1)
+
+
+def test_segments_of_patch_ids_merge_four_of_a_size_and_a_long_run_keeps_few() -> None:
+    assert pieces.merged_segments({"a": 1, "b": 1, "c": 1}) == []
+    assert pieces.merged_segments({"a": 1, "b": 2, "c": 1, "d": 3}) == [["a", "b", "c", "d"]]
+    # Merging can cascade: four of tier 0 make one of tier 1, the fourth of its tier.
+    assert pieces.merged_segments({"a": 4, "b": 5, "c": 6, "d": 1, "e": 1, "f": 1, "g": 1}) == [
+        ["d", "e", "f", "g"], ["a", "b", "c", "g"]]
+
+    # A run checkpointed at every one of its 200 patches holds a handful of segments, and
+    # a restore from them answers every patch id as decided (equal to a full replay).
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = EmbeddedLog(Path(tmp) / "log.db", partitions=1)
+        append_all(log, [patch("long", 0, start())] + [patch("long", i, fact(f"f{i % 5}")) for i in range(1, 200)])
+        Snapshotter(log, str(Path(tmp) / "snap"), policy=CheckpointPolicy(every=1, bytes_ratio=None)).run(
+            until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+        newest: dict[bytes, bytes] = {}
+        for r in log.scan(log.topics.checkpoints, 0, 0, 10**9):
+            newest[r.key or b""] = r.value
+        live = [got[1] for v in newest.values() if (got := pieces.unpack(v)) is not None and got[2]]
+        segments = [n for n in live if pieces.is_ids(n)]
+        assert 1 <= len(segments) <= 3 * (pieces.SEGMENT_FANOUT - 1), segments
+        rep = _restored(log, Path(tmp) / "state")
+        assert rep.runs == 1 and rep.rejected == []
+        log.close()

@@ -304,6 +304,7 @@ def test_checkpoints_are_signed_with_a_key_of_the_key_store_forgeries_refused_ro
     the key store holds (named in the signature): a forged checkpoint with a recomputed
     digest is refused (a head that claims to cover every record: a restore would skip them
     all), and a master key rotation leaves every checkpoint verifiable."""
+    from runstate.snapshotter import pieces
     from runstate.snapshotter.checkpoint import seal
 
     old, new = MasterKey.generate(), MasterKey.generate()
@@ -321,12 +322,12 @@ def test_checkpoints_are_signed_with_a_key_of_the_key_store_forgeries_refused_ro
         t = log.topics.checkpoints
         (newest,) = [r for p in range(log.partitions(t)) for r in log.scan(t, p, 0, log.end_offsets(t)[p])
                      if r.key == b"r"][-1:]  # fmt: skip
-        doc = orjson.loads(newest.value)
+        doc = pieces.head_document(newest.value)
         assert ":" in doc["signature"]  # kid:hmac
         doc["covers_offset"] = 10**9
         forged = orjson.loads(seal(doc, None))
         forged["signature"] = doc["signature"]
-        log.producer().append(t, "r", orjson.dumps(forged))
+        log.producer().append(t, "r", pieces.head_value(orjson.dumps(forged)))
     finally:
         log.close()
     report = app.run_verify(rotated, deep=True)

@@ -254,7 +254,7 @@ def test_a_restore_writes_pieces_in_bounded_chunks_and_a_crash_midway_is_started
 
     monkeypatch.setattr(ProjectionStore, "restore_pieces", counted)
     _restore(log, tmp_path / "chunked")
-    assert max(written) == 10 and sum(written) == 30 and _digests(tmp_path / "chunked") == want
+    assert max(written) == 10 and sum(written) == 20 and _digests(tmp_path / "chunked") == want  # a fact, a header
 
     calls = 0
 
@@ -269,7 +269,7 @@ def test_a_restore_writes_pieces_in_bounded_chunks_and_a_crash_midway_is_started
     with pytest.raises(_Died):
         _restore(log, tmp_path / "crashed")
     with ProjectionStore(tmp_path / "crashed" / "p000") as half:
-        assert half.restoring() and half.header("run-00") is not None  # pieces written, not whole
+        assert half.restoring() and any(half.stored_pieces())  # pieces written, not whole
     monkeypatch.setattr(ProjectionStore, "restore_pieces", real)
     _restore(log, tmp_path / "crashed")
     assert _digests(tmp_path / "crashed") == want
