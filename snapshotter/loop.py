@@ -223,7 +223,8 @@ class CheckpointWriter:
                     out[name] = value
                     tally = tally.add(name, epoch, body)
                 tracking.based.add(run)
-                tracking.segments[run] = {n: len(b) // 16 for n, (b, _v) in current.items() if pieces.is_ids(n)}
+                tracking.segments[run] = {n: len(b) // keys.PATCH_ID_DIGEST for n, (b, _v) in current.items()
+                                          if pieces.is_ids(n)}  # fmt: skip
             else:
                 epoch, tally = prior
 
@@ -286,7 +287,7 @@ class CheckpointWriter:
                 bodies[n] = None
                 del segments[n]
             bodies[group[-1]] = merged
-            segments[group[-1]] = len(merged) // 16
+            segments[group[-1]] = len(merged) // keys.PATCH_ID_DIGEST
         return bodies
 
     def _all_pieces(self, doc: RunDoc, store: ProjectionStore, unwritten: list[Decision],
