@@ -59,9 +59,9 @@ class CheckpointHistory:
         for rev, v in st.checkpoints(run_id):
             if not pieces.is_head_record(v):
                 out.append(Checkpoint.model_validate_json(v))
-            elif pieces.head_document(v).get("format_version") == pieces.FORMAT_VERSION:
+            elif v.startswith(pieces.HEAD_MAGIC):
                 out.append(self._whole(st, run_id, rev, v, False))
-            # a head of another format (3, a development build's) cannot be rebuilt: left out
+            # a head of format 3 (a development build's, plain JSON) cannot be rebuilt: left out
         return out
 
     def _whole(self, st: ProjectionStore, run_id: str, revision: int, raw: bytes, key: SigningKey | bool) -> Checkpoint:

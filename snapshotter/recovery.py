@@ -237,8 +237,8 @@ def _restore_pieces(log_: EventLog, partition: int, end: int, store: ProjectionS
         if len(headers) >= RESTORE_CHUNK * 10:
             store.restore_pieces(headers)
             headers = []
-        if head.erased is not None:
-            store.restore_pieces([(run, None, "", head.erased.encode())])
+        if head.erased is not None:  # its header is the content-free tombstone
+            headers.append((run, None, "", head.header))
             store.mark_restored(run, head.covers_offset, b"", ())
             restored.append(head)
             continue
