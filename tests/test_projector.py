@@ -624,6 +624,34 @@ def test_a_header_stored_before_fields_existed_reads_with_their_defaults(tmp_pat
         assert proj.context("r1") == context
 
 
+def test_a_page_of_runs_by_latest_activity(tmp_path: Path) -> None:
+    """``order="recent"``: the runs whose last accepted patch is newest first (ties by run
+    id), a page continuing after the cursor the previous page's last run gives
+    (:func:`activity_cursor`); a rejected patch is no activity; a bad cursor is a
+    ContractError."""
+    from runstate.projector.store.partition import activity_cursor
+    from runstate.schemas.errors import ContractError
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, [patch("a", 0, start(), minute=1), patch("b", 0, start(), minute=5), patch("c", 0, start(), minute=3),
+                     patch("d", 0, start(), minute=5), patch("a", 1, fact("f1"), minute=9),
+                     patch("c", 0, start(), minute=20)])  # fmt: skip  (the last one is rejected: no activity)
+    Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
+    log.close()
+    with ProjectionStore(tmp_path / "s" / "p000", read_only=True) as st:
+        total, page = st.runs_page(None, None, None, None, order="recent")
+        assert (total, [r for r, _ in page]) == (4, ["a", "b", "d", "c"])
+        total, first = st.runs_page(None, None, None, 2, order="recent")
+        assert [r for r, _ in first] == ["a", "b"]
+        cursor = activity_cursor(*first[-1])
+        total, second = st.runs_page(None, None, cursor, 2, order="recent")
+        assert (total, [r for r, _ in second]) == (4, ["d", "c"])
+        assert st.runs_page(None, lambda r: r != "d", cursor, 5, order="recent")[1][0][0] == "c"
+        for bad in ("b", "x.b", ""):
+            with pytest.raises(ContractError, match="cursor"):
+                st.runs_page(None, None, bad, 2, order="recent")
+
+
 def test_listing_gives_each_header_as_the_model_writes_it(tmp_path: Path) -> None:
     """``headers_json`` lists each run's header in run id order as
     ``RunHeader.model_dump_json`` gives it (the stored bytes; a header stored before fields

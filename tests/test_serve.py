@@ -359,6 +359,35 @@ def test_openapi_fuzz_no_5xx_and_documented_errors(served: Served) -> None:
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
 
 
+def test_the_runs_page_by_latest_activity_pages_with_the_cursor_it_gives(served: Served) -> None:
+    """``GET /runs?order=recent``: the run changed last comes first; ``X-Next-After`` is
+    the next page's ``after``, and paging with it reaches every run once; a cursor it did
+    not give is a 422 naming ``after``."""
+    with served.client() as rs:
+        for i in range(5):
+            started(rs, f"act-{i}")
+        rs.submit("act-1", {"expected_revision": 1, "events": [fact("f1")]})
+        seen: list[str] = []
+        params: dict[str, Any] = {"order": "recent", "q": "act-", "limit": 2}
+        while True:
+            page = httpx.get(served.url + "/runs", params=params, headers={"authorization": f"Bearer {served.tokens['planner']}"})
+            assert page.status_code == 200 and page.headers["x-total-count"] == "5", page.text
+            seen += [h["run_id"] for h in page.json()]
+            if "x-next-after" not in page.headers:
+                break
+            params["after"] = page.headers["x-next-after"]
+        assert seen == ["act-1", "act-4", "act-3", "act-2", "act-0"]  # the last page (one run) offers no next
+        whole = httpx.get(served.url + "/runs", params={"order": "recent", "q": "act-", "limit": 5},
+                          headers={"authorization": f"Bearer {served.tokens['planner']}"})  # fmt: skip
+        assert len(whole.json()) == 5 and "x-next-after" not in whole.headers  # full, and nothing after it
+        by_id = httpx.get(served.url + "/runs", params={"q": "act-", "limit": 2},
+                          headers={"authorization": f"Bearer {served.tokens['planner']}"})  # fmt: skip
+        assert [h["run_id"] for h in by_id.json()] == ["act-0", "act-1"] and by_id.headers["x-next-after"] == "act-1"
+        bad = httpx.get(served.url + "/runs", params={"order": "recent", "after": "act-1"},
+                        headers={"authorization": f"Bearer {served.tokens['planner']}"})  # fmt: skip
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "after", bad.text
+
+
 def test_readme_client_example_runs_as_written(served: Served) -> None:
     """The docs' ``runstate.client`` block (docs/serve.md), against this server with a token
     (the page shows a tokenless laptop server); run_128 is brought to revision 2 first, as

@@ -88,7 +88,13 @@ def test_any_instance_answers_and_the_survivor_takes_over(kafka_bootstrap: str, 
             assert httpx.get(url + "/ui/runs/run_3", timeout=10).status_code == 200
             page = httpx.get(url + "/runs", params={"after": "run_1", "limit": 3}, timeout=30)
             assert [h["run_id"] for h in page.json()] == ["run_10", "run_11", "run_2"]
-            assert page.headers["x-total-count"] == "12"
+            assert page.headers["x-total-count"] == "12" and page.headers["x-next-after"] == "run_2"
+            # by latest activity (the runs were last written run_0 … run_11), merged from both
+            recent = httpx.get(url + "/runs", params={"order": "recent", "limit": 3}, timeout=30)
+            assert [h["run_id"] for h in recent.json()] == ["run_11", "run_10", "run_9"]
+            later = httpx.get(url + "/runs", params={"order": "recent", "limit": 3, "after": recent.headers["x-next-after"]},
+                              timeout=30)  # fmt: skip
+            assert [h["run_id"] for h in later.json()] == ["run_8", "run_7", "run_6"]
             hist = httpx.get(url + "/runs/run_3/history", params={"start": 1, "limit": 1}, timeout=30)
             assert [d["revision"] for d in hist.json()] == [2] and hist.headers["x-total-count"] == "3"
             assert httpx.get(url + "/deadletters", timeout=30).json() == []

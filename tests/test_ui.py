@@ -120,6 +120,16 @@ def test_the_runs_list_shows_runs_searches_and_pages(browser: Any, served: tuple
     page.wait_for_selector("#runs tbody tr")
     assert page.locator("#count").inner_text() == "15 runs"
     assert page.locator("#runs a", has_text="run-ui").count() == 1
+    # The run that changed last first (the fixture wrote the odd id's run last), then by
+    # run id when asked.
+    assert page.locator("#runs tbody tr td:first-child").first.inner_text() == "team/eu 1/../.."
+    page.select_option("#order", "id")
+    page.click("button[type=submit]")
+    page.wait_for_url("**order=id**")
+    page.wait_for_selector("#runs tbody tr")
+    assert page.locator("#runs tbody tr td:first-child").first.inner_text() == "incident-42"
+    page.goto(serve.url + "/ui")
+    page.wait_for_selector("#runs tbody tr")
     # Each run beside what it is for; 15 runs fit one page: no "Next page" on it.
     assert "restore checkout for EU customers" in page.locator("#runs tr:has(a:text-is('incident-42')) td.goal").inner_text()
     assert page.locator("a[rel=next]").count() == 0
@@ -214,6 +224,14 @@ def test_unknown_runs_dead_letters_and_a_page_that_needs_a_token(browser: Any, s
     page.wait_for_selector("h1:has-text('erased')")
     shown = page.locator("main").inner_text()
     assert "the customer asked" in shown and "other work 11" not in shown
+    # In the runs list (first: the erasure is its latest change), no goal and no agent
+    # version: the erasure's patch was the operator's, not an agent's version.
+    page.goto(serve.url + "/ui")
+    row = page.locator("#runs tbody tr").first
+    row.wait_for()
+    assert row.locator("td").first.inner_text() == "other-11"
+    assert row.locator("td.goal").inner_text() == "" and row.locator("td.agent-version").inner_text() == ""
+    assert "erased" in row.inner_text()
 
     log = EmbeddedLog(Path(serve.stderr_path).parent / "log.db", create=False)
     log.producer().append(log.topics.events, "run-garbage", b"\x00not a patch")

@@ -19,11 +19,13 @@ format); :meth:`write` raises :class:`StoreError` and then nothing of the batch 
 
 from __future__ import annotations
 
+import heapq
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
 import msgspec
 import orjson
@@ -34,7 +36,7 @@ from runstate.projector.store import keys
 from runstate.projector.core.outcomes import DeadLetter
 from runstate.projector.core.working import Changes, Entry, Header, RunDoc
 from runstate.projector.store import document
-from runstate.schemas.errors import RunErased, StoreError, StoreLocked
+from runstate.schemas.errors import ContractError, RunErased, StoreError, StoreLocked
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState, graph_key, status_span
 
@@ -598,14 +600,21 @@ class ProjectionStore:
                 yield run_id, got
 
     def runs_page(self, status: str | None, keep: Callable[[str], bool] | None, after: str | None,
-                  limit: int | None) -> tuple[int, list[tuple[str, bytes]]]:
-        """How many runs match (``status``, ``keep(run_id)``) and the page of them after
-        ``after`` (run id order, at most ``limit``) as :meth:`headers_json` gives them. One
-        pass over the headers that holds only the page (serve's ``GET /runs`` on a million
-        runs held them all); only the page's headers are read beyond their status."""
+                  limit: int | None, order: RunOrder = "id") -> tuple[int, list[tuple[str, bytes]]]:
+        """How many runs match (``status``, ``keep(run_id)``) and one page of them, at most
+        ``limit``, as :meth:`headers_json` gives them. ``order="id"``: by run id, after the
+        run id ``after``; ``"recent"``: the run whose last accepted patch is newest first
+        (ties by run id), after the cursor ``after`` that :func:`activity_cursor` gives for
+        the previous page's last run (ContractError for one it did not give). One pass over
+        the headers that holds only the page (serve's ``GET /runs`` on a million runs held
+        them all); only the matching headers are read beyond their status."""
         span = None if status is None else status_span(status)
+        want = None if status is None else orjson.dumps(status)
         total = 0
         page: list[tuple[str, bytes]] = []
+        recent = order == "recent"
+        past = None if after is None or not recent else cursor_rank(after)
+        ranked: list[tuple[tuple[int, str], bytes]] = []  # a heap of the page so far, worst first
         for key, raw in self._prefix(keys.HEADERS):
             run_id = key[len(keys.HEADERS) :].decode()
             # A header's own status (the quotes of a value are escaped): no decoding to count.
@@ -614,10 +623,23 @@ class ProjectionStore:
             if keep is not None and not keep(run_id):
                 continue
             total += 1
-            if (after is None or run_id > after) and (limit is None or len(page) < limit):
-                got = self._header_json(run_id, raw, None if status is None else orjson.dumps(status))
+            if recent:
+                got = self._header_json(run_id, raw, want)
+                if got is None:
+                    continue
+                rank = (-activity(got), run_id)
+                if past is not None and rank <= past:
+                    continue
+                if limit is None or len(ranked) < limit:
+                    heapq.heappush(ranked, _Worst(rank, got))
+                elif rank < ranked[0].rank:
+                    heapq.heapreplace(ranked, _Worst(rank, got))
+            elif (after is None or run_id > after) and (limit is None or len(page) < limit):
+                got = self._header_json(run_id, raw, want)
                 if got is not None:
                     page.append((run_id, got))
+        if recent:
+            page = [(w.rank[1], w.doc) for w in sorted(ranked, reverse=True)]
         return total, page
 
     def _header_json(self, run_id: str, raw: bytes, want: bytes | None) -> bytes | None:
@@ -823,3 +845,54 @@ class ProjectionStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: How a page of runs is ordered: by run id, or the latest activity first.
+RunOrder = Literal["id", "recent"]
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def activity(header_json: bytes) -> int:
+    """When a run last changed: its ``updated_at`` (the last accepted patch's time) in
+    microseconds since the epoch, -1 where none is recorded. ``header_json``: a stored
+    header's JSON, or a run's summary."""
+    raw = document.header_spans(header_json).updated_at
+    if raw is msgspec.UNSET or bytes(raw) == b"null":
+        return -1
+    return (datetime.fromisoformat(orjson.loads(bytes(raw))) - _EPOCH) // _MICROSECOND
+
+
+def activity_cursor(run_id: str, header_json: bytes) -> str:
+    """The ``after`` of the page that follows a page of runs by latest activity ending at
+    this run: its activity and its id, ``<microseconds>.<run id>``."""
+    return f"{activity(header_json)}.{run_id}"
+
+
+def activity_rank(run_id: str, header_json: bytes) -> tuple[int, str]:
+    """Where a run stands in a listing by latest activity: lower first."""
+    return -activity(header_json), run_id
+
+
+def cursor_rank(after: str) -> tuple[int, str]:
+    """The rank (:func:`activity_rank`) of the run a cursor of :func:`activity_cursor`
+    names; ContractError for what is not such a cursor."""
+    micros, dot, run_id = after.partition(".")
+    try:
+        if not dot or not run_id:
+            raise ValueError(after)
+        return -int(micros), run_id
+    except ValueError:
+        raise ContractError(f"after: {after!r} is not a cursor of a page by latest activity "
+                            "(<microseconds>.<run id>, as the previous page gave it)", field="after") from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Worst:
+    """A page entry ordered so that a min-heap keeps the worst-ranked at its top."""
+
+    rank: tuple[int, str]
+    doc: bytes = field(compare=False)
+
+    def __lt__(self, other: _Worst) -> bool:
+        return self.rank > other.rank

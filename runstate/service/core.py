@@ -24,6 +24,7 @@ from runstate import app
 from runstate.projector.read.context import render_context
 from runstate.projector.read.replay import explain, state_data_at
 from runstate.projector.store import document
+from runstate.projector.store.partition import RunOrder, activity_rank, cursor_rank
 from runstate.client import path_segment
 from runstate.schemas.errors import ContractError, DecisionTimeout, FieldNeverSet, RevisionNotFound, RunNotFound, RunstateError
 from runstate.schemas.patch import Author, Decision, Patch
@@ -473,22 +474,26 @@ class Service:
         return await self.on_owner(run_id, fwd, local, orjson.dumps)
 
     async def runs(self, status: str | None, keep: Callable[[str], bool] | None, after: str | None,
-                   limit: int | None, fwd: Forward) -> tuple[int, list[tuple[str, bytes]]]:
+                   limit: int | None, fwd: Forward, order: RunOrder = "id") -> tuple[int, list[tuple[str, bytes]]]:
         """How many runs match (``status``, ``keep(run_id)``) on every partition, and the page
-        after ``after`` (at most ``limit``, by run id) as ``(run_id, summary JSON)``: each
-        owner counts and cuts its own partitions (:meth:`ProjectionStore.runs_page`), this
-        instance merges. ``fwd`` carries the same filters to the other instances."""
+        after ``after`` (at most ``limit``, by run id or, ``order="recent"``, the latest
+        activity first) as ``(run_id, summary JSON)``: each owner counts and cuts its own
+        partitions (:meth:`ProjectionStore.runs_page`), this instance merges. ``fwd``
+        carries the same filters to the other instances."""
 
         def local() -> tuple[int, list[tuple[str, bytes]]]:
-            per = self.node.read_partitions(lambda _p, st: st.runs_page(status, keep, after, limit))
+            per = self.node.read_partitions(lambda _p, st: st.runs_page(status, keep, after, limit, order))
             return sum(t for t, _ in per.values()), [(r, summary_json(doc)) for _, page in per.values() for r, doc in page]
 
         def parse(resp: Forwarded) -> tuple[int, list[tuple[str, bytes]]]:
             page = [(h.run_id, h.model_dump_json().encode()) for h in _SUMMARIES.validate_python(self._json(resp))]
             return int(resp.headers.get("x-total-count", len(page))), page
 
+        if order == "recent" and after is not None:
+            cursor_rank(after)  # a bad cursor is the caller's error here, before any instance is asked
         parts = await self.scatter(fwd, local, parse, raw=True)
-        page = sorted((h for _, hs in parts for h in hs), key=lambda h: h[0])
+        merged = (h for _, hs in parts for h in hs)
+        page = sorted(merged, key=(lambda h: activity_rank(*h)) if order == "recent" else (lambda h: h[0]))
         return sum(t for t, _ in parts), page if limit is None else page[:limit]
 
     async def dead_letters(self, fwd: Forward) -> list[DeadLetterOut]:

@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import runstate
 from runstate.app import unencodable
 from runstate.projector.store.document import unreadable
+from runstate.projector.store.partition import RunOrder, activity_cursor
 from runstate.schemas.errors import ContractError, PatchTooLarge, RunstateError
 from runstate.schemas.patch import Decision, PatchDraft
 from runstate.schemas.state import GraphCheckpoint, RunState, RunStatus, RunSummary
@@ -418,14 +419,18 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
                                               before=before, limit=limit)  # fmt: skip
         return Response(doc, 200, media_type="application/json")
 
-    @api.get("/runs", response_model=list[RunSummary], responses=_errors(401, 503))
+    @api.get("/runs", response_model=list[RunSummary], responses=_errors(401, 422, 503))
     async def get_runs(request: Request, status: RunStatus | None = None,
                        q: Annotated[str | None, Query(max_length=256)] = None,
+                       order: RunOrder = "id",
                        after: Annotated[str | None, Query(max_length=256)] = None,
                        limit: Annotated[int | None, Query(ge=1, le=100_000)] = None) -> Response:  # fmt: skip
         """Every run (every partition, asked of their owners): its summary, the header without
-        the projector's bookkeeping, by run id. ``q``: only ids containing it; ``after``,
-        ``limit``: one page, the ids after ``after`` (``X-Total-Count``: how many match)."""
+        the projector's bookkeeping. ``order``: by run id (``id``), or the run whose last
+        accepted patch is newest first (``recent``). ``q``: only ids containing it;
+        ``limit``: one page (``X-Total-Count``: how many match), and where more follow,
+        ``X-Next-After`` is the ``after`` of the next page (by id: the last run id; by
+        ``recent``: a cursor, ``<microseconds>.<run id>``)."""
         who = ident(request)
         if who.runs is not None or q:
             def keep(run_id: str) -> bool:
@@ -434,9 +439,15 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
             keep = None  # type: ignore[assignment]
         # Every owner counts and cuts its partitions with the same filters (the forwarded
         # request carries them, and the token); this instance merges the pages.
-        total, headers = await service.runs(status, keep, after, limit, fwd(request))
+        # One more than the page: whether a next page exists, so the last one offers none.
+        total, headers = await service.runs(status, keep, after, None if limit is None else limit + 1, fwd(request), order)
+        out = {"X-Total-Count": str(total)}
+        if limit is not None and len(headers) > limit:
+            headers = headers[:limit]
+            last_id, last = headers[-1]
+            out["X-Next-After"] = activity_cursor(last_id, last) if order == "recent" else last_id
         return Response(b"[" + b",".join([doc for _, doc in headers]) + b"]", media_type="application/json",
-                        headers={"X-Total-Count": str(total)})  # fmt: skip
+                        headers=out)  # fmt: skip
 
     @api.get("/deadletters", response_model=list[DeadLetterOut], responses=_errors(401, 503))
     async def get_dead_letters(request: Request) -> Response:

@@ -132,8 +132,10 @@ async function runsPage() {
   const params = new URLSearchParams(location.search);
   const q = params.get("q") || "";
   const status = params.get("status") || "";
+  // The runs that moved last first: what a person looking at a platform asks about.
+  const order = params.get("order") === "id" ? "id" : "recent";
   const after = params.get("after") || "";
-  const query = new URLSearchParams({ limit: PAGE_RUNS + 1 });  // one more: is there a next page?
+  const query = new URLSearchParams({ limit: PAGE_RUNS, order });
   if (q) query.set("q", q);
   if (status) query.set("status", status);
   if (after) query.set("after", after);
@@ -143,16 +145,19 @@ async function runsPage() {
   } catch (e) {
     return failure(e, "Runs");
   }
-  const fetched = await resp.json();
-  const more = fetched.length > PAGE_RUNS;
-  const runs = fetched.slice(0, PAGE_RUNS);
+  const runs = await resp.json();
   const total = Number(resp.headers.get("x-total-count") || runs.length);
+  const nextAfter = resp.headers.get("x-next-after");
   const search = el("input", { id: "q", name: "q", type: "search", value: q, placeholder: "part of a run id" });
   const pick = el("select", { id: "status", name: "status" },
     ["", "running", "waiting", "completed", "failed", "cancelled"].map((s) =>
       el("option", { value: s, selected: s === status }, s || "any")));
+  const sort = el("select", { id: "order", name: "order" },
+    [["recent", "latest activity"], ["id", "run id"]].map(([v, label]) =>
+      el("option", { value: v, selected: v === order }, label)));
   const form = el("form", { class: "controls", role: "search", method: "get", action: "/ui" },
     el("label", { for: "q" }, "Run id", search), el("label", { for: "status" }, "Status", pick),
+    el("label", { for: "order" }, "Sorted by", sort),
     el("button", { type: "submit" }, "Filter"));
   // A run is known by what it is for: its goal beside its id. An erased run has none left,
   // and its last patch was the operator's erasure, not an agent's version.
@@ -161,16 +166,19 @@ async function runsPage() {
     el("td", { class: "goal" }, r.status === "erased" ? "" : (r.goal?.statement ?? "")),
     el("td", {}, r.status), el("td", {}, r.phase ?? ""), el("td", {}, String(r.revision)),
     el("td", {}, when(r.updated_at)), el("td", {}, r.created_by ?? ""),
-    el("td", {}, r.status === "erased" ? "" : r.agent_version)));
+    el("td", { class: "agent-version" }, r.status === "erased" ? "" : r.agent_version)));
+  // The service says where the next page starts, and only when this one is full.
   const next = new URLSearchParams(params);
-  if (runs.length) next.set("after", runs[runs.length - 1].run_id);
+  if (nextAfter) next.set("after", nextAfter);
+  const first = new URLSearchParams(params);
+  first.delete("after");
   const pager = el("div", { class: "pager" },
-    after ? el("a", { href: "/ui" + (q || status ? `?${new URLSearchParams({ q, status })}` : "") }, "First page") : null,
-    more ? el("a", { href: `/ui?${next}`, rel: "next" }, "Next page") : null);
+    after ? el("a", { href: `/ui${first.size ? `?${first}` : ""}` }, "First page") : null,
+    nextAfter ? el("a", { href: `/ui?${next}`, rel: "next" }, "Next page") : null);
   show(
     el("h1", {}, "Runs"),
     form,
-    el("p", { class: "muted", id: "count" }, `${total} run${total === 1 ? "" : "s"}${after ? `, after ${after}` : ""}`),
+    el("p", { class: "muted", id: "count" }, `${total} run${total === 1 ? "" : "s"}${after ? ", a later page" : ""}`),
     el("table", { id: "runs" },
       el("thead", {}, el("tr", {}, ["run", "goal", "status", "phase", "revision", "last change", "started by", "agent version"].map((h) =>
         el("th", { scope: "col" }, h)))),
