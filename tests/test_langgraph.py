@@ -233,10 +233,11 @@ def test_the_docs_example_runs_as_written(tmp_path: Path) -> None:
     from helpers import doc_blocks
 
     [block] = doc_blocks("python", "docs/langgraph.md")
-    script = block + ("\nassert snapshot.values == {'steps': ['looked at the failing test']}, snapshot\n"
-                      "assert len(history) == 3, history\n")  # input, the node's step, and the start
-    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    for turn in (1, 2):  # twice, as a reader trying it does: the same thread goes on
+        script = block + ("\nassert snapshot.values == {'steps': ['looked at the failing test']}, snapshot\n"
+                          f"assert len(history) == 3 * {turn}, history\n")  # input, the node's step, and the start
+        out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
     assert "RunStarted,GraphCheckpointSaved" in _cli(tmp_path / ".runstate", "history", "thread-1")
 
 

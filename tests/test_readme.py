@@ -21,13 +21,17 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNSTATE_")}
     [tour] = blocks("console")
     outputs: dict[str, str] = {}
-    for line in tour.splitlines():
-        assert line.startswith("$ runstate "), line
-        args = shlex.split(line[2:])
-        out = subprocess.run([sys.executable, "-m", "runstate.cli", *args[1:]], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
-        assert out.returncode == 0, f"{line}\n{out.stdout}\n{out.stderr}"
-        outputs[line[2:]] = out.stdout
+
+    def walk(cwd: Path) -> None:
+        for line in tour.splitlines():
+            assert line.startswith("$ runstate "), line
+            args = shlex.split(line[2:])
+            out = subprocess.run([sys.executable, "-m", "runstate.cli", *args[1:]], cwd=cwd, env=env,
+                                 capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert out.returncode == 0, f"{line}\n{out.stdout}\n{out.stderr}"
+            outputs[line[2:]] = out.stdout
+
+    walk(tmp_path)
     history = outputs["runstate history run_128"]
     assert "invalid [fact.evidence_required]" in history and "coder-2.1" in history
     assert "[fact_13]" in outputs["runstate context run_128"]
@@ -36,6 +40,12 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
     assert '"running" -> "completed"' in outputs["runstate explain run_128 tasks.task_3.status"]
     assert "run_started" in outputs["runstate checkpoints run_128"]
     assert "verdict: SAFE" in outputs["runstate resume run_128"]
+    # The tour again on what it left, as a reader trying it twice does: every step works (the
+    # patches sent again are decided, and rejected as stale, not an error).
+    shutil.copytree(tmp_path, tmp_path.parent / f"{tmp_path.name}-again")
+    walk(tmp_path.parent / f"{tmp_path.name}-again")
+    assert "revision_conflict" in outputs["runstate history run_128"]
+    assert "projection equals replay" in outputs["runstate verify"]
 
     # Each Python example of the README and the docs, from a copy of the tour's end state.
     # The README's agent handle, on the tour's log (the projector runs in its process).
@@ -52,17 +62,20 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
     assert len(examples) == 1, "docs/python.md's"
     for i, api in enumerate(examples):
         shutil.copytree(tmp_path, tmp_path.parent / f"{tmp_path.name}-{i}")
-        # A projector must be running for submit() to get its decision, as the example says.
-        script = ("import threading\nfrom runstate import Projector, open_log\n"
-                  "stop = threading.Event()\nt = threading.Thread(target=Projector(open_log('.runstate/log.db'), "
-                  "'.runstate/state').run, kwargs={'stop': stop, 'poll_timeout_s': 0.02})\nt.start()\ntry:\n"
-                  + "".join(f"    {line}\n" for line in api.splitlines())
-                  + "    assert decision.outcome == 'accepted', decision\n    assert state.phase == 'fix'\n"
-                  "    assert data == state.model_dump(mode='json')\n"
-                  "finally:\n    stop.set()\n    t.join()\n")  # fmt: skip
-        out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path.parent / f"{tmp_path.name}-{i}", env=env,
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
-        assert out.returncode == 0, out.stderr
+        # Twice: the second time its patch names a revision the first moved past, and is
+        # answered with a rejection saying so (the example reads it), not an error.
+        for expect in ("d.outcome == 'accepted'", "d.reason == 'revision_conflict'"):
+            # A projector must be running for submit() to get its decision, as the example says.
+            script = ("import threading\nfrom runstate import Projector, open_log\n"
+                      "stop = threading.Event()\nt = threading.Thread(target=Projector(open_log('.runstate/log.db'), "
+                      "'.runstate/state').run, kwargs={'stop': stop, 'poll_timeout_s': 0.02})\nt.start()\ntry:\n"
+                      + "".join(f"    {line}\n" for line in api.splitlines())
+                      + f"    d = decision\n    assert {expect}, decision\n    assert state.phase == 'fix'\n"
+                      "    assert data == state.model_dump(mode='json')\n"
+                      "finally:\n    stop.set()\n    t.join()\n")  # fmt: skip
+            out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path.parent / f"{tmp_path.name}-{i}", env=env,
+                                 capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert out.returncode == 0, out.stderr
 
 
 def test_every_example_in_the_readme_and_the_docs_is_run_by_a_test() -> None:

@@ -401,6 +401,9 @@ def test_readme_client_example_runs_as_written(served: Served) -> None:
     scope: dict[str, Any] = {}
     exec(code, scope)  # noqa: S102 - the README's own example
     assert scope["d"].outcome == "accepted" and scope["state"].revision == 3 and scope["state"].phase == "fix"
+    again: dict[str, Any] = {}  # run twice, as a reader does: a stale patch is a decision saying so
+    exec(code, again)  # noqa: S102
+    assert again["d"].reason == "revision_conflict" and again["state"].revision == 3
 
 
 def test_min_revision_is_not_refused_when_the_projector_applies_it_during_the_check() -> None:
