@@ -225,15 +225,39 @@ class Blob(Model):
     data: str
 
 
+class ChannelVersion(Model):
+    """A channel of a LangGraph checkpoint and its version there (as text)."""
+
+    channel: str
+    version: str
+
+
+class GraphValue(Model):
+    """One channel's value at one version, as LangGraph's serializer wrote it (None: the
+    channel has no value at that version, LangGraph's "empty")."""
+
+    channel: str
+    version: str
+    value: Blob | None = None
+
+
 class GraphCheckpointSpec(Model):
     """One LangGraph checkpoint of a thread (the run): LangGraph's own ids, the checkpoint
-    and its metadata as LangGraph serialized them."""
+    and its metadata as LangGraph serialized them.
+
+    ``versions`` None: ``checkpoint`` holds every channel's value. Otherwise, as LangGraph's
+    own savers store them: ``versions`` is the checkpoint's channel versions (as text),
+    ``checkpoint`` holds only the primitive values, and ``values`` the others of the
+    channels whose version is new in this checkpoint; a channel that kept its version is
+    read from the value saved with it before (once per version, not once per checkpoint)."""
 
     ns: GraphNamespace = ""
     id: Id
     parent_id: Id | None = None
     checkpoint: Blob
     metadata: Blob
+    versions: list[ChannelVersion] | None = None
+    values: list[GraphValue] = []
 
 
 class GraphWrite(Model):

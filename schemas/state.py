@@ -18,8 +18,10 @@ from pydantic import AwareDatetime
 
 from runstate.schemas.events import (
     Blob,
+    ChannelVersion,
     EffectSpec,
     GoalSpec,
+    GraphValue,
     GraphWrite,
     Model,
     ObservationSpec,
@@ -195,8 +197,36 @@ class GraphCheckpoint(Model):
     parent_id: str | None = None
     checkpoint: Blob | None = None
     metadata: Blob | None = None
+    #: the channel versions where the values are kept once per version (``graph_values``);
+    #: None where ``checkpoint`` holds every value
+    versions: list[ChannelVersion] | None = None
     saved_at_revision: int
     writes: list[GraphWrite] = []
+
+
+class GraphCheckpointRead(GraphCheckpoint):
+    """A LangGraph checkpoint as ``GET /runs/{id}/graph/checkpoints`` gives it: with the
+    values of its channel versions that are kept apart (``graph_values``)."""
+
+    values: list[GraphValue] = []
+
+
+class GraphValueItem(Model):
+    """One channel's value at one version of a LangGraph thread (see ``GraphCheckpointSpec``):
+    kept while a checkpoint of its namespace refers to that version. ``key``:
+    :func:`graph_value_key`."""
+
+    key: str
+    ns: str = ""
+    channel: str
+    version: str
+    value: Blob | None = None
+    saved_at_revision: int
+
+
+def graph_value_key(ns: str, channel: str, version: str) -> str:
+    """The key of a channel's value at a version, in namespace ``ns``."""
+    return f"{len(ns)}:{ns}/{len(channel)}:{channel}/{version}"
 
 
 def graph_key(ns: str, checkpoint_id: str = "") -> str:
@@ -331,6 +361,7 @@ COLLECTIONS: dict[str, type[Model]] = {
     "artifacts": Artifact,
     "inputs": Input,
     "graph_checkpoints": GraphCheckpoint,
+    "graph_values": GraphValueItem,
 }
 
 
@@ -340,6 +371,7 @@ ITEM_KEY: dict[str, str] = {
     "environment_observations": "subject",
     "pending_tool_calls": "call_id",
     "graph_checkpoints": "key",
+    "graph_values": "key",
 }
 
 
@@ -368,6 +400,8 @@ class RunState(Model):
     inputs: list[Input] = []
     #: LangGraph's checkpoints of the thread, when runstate is its checkpointer (empty otherwise)
     graph_checkpoints: list[GraphCheckpoint] = []
+    #: the channel values those checkpoints keep once per version
+    graph_values: list[GraphValueItem] = []
     agent_version: str
     #: absent only on documents migrated from the reference schema (v3), which did not record them.
     created_at: datetime | None = None

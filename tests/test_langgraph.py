@@ -339,6 +339,56 @@ def test_prune_keeps_what_a_delta_channel_is_rebuilt_from_and_a_copy_is_the_thre
     assert "GraphCheckpointsRemoved" in _cli(tmp_path / "rs", "history", "delta thread")
 
 
+def test_a_channel_value_is_stored_once_per_version(tmp_path: Path) -> None:
+    """As LangGraph's own savers do: a put writes the values of the channels in
+    ``new_versions`` only (a primitive stays in the checkpoint); a checkpoint whose channel
+    kept its version reads the value saved with that version; copy_thread copies the
+    values, prune and delete_thread leave none no checkpoint refers to. Embedded and
+    through serve."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+    big = [f"line {i}: " + "x" * 990 for i in range(200)]  # about 200 kB, not a primitive
+
+    def puts(saver: RunstateSaver, log: Path) -> None:
+        cfg: Any = generate_config("t")
+        cfg = saver.put(cfg, generate_checkpoint(channel_values={"big": big, "n": 1},
+                                                 channel_versions={"big": "1", "n": "1"}),
+                        generate_metadata(), {"big": "1", "n": "1"})  # fmt: skip
+        def size() -> int:  # the log's file and its write-ahead log
+            return sum(f.stat().st_size for f in log.parent.glob(log.name + "*"))
+
+        before = size()
+        for i in range(2, 7):
+            cfg = saver.put(cfg, generate_checkpoint(channel_values={"big": big, "n": i},
+                                                     channel_versions={"big": "1", "n": str(i)}),
+                            generate_metadata(), {"n": str(i)})  # fmt: skip
+        assert size() - before < 200_000  # five checkpoints, not one with the 200 kB value again
+        listed = list(saver.list(generate_config("t")))
+        assert len(listed) == 6 and all(t.checkpoint["channel_values"] == {"big": big, "n": 6 - i} for i, t in enumerate(listed))
+        saver.copy_thread("t", "t copy")
+        assert [t.checkpoint for t in saver.list(generate_config("t copy"))] == [t.checkpoint for t in listed]
+        saver.prune(["t"], strategy="keep_latest")
+        [kept] = saver.list(generate_config("t"))
+        assert kept.checkpoint["channel_values"] == {"big": big, "n": 6}
+        saver.delete_thread("t copy")
+
+    with RunstateSaver.from_conn_string(tmp_path / "rs") as saver:
+        puts(saver, tmp_path / "rs" / "log.db")
+    from runstate.projector.read.queries import Projection
+
+    with Projection(tmp_path / "rs" / "state") as proj:
+        assert [(v.channel, v.version) for v in proj.state("t").graph_values] == [("big", "1")]  # n: in its checkpoints
+        assert proj.state("t copy").graph_values == []
+    serve = ServeProcess({"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")},
+                         tmp_path)  # fmt: skip
+    try:
+        serve.wait_ready()
+        with RunstateSaver.from_conn_string(serve.url) as served:
+            puts(served, tmp_path / "log.db")
+    finally:
+        assert serve.stop() == 0, serve.log()
+
+
 def test_two_savers_on_one_directory_both_write_at_full_speed(tmp_path: Path) -> None:
     """The second saver (as a second process would) appends and reads the decisions of the
     first one's projector: a put is answered at once, not after a 30 s wait."""

@@ -72,8 +72,18 @@ def _others() -> list[tuple[list[dict[str, Any]], int, bool]]:
         ([ev("GraphWritesSaved", checkpoint_id="c1", writes=[{"task_id": "x", "idx": 0, "channel": "c",
                                                               "value": BLOB, "task_path": "a"}])], 0, True),  # fmt: skip
         ([ev("GraphCheckpointSaved", checkpoint={**graph, "id": "c2", "parent_id": "c1"})], 0, False),
+        # Values kept once per version: c4 refers to m@1 that c3 saved.
+        ([ev("GraphCheckpointSaved", checkpoint={**graph, "id": "c3", "parent_id": "c2",
+                                                 "versions": [{"channel": "m", "version": "1"}, {"channel": "k", "version": "1"}],
+                                                 "values": [{"channel": "m", "version": "1", "value": BLOB},
+                                                            {"channel": "k", "version": "1"}]})], 0, False),  # fmt: skip
+        ([ev("GraphCheckpointSaved", checkpoint={**graph, "id": "c4", "parent_id": "c3",
+                                                 "versions": [{"channel": "m", "version": "1"}, {"channel": "k", "version": "2"}],
+                                                 "values": [{"channel": "k", "version": "2", "value": BLOB}]})], 0, False),  # fmt: skip
         ([ev("GraphCheckpointsRemoved", checkpoints=[{"ns": "", "id": "c1"}, {"ns": "", "id": "gone"}],
              reason="prune keep_latest")], 1, True),  # stale, rebased: it commutes; one not there  # fmt: skip
+        # c3 goes, and k@1 with it (no checkpoint refers to it); m@1 stays for c4.
+        ([ev("GraphCheckpointsRemoved", checkpoints=[{"ns": "", "id": "c3"}], reason="prune")], 0, False),
         ([ev("PermissionRevoked", agent_id="agent-2", reason="compromised")], 0, False),
         ([ev("GoalChanged", goal={"statement": "narrower", "scope": {"include": ["src"]}})], 1, False),  # stale control
     ]

@@ -714,6 +714,35 @@ def test_time_rules_use_the_log_s_time_not_the_time_a_patch_claims(tmp_path: Pat
     log.close()
 
 
+def test_graph_values_are_kept_once_per_version_while_a_checkpoint_refers_to_them() -> None:
+    """A checkpoint saved with its channel versions keeps each new version's value apart
+    (``graph_values``), once; removing checkpoints drops the values no remaining checkpoint
+    of the namespace refers to, and deleting the thread drops them all."""
+    blob = {"type": "json", "data": "e30="}
+
+    def saved(cid: str, parent: str | None, versions: dict[str, str], values: dict[str, str], ns: str = "") -> dict[str, Any]:
+        return ev("GraphCheckpointSaved", checkpoint={
+            "ns": ns, "id": cid, "parent_id": parent, "checkpoint": blob, "metadata": blob,
+            "versions": [{"channel": c, "version": v} for c, v in versions.items()],
+            "values": [{"channel": c, "version": v, "value": blob} for c, v in values.items()]})  # fmt: skip
+
+    def kept(run: Run) -> list[str]:
+        return sorted(k for k, v in run.doc.entries("graph_values").items() if v is not None)
+
+    run = Run()
+    run.ok(start())
+    run.ok(saved("c1", None, {"m": "1", "k": "1"}, {"m": "1", "k": "1"}))
+    run.ok(saved("c2", "c1", {"m": "1", "k": "2"}, {"k": "2"}))
+    run.ok(saved("s1", None, {"m": "1"}, {"m": "1"}, ns="sub:x"))  # another namespace's m@1
+    assert kept(run) == ["0:/1:k/1", "0:/1:k/2", "0:/1:m/1", "5:sub:x/1:m/1"]
+    run.ok(ev("GraphCheckpointsRemoved", checkpoints=[{"id": "c1"}], reason="prune"))
+    assert kept(run) == ["0:/1:k/2", "0:/1:m/1", "5:sub:x/1:m/1"]  # c2 still refers to m@1
+    run.ok(ev("GraphCheckpointsRemoved", checkpoints=[{"id": "c2"}], reason="prune"))
+    assert kept(run) == ["5:sub:x/1:m/1"]
+    run.ok(ev("GraphThreadDeleted"))
+    assert kept(run) == []
+
+
 def test_graph_checkpoints_removed_by_name_take_their_writes_and_leave_the_others() -> None:
     """LangGraph's prune and delete_for_runs: the named checkpoints and their writes leave
     the state, one already gone is no error, the run goes on; a stale removal is rebased."""

@@ -30,7 +30,7 @@ from runstate.schemas import state, structs
 # struct's constructor validates nothing: every value is the validated patch's or the core's
 # own (tests/test_properties.py holds each item equal to its validated round trip).
 from runstate.schemas.generated.structs import (  # noqa: E402
-    Artifact, Constraint, Effect, Fact, GraphCheckpoint, Hypothesis, Input, Observation, PriorValue, Provenance,
+    Artifact, Constraint, Effect, Fact, GraphCheckpoint, GraphValueItem, Hypothesis, Input, Observation, PriorValue, Provenance,
     Question, Task, ToolCall, Writer,
 )  # fmt: skip
 
@@ -109,8 +109,9 @@ READS: dict[str, Callable[[Any], tuple[str, str]]] = {}
 #: corpus change and this does not. 2: evidence to complete a task, budgets and deadlines,
 #: loose ends, control conflicts; 3: log time, revokers, inputs by channel; 4: artifacts
 #: and inputs commute (a stale patch of them with ``rebase`` is applied); 5: LangGraph's
-#: checkpoints removed by name (``GraphCheckpointsRemoved``).
-REDUCER_VERSION = 5
+#: checkpoints removed by name (``GraphCheckpointsRemoved``); 6: LangGraph's channel values
+#: kept once per version (``graph_values``).
+REDUCER_VERSION = 6
 
 
 def reducer(event_type: type[E], reads: Callable[[E], tuple[str, str]] | None = None,
@@ -733,8 +734,28 @@ def _graph_checkpoint_saved(d: Draft, e: gen.GraphCheckpointSaved, ctx: Ctx) -> 
     # replaces it and the writes saved against it stay.
     d.put("graph_checkpoints", key, GraphCheckpoint(
         key=key, ns=c.ns, id=c.id, parent_id=c.parent_id, checkpoint=c.checkpoint, metadata=c.metadata,
-        saved_at_revision=ctx.revision, writes=prior.writes if prior is not None else [],
+        versions=c.versions, saved_at_revision=ctx.revision, writes=prior.writes if prior is not None else [],
     ))  # fmt: skip
+    for v in c.values:  # once per version: a version saved again (a retried step) replaces it
+        vkey = state.graph_value_key(c.ns, v.channel, v.version)
+        d.put("graph_values", vkey, GraphValueItem(key=vkey, ns=c.ns, channel=v.channel, version=v.version,
+                                                   value=v.value, saved_at_revision=ctx.revision))  # fmt: skip
+
+
+def _drop_unreferenced_values(d: Draft) -> None:
+    """Remove the channel values no remaining checkpoint refers to (after checkpoints went)."""
+    sizes = d.hget("sizes")
+    if sizes is not None and not sizes.get("graph_values"):
+        return  # the run keeps none apart: its checkpoints need not be read
+    referenced = set()
+    for cp in d.values("graph_checkpoints"):
+        assert isinstance(cp, GraphCheckpoint)
+        for cv in cp.versions or ():
+            referenced.add(state.graph_value_key(cp.ns, cv.channel, cv.version))
+    for v in list(d.values("graph_values")):
+        assert isinstance(v, GraphValueItem)
+        if v.key not in referenced:
+            d.delete("graph_values", v.key)
 
 
 @reducer(gen.GraphWritesSaved, reads=lambda e: ("graph_checkpoints", state.graph_key(e.ns, e.checkpoint_id)))
@@ -762,6 +783,7 @@ def _graph_checkpoints_removed(d: Draft, e: gen.GraphCheckpointsRemoved, ctx: Ct
         key = state.graph_key(ref.ns, ref.id)
         if d.get("graph_checkpoints", key) is not None:  # one removed already is no error
             d.delete("graph_checkpoints", key)
+    _drop_unreferenced_values(d)
 
 
 @reducer(gen.GraphThreadDeleted)
@@ -769,6 +791,9 @@ def _graph_thread_deleted(d: Draft, e: gen.GraphThreadDeleted, ctx: Ctx) -> None
     for cp in list(d.values("graph_checkpoints")):
         assert isinstance(cp, GraphCheckpoint)
         d.delete("graph_checkpoints", cp.key)
+    for v in list(d.values("graph_values")):
+        assert isinstance(v, GraphValueItem)
+        d.delete("graph_values", v.key)
     if d.hget("status") not in state.TERMINAL_STATUSES:
         _close_loose_ends(d, f"thread deleted: {e.reason}", ctx)
         _set(d, status="cancelled", active_task_id=None, waiting=None,

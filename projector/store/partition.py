@@ -38,7 +38,7 @@ from runstate.projector.core.working import Changes, Entry, Header, RunDoc
 from runstate.projector.store import document
 from runstate.schemas.errors import ContractError, RunErased, StoreError, StoreLocked
 from runstate.schemas.patch import Decision
-from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState, graph_key, status_span
+from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState, graph_key, graph_value_key, status_span
 
 
 @dataclass(frozen=True)
@@ -730,14 +730,14 @@ class ProjectionStore:
         base = keys.items_prefix(run_id, "graph_checkpoints")
         if checkpoint_id is not None and ns is not None:
             raw = self._get(base + graph_key(ns, checkpoint_id).encode())
-            return [raw[8:]] if raw is not None and _saved(raw) else []
+            return self._with_values(run_id, [raw[8:]]) if raw is not None and _saved(raw) else []
         if ns is None:
             found = [(orjson.loads(v[8:]), v[8:]) for _, v in self._prefix(base)]
             found = [f for f in found if f[0]["checkpoint"] is not None
                      and (checkpoint_id is None or f[0]["id"] == checkpoint_id)
                      and (before is None or f[0]["id"] < before)]  # fmt: skip
             found.sort(key=lambda f: str(f[0]["id"]), reverse=True)
-            return [v for _, v in found[:limit]]
+            return self._with_values(run_id, [v for _, v in found[:limit]])
         prefix = base + graph_key(ns).encode()
         start = prefix + (before.encode() if before is not None else b"\xff")
         out: list[bytes] = []
@@ -747,7 +747,29 @@ class ProjectionStore:
             if limit is not None and len(out) >= limit:
                 break
             out.append(v[8:])
-        return out
+        return self._with_values(run_id, out)
+
+    def _with_values(self, run_id: str, docs: list[bytes]) -> list[bytes]:
+        """Each checkpoint that keeps its values once per version (``versions``) with the
+        values of its versions that the run holds (``values``, as ``GraphCheckpointRead``),
+        read in one MultiGet; the others as they are stored."""
+        base = keys.items_prefix(run_id, "graph_values")
+        wanted: list[tuple[int, bytes]] = []
+        for i, raw in enumerate(docs):
+            if b'"versions":[' not in raw:  # a top-level key: a string's quotes are escaped
+                continue
+            doc = orjson.loads(raw)
+            ns = doc.get("ns", "")
+            wanted += [(i, base + graph_value_key(ns, cv["channel"], cv["version"]).encode()) for cv in doc["versions"]]
+        if not wanted:
+            return docs
+        values: dict[int, list[Any]] = {}
+        for (i, _), got in zip(wanted, self._multi_get([k for _, k in wanted])):
+            if got is not None:
+                item = orjson.loads(got[8:])
+                values.setdefault(i, []).append({"channel": item["channel"], "version": item["version"], "value": item["value"]})
+        return [raw[:-1] + b',"values":' + orjson.dumps(values.get(i, [])) + b"}" if b'"versions":[' in raw else raw
+                for i, raw in enumerate(docs)]  # fmt: skip
 
     def dead_letters(self) -> list[DeadLetter]:
         return [DeadLetter(**orjson.loads(v)) for _, v in self._prefix(keys.DEAD_LETTERS)]

@@ -78,6 +78,11 @@ def _unblob(b: dict[str, str]) -> tuple[str, bytes]:
     return b["type"], base64.b64decode(b["data"])
 
 
+def _primitive(v: Any) -> bool:
+    """A value LangGraph's own savers keep in the checkpoint itself (not once per version)."""
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
 def _write_order(w: dict[str, Any]) -> tuple[str, str, int]:
     """LangGraph's ``writes_sort_key``: (task_path, task_id, idx)."""
     return (w.get("task_path") or "", w["task_id"], int(w["idx"]))
@@ -98,12 +103,25 @@ class _Graph:
     serde: SerializerProtocol
     timeout_s: float
 
-    def _saved(self, config: RunnableConfig, checkpoint: Checkpoint,
-               metadata: CheckpointMetadata) -> tuple[str, events.GraphCheckpointSaved, RunnableConfig]:  # fmt: skip
+    def _saved(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+               new_versions: ChannelVersions) -> tuple[str, events.GraphCheckpointSaved, RunnableConfig]:  # fmt: skip
+        """The event that saves ``checkpoint`` as LangGraph's own savers store one: primitive
+        values in the checkpoint, the others once per version, written only for the
+        channels in ``new_versions`` (a channel that kept its version is read from the value
+        saved with it; a value given for one that did not change is not written again)."""
         thread_id, ns, parent_id = _where(config)
-        spec = events.GraphCheckpointSpec(ns=ns, id=checkpoint["id"], parent_id=parent_id,
-                                          checkpoint=_blob(self.serde.dumps_typed(checkpoint)),
-                                          metadata=_blob(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))))  # fmt: skip
+        inline = {k: v for k, v in checkpoint["channel_values"].items() if _primitive(v)}
+        values = [events.GraphValue(channel=k, version=str(version),
+                                    value=_blob(self.serde.dumps_typed(checkpoint["channel_values"][k]))
+                                    if k in checkpoint["channel_values"] else None)
+                  for k, version in new_versions.items() if k not in inline]  # fmt: skip
+        spec = events.GraphCheckpointSpec(
+            ns=ns, id=checkpoint["id"], parent_id=parent_id,
+            checkpoint=_blob(self.serde.dumps_typed({**checkpoint, "channel_values": inline})),
+            metadata=_blob(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
+            versions=[events.ChannelVersion(channel=k, version=str(v)) for k, v in checkpoint["channel_versions"].items()],
+            values=values,
+        )  # fmt: skip
         out: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
                                                 "checkpoint_id": checkpoint["id"]}}  # fmt: skip
         return thread_id, events.GraphCheckpointSaved(checkpoint=spec), out
@@ -118,12 +136,22 @@ class _Graph:
                  for i, (channel, value) in enumerate(writes)]  # fmt: skip
         return thread_id, events.GraphWritesSaved(ns=ns, checkpoint_id=checkpoint_id, writes=saved)
 
+    def _checkpoint(self, doc: dict[str, Any]) -> Checkpoint:
+        """A stored checkpoint (``GraphCheckpointRead``) as LangGraph's: the values kept once
+        per version put back beside the primitive ones (an "empty" one is no value)."""
+        cp: Checkpoint = self.serde.loads_typed(_unblob(doc["checkpoint"]))
+        kept = {v["channel"]: self.serde.loads_typed(_unblob(v["value"])) for v in doc.get("values") or ()
+                if v.get("value") is not None}  # fmt: skip
+        if kept:
+            cp["channel_values"] = {**cp["channel_values"], **kept}
+        return cp
+
     def _tuple(self, thread_id: str, doc: dict[str, Any]) -> CheckpointTuple:
         ns = doc.get("ns", "")
         parent = doc.get("parent_id")
         return CheckpointTuple(
             config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": doc["id"]}},
-            checkpoint=self.serde.loads_typed(_unblob(doc["checkpoint"])),
+            checkpoint=self._checkpoint(doc),
             metadata=self.serde.loads_typed(_unblob(doc["metadata"])),
             parent_config=({"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
                            if parent else None),  # fmt: skip
@@ -152,16 +180,20 @@ class _Graph:
         out: list[list[events.Model]] = []
         batch: list[events.Model] = []
         size = 0
+        copied: set[tuple[str, str, str]] = set()  # the values (ns, channel, version) sent: once each
         for doc in reversed(source):
             ns = doc.get("ns", "")
+            values = [v for v in doc.get("values") or () if (ns, v["channel"], v["version"]) not in copied]
+            copied.update((ns, v["channel"], v["version"]) for v in values)
             evs: list[events.Model] = [events.GraphCheckpointSaved(checkpoint=events.GraphCheckpointSpec.model_validate(
                 {"ns": ns, "id": doc["id"], "parent_id": doc.get("parent_id"), "checkpoint": doc["checkpoint"],
-                 "metadata": doc["metadata"]}))]  # fmt: skip
+                 "metadata": doc["metadata"], "versions": doc.get("versions"), "values": values}))]  # fmt: skip
             if doc.get("writes"):
                 evs.append(events.GraphWritesSaved.model_validate({"ns": ns, "checkpoint_id": doc["id"],
                                                                    "writes": doc["writes"]}))  # fmt: skip
-            n = len(doc["checkpoint"]["data"]) + len(doc["metadata"]["data"]) + sum(len(w["value"]["data"])
-                                                                                for w in doc.get("writes", []))  # fmt: skip
+            n = (len(doc["checkpoint"]["data"]) + len(doc["metadata"]["data"])
+                 + sum(len(w["value"]["data"]) for w in doc.get("writes", []))
+                 + sum(len(v["value"]["data"]) for v in values if v.get("value")))  # fmt: skip
             if batch and size + n > COPY_BYTES:
                 out.append(batch)
                 batch, size = [], 0
@@ -185,13 +217,13 @@ class _Graph:
         for ns in {d.get("ns", "") for d in docs}:
             latest = next(d for d in docs if d.get("ns", "") == ns)  # newest first
             keep.add((ns, latest["id"]))
-            cp = self.serde.loads_typed(_unblob(latest["checkpoint"]))
+            cp = self._checkpoint(latest)
             missing = set(cp.get("channel_versions", {})) - set(cp.get("channel_values", {}))
             parent = latest.get("parent_id")
             while missing and parent is not None and (ns, parent) in by_id:
                 doc = by_id[(ns, parent)]
                 keep.add((ns, parent))
-                missing -= set(self.serde.loads_typed(_unblob(doc["checkpoint"])).get("channel_values", {}))
+                missing -= set(self._checkpoint(doc).get("channel_values", {}))
                 parent = doc.get("parent_id")
         return [events.GraphCheckpointRef(ns=ns, id=id_) for ns, id_ in by_id if (ns, id_) not in keep]
 
@@ -291,7 +323,7 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[int]):
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
-        thread_id, event, out = self._saved(config, checkpoint, metadata)
+        thread_id, event, out = self._saved(config, checkpoint, metadata, new_versions)
         self._submit(thread_id, event, new=event.checkpoint.parent_id is None)
         return out
 
@@ -422,7 +454,7 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[int]):
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
-        thread_id, event, out = self._saved(config, checkpoint, metadata)
+        thread_id, event, out = self._saved(config, checkpoint, metadata, new_versions)
         await self._submit(thread_id, event, new=event.checkpoint.parent_id is None)
         return out
 

@@ -39,7 +39,7 @@ from runstate.projector.store.document import unreadable
 from runstate.projector.store.partition import RunOrder, activity_cursor
 from runstate.schemas.errors import ContractError, PatchTooLarge, RunstateError
 from runstate.schemas.patch import Decision, PatchDraft
-from runstate.schemas.state import GraphCheckpoint, RunState, RunStatus, RunSummary
+from runstate.schemas.state import GraphCheckpointRead, RunState, RunStatus, RunSummary
 from runstate.service.admission import Admission, Admit
 from runstate.service.auth import AuthError, Identity, Tokens
 from runstate.service.errors import answer, body
@@ -405,7 +405,7 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         ident(request).may_read(run_id)
         return json_out(await service.resume(run_id, fwd(request)))
 
-    @api.get("/runs/{run_id}/graph/checkpoints", response_model=list[GraphCheckpoint],
+    @api.get("/runs/{run_id}/graph/checkpoints", response_model=list[GraphCheckpointRead],
              responses=_errors(401, 403, 422, 503))  # fmt: skip
     async def get_graph_checkpoints(request: Request, run_id: RUN_ID, ns: Annotated[str | None, Query(max_length=2000)] = None,
                                     checkpoint_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None,

@@ -317,6 +317,14 @@ class Blob(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True
     data: str
 
 
+class ChannelVersion(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
+    """The struct of :class:`runstate.schemas.events.ChannelVersion` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.events.ChannelVersion'
+    channel: str
+    version: str
+
+
 class GraphWrite(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
     """The struct of :class:`runstate.schemas.events.GraphWrite` (``__contract__``)."""
 
@@ -338,8 +346,21 @@ class GraphCheckpoint(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
     parent_id: str | None = None
     checkpoint: Blob | None = None
     metadata: Blob | None = None
+    versions: list[ChannelVersion] | None = None
     saved_at_revision: int
     writes: list[GraphWrite] = msgspec.field(default_factory=list)
+
+
+class GraphValueItem(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
+    """The struct of :class:`runstate.schemas.state.GraphValueItem` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.state.GraphValueItem'
+    key: str
+    ns: str = ''
+    channel: str
+    version: str
+    value: Blob | None = None
+    saved_at_revision: int
 
 
 class RunState(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
@@ -367,6 +388,7 @@ class RunState(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     artifacts: list[Artifact] = msgspec.field(default_factory=list)
     inputs: list[Input] = msgspec.field(default_factory=list)
     graph_checkpoints: list[GraphCheckpoint] = msgspec.field(default_factory=list)
+    graph_values: list[GraphValueItem] = msgspec.field(default_factory=list)
     agent_version: str
     created_at: datetime | None = None
     created_by: str | None = None
@@ -822,6 +844,15 @@ class RunCancelled(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     reason: str
 
 
+class GraphValue(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
+    """The struct of :class:`runstate.schemas.events.GraphValue` (``__contract__``)."""
+
+    __contract__: ClassVar[str] = 'runstate.schemas.events.GraphValue'
+    channel: str
+    version: str
+    value: Blob | None = None
+
+
 class GraphCheckpointSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
     """The struct of :class:`runstate.schemas.events.GraphCheckpointSpec` (``__contract__``)."""
 
@@ -831,6 +862,8 @@ class GraphCheckpointSpec(msgspec.Struct, kw_only=True, frozen=True, forbid_unkn
     parent_id: Annotated[str, msgspec.Meta(pattern='^[^\\x00-\\x1f]+\\Z', min_length=1, max_length=200)] | None = None
     checkpoint: Blob
     metadata: Blob
+    versions: list[ChannelVersion] | None = None
+    values: list[GraphValue] = msgspec.field(default_factory=list)
 
 
 class GraphCheckpointSaved(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False, tag_field='type', tag='GraphCheckpointSaved'):

@@ -430,8 +430,10 @@ class RunPage {
         }))));
     }
     if (s.graph_checkpoints && s.graph_checkpoints.length) {
+      const values = (s.graph_values || []).length;
       out.push(el("div", { class: "panel" }, el("h3", {}, `LangGraph checkpoints (${s.graph_checkpoints.length})`),
-        el("p", { class: "muted" }, "Saved by runstate's LangGraph checkpointer; their values are LangGraph's serialized bytes.")));
+        el("p", { class: "muted" }, "Saved by runstate's LangGraph checkpointer; their values are LangGraph's serialized bytes"
+          + (values ? `, ${values} channel value${values === 1 ? "" : "s"} kept once per version.` : "."))));
     }
     this.statePanel.replaceChildren(...out);
   }
