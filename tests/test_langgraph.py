@@ -389,6 +389,34 @@ def test_a_channel_value_is_stored_once_per_version(tmp_path: Path) -> None:
         assert serve.stop() == 0, serve.log()
 
 
+def test_a_checkpoint_saved_whole_before_values_were_kept_apart_reads_as_it_was(tmp_path: Path) -> None:
+    """A checkpoint stored whole (no ``versions``: what runstate wrote before it kept values
+    once per version) reads back with every value, and the next put on its thread works."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+    from runstate.schemas import events
+
+    with RunstateSaver.from_conn_string(tmp_path / "rs") as saver:
+        old = generate_checkpoint(channel_values={"messages": ["hello", "there"], "n": 1})
+        meta = generate_metadata()
+        whole = events.GraphCheckpointSaved(checkpoint=events.GraphCheckpointSpec(
+            id=old["id"], checkpoint=_typed_blob(saver.serde.dumps_typed(old)), metadata=_typed_blob(saver.serde.dumps_typed(meta))))  # fmt: skip
+        saver._submit("old thread", whole, new=True)
+        got = saver.get_tuple(generate_config("old thread"))
+        assert got is not None and got.checkpoint["channel_values"] == {"messages": ["hello", "there"], "n": 1}
+        nxt = generate_checkpoint(channel_values={"messages": ["hello", "there", "again"], "n": 2},
+                                  channel_versions={"messages": "2", "n": "2"})  # fmt: skip
+        saver.put(got.config, nxt, meta, {"messages": "2", "n": "2"})
+        assert saver.get_tuple(generate_config("old thread")).checkpoint["channel_values"]["messages"][-1] == "again"  # type: ignore[union-attr]
+        assert len(list(saver.list(generate_config("old thread")))) == 2
+
+
+def _typed_blob(typed: tuple[str, bytes]) -> Any:
+    from runstate.schemas import events
+
+    return events.Blob(type=typed[0], data=base64.b64encode(typed[1]).decode("ascii"))
+
+
 def test_two_savers_on_one_directory_both_write_at_full_speed(tmp_path: Path) -> None:
     """The second saver (as a second process would) appends and reads the decisions of the
     first one's projector: a put is answered at once, not after a 30 s wait."""
