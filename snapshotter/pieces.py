@@ -11,9 +11,10 @@ that changed since the run's previous checkpoint, then its head; compaction keep
 newest value of every key, so the topic holds each run's live pieces once, whatever its
 history (Kafka Streams' changelog topics work the same way).
 
-**Segments of patch ids** are merged as they pile up, four of a size into one of the next
-(size-tiered, as an LSM tree's): a run holds a few segments whatever its length, and each
-id is rewritten a few times at most.
+**Segments of patch ids** are merged as they pile up, sixteen of a size into one of the
+next (size-tiered, as an LSM tree's): a run holds a few dozen segments at most whatever its
+length, and each id is rewritten two or three times (patch ids are digests: they do not
+compress, so each rewrite costs what the id weighs).
 
 **Epochs.** Every piece value starts with the run's *epoch*: the revision of the run's
 last *base* checkpoint, one that wrote every piece (a run's first checkpoint, and its first
@@ -69,8 +70,9 @@ def ids_piece(revision: int) -> str:
     return f"{_IDS}{revision:016x}"
 
 
-#: Segments of patch ids merge this many of a size into one (see :func:`merged_segments`).
-SEGMENT_FANOUT = 4
+#: Segments of patch ids merge this many of a size into one (see :func:`merged_segments`):
+#: an id is rewritten about log_FANOUT(segments) times, a run keeps up to FANOUT - 1 per tier.
+SEGMENT_FANOUT = 16
 
 
 def segment_tier(ids: int) -> int:

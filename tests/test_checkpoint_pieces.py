@@ -157,12 +157,15 @@ def test_a_checkpoint_writes_what_changed_and_history_rebuilds_every_revision(tm
             assert len(cp.state.confirmed_facts) == cp.revision - 1 - sum(1 for i in (3, 6) if i < cp.revision - 1)
 
 
-def test_segments_of_patch_ids_merge_four_of_a_size_and_a_long_run_keeps_few() -> None:
-    assert pieces.merged_segments({"a": 1, "b": 1, "c": 1}) == []
-    assert pieces.merged_segments({"a": 1, "b": 2, "c": 1, "d": 3}) == [["a", "b", "c", "d"]]
-    # Merging can cascade: four of tier 0 make one of tier 1, the fourth of its tier.
-    assert pieces.merged_segments({"a": 4, "b": 5, "c": 6, "d": 1, "e": 1, "f": 1, "g": 1}) == [
-        ["d", "e", "f", "g"], ["a", "b", "c", "g"]]
+def test_segments_of_patch_ids_merge_sixteen_of_a_size_and_a_long_run_keeps_few() -> None:
+    n = pieces.SEGMENT_FANOUT
+    assert n == 16
+    small = {f"s{i:02d}": 1 + i % 3 for i in range(n)}  # tier 0: under 16 ids each
+    assert pieces.merged_segments(dict(list(small.items())[:-1])) == []
+    assert pieces.merged_segments(small) == [sorted(small)]
+    # Merging can cascade: sixteen of tier 0 make one of tier 1, the sixteenth of its tier.
+    bigger = {f"b{i:02d}": 16 + i for i in range(n - 1)}
+    assert pieces.merged_segments({**bigger, **small}) == [sorted(small)[:n], [*sorted(bigger), sorted(small)[-1]]]
 
     # A run checkpointed at every one of its 200 patches holds a handful of segments, and
     # a restore from them answers every patch id as decided (equal to a full replay).
