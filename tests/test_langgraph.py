@@ -389,26 +389,56 @@ def test_a_channel_value_is_stored_once_per_version(tmp_path: Path) -> None:
         assert serve.stop() == 0, serve.log()
 
 
-def test_a_checkpoint_saved_whole_before_values_were_kept_apart_reads_as_it_was(tmp_path: Path) -> None:
-    """A checkpoint stored whole (no ``versions``: what runstate wrote before it kept values
-    once per version) reads back with every value, and the next put on its thread works."""
-    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+def test_a_thread_saved_whole_with_numbered_versions_goes_on(tmp_path: Path) -> None:
+    """A thread saved by a runstate from before values were kept once per version (each
+    checkpoint whole, versions whole numbers: LangGraph's default) reads back as it was, and
+    a graph goes on from it with today's saver (text versions; LangGraph compares a thread's
+    versions with each other): the same state and history as InMemorySaver's."""
+    from langgraph.checkpoint.base import BaseCheckpointSaver, get_checkpoint_metadata
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, StateGraph
 
+    from runstate.integrations.langgraph import _where
     from runstate.schemas import events
 
-    with RunstateSaver.from_conn_string(tmp_path / "rs") as saver:
-        old = generate_checkpoint(channel_values={"messages": ["hello", "there"], "n": 1})
-        meta = generate_metadata()
-        whole = events.GraphCheckpointSaved(checkpoint=events.GraphCheckpointSpec(
-            id=old["id"], checkpoint=_typed_blob(saver.serde.dumps_typed(old)), metadata=_typed_blob(saver.serde.dumps_typed(meta))))  # fmt: skip
-        saver._submit("old thread", whole, new=True)
-        got = saver.get_tuple(generate_config("old thread"))
-        assert got is not None and got.checkpoint["channel_values"] == {"messages": ["hello", "there"], "n": 1}
-        nxt = generate_checkpoint(channel_values={"messages": ["hello", "there", "again"], "n": 2},
-                                  channel_versions={"messages": "2", "n": "2"})  # fmt: skip
-        saver.put(got.config, nxt, meta, {"messages": "2", "n": "2"})
-        assert saver.get_tuple(generate_config("old thread")).checkpoint["channel_values"]["messages"][-1] == "again"  # type: ignore[union-attr]
-        assert len(list(saver.list(generate_config("old thread")))) == 2
+    class OldSaver(RunstateSaver):
+        get_next_version = BaseCheckpointSaver.get_next_version  # type: ignore[assignment]
+
+        def _checkpoint(self, doc: dict[str, Any]) -> Any:
+            return self.serde.loads_typed((doc["checkpoint"]["type"], base64.b64decode(doc["checkpoint"]["data"])))
+
+        def _saved(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            thread_id, ns, parent_id = _where(config)
+            spec = events.GraphCheckpointSpec(ns=ns, id=checkpoint["id"], parent_id=parent_id,
+                                              checkpoint=_typed_blob(self.serde.dumps_typed(checkpoint)),
+                                              metadata=_typed_blob(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))))  # fmt: skip
+            return thread_id, events.GraphCheckpointSaved(checkpoint=spec), {
+                "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+
+    class Notes(TypedDict):
+        notes: Annotated[list[str], lambda a, b: a + b]
+        turns: int
+
+    def graph(saver: Any) -> Any:
+        g = StateGraph(Notes)
+        g.add_node("note", lambda s: {"notes": [f"turn {s['turns']}"], "turns": s["turns"] + 1})
+        g.add_edge(START, "note")
+        return g.compile(checkpointer=saver)
+
+    cfg = {"configurable": {"thread_id": "old thread"}}
+    memory = graph(InMemorySaver())
+    for turn in range(3):
+        memory.invoke({"notes": [f"in {turn}"], "turns": turn}, cfg)
+    with OldSaver.from_conn_string(tmp_path / "rs") as old:
+        for turn in range(2):
+            graph(old).invoke({"notes": [f"in {turn}"], "turns": turn}, cfg)
+        assert isinstance(old.get_tuple(cfg).checkpoint["channel_versions"]["notes"], int)  # type: ignore[union-attr]
+    with RunstateSaver.from_conn_string(tmp_path / "rs") as new:
+        g = graph(new)
+        g.invoke({"notes": ["in 2"], "turns": 2}, cfg)
+        assert isinstance(new.get_tuple(cfg).checkpoint["channel_versions"]["notes"], str)  # type: ignore[union-attr]
+        assert g.get_state(cfg).values == memory.get_state(cfg).values
+        assert [s.values for s in g.get_state_history(cfg)] == [s.values for s in memory.get_state_history(cfg)]
 
 
 def _typed_blob(typed: tuple[str, bytes]) -> Any:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import random
 import threading
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -76,6 +77,11 @@ def _blob(typed: tuple[str, bytes]) -> events.Blob:
 
 def _unblob(b: dict[str, str]) -> tuple[str, bytes]:
     return b["type"], base64.b64decode(b["data"])
+
+
+def _as_text(version: Any) -> Any:
+    """A whole-number version as the text :meth:`_Graph.get_next_version` makes (ordered alike)."""
+    return f"{version:032}.{0:016}" if isinstance(version, int) and not isinstance(version, bool) else version
 
 
 def _primitive(v: Any) -> bool:
@@ -136,10 +142,24 @@ class _Graph:
                  for i, (channel, value) in enumerate(writes)]  # fmt: skip
         return thread_id, events.GraphWritesSaved(ns=ns, checkpoint_id=checkpoint_id, writes=saved)
 
+    def get_next_version(self, current: str | int | None, channel: None) -> str:  # type: ignore[override]
+        """A channel's next version, as LangGraph's own savers make it: the count, then random
+        digits, so that two branches of a thread (a fork from an earlier checkpoint) never
+        give one channel the same version, under which its value is kept once."""
+        n = 0 if current is None else current if isinstance(current, int) else int(str(current).split(".")[0])
+        return f"{n + 1:032}.{random.random():016}"
+
     def _checkpoint(self, doc: dict[str, Any]) -> Checkpoint:
         """A stored checkpoint (``GraphCheckpointRead``) as LangGraph's: the values kept once
-        per version put back beside the primitive ones (an "empty" one is no value)."""
+        per version put back beside the primitive ones (an "empty" one is no value). One
+        saved whole, before values were kept once per version, had whole numbers for
+        versions: they are read as the text :meth:`get_next_version` makes (LangGraph
+        compares a thread's versions with each other, and a number with text fails)."""
         cp: Checkpoint = self.serde.loads_typed(_unblob(doc["checkpoint"]))
+        if doc.get("versions") is None:
+            cp["channel_versions"] = {k: _as_text(v) for k, v in cp.get("channel_versions", {}).items()}
+            cp["versions_seen"] = {node: {k: _as_text(v) for k, v in seen.items()}
+                                   for node, seen in cp.get("versions_seen", {}).items()}  # fmt: skip
         kept = {v["channel"]: self.serde.loads_typed(_unblob(v["value"])) for v in doc.get("values") or ()
                 if v.get("value") is not None}  # fmt: skip
         if kept:
@@ -276,7 +296,7 @@ def _outcome(d: Decision | None) -> Decision | None:
     return d
 
 
-class RunstateSaver(_Graph, BaseCheckpointSaver[int]):
+class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
     """LangGraph's ``BaseCheckpointSaver`` on runstate (synchronous; the ``a*`` methods run
     the synchronous ones in a worker thread). Make it with :meth:`from_conn_string`."""
 
@@ -409,7 +429,7 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[int]):
         await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
 
 
-class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[int]):
+class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
     """:class:`RunstateSaver` for asyncio graphs (``ainvoke``, ``astream``): the same
     events, sent without a thread per call over a ``runstate serve``. Its synchronous methods
     work from other threads while its event loop runs (as LangGraph's own async savers)."""
