@@ -24,9 +24,13 @@ graph, every checkpoint kept), the bytes each saver holds once it is done: SQLit
 PostgreSQL's checkpoint tables (``pg_total_relation_size``), runstate's directory (log +
 projection + the snapshotter's history) and, through serve, the serve's log and state.
 
+Concurrency: 50 threads at once, each a 10-step graph, driven by asyncio (``ainvoke``) on
+the async savers: LangGraph's ``AsyncSqliteSaver`` and ``AsyncPostgresSaver``, runstate's
+``AsyncRunstateSaver`` embedded and through serve; the wall time of the whole batch.
+
 Goals (LangGraph issue): a graph step on the embedded log <= 1.2x SqliteSaver's and <= 1.0x
 PostgresSaver's, through serve <= 2x PostgresSaver's; disk <= 2x SqliteSaver's embedded
-and <= 3x through serve.
+and <= 3x through serve; 50 async threads through serve within 2x AsyncSqliteSaver's time.
 """
 
 from __future__ import annotations
@@ -304,6 +308,7 @@ def main() -> None:
                     got[name]["graph"].append(graph_step(saver, f"g-{r}-{d.name}"))
             print(f"round {r + 1}/{rounds} done", file=sys.stderr)
         disk = measure_disk(work, pg_url, url, serve_dirs)
+        conc = measure_concurrency(work, pg_url, url)
     base = {k: statistics.median(got["SqliteSaver"][k]) for k in ("put+get", "graph")}
     peer = "PostgresSaver" if "PostgresSaver" in got else None
     pbase = {k: statistics.median(got[peer][k]) for k in ("put+get", "graph")} if peer else None
@@ -319,6 +324,60 @@ def main() -> None:
     print("| saver | bytes | x |\n|---|---|---|")
     for name, n in disk.items():
         print(f"| {name} | {n / 1e6:.1f} MB | {n / disk['SqliteSaver']:.1f} |")
+    print(f"\n{THREADS} threads at once, {THREAD_STEPS} steps each (asyncio); x = against AsyncSqliteSaver\n")
+    print("| saver | wall time | x |\n|---|---|---|")
+    for name, sec in conc.items():
+        print(f"| {name} | {sec:.2f} s | {sec / conc['AsyncSqliteSaver']:.1f} |")
+
+
+THREADS, THREAD_STEPS = 50, 10
+
+
+async def concurrent(saver: Any) -> float:
+    """Seconds for THREADS threads at once, each a THREAD_STEPS-step graph."""
+    import asyncio
+
+    def step(state: State) -> dict[str, Any]:
+        return {"messages": [AIMessage(content=f"step {state['n']}")], "n": state["n"] + 1}
+
+    g = StateGraph(State)
+    g.add_node("step", step)
+    g.add_edge(START, "step")
+    g.add_conditional_edges("step", lambda s: "step" if s["n"] < THREAD_STEPS else END, ["step", END])
+    graph = g.compile(checkpointer=saver)
+    tag = os.urandom(4).hex()
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(graph.ainvoke({"messages": [("user", "go")], "n": 0},
+                                                {"configurable": {"thread_id": f"c-{tag}-{i}"}})
+                                  for i in range(THREADS)))  # fmt: skip
+    assert all(o["n"] == THREAD_STEPS for o in outs)
+    return time.perf_counter() - t0
+
+
+def measure_concurrency(work: Path, pg_url: str | None, url: str) -> dict[str, float]:
+    """Each async saver's wall time for the concurrent batch (its best of two)."""
+    import asyncio
+
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    from runstate.integrations.langgraph import AsyncRunstateSaver
+
+    async def run() -> dict[str, float]:
+        out: dict[str, float] = {}
+        async with AsyncSqliteSaver.from_conn_string(str(work / "conc.sqlite")) as saver:
+            out["AsyncSqliteSaver"] = min([await concurrent(saver) for _ in range(2)])
+        if pg_url is not None:
+            from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+            async with AsyncPostgresSaver.from_conn_string(pg_url) as saver:
+                out["AsyncPostgresSaver"] = min([await concurrent(saver) for _ in range(2)])
+        async with AsyncRunstateSaver.from_conn_string(work / "conc-rs") as saver:
+            out["AsyncRunstateSaver (embedded)"] = min([await concurrent(saver) for _ in range(2)])
+        async with AsyncRunstateSaver.from_conn_string(url) as saver:
+            out["AsyncRunstateSaver (serve, embedded)"] = min([await concurrent(saver) for _ in range(2)])
+        return out
+
+    return asyncio.run(run())
 
 
 def measure_disk(work: Path, pg_url: str | None, url: str, serve_dirs: list[Path]) -> dict[str, int]:
