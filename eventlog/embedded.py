@@ -243,7 +243,6 @@ class EmbeddedLog(EventLog):
                  *, create: bool = True) -> None:
         self.path = Path(path)
         self.topics = topics or TopicNames()
-        self._default_partitions = partitions
         if not create and not self.path.exists():
             raise LogConfigError(f"embedded log {self.path} does not exist (a write makes it: `runstate publish`, "
                                  "`runstate topics create`)")  # fmt: skip

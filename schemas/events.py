@@ -1,6 +1,6 @@
 """Run events: the facts an agent appends about its run.
 
-Convention (DESIGN.md): an event that introduces an object carries it under its singular
+Convention (docs/events.md): an event that introduces an object carries it under its singular
 name (``goal``, ``fact``, ``hypothesis``, ``task``, ``question``, ``observation``,
 ``constraint``, ``effect``, ``waiting``, ``workspace_ref``); an event about an existing
 object names it ``<kind>_id``.

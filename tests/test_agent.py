@@ -77,6 +77,24 @@ def test_typed_errors_for_conflicts_rejections_and_mistakes_made_before_sending(
         assert a.refresh() == before
 
 
+def test_every_verb_of_the_handle_lands_in_the_run_state(local: Path) -> None:
+    """The handle's verbs beyond the tour's, each as the state shows it: an observation, a
+    blocked task, a wait for approval and its resolution."""
+    with open_run(local, "verbs", agent_id="a", agent_version="1") as run:
+        run.start("check the deploy", policy={"external_evidence_schemes": ["artifact"]})
+        run.observe("deploy/checkout", "v2.3.1 on 40% of pods", version="rev-118")
+        run.task("t1", "roll out")
+        run.start_task("t1")
+        run.block_task("t1", reason="needs the change window")
+        run.wait_for_approval("w1", "roll out to 100%?")
+        waiting = run.state()
+        assert waiting.status == "waiting" and waiting.waiting is not None and waiting.waiting.kind == "approval"
+        assert [(o.subject, o.observed_version) for o in waiting.environment_observations] == [("deploy/checkout", "rev-118")]
+        assert [(t.id, t.status, t.blocked_by) for t in waiting.tasks] == [("t1", "blocked", "needs the change window")]
+        run.resolve_wait("w1")
+        assert run.state().status == "running" and run.state().waiting is None
+
+
 def test_tool_calls_and_effects_are_recorded_around_the_work(local: Path) -> None:
     with open_run(local, "r2", agent_id="a", agent_version="1") as run:
         run.start("ship")

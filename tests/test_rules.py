@@ -1,4 +1,4 @@
-"""Every rule of DESIGN.md "Rules the runtime enforces", and the decide contract."""
+"""Every rule the runtime enforces (docs/rules.md), and the decide contract."""
 
 from __future__ import annotations
 

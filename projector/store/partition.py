@@ -10,7 +10,7 @@ Write contract: :meth:`ProjectionStore.write` applies one :class:`PendingBatch` 
 changes, decisions, dead letters, checkpoints and the new ``next_offset``) as one RocksDB
 WriteBatch, so a crash leaves either all of a poll batch or none of it, never the state
 without its offset. Read-only instances see the DB as of their open, including the
-primary's WAL; secondary instances are not used (stale reads, DESIGN.md).
+primary's WAL; secondary instances are not used (their reads lag the primary's).
 
 Failure modes: opening raises :class:`StoreLocked` when another process has the store
 open read-write and :class:`StoreError` for anything else (missing, corrupt, another

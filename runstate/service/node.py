@@ -23,7 +23,6 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -136,7 +135,6 @@ class RestoreProgress:
 
 @dataclass
 class NodeHealth:
-    started_at: float = field(default_factory=time.monotonic)
     failed: str | None = None
     restoring: dict[int, RestoreProgress] = field(default_factory=dict)
 
