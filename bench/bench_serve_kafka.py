@@ -18,9 +18,10 @@ Two phases, each on fresh topics and fresh instances:
 2. **SIGKILL**: the same load, and one instance SIGKILLed at the middle. A client whose
    instance is gone (a refused connection, a reset) or whose run's partition is moving
    (503) sends the same patch (same ``patch_id``) again, to the survivor, until it has a
-   decision. Figures: the longest time from a patch's first send to its decision, and the
-   longest stretch with no decision at all. Goal: under the group's session timeout
-   (10 s) + 2 s.
+   decision. Figures: the longest time from a patch's first send to its decision (goal
+   < 8 s) and the longest stretch with no decision at all (goal < 6 s), with the consumer
+   settings of ``RUNSTATE_KAFKA_CONFIG`` (e.g. ``{"consumer.partition.assignment.strategy":
+   "cooperative-sticky"}``) over runstate's defaults.
 
 After each phase, with the instances stopped, a new projector restores an empty state
 directory from the checkpoints and the log's tail: every patch answered ``accepted`` is in
@@ -54,7 +55,7 @@ from bench_serve import LeanPool, free_port, p99, pct
 from benchkit import kafka_broker
 
 from runstate.eventlog.base import TopicNames
-from runstate.eventlog.kafka import KafkaLog
+from runstate.eventlog.kafka import CONSUMER_DEFAULTS, KafkaLog
 from runstate.eventlog.partitioner import partition_for
 from runstate.projector.read.queries import Projection
 from runstate.projector.read.replay import verify
@@ -65,7 +66,9 @@ from runstate.schemas.patch import Author, Patch
 INSTANCE_SECRET = secrets.token_hex(32)
 
 PARTITIONS = 6
-SESSION_TIMEOUT_S = 10.0  # eventlog/kafka.py's session.timeout.ms
+#: The group's session timeout the instances run with (RUNSTATE_KAFKA_CONFIG over the default).
+SESSION_TIMEOUT_S = float(json.loads(os.environ.get("RUNSTATE_KAFKA_CONFIG") or "{}").get(
+    "consumer.session.timeout.ms", CONSUMER_DEFAULTS["session.timeout.ms"])) / 1000  # fmt: skip
 #: A send slot finding this many patches in flight is skipped and counted: a server that
 #: fell this far behind is saturated, and more sockets would only exhaust the generator's.
 MAX_IN_FLIGHT = 2_000
@@ -371,13 +374,13 @@ def main() -> None:
         print(f"  sends again: {load.retries}; errors: {len(load.errors)} {load.errors[:3]}; sends {n}")
         if res["killed"] is not None:
             silence = load.longest_silence(res["killed"])  # type: ignore[arg-type]
-            bound = SESSION_TIMEOUT_S + 2
             t = {k: v - res["killed"] for k, v in load.takeover.items()}  # type: ignore[operator]
             print(f"  the survivor took the partitions over {t.get('restoring', float('nan')):.1f}s after the kill "
                   f"(the group's session timeout: {SESSION_TIMEOUT_S:.0f}s) and served them all at "
                   f"{t.get('served', float('nan')):.1f}s")  # fmt: skip
-            print(f"  longest first send -> decision {load.longest:.1f}s; longest stretch with no decision after "
-                  f"the kill {silence:.1f}s (goal < {bound:.0f}s: {'met' if max(load.longest, silence) < bound else 'not met'})")  # fmt: skip
+            print(f"  longest first send -> decision {load.longest:.1f}s (goal < 8s: {'met' if load.longest < 8 else 'not met'}); "
+                  f"longest stretch with no decision after the kill {silence:.1f}s "
+                  f"(goal < 6s: {'met' if silence < 6 else 'not met'})")  # fmt: skip
         print(f"  accepted {res['accepted']:,}: lost {res['lost']}, decided twice {res['twice']}; applied without "
               f"the client seeing it accepted: {res['unacknowledged']}; verify (restored projection against a full replay): "
               f"{'passes' if res['verify'] else 'FAILS'}")  # fmt: skip

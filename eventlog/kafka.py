@@ -56,7 +56,10 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
     "auto.offset.reset": "earliest",
-    "session.timeout.ms": 10_000,
+    # The broker's least (group.min.session.timeout.ms): a dead instance's partitions move
+    # after it. librdkafka heartbeats from its own thread, so a busy Python thread does not
+    # miss one; a partition's restore runs under max.poll.interval.ms instead.
+    "session.timeout.ms": 6_000,
     "heartbeat.interval.ms": 1_000,
     "max.poll.interval.ms": 300_000,
     "fetch.wait.max.ms": 50,
@@ -313,7 +316,9 @@ class KafkaLog(EventLog):
         conf = self._consumer_conf(group_id)
         if client_id is not None:
             conf["client.id"] = client_id
-        return KafkaConsumer(_made(Consumer, conf), topic)
+        incremental = "cooperative" in str(conf.get("partition.assignment.strategy", "")) \
+            or conf.get("group.protocol") == "consumer"  # fmt: skip
+        return KafkaConsumer(_made(Consumer, conf), topic, incremental=incremental)
 
     def reader(self, topic: str, positions: dict[int, int]) -> LogReader:
         self.partitions(topic)
@@ -555,9 +560,11 @@ class KafkaReader(LogReader):
 
 
 class KafkaConsumer(LogConsumer):
-    def __init__(self, consumer: Consumer, topic: str) -> None:
+    def __init__(self, consumer: Consumer, topic: str, *, incremental: bool = False) -> None:
         self._c = consumer
         self._topic = topic
+        #: the group rebalances incrementally (cooperative assignment, or KIP-848's protocol)
+        self._incremental = incremental
         self._owned: set[int] = set()
         #: the log end per partition as the last poll saw it: end_offsets reads this, never
         #: the handle, which another thread's call can wait on for as long as a rebalance
@@ -566,17 +573,30 @@ class KafkaConsumer(LogConsumer):
         self._ends_at = 0.0
 
     def subscribe(self, on_assign: OnAssign, on_revoke: OnRevoke) -> None:
+        """Under the eager protocol (librdkafka's default assignment strategies) a rebalance
+        revokes every partition and assigns the new set; under the cooperative one
+        (``partition.assignment.strategy=cooperative-sticky``) only the partitions that
+        change hands are given or taken, so a member keeps serving its own through
+        another's join or death. ``on_assign`` / ``on_revoke`` get what changes, either way."""
+
         def assigned(consumer: Consumer, tps: list[TopicPartition]) -> None:
             starts = on_assign([tp.partition for tp in tps])
             for tp in tps:
                 tp.offset = int(starts.get(tp.partition, 0))
-            consumer.assign(tps)
-            self._owned = {tp.partition for tp in tps}
+            if self._incremental:
+                consumer.incremental_assign(tps)
+                self._owned = self._owned | {tp.partition for tp in tps}  # a new set: read from other threads
+            else:
+                consumer.assign(tps)
+                self._owned = {tp.partition for tp in tps}
 
         def revoked(consumer: Consumer, tps: list[TopicPartition]) -> None:
             on_revoke([tp.partition for tp in tps])
             self._owned = self._owned - {tp.partition for tp in tps}  # a new set: read from other threads
-            consumer.unassign()
+            if self._incremental:
+                consumer.incremental_unassign(tps)
+            else:
+                consumer.unassign()
 
         self._c.subscribe([self._topic], on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 

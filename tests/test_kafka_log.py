@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,44 @@ def test_a_projector_started_right_after_creating_its_topics_catches_up(kafka_bo
             assert stats.records == 0
         finally:
             log.close()
+
+
+def test_with_cooperative_assignment_a_member_keeps_its_partitions_while_another_joins_and_leaves(
+        kafka_bootstrap: str) -> None:  # fmt: skip
+    """``consumer.partition.assignment.strategy=cooperative-sticky`` (RUNSTATE_KAFKA_CONFIG):
+    a rebalance moves only the partitions that change hands (incremental assignment), so a
+    member's own partitions are never revoked when another joins or dies; only what moves
+    is handed to on_assign / on_revoke."""
+    import time
+
+    topics = TopicNames.with_prefix(f"t{uuid.uuid4().hex[:10]}")
+    config = {"consumer.partition.assignment.strategy": "cooperative-sticky", "consumer.session.timeout.ms": 6000}
+    log = KafkaLog(kafka_bootstrap, topics=topics, config=config)
+    log.create_topics(4)
+    seen: dict[str, list[tuple[str, list[int]]]] = {"a": [], "b": []}
+
+    def member(name: str) -> Any:
+        c = log.consumer("coop", topics.events, client_id=name)
+        c.subscribe(lambda ps: (seen[name].append(("assign", sorted(ps))), {})[1],
+                    lambda ps: seen[name].append(("revoke", sorted(ps))))  # fmt: skip
+        return c
+
+    def until(cond: Callable[[], bool], *members: Any) -> None:
+        deadline = time.monotonic() + 60
+        while not cond():
+            assert time.monotonic() < deadline, seen
+            for m in members:
+                m.poll(10, 0.1)
+
+    a = member("a")
+    until(lambda: a.assignment() == [0, 1, 2, 3], a)
+    b = member("b")
+    until(lambda: len(a.assignment()) == 2 and len(b.assignment()) == 2, a, b)
+    kept = a.assignment()
+    b.close()  # it leaves the group: its partitions move back to a
+    until(lambda: a.assignment() == [0, 1, 2, 3], a)
+    # a never gave up the partitions it kept; it revoked only what moved to b
+    revoked = [p for op, ps in seen["a"] if op == "revoke" for p in ps]
+    assert not set(revoked) & set(kept), seen["a"]
+    a.close()
+    log.close()
