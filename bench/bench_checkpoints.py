@@ -37,11 +37,27 @@ TRUST = {"external_evidence_schemes": ["artifact"]}
 def _events(i: int) -> list[dict]:
     k = i % 10
     if k in (0, 5):
-        return [{"type": "FactConfirmed", "fact": {"id": f"f{i}", "statement": f"measured latency of call {i}: "
-                                                   f"{i % 997} ms on node eu-{i % 7}", "evidence": f"artifact://r/{i}"}}]
+        return [
+            {
+                "type": "FactConfirmed",
+                "fact": {
+                    "id": f"f{i}",
+                    "statement": f"measured latency of call {i}: {i % 997} ms on node eu-{i % 7}",
+                    "evidence": f"artifact://r/{i}",
+                },
+            }
+        ]
     if k in (1, 6):
-        return [{"type": "ObservationRecorded", "observation": {"subject": f"svc/{i % 5}", "observed_state": f"p99 {i % 900} ms",
-                                                                "observed_version": f"v{i}"}}]  # fmt: skip
+        return [
+            {
+                "type": "ObservationRecorded",
+                "observation": {
+                    "subject": f"svc/{i % 5}",
+                    "observed_state": f"p99 {i % 900} ms",
+                    "observed_version": f"v{i}",
+                },
+            }
+        ]
     if k == 2:
         return [{"type": "ToolCallStarted", "call_id": f"c{i}", "tool": "http_get"}]
     if k == 3:
@@ -61,16 +77,30 @@ def fill(log: EmbeddedLog, runs: int, patches: int) -> int:
     batch: list[tuple[str, str, bytes, tuple, None]] = []
     for r in range(runs):
         run = f"long-{r:03d}"
-        p = Patch.model_validate({"patch_id": f"{run}-0", "run_id": run, "expected_revision": 0, "events": [
-            {"type": "RunStarted", "goal": {"statement": "a long investigation"}, "policy": TRUST}],
-            "author": AUTHOR, "created_at": T0})  # fmt: skip
+        p = Patch.model_validate(
+            {
+                "patch_id": f"{run}-0",
+                "run_id": run,
+                "expected_revision": 0,
+                "events": [{"type": "RunStarted", "goal": {"statement": "a long investigation"}, "policy": TRUST}],
+                "author": AUTHOR,
+                "created_at": T0,
+            }
+        )
         batch.append((log.topics.events, run, encode(p), (), None))
     for i in range(1, patches):
         for r in range(runs):
             run = f"long-{r:03d}"
-            p = Patch.model_validate({"patch_id": f"{run}-{i}", "run_id": run, "expected_revision": i,
-                                      "events": _events(i), "author": AUTHOR,
-                                      "created_at": T0 + timedelta(seconds=i)})  # fmt: skip
+            p = Patch.model_validate(
+                {
+                    "patch_id": f"{run}-{i}",
+                    "run_id": run,
+                    "expected_revision": i,
+                    "events": _events(i),
+                    "author": AUTHOR,
+                    "created_at": T0 + timedelta(seconds=i),
+                }
+            )
             batch.append((log.topics.events, run, encode(p), (), None))
         if len(batch) >= 20_000:
             total += sum(len(v) for _, _, v, _, _ in batch)
@@ -98,8 +128,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--patches", type=int, default=5000)
-    ap.add_argument("--no-baseline", action="store_true",
-                    help="skip the snapshotter without the byte budget (at the full size it writes ~100x the events)")
+    ap.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the snapshotter without the byte budget (at the full size it writes ~100x the events)",
+    )
     args = ap.parse_args()
     runs, patches = (20, 1000) if args.quick else (args.runs, args.patches)
     work = Path(tempfile.mkdtemp(prefix="runstate-bench-checkpoints-"))
@@ -113,14 +146,18 @@ def main() -> None:
         projector_s = time.perf_counter() - t
         log.close()
         print(f"RESULT projector: {projector_s:.1f} s for {runs * patches:,} patches")
-        variants = [("every 50, no byte budget", CheckpointPolicy(every=50, bytes_ratio=None)),
-                    ("default: every 50 within the byte budget", CheckpointPolicy())]
+        variants = [
+            ("every 50, no byte budget", CheckpointPolicy(every=50, bytes_ratio=None)),
+            ("default: every 50 within the byte budget", CheckpointPolicy()),
+        ]
         for label, policy in variants[1:] if args.no_baseline else variants:
             name = "budget" if policy.bytes_ratio else "plain"
             dt, n, size = snapshot(work / "log.db", work, policy, name)
-            print(f"RESULT snapshotter, {label}: {n:,} checkpoints, {size / 1e6:.1f} MB = "
-                  f"{size / events_bytes:.2f}x the events' bytes (goal <= 2x); {dt:.1f} s = "
-                  f"{dt / projector_s:.2f}x the projector's time")
+            print(
+                f"RESULT snapshotter, {label}: {n:,} checkpoints, {size / 1e6:.1f} MB = "
+                f"{size / events_bytes:.2f}x the events' bytes (goal <= 2x); {dt:.1f} s = "
+                f"{dt / projector_s:.2f}x the projector's time"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

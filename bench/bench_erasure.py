@@ -39,14 +39,37 @@ AUTHOR = Author(agent_id="bench", agent_version="1")
 
 
 def drafts(runs: int, per_run: int) -> list[tuple[str, dict]]:
-    out = [(f"run_{r:05d}", {"expected_revision": 0, "events": [
-        {"type": "RunStarted", "goal": {"statement": "bench"}, "policy": TRUST}]}) for r in range(runs)]
+    out = [
+        (
+            f"run_{r:05d}",
+            {
+                "expected_revision": 0,
+                "events": [{"type": "RunStarted", "goal": {"statement": "bench"}, "policy": TRUST}],
+            },
+        )
+        for r in range(runs)
+    ]
     for i in range(per_run):
         for r in range(runs):
-            out.append((f"run_{r:05d}", {"expected_revision": i + 1, "events": [
-                {"type": "FactConfirmed", "fact": {"id": f"f{i}", "statement": f"observation {i} of the customer's system",
-                                                   "evidence": f"artifact://out/{i}"}},
-                {"type": "BudgetConsumed", "tokens": 10}]}))  # fmt: skip
+            out.append(
+                (
+                    f"run_{r:05d}",
+                    {
+                        "expected_revision": i + 1,
+                        "events": [
+                            {
+                                "type": "FactConfirmed",
+                                "fact": {
+                                    "id": f"f{i}",
+                                    "statement": f"observation {i} of the customer's system",
+                                    "evidence": f"artifact://out/{i}",
+                                },
+                            },
+                            {"type": "BudgetConsumed", "tokens": 10},
+                        ],
+                    },
+                )
+            )
     return out
 
 
@@ -119,7 +142,7 @@ def main() -> None:
             cost: dict[bool, list[float]] = {False: [], True: []}
             rate: dict[bool, list[float]] = {False: [], True: []}
             for i in range(rounds):
-                for sealed in ((False, True) if i % 2 == 0 else (True, False)):  # alternate which goes first
+                for sealed in (False, True) if i % 2 == 0 else (True, False):  # alternate which goes first
                     log = kafka_log(bootstrap, sealed, master)
                     a, b = produce(log, ds, runs)
                     first[sealed].append(a)
@@ -129,15 +152,23 @@ def main() -> None:
             plain_us, sealed_us = (statistics.median(cost[k]) * 1e6 for k in (False, True))
             plain_first, sealed_first = (statistics.median(first[k]) * 1e6 for k in (False, True))
             plain_r, sealed_r = (statistics.median(rate[k]) for k in (False, True))
-            print(f"RESULT producer per patch, {len(ds) - runs} patches x {rounds} rounds: plain {plain_us:.1f} us, "
-                  f"sealed {sealed_us:.1f} us (+{sealed_us - plain_us:.1f} us, {sealed_us / plain_us:.2f}x)")
-            print(f"RESULT producer, a run's first patch (sealed: its key made and stored first), {runs} runs: "
-                  f"plain {plain_first:.1f} us, sealed {sealed_first:.1f} us")
-            print(f"RESULT projector from Kafka, {n_events} events over {runs} runs: plain {plain_r:,.0f} events/s, "
-                  f"sealed {sealed_r:,.0f} events/s, ratio {sealed_r / plain_r:.2f} (goal >= 0.85)")
+            print(
+                f"RESULT producer per patch, {len(ds) - runs} patches x {rounds} rounds: plain {plain_us:.1f} us, "
+                f"sealed {sealed_us:.1f} us (+{sealed_us - plain_us:.1f} us, {sealed_us / plain_us:.2f}x)"
+            )
+            print(
+                f"RESULT producer, a run's first patch (sealed: its key made and stored first), {runs} runs: "
+                f"plain {plain_first:.1f} us, sealed {sealed_first:.1f} us"
+            )
+            print(
+                f"RESULT projector from Kafka, {n_events} events over {runs} runs: plain {plain_r:,.0f} events/s, "
+                f"sealed {sealed_r:,.0f} events/s, ratio {sealed_r / plain_r:.2f} (goal >= 0.85)"
+            )
             took = erase_time(work, runs // 10, per_run)
-            print(f"RESULT erase one run of {per_run + 1} patches among {runs // 10} (embedded log, until the "
-                  f"projector dropped and compacted it): {took * 1000:.0f} ms")
+            print(
+                f"RESULT erase one run of {per_run + 1} patches among {runs // 10} (embedded log, until the "
+                f"projector dropped and compacted it): {took * 1000:.0f} ms"
+            )
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

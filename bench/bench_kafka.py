@@ -45,15 +45,27 @@ AUTHOR = Author(agent_id="bench", agent_version="1")
 
 
 def events(i: int) -> list[dict]:
-    return [{"type": "FactConfirmed", "fact": {"id": f"f{i}", "statement": f"observation {i} of the system",
-                                               "evidence": f"artifact://out/{i}"}},
-            {"type": "BudgetConsumed", "tokens": 10}]  # fmt: skip
+    return [
+        {
+            "type": "FactConfirmed",
+            "fact": {"id": f"f{i}", "statement": f"observation {i} of the system", "evidence": f"artifact://out/{i}"},
+        },
+        {"type": "BudgetConsumed", "tokens": 10},
+    ]
 
 
 def drafts(runs: int, per_run: int) -> list[tuple[str, dict]]:
     out = []
     for r in range(runs):
-        out.append((f"run_{r:05d}", {"expected_revision": 0, "events": [{"type": "RunStarted", "goal": {"statement": "b"}, "policy": TRUST}]}))
+        out.append(
+            (
+                f"run_{r:05d}",
+                {
+                    "expected_revision": 0,
+                    "events": [{"type": "RunStarted", "goal": {"statement": "b"}, "policy": TRUST}],
+                },
+            )
+        )
     for i in range(per_run):
         for r in range(runs):
             out.append((f"run_{r:05d}", {"expected_revision": i + 1, "events": events(i)}))
@@ -119,13 +131,22 @@ def bench_e2e(bootstrap: str, runs: int, per_run: int) -> float:
 
 def _steady_producer(bootstrap: str, prefix: str, runs: int, rate_patches: float, seconds: float) -> None:
     linger = os.environ.get("RUNSTATE_BENCH_LINGER_MS")
-    log = KafkaLog(bootstrap, topics=TopicNames.with_prefix(prefix),
-                   config={"producer.linger.ms": linger} if linger else None)  # fmt: skip
+    log = KafkaLog(
+        bootstrap, topics=TopicNames.with_prefix(prefix), config={"producer.linger.ms": linger} if linger else None
+    )
     producer = RunProducer(log, AUTHOR)
     rev = {f"run_{r:05d}": 1 for r in range(runs)}
     for run in rev:
-        producer.append_async(producer.build(run, {"expected_revision": 0, "events": [
-            {"type": "RunStarted", "goal": {"statement": "b"}, "policy": TRUST}]}), lambda r, e: None)  # fmt: skip
+        producer.append_async(
+            producer.build(
+                run,
+                {
+                    "expected_revision": 0,
+                    "events": [{"type": "RunStarted", "goal": {"statement": "b"}, "policy": TRUST}],
+                },
+            ),
+            lambda r, e: None,
+        )
     producer.flush(30)
     time.sleep(3)  # let the projector catch up on the starts
     start = time.time()
@@ -138,7 +159,9 @@ def _steady_producer(bootstrap: str, prefix: str, runs: int, rate_patches: float
             time.sleep(delay)
         run = runs_l[i % len(runs_l)]
         # patch_id carries the send time (ns since the epoch): read back by the projector's hook.
-        p = producer.build(run, {"expected_revision": rev[run], "events": events(i), "patch_id": f"{time.time_ns()}-{i}"})
+        p = producer.build(
+            run, {"expected_revision": rev[run], "events": events(i), "patch_id": f"{time.time_ns()}-{i}"}
+        )
         producer.append_async(p, lambda r, e: None)
         producer.flush(0) if i % 5 == 0 else None
         rev[run] += 1
@@ -155,7 +178,9 @@ class _Latency:
 
     def on_assign(self, partition: int, store: ProjectionStore) -> None: ...
 
-    def on_accepted(self, partition: int, patch: Patch, decision: Decision, doc: RunDoc, batch: PendingBatch) -> None: ...
+    def on_accepted(
+        self, partition: int, patch: Patch, decision: Decision, doc: RunDoc, batch: PendingBatch
+    ) -> None: ...
 
     def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
         now = time.time_ns()
@@ -215,8 +240,10 @@ def main() -> None:
         runs, per_run, lat_s = (200, 20, 5.0) if args.quick else (1000, 30, 20.0)
         if args.only in (None, "produce"):
             raw, ours = bench_produce(bootstrap, runs, per_run)
-            print(f"RESULT produce: raw confluent-kafka {raw:,.0f} events/s, RunProducer {ours:,.0f} events/s, "
-                  f"ratio {ours / raw:.2f}")  # fmt: skip
+            print(
+                f"RESULT produce: raw confluent-kafka {raw:,.0f} events/s, RunProducer {ours:,.0f} events/s, "
+                f"ratio {ours / raw:.2f}"
+            )
         if args.only in (None, "e2e"):
             e2e = bench_e2e(bootstrap, runs, per_run)
             print(f"RESULT end-to-end projector from Kafka, {runs} runs: {e2e:,.0f} events/s")
@@ -229,9 +256,11 @@ def main() -> None:
             return s[int(q * (len(s) - 1))]
 
         over = [i for i, x in enumerate(lat) if x > 50]
-        print(f"RESULT append->visible at 1,000 events/s ({n} patches, {datetime.now(UTC):%H:%M}): "
-              f"p50 {statistics.median(s):.1f} ms, p90 {pct(0.9):.1f} ms, p99 {pct(0.99):.1f} ms, max {s[-1]:.0f} ms; "
-              f"{len(over)} over 50 ms, first at patch {over[0] if over else '-'}")  # fmt: skip
+        print(
+            f"RESULT append->visible at 1,000 events/s ({n} patches, {datetime.now(UTC):%H:%M}): "
+            f"p50 {statistics.median(s):.1f} ms, p90 {pct(0.9):.1f} ms, p99 {pct(0.99):.1f} ms, max {s[-1]:.0f} ms; "
+            f"{len(over)} over 50 ms, first at patch {over[0] if over else '-'}"
+        )
 
 
 if __name__ == "__main__":

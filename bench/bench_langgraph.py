@@ -74,8 +74,10 @@ class State(TypedDict):
 
 def _graph(saver: BaseCheckpointSaver[Any]) -> Any:
     def step(state: State) -> dict[str, Any]:
-        return {"messages": [AIMessage(content=f"step {state['n']}: looked at the failing test again")],
-                "n": state["n"] + 1}  # fmt: skip
+        return {
+            "messages": [AIMessage(content=f"step {state['n']}: looked at the failing test again")],
+            "n": state["n"] + 1,
+        }
 
     g = StateGraph(State)
     g.add_node("step", step)
@@ -103,8 +105,10 @@ def graph_step(saver: BaseCheckpointSaver[Any], thread: str) -> float:
     """Seconds per step of a real 50-step graph."""
     graph = _graph(saver)
     t0 = time.perf_counter()
-    out = graph.invoke({"messages": [("user", "fix the login test")], "n": 0},
-                       {"configurable": {"thread_id": thread}, "recursion_limit": STEPS + 10})  # fmt: skip
+    out = graph.invoke(
+        {"messages": [("user", "fix the login test")], "n": 0},
+        {"configurable": {"thread_id": thread}, "recursion_limit": STEPS + 10},
+    )
     assert out["n"] == STEPS
     return (time.perf_counter() - t0) / STEPS
 
@@ -150,13 +154,30 @@ def postgresql() -> Iterator[str]:
     port = _free_port()
     run = {"check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
     subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "bench"], **run)  # type: ignore[call-overload]
-    subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(data / "log"), "-w", "-o",
-                    f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"], **run)  # type: ignore[call-overload]
+    subprocess.run(
+        [
+            *as_user,
+            pg_ctl,
+            "-D",
+            str(data),
+            "-l",
+            str(data / "log"),
+            "-w",
+            "-o",
+            f"-p {port} -k {data} -c listen_addresses=127.0.0.1",
+            "start",
+        ],
+        **run,
+    )  # type: ignore[call-overload]
     try:
         yield f"postgresql://bench@127.0.0.1:{port}/postgres?sslmode=disable"
     finally:
-        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], check=False,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run(
+            [*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"],
+            check=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         shutil.rmtree(data, ignore_errors=True)
 
 
@@ -179,8 +200,10 @@ def pg_bytes(url: str) -> int:
     import psycopg
 
     with psycopg.connect(url) as conn:
-        row = conn.execute("select sum(pg_total_relation_size(c.oid)) from pg_class c "
-                           "where c.relname in ('checkpoints', 'checkpoint_blobs', 'checkpoint_writes')").fetchone()  # fmt: skip
+        row = conn.execute(
+            "select sum(pg_total_relation_size(c.oid)) from pg_class c "
+            "where c.relname in ('checkpoints', 'checkpoint_blobs', 'checkpoint_writes')"
+        ).fetchone()
     return int(row[0]) if row and row[0] is not None else 0
 
 
@@ -188,9 +211,11 @@ def du(*paths: Path) -> int:
     return sum(f.stat().st_size for p in paths for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
 
 
-_WORDS = ("the checkout service times out after thirty seconds when the proxy drops idle connections "
-          "so we roll back build restart retry look again at logs metrics traces deploy region customer "
-          "payment request response error latency because which then before after").split()
+_WORDS = (
+    "the checkout service times out after thirty seconds when the proxy drops idle connections "
+    "so we roll back build restart retry look again at logs metrics traces deploy region customer "
+    "payment request response error latency because which then before after"
+).split()
 
 
 def _text(seed: int) -> str:
@@ -237,8 +262,12 @@ def _free_port() -> int:
 @contextmanager
 def serve(env: dict[str, str]) -> Iterator[str]:
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "runstate.cli", "serve", "--port", str(port)],
-                            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runstate.cli", "serve", "--port", str(port)],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -276,8 +305,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, contextlib_exit() as stack:
         work = Path(tmp)
         savers: dict[str, Callable[[Path], AbstractContextManager[BaseCheckpointSaver[Any]]]] = {
-            "InMemorySaver": memory, "SqliteSaver": sqlite,
-        }  # fmt: skip
+            "InMemorySaver": memory,
+            "SqliteSaver": sqlite,
+        }
         pg_url = None
         try:
             pg_url = stack.enter_context(postgresql())
@@ -295,8 +325,15 @@ def main() -> None:
             from runstate.eventlog.kafka import KafkaLog
 
             KafkaLog(args.kafka, topics=TopicNames.with_prefix(prefix)).create_topics(3)
-            kurl = stack.enter_context(serve({"RUNSTATE_LOG": f"kafka://{args.kafka}", "RUNSTATE_TOPIC_PREFIX": prefix,
-                                              "RUNSTATE_STATE_DIR": str(work / "kafka-state")}))  # fmt: skip
+            kurl = stack.enter_context(
+                serve(
+                    {
+                        "RUNSTATE_LOG": f"kafka://{args.kafka}",
+                        "RUNSTATE_TOPIC_PREFIX": prefix,
+                        "RUNSTATE_STATE_DIR": str(work / "kafka-state"),
+                    }
+                )
+            )
             savers["RunstateSaver (serve, Kafka)"] = remote(kurl)
         got: dict[str, dict[str, list[float]]] = {n: {"put+get": [], "graph": []} for n in savers}
         for r in range(rounds):
@@ -312,15 +349,23 @@ def main() -> None:
     base = {k: statistics.median(got["SqliteSaver"][k]) for k in ("put+get", "graph")}
     peer = "PostgresSaver" if "PostgresSaver" in got else None
     pbase = {k: statistics.median(got[peer][k]) for k in ("put+get", "graph")} if peer else None
-    print(f"\nper step of a {STEPS}-step graph, ms (median of {rounds} rounds); x = against SqliteSaver"
-          + (", xPG = against PostgresSaver" if peer else "") + "\n")
-    print("| saver | put+get_tuple | x | graph step | x |" + (" xPG |\n|---|---|---|---|---|---|" if peer else "\n|---|---|---|---|---|"))
+    print(
+        f"\nper step of a {STEPS}-step graph, ms (median of {rounds} rounds); x = against SqliteSaver"
+        + (", xPG = against PostgresSaver" if peer else "")
+        + "\n"
+    )
+    print(
+        "| saver | put+get_tuple | x | graph step | x |"
+        + (" xPG |\n|---|---|---|---|---|---|" if peer else "\n|---|---|---|---|---|")
+    )
     for name, fig in got.items():
         pg, gs = statistics.median(fig["put+get"]), statistics.median(fig["graph"])
         row = f"| {name} | {pg * 1e3:.2f} | {pg / base['put+get']:.1f} | {gs * 1e3:.2f} | {gs / base['graph']:.1f} |"
         print(row + (f" {gs / pbase['graph']:.1f} |" if pbase else ""))
-    print(f"\ndisk of a {TURNS}-turn conversation ({MESSAGE_BYTES} B per message, every checkpoint kept); "
-          "x = against SqliteSaver\n")
+    print(
+        f"\ndisk of a {TURNS}-turn conversation ({MESSAGE_BYTES} B per message, every checkpoint kept); "
+        "x = against SqliteSaver\n"
+    )
     print("| saver | bytes | x |\n|---|---|---|")
     for name, n in disk.items():
         print(f"| {name} | {n / 1e6:.1f} MB | {n / disk['SqliteSaver']:.1f} |")
@@ -347,9 +392,12 @@ async def concurrent(saver: Any) -> float:
     graph = g.compile(checkpointer=saver)
     tag = os.urandom(4).hex()
     t0 = time.perf_counter()
-    outs = await asyncio.gather(*(graph.ainvoke({"messages": [("user", "go")], "n": 0},
-                                                {"configurable": {"thread_id": f"c-{tag}-{i}"}})
-                                  for i in range(THREADS)))  # fmt: skip
+    outs = await asyncio.gather(
+        *(
+            graph.ainvoke({"messages": [("user", "go")], "n": 0}, {"configurable": {"thread_id": f"c-{tag}-{i}"}})
+            for i in range(THREADS)
+        )
+    )
     assert all(o["n"] == THREAD_STEPS for o in outs)
     return time.perf_counter() - t0
 

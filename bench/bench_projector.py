@@ -43,13 +43,27 @@ AUTHOR = Author(agent_id="bench", agent_version="1")
 
 
 def mk(run: str, rev: int, events: list[dict], i: int) -> Patch:
-    return Patch.model_validate({"patch_id": f"{run}-{rev}-{i}", "run_id": run, "expected_revision": rev,
-                                 "events": events, "author": AUTHOR, "created_at": T0 + timedelta(seconds=i)})  # fmt: skip
+    return Patch.model_validate(
+        {
+            "patch_id": f"{run}-{rev}-{i}",
+            "run_id": run,
+            "expected_revision": rev,
+            "events": events,
+            "author": AUTHOR,
+            "created_at": T0 + timedelta(seconds=i),
+        }
+    )
 
 
 def fact(i: int) -> dict:
-    return {"type": "FactConfirmed", "fact": {"id": f"f{i}", "statement": f"observation number {i} about the system",
-                                              "evidence": f"artifact://test-output/{i}"}}  # fmt: skip
+    return {
+        "type": "FactConfirmed",
+        "fact": {
+            "id": f"f{i}",
+            "statement": f"observation number {i} about the system",
+            "evidence": f"artifact://test-output/{i}",
+        },
+    }
 
 
 def fill(log: EmbeddedLog, runs: int, facts: int, per_patch: int = 50) -> dict[str, int]:
@@ -58,7 +72,12 @@ def fill(log: EmbeddedLog, runs: int, facts: int, per_patch: int = 50) -> dict[s
     revs = {}
     for r in range(runs):
         run = f"run_{r:05d}"
-        prod.append_async(log.topics.events, run, encode(mk(run, 0, [{"type": "RunStarted", "goal": {"statement": "bench"}, "policy": TRUST}], 0)), _ok)
+        prod.append_async(
+            log.topics.events,
+            run,
+            encode(mk(run, 0, [{"type": "RunStarted", "goal": {"statement": "bench"}, "policy": TRUST}], 0)),
+            _ok,
+        )
         rev = 1
         for start in range(0, facts, per_patch):
             evs = [fact(i) for i in range(start, min(facts, start + per_patch))]
@@ -111,8 +130,10 @@ def bench_size(root: Path, runs: int, facts: int, tail_events: int) -> tuple[flo
     proj.layout.ensure(log.topics.events, 4, log.identity())
     proj.assign([0, 1, 2, 3])
     fill_s = drain(proj)
-    print(f"  prefill: {runs} runs x {facts} facts: appended+projected in {time.perf_counter() - t:.1f}s "
-          f"(projection {runs * facts / fill_s:,.0f} events/s)")  # fmt: skip
+    print(
+        f"  prefill: {runs} runs x {facts} facts: appended+projected in {time.perf_counter() - t:.1f}s "
+        f"(projection {runs * facts / fill_s:,.0f} events/s)"
+    )
     # Copy the store for the cold run before the tail is applied.
     proj.release([0, 1, 2, 3])
     shutil.copytree(state, root / f"cold-{facts}")
@@ -130,7 +151,9 @@ def bench_size(root: Path, runs: int, facts: int, tail_events: int) -> tuple[flo
     cold_s = drain(cold)
     cold.release([0, 1, 2, 3])
     assert cold.stats.rejected == 0 and accepted > 0, "the bench workload must be all-accepted"
-    print(f"  tail: {n:,} events in {n // 2:,} patches: warm {n / warm_s:,.0f} events/s, cold {n / cold_s:,.0f} events/s")
+    print(
+        f"  tail: {n:,} events in {n // 2:,} patches: warm {n / warm_s:,.0f} events/s, cold {n / cold_s:,.0f} events/s"
+    )
     log.close()
     return n / warm_s, n / cold_s
 
@@ -201,16 +224,24 @@ def main() -> None:
         w_large, c_large = bench_size(root, runs, large, tail_events)
         qs = bench_queries(root, qruns, 2000)
         print()
-        print(f"RESULT projector warm: {w_small:,.0f} events/s @{small} facts, {w_large:,.0f} events/s @{large} facts, "
-              f"ratio {w_large / w_small:.2f}")  # fmt: skip
-        print(f"RESULT projector cold: {c_small:,.0f} events/s @{small} facts, {c_large:,.0f} events/s @{large} facts, "
-              f"ratio {c_large / c_small:.2f}")  # fmt: skip
+        print(
+            f"RESULT projector warm: {w_small:,.0f} events/s @{small} facts, {w_large:,.0f} events/s @{large} facts, "
+            f"ratio {w_large / w_small:.2f}"
+        )
+        print(
+            f"RESULT projector cold: {c_small:,.0f} events/s @{small} facts, {c_large:,.0f} events/s @{large} facts, "
+            f"ratio {c_large / c_small:.2f}"
+        )
         (p50, p99), (h50, h99) = qs["state"], qs["header"]
         (c50, c99), (v50, v99) = qs["context"], qs["context_validated"]
-        print(f"RESULT state query on {qruns:,} runs (20 facts each): p50 {p50:.3f} ms, p99 {p99:.3f} ms; "
-              f"header only p50 {h50:.3f} ms, p99 {h99:.3f} ms")  # fmt: skip
-        print(f"RESULT context on the same runs: p50 {c50:.3f} ms, p99 {c99:.3f} ms; rendered from the validated "
-              f"state p50 {v50:.3f} ms, p99 {v99:.3f} ms ({v50 / c50:.2f}x / {v99 / c99:.2f}x)")  # fmt: skip
+        print(
+            f"RESULT state query on {qruns:,} runs (20 facts each): p50 {p50:.3f} ms, p99 {p99:.3f} ms; "
+            f"header only p50 {h50:.3f} ms, p99 {h99:.3f} ms"
+        )
+        print(
+            f"RESULT context on the same runs: p50 {c50:.3f} ms, p99 {c99:.3f} ms; rendered from the validated "
+            f"state p50 {v50:.3f} ms, p99 {v99:.3f} ms ({v50 / c50:.2f}x / {v99 / c99:.2f}x)"
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -49,29 +49,58 @@ AUTHOR = Author(agent_id="bench", agent_version="1")
 
 
 def _patch(run: str, rev: int, events: list[dict], i: int) -> Patch:
-    return Patch.model_validate({"patch_id": f"{run}-{rev}", "run_id": run, "expected_revision": rev, "events": events,
-                                 "author": AUTHOR, "created_at": T0 + timedelta(seconds=i)})  # fmt: skip
+    return Patch.model_validate(
+        {
+            "patch_id": f"{run}-{rev}",
+            "run_id": run,
+            "expected_revision": rev,
+            "events": events,
+            "author": AUTHOR,
+            "created_at": T0 + timedelta(seconds=i),
+        }
+    )
 
 
 def first_events(r: int) -> list[list[dict]]:
-    start = [{"type": "RunStarted", "goal": {"statement": f"goal of run {r}"}, "policy": TRUST},
-             {"type": "BudgetSet", "tokens_remaining": 1_000_000},
-             {"type": "HypothesisProposed", "hypothesis": {"id": "h1", "statement": "s", "confidence": 0.5, "falsifier": "f"}},
-             {"type": "TaskCreated", "task": {"id": "t1", "title": "first"}}]  # fmt: skip
-    facts = [{"type": "FactConfirmed", "fact": {"id": f"f{k}", "statement": f"fact {k} of run {r}",
-                                                "evidence": f"artifact://out/{r}/{k}"}} for k in range(10)]  # fmt: skip
-    tasks = [{"type": "TaskCreated", "task": {"id": "t2", "title": "second", "depends_on": ["t1"]}},
-             {"type": "TaskCreated", "task": {"id": "t3", "title": "third"}},
-             {"type": "TaskStarted", "task_id": "t1"}, {"type": "PhaseChanged", "phase": "work"}]  # fmt: skip
+    start = [
+        {"type": "RunStarted", "goal": {"statement": f"goal of run {r}"}, "policy": TRUST},
+        {"type": "BudgetSet", "tokens_remaining": 1_000_000},
+        {
+            "type": "HypothesisProposed",
+            "hypothesis": {"id": "h1", "statement": "s", "confidence": 0.5, "falsifier": "f"},
+        },
+        {"type": "TaskCreated", "task": {"id": "t1", "title": "first"}},
+    ]
+    facts = [
+        {
+            "type": "FactConfirmed",
+            "fact": {"id": f"f{k}", "statement": f"fact {k} of run {r}", "evidence": f"artifact://out/{r}/{k}"},
+        }
+        for k in range(10)
+    ]
+    tasks = [
+        {"type": "TaskCreated", "task": {"id": "t2", "title": "second", "depends_on": ["t1"]}},
+        {"type": "TaskCreated", "task": {"id": "t3", "title": "third"}},
+        {"type": "TaskStarted", "task_id": "t1"},
+        {"type": "PhaseChanged", "phase": "work"},
+    ]
     return [start, facts[:4], facts[4:8], facts[8:] + tasks[:2], tasks[2:]]
 
 
 def update(i: int) -> list[dict]:
-    return [{"type": "BudgetConsumed", "tokens": 17},
-            {"type": "ObservationRecorded", "observation": {"subject": f"file://src/{i % 3}.py", "observed_state": f"v{i}",
-                                                            "observed_version": f"sha:{i:08x}"}},
-            {"type": "HypothesisRevised", "hypothesis_id": "h1", "confidence": (i % 10) / 10},
-            {"type": "PhaseChanged", "phase": f"step {i % 7}"}]  # fmt: skip
+    return [
+        {"type": "BudgetConsumed", "tokens": 17},
+        {
+            "type": "ObservationRecorded",
+            "observation": {
+                "subject": f"file://src/{i % 3}.py",
+                "observed_state": f"v{i}",
+                "observed_version": f"sha:{i:08x}",
+            },
+        },
+        {"type": "HypothesisRevised", "hypothesis_id": "h1", "confidence": (i % 10) / 10},
+        {"type": "PhaseChanged", "phase": f"step {i % 7}"},
+    ]
 
 
 def build_log(path: Path, runs: int, updates: int) -> int:
@@ -109,9 +138,11 @@ def project_process(log_path: Path, state: Path) -> tuple[float, int, str]:
     local store is restored from the checkpoints topic, as in production): seconds, peak
     memory (kB) and what it printed."""
     env = {**os.environ, "RUNSTATE_LOG": str(log_path), "RUNSTATE_STATE_DIR": str(state), "RUNSTATE_BATCH_SIZE": "5000"}
-    code = ("import resource, sys\nfrom runstate.cli import main\n"
-            "try:\n    main(['project', '--until-caught-up', '--quiet'])\nexcept SystemExit:\n    pass\n"
-            "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
+    code = (
+        "import resource, sys\nfrom runstate.cli import main\n"
+        "try:\n    main(['project', '--until-caught-up', '--quiet'])\nexcept SystemExit:\n    pass\n"
+        "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)"
+    )
     t = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=7200)
     dt = time.perf_counter() - t
@@ -133,10 +164,18 @@ def _ok(where: object, err: Exception | None) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--every", type=int, default=CheckpointPolicy().every,
-                    help="checkpoint every K revisions [the product's default, %(default)s]")
-    ap.add_argument("--max-age", type=int, default=CheckpointPolicy().max_age,
-                    help="records a run's uncovered records may wait for a checkpoint (the restore's tail) [%(default)s]")
+    ap.add_argument(
+        "--every",
+        type=int,
+        default=CheckpointPolicy().every,
+        help="checkpoint every K revisions [the product's default, %(default)s]",
+    )
+    ap.add_argument(
+        "--max-age",
+        type=int,
+        default=CheckpointPolicy().max_age,
+        help="records a run's uncovered records may wait for a checkpoint (the restore's tail) [%(default)s]",
+    )
     ap.add_argument("--runs", type=int, default=10_000)
     ap.add_argument("--updates", default="21,46", help="4-event updates per run after the first 20 events, per history")
     args = ap.parse_args()
@@ -148,38 +187,52 @@ def main() -> None:
             d = root / f"h{updates}"
             t = time.perf_counter()
             events = build_log(d / "log.db", runs, updates)
-            print(f"history: {runs:,} runs, {events:,} events ({events // runs} per run), log built in "
-                  f"{time.perf_counter() - t:.0f}s", flush=True)  # fmt: skip
+            print(
+                f"history: {runs:,} runs, {events:,} events ({events // runs} per run), log built in "
+                f"{time.perf_counter() - t:.0f}s",
+                flush=True,
+            )
             # The full replay first, while the log holds no checkpoints to restore from.
             full_s, full_peak, _ = project_process(d / "log.db", d / "full")
-            print(f"  full replay: {full_s:.1f}s ({events / full_s:,.0f} events/s), peak {full_peak / 1024:.0f} MB",
-                  flush=True)  # fmt: skip
+            print(
+                f"  full replay: {full_s:.1f}s ({events / full_s:,.0f} events/s), peak {full_peak / 1024:.0f} MB",
+                flush=True,
+            )
 
             log = EmbeddedLog(d / "log.db")
             t = time.perf_counter()
-            snap = Snapshotter(log, str(d / "snap"), policy=CheckpointPolicy(every=args.every, max_age=args.max_age),
-                               batch_size=5000)  # fmt: skip
+            snap = Snapshotter(
+                log, str(d / "snap"), policy=CheckpointPolicy(every=args.every, max_age=args.max_age), batch_size=5000
+            )
             snap.run(until_caught_up=True, poll_timeout_s=0.01)
             ck = log.topics.checkpoints
             live = sum(len(r.value) for p in range(log.partitions(ck)) for r in log.scan(ck, p, 0, 10**12))
-            print(f"  snapshotter (not timed in the comparison): {snap.writer.written:,} checkpoints in "
-                  f"{time.perf_counter() - t:.0f}s, {snap.writer.written_bytes / 1e6:,.1f} MB written "
-                  f"({snap.writer.written_bytes / log_bytes(log):.2f}x the events' bytes), "
-                  f"{live / 1e6:,.1f} MB on the compacted topic", flush=True)  # fmt: skip
+            print(
+                f"  snapshotter (not timed in the comparison): {snap.writer.written:,} checkpoints in "
+                f"{time.perf_counter() - t:.0f}s, {snap.writer.written_bytes / 1e6:,.1f} MB written "
+                f"({snap.writer.written_bytes / log_bytes(log):.2f}x the events' bytes), "
+                f"{live / 1e6:,.1f} MB on the compacted topic",
+                flush=True,
+            )
             log.close()
 
             rec_s, rec_peak, _ = project_process(d / "log.db", d / "recovered")
-            print(f"  checkpoints + tail: {rec_s:.1f}s ({live / 1e6 / rec_s:,.1f} MB/s of checkpoints loaded), "
-                  f"peak {rec_peak / 1024:.0f} MB", flush=True)  # fmt: skip
+            print(
+                f"  checkpoints + tail: {rec_s:.1f}s ({live / 1e6 / rec_s:,.1f} MB/s of checkpoints loaded), "
+                f"peak {rec_peak / 1024:.0f} MB",
+                flush=True,
+            )
             with Projection(d / "full") as a, Projection(d / "recovered") as b:
                 assert a.digests() == b.digests(), "recovered projection differs from the full replay"
             rows.append((events, full_s, rec_s, full_peak, rec_peak))
             shutil.rmtree(d)
         print()
         for events, full_s, rec_s, full_peak, rec_peak in rows:
-            print(f"RESULT {events:,} events over {runs:,} runs: full replay {full_s:.1f}s, checkpoints + tail "
-                  f"{rec_s:.1f}s, ratio {full_s / rec_s:.1f}x; peak memory {full_peak / 1024:.0f} / "
-                  f"{rec_peak / 1024:.0f} MB (goal >= 50x, < 1 GB)")  # fmt: skip
+            print(
+                f"RESULT {events:,} events over {runs:,} runs: full replay {full_s:.1f}s, checkpoints + tail "
+                f"{rec_s:.1f}s, ratio {full_s / rec_s:.1f}x; peak memory {full_peak / 1024:.0f} / "
+                f"{rec_peak / 1024:.0f} MB (goal >= 50x, < 1 GB)"
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

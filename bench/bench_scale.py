@@ -47,9 +47,16 @@ def run_id(i: int) -> str:
 def fill(log: EmbeddedLog, runs: int) -> None:
     batch = []
     for i in range(runs):
-        p = Patch.model_validate({"patch_id": f"s{i}", "run_id": run_id(i), "expected_revision": 0, "events": [
-            {"type": "RunStarted", "goal": {"statement": f"support ticket {i}"}, "policy": TRUST}],
-            "author": AUTHOR, "created_at": T0})  # fmt: skip
+        p = Patch.model_validate(
+            {
+                "patch_id": f"s{i}",
+                "run_id": run_id(i),
+                "expected_revision": 0,
+                "events": [{"type": "RunStarted", "goal": {"statement": f"support ticket {i}"}, "policy": TRUST}],
+                "author": AUTHOR,
+                "created_at": T0,
+            }
+        )
         batch.append((log.topics.events, run_id(i), encode(p), (), None))
         if len(batch) >= 50_000:
             log._append_many(batch)
@@ -67,10 +74,22 @@ def tail(log: EmbeddedLog, runs: int, n: int, seed: int = 3) -> int:
         i = rnd.randrange(runs)
         rev = revision.get(i, 1)
         revision[i] = rev + 1
-        p = Patch.model_validate({"patch_id": f"t{k}", "run_id": run_id(i), "expected_revision": rev, "events": [
-            {"type": "FactConfirmed", "fact": {"id": f"f{k}", "statement": f"observation {k}", "evidence": f"artifact://o/{k}"}},
-            {"type": "BudgetConsumed", "tokens": 10}], "author": AUTHOR,
-            "created_at": T0 + timedelta(seconds=k)})  # fmt: skip
+        p = Patch.model_validate(
+            {
+                "patch_id": f"t{k}",
+                "run_id": run_id(i),
+                "expected_revision": rev,
+                "events": [
+                    {
+                        "type": "FactConfirmed",
+                        "fact": {"id": f"f{k}", "statement": f"observation {k}", "evidence": f"artifact://o/{k}"},
+                    },
+                    {"type": "BudgetConsumed", "tokens": 10},
+                ],
+                "author": AUTHOR,
+                "created_at": T0 + timedelta(seconds=k),
+            }
+        )
         batch.append((log.topics.events, run_id(i), encode(p), (), None))
     log._append_many(batch)
     return 2 * n
@@ -80,13 +99,21 @@ def project(work: Path) -> tuple[float, int]:
     """Seconds and peak memory (kB) of a ``runstate project --until-caught-up`` process."""
     env = {**os.environ, "RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state")}
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c",
-                          "import resource, sys\n"
-                          "from runstate.cli import main\n"
-                          "try:\n    main(['project', '--until-caught-up', '--quiet'])\n"
-                          "except SystemExit as e:\n    code = e.code\n"
-                          "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)"],
-                         env=env, capture_output=True, text=True, timeout=3600)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import resource, sys\n"
+            "from runstate.cli import main\n"
+            "try:\n    main(['project', '--until-caught-up', '--quiet'])\n"
+            "except SystemExit as e:\n    code = e.code\n"
+            "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     dt = time.perf_counter() - t
     peak = next(int(ln.split()[1]) for ln in out.stderr.splitlines() if ln.startswith("PEAK"))
     return dt, peak
@@ -107,8 +134,12 @@ def serve_peak(work: Path, runs: int) -> tuple[int, float]:
     first page of ``GET /runs`` in ms."""
     port = free_port()
     env = {**os.environ, "RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state")}
-    proc = subprocess.Popen([sys.executable, "-m", "runstate.cli", "serve", "--port", str(port), "--no-snapshotter"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runstate.cli", "serve", "--port", str(port), "--no-snapshotter"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 300
@@ -153,8 +184,10 @@ def main() -> None:
             fill(log, runs)
             print(f"filled {runs:,} runs in {time.perf_counter() - t:.0f} s", flush=True)
             dt, peak = project(work)
-            print(f"RESULT project {runs:,} new runs: {runs / dt:,.0f} patches/s, peak memory {peak / 1024:.0f} MB",
-                  flush=True)  # fmt: skip
+            print(
+                f"RESULT project {runs:,} new runs: {runs / dt:,.0f} patches/s, peak memory {peak / 1024:.0f} MB",
+                flush=True,
+            )
             if runs == big:
                 size = du(work / "state")
                 print(f"RESULT store on disk after {runs:,} runs: {size / 1e6:.0f} MB, {size / runs:.0f} bytes per run")
@@ -162,12 +195,17 @@ def main() -> None:
             log.close()
             dt, peak = project(work)
             rates[runs], peaks[runs] = events / dt, peak
-            print(f"RESULT tail of {n_tail:,} patches over {runs:,} runs: {rates[runs]:,.0f} events/s "
-                  f"(process included), peak memory {peak / 1024:.0f} MB", flush=True)  # fmt: skip
+            print(
+                f"RESULT tail of {n_tail:,} patches over {runs:,} runs: {rates[runs]:,.0f} events/s "
+                f"(process included), peak memory {peak / 1024:.0f} MB",
+                flush=True,
+            )
         print(f"RESULT ratio after {big:,} / after 1,000 runs: {rates[big] / rates[1000]:.2f} (goal >= 0.7)")
         peak, page_ms = serve_peak(root / f"r{big}", big)
-        print(f"RESULT serve on {big:,} runs: peak memory {peak / 1024:.0f} MB (goal < 1 GB); GET /runs first "
-              f"page {page_ms:.0f} ms")  # fmt: skip
+        print(
+            f"RESULT serve on {big:,} runs: peak memory {peak / 1024:.0f} MB (goal < 1 GB); GET /runs first "
+            f"page {page_ms:.0f} ms"
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

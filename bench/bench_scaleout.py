@@ -58,12 +58,27 @@ def fill(bootstrap: str, topics: TopicNames, runs: int, per_run: int) -> int:
     for i in range(per_run + 1):
         for r in range(runs):
             run = f"run-{r:05d}"
-            evs = ([{"type": "RunStarted", "goal": {"statement": "scale"}, "policy": TRUST}] if i == 0 else
-                   [{"type": "FactConfirmed", "fact": {"id": f"f{i}", "statement": f"observation {i}",
-                                                       "evidence": f"artifact://o/{i}"}},
-                    {"type": "BudgetConsumed", "tokens": 10}])  # fmt: skip
-            patch = Patch.model_validate({"patch_id": f"{run}-{i}", "run_id": run, "expected_revision": i,
-                                          "events": evs, "author": AUTHOR, "created_at": T0 + timedelta(seconds=i)})
+            evs = (
+                [{"type": "RunStarted", "goal": {"statement": "scale"}, "policy": TRUST}]
+                if i == 0
+                else [
+                    {
+                        "type": "FactConfirmed",
+                        "fact": {"id": f"f{i}", "statement": f"observation {i}", "evidence": f"artifact://o/{i}"},
+                    },
+                    {"type": "BudgetConsumed", "tokens": 10},
+                ]
+            )
+            patch = Patch.model_validate(
+                {
+                    "patch_id": f"{run}-{i}",
+                    "run_id": run,
+                    "expected_revision": i,
+                    "events": evs,
+                    "author": AUTHOR,
+                    "created_at": T0 + timedelta(seconds=i),
+                }
+            )
             events += len(evs)
             while True:
                 try:
@@ -82,18 +97,31 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def drain(bootstrap: str, topics: TopicNames, state: Path, instances: int, broker_pid: int | None) -> tuple[float, list[float], float]:
+def drain(
+    bootstrap: str, topics: TopicNames, state: Path, instances: int, broker_pid: int | None
+) -> tuple[float, list[float], float]:
     """Wall seconds until every instance exited, each instance's CPU seconds, the broker's."""
-    env = {**os.environ, "RUNSTATE_LOG": f"kafka://{bootstrap}", "RUNSTATE_STATE_DIR": str(state),
-           "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0], "RUNSTATE_GROUP_ID": f"g{uuid.uuid4().hex[:8]}",
-           "RUNSTATE_PUBLISH_DECISIONS": "false"}  # fmt: skip
-    code = ("import resource, sys\nfrom runstate.cli import main\n"
-            "try:\n    main(['project', '--until-caught-up', '--quiet'])\nexcept SystemExit:\n    pass\n"
-            "u = resource.getrusage(resource.RUSAGE_SELF)\nprint('CPU', u.ru_utime + u.ru_stime, file=sys.stderr)")
+    env = {
+        **os.environ,
+        "RUNSTATE_LOG": f"kafka://{bootstrap}",
+        "RUNSTATE_STATE_DIR": str(state),
+        "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
+        "RUNSTATE_GROUP_ID": f"g{uuid.uuid4().hex[:8]}",
+        "RUNSTATE_PUBLISH_DECISIONS": "false",
+    }
+    code = (
+        "import resource, sys\nfrom runstate.cli import main\n"
+        "try:\n    main(['project', '--until-caught-up', '--quiet'])\nexcept SystemExit:\n    pass\n"
+        "u = resource.getrusage(resource.RUSAGE_SELF)\nprint('CPU', u.ru_utime + u.ru_stime, file=sys.stderr)"
+    )
     broker0 = cpu_of(broker_pid) if broker_pid else 0.0
     t = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True) for _ in range(instances)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(instances)
+    ]
     cpus = []
     for pr in procs:
         _, err = pr.communicate(timeout=1800)
@@ -118,26 +146,32 @@ def main() -> None:
             print(f"filled {records:,} patches ({events:,} events) on {PARTITIONS} partitions", flush=True)
             res: dict[int, list[tuple[float, list[float], float]]] = {1: [], 2: []}
             for i in range(rounds):
-                for k in ((1, 2) if i % 2 == 0 else (2, 1)):
+                for k in (1, 2) if i % 2 == 0 else (2, 1):
                     shutil.rmtree(work / "state", ignore_errors=True)
                     res[k].append(drain(bootstrap, topics, work / "state", k, broker_pid))
             for k in (1, 2):
                 wall = statistics.median(w for w, _, _ in res[k])
                 cpu = statistics.median(sum(c) for _, c, _ in res[k])
                 bcpu = statistics.median(b for _, _, b in res[k])
-                print(f"RESULT {k} projector process{'es' if k > 1 else ''}: {events / wall:,.0f} events/s "
-                      f"({wall:.1f} s wall; projector CPU {cpu:.1f} s = {cpu / records * 1e6:.0f} us per record; "
-                      f"broker CPU {bcpu:.1f} s = {bcpu / records * 1e6:.0f} us per record)")
+                print(
+                    f"RESULT {k} projector process{'es' if k > 1 else ''}: {events / wall:,.0f} events/s "
+                    f"({wall:.1f} s wall; projector CPU {cpu:.1f} s = {cpu / records * 1e6:.0f} us per record; "
+                    f"broker CPU {bcpu:.1f} s = {bcpu / records * 1e6:.0f} us per record)"
+                )
             w1 = statistics.median(w for w, _, _ in res[1])
             w2 = statistics.median(w for w, _, _ in res[2])
-            print(f"RESULT speed-up of two processes: {w1 / w2:.2f}x (ideal on this 2-core machine with the broker on it: < 2)")
+            print(
+                f"RESULT speed-up of two processes: {w1 / w2:.2f}x (ideal on this 2-core machine with the broker on it: < 2)"
+            )
             proj_us = statistics.median(sum(c) for _, c, _ in res[1]) / records * 1e6
             broker_us = statistics.median(b for _, _, b in res[1]) / records * 1e6
             for k in (1, 2, 8, 32):
                 for brokers in (1, 3):
                     rate = min(k * 1e6 / proj_us, brokers * 1e6 / broker_us) * events / records
-                    print(f"MODEL {k:2d} instances, {brokers} broker{'s' if brokers > 1 else ''} (a core each): "
-                          f"{rate:,.0f} events/s")
+                    print(
+                        f"MODEL {k:2d} instances, {brokers} broker{'s' if brokers > 1 else ''} (a core each): "
+                        f"{rate:,.0f} events/s"
+                    )
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

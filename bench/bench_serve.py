@@ -75,11 +75,26 @@ def seed(log_path: Path, runs: int) -> None:
     prod = log.producer()
     for r in range(runs):
         run = f"run_{r}"
-        events = [{"type": "RunStarted", "goal": {"statement": f"goal {r}"}, "policy": TRUST},
-                  *({"type": "FactConfirmed", "fact": {"id": f"f{k}", "statement": f"fact {k}",
-                                                        "evidence": f"artifact://o/{r}/{k}"}} for k in range(2))]  # fmt: skip
-        p = Patch.model_validate({"patch_id": f"seed-{r}", "run_id": run, "expected_revision": 0, "events": events,
-                                  "author": AUTHOR, "created_at": "2026-12-01T00:00:00Z"})  # fmt: skip
+        events = [
+            {"type": "RunStarted", "goal": {"statement": f"goal {r}"}, "policy": TRUST},
+            *(
+                {
+                    "type": "FactConfirmed",
+                    "fact": {"id": f"f{k}", "statement": f"fact {k}", "evidence": f"artifact://o/{r}/{k}"},
+                }
+                for k in range(2)
+            ),
+        ]
+        p = Patch.model_validate(
+            {
+                "patch_id": f"seed-{r}",
+                "run_id": run,
+                "expected_revision": 0,
+                "events": events,
+                "author": AUTHOR,
+                "created_at": "2026-12-01T00:00:00Z",
+            }
+        )
         prod.append_async(log.topics.events, run, encode(p), lambda w, e: None)
     prod.close()
     log.close()
@@ -91,9 +106,16 @@ def wait_caught_up(url: str, runs: int, timeout_s: float = 600) -> None:
         try:
             text = httpx.get(url + "/metrics", timeout=5).text
             # the projector and the in-process snapshotter (checkpointing every seeded run)
-            lags = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                    if line.startswith(("runstate_lag_records{", "runstate_snapshotter_lag_records{"))]  # fmt: skip
-            if len(lags) == 2 * PARTITIONS and sum(lags) == 0 and len(httpx.get(url + "/runs", timeout=30).json()) >= runs:
+            lags = [
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith(("runstate_lag_records{", "runstate_snapshotter_lag_records{"))
+            ]
+            if (
+                len(lags) == 2 * PARTITIONS
+                and sum(lags) == 0
+                and len(httpx.get(url + "/runs", timeout=30).json()) >= runs
+            ):
                 return
         except httpx.HTTPError:
             pass
@@ -103,8 +125,12 @@ def wait_caught_up(url: str, runs: int, timeout_s: float = 600) -> None:
 
 def start_serve(work: Path, port: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state")}
-    return subprocess.Popen([sys.executable, "-m", "runstate.cli", "serve", "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=open(work / "serve.log", "wb"))  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "runstate.cli", "serve", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(work / "serve.log", "wb"),
+    )
 
 
 FLOOR_APP = textwrap.dedent("""
@@ -172,8 +198,10 @@ class LeanPool:
             reader, writer, _t = self.idle.pop()
         else:
             reader, writer = await asyncio.open_connection(self.host, self.port)
-        writer.write(b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (method.encode(), path.encode(), self.host.encode(), len(body), body))  # fmt: skip
+        writer.write(
+            b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (method.encode(), path.encode(), self.host.encode(), len(body), body)
+        )
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head.split(b"\r\n")
         status = int(lines[0].split()[1])
@@ -187,8 +215,9 @@ class LeanPool:
             w.close()
 
 
-async def append_at_rate(url: str, runs: int, rate: float, seconds: float, rng: random.Random,
-                         shed: list[float] | None = None) -> tuple[list[float], int, int, float]:  # fmt: skip
+async def append_at_rate(
+    url: str, runs: int, rate: float, seconds: float, rng: random.Random, shed: list[float] | None = None
+) -> tuple[list[float], int, int, float]:
     """Open loop: a POST every 1/rate s to a run not in flight, with its next revision.
     Returns latencies, not accepted, skipped slots and the generator's own CPU share;
     ``shed`` gets the latency of each answer 429 (admission control: not sent again here)."""
@@ -308,24 +337,34 @@ def main() -> None:
     sent = len(http_append) + failed + len(shed)
     print()
     print(f"{'call':58s} {'p50 / p99 / max (ms)':>28s}   n")
-    print(f"{'POST patch ?wait -> decision, HTTP, open loop %d/s' % args.rate:58s} {pct(http_append)}   {sent} ({failed} not accepted, {skipped} slots skipped: run in flight)")
+    print(
+        f"{'POST patch ?wait -> decision, HTTP, open loop %d/s' % args.rate:58s} {pct(http_append)}   {sent} ({failed} not accepted, {skipped} slots skipped: run in flight)"
+    )
     if shed:
         print(f"{'  ... answered 429 at once (RUNSTATE_MAX_IN_FLIGHT)':58s} {pct(shed)}   {len(shed)}")
     print(f"{'RunProducer.submit in-process (sequential)':58s} {pct(local_append)}   {len(local_append)}")
     print(f"{'GET /runs/{id} state, HTTP, %d runs' % runs:58s} {pct(http_get)}   {len(http_get)}")
     print(f"{'Projection.state in-process':58s} {pct(proj_get)}   {len(proj_get)}")
     print(f"{'GET constant JSON, bare FastAPI on uvicorn (the floor)':58s} {pct(floor_get)}   {len(floor_get)}")
-    print(f"load generator CPU {gen_cpu:.0%} of a core while appending"
-          + (" (near saturation: its queueing counts as latency)" if gen_cpu > 0.8 else ""))
-    print(f"goodput {len(http_append) / seconds:.0f} decided patches/s of {args.rate:.0f}/s offered; "
-          f"max in flight {os.environ.get('RUNSTATE_MAX_IN_FLIGHT', '128 (default)')}")
+    print(
+        f"load generator CPU {gen_cpu:.0%} of a core while appending"
+        + (" (near saturation: its queueing counts as latency)" if gen_cpu > 0.8 else "")
+    )
+    print(
+        f"goodput {len(http_append) / seconds:.0f} decided patches/s of {args.rate:.0f}/s offered; "
+        f"max in flight {os.environ.get('RUNSTATE_MAX_IN_FLIGHT', '128 (default)')}"
+    )
     print()
-    print(f"ratios: state HTTP / floor p50 {statistics.median(http_get) / statistics.median(floor_get):.2f}x, "
-          f"p99 {p99(http_get) / p99(floor_get):.2f}x; state HTTP / in-process p50 "
-          f"{statistics.median(http_get) / statistics.median(proj_get):.2f}x; append HTTP / in-process p50 "
-          f"{statistics.median(http_append) / statistics.median(local_append):.2f}x")  # fmt: skip
-    print(f"goals: append->decision p99 {p99(http_append) * 1e3:.1f} ms (< 50: {'met' if p99(http_append) < 0.05 else 'NOT met'}); "
-          f"state p99 {p99(http_get) * 1e3:.2f} ms (< 5: {'met' if p99(http_get) < 0.005 else 'NOT met'})")  # fmt: skip
+    print(
+        f"ratios: state HTTP / floor p50 {statistics.median(http_get) / statistics.median(floor_get):.2f}x, "
+        f"p99 {p99(http_get) / p99(floor_get):.2f}x; state HTTP / in-process p50 "
+        f"{statistics.median(http_get) / statistics.median(proj_get):.2f}x; append HTTP / in-process p50 "
+        f"{statistics.median(http_append) / statistics.median(local_append):.2f}x"
+    )
+    print(
+        f"goals: append->decision p99 {p99(http_append) * 1e3:.1f} ms (< 50: {'met' if p99(http_append) < 0.05 else 'NOT met'}); "
+        f"state p99 {p99(http_get) * 1e3:.2f} ms (< 5: {'met' if p99(http_get) < 0.005 else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":

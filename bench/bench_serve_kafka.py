@@ -67,8 +67,14 @@ INSTANCE_SECRET = secrets.token_hex(32)
 
 PARTITIONS = 6
 #: The group's session timeout the instances run with (RUNSTATE_KAFKA_CONFIG over the default).
-SESSION_TIMEOUT_S = float(json.loads(os.environ.get("RUNSTATE_KAFKA_CONFIG") or "{}").get(
-    "consumer.session.timeout.ms", CONSUMER_DEFAULTS["session.timeout.ms"])) / 1000  # fmt: skip
+SESSION_TIMEOUT_S = (
+    float(
+        json.loads(os.environ.get("RUNSTATE_KAFKA_CONFIG") or "{}").get(
+            "consumer.session.timeout.ms", CONSUMER_DEFAULTS["session.timeout.ms"]
+        )
+    )
+    / 1000
+)
 #: A send slot finding this many patches in flight is skipped and counted: a server that
 #: fell this far behind is saturated, and more sockets would only exhaust the generator's.
 MAX_IN_FLIGHT = 2_000
@@ -84,10 +90,19 @@ class Instance:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.state = work / name
-        env = {**os.environ, "RUNSTATE_LOG": f"kafka://{bootstrap}", "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
-               "RUNSTATE_STATE_DIR": str(self.state), "RUNSTATE_INSTANCE_SECRET": INSTANCE_SECRET}  # fmt: skip
-        self.proc = subprocess.Popen([sys.executable, "-m", "runstate.cli", "serve", "--port", str(self.port)], env=env,
-                                     stdout=subprocess.DEVNULL, stderr=open(work / f"{name}.log", "wb"))  # fmt: skip
+        env = {
+            **os.environ,
+            "RUNSTATE_LOG": f"kafka://{bootstrap}",
+            "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
+            "RUNSTATE_STATE_DIR": str(self.state),
+            "RUNSTATE_INSTANCE_SECRET": INSTANCE_SECRET,
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runstate.cli", "serve", "--port", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(work / f"{name}.log", "wb"),
+        )
         self.pool = LeanPool("127.0.0.1", self.port)
         #: the partitions it owned when last asked (the load refreshes it every second)
         self.owned_cache: set[int] = set()
@@ -117,9 +132,16 @@ def seed(bootstrap: str, topics: TopicNames, runs: int) -> None:
     log = KafkaLog(bootstrap, topics=topics)
     prod = log.producer()
     for r in range(runs):
-        p = Patch.model_validate({"patch_id": f"seed-{r}", "run_id": f"run_{r}", "expected_revision": 0,
-                                  "events": [{"type": "RunStarted", "goal": {"statement": f"goal {r}"}, "policy": TRUST}],
-                                  "author": AUTHOR, "created_at": "2026-12-01T00:00:00Z"})  # fmt: skip
+        p = Patch.model_validate(
+            {
+                "patch_id": f"seed-{r}",
+                "run_id": f"run_{r}",
+                "expected_revision": 0,
+                "events": [{"type": "RunStarted", "goal": {"statement": f"goal {r}"}, "policy": TRUST}],
+                "author": AUTHOR,
+                "created_at": "2026-12-01T00:00:00Z",
+            }
+        )
         prod.append_async(topics.events, p.run_id, encode(p), lambda w, e: None)
     prod.close()
     log.close()
@@ -176,9 +198,19 @@ class Load:
     async def _append(self, k: int, inst: Instance) -> None:
         run = f"run_{self.rng.randrange(self.runs)}"
         fid = f"f{k}"
-        body = json.dumps({"patch_id": f"p{k}-{uuid.uuid4().hex[:6]}", "expected_revision": 0, "rebase": True,
-                           "events": [{"type": "FactConfirmed", "fact": {"id": fid, "statement": f"fact {k}",
-                                                                          "evidence": f"artifact://o/{k}"}}]}).encode()  # fmt: skip
+        body = json.dumps(
+            {
+                "patch_id": f"p{k}-{uuid.uuid4().hex[:6]}",
+                "expected_revision": 0,
+                "rebase": True,
+                "events": [
+                    {
+                        "type": "FactConfirmed",
+                        "fact": {"id": fid, "statement": f"fact {k}", "evidence": f"artifact://o/{k}"},
+                    }
+                ],
+            }
+        ).encode()
         forwarded = partition_for(run, PARTITIONS) not in inst.owned_cache
         t0 = time.perf_counter()
         tries = 0
@@ -292,10 +324,19 @@ def check(load: Load, instances: list[Instance], topics: TopicNames, bootstrap: 
     for inst in instances:
         inst.stop()
     state = work / f"check-{uuid.uuid4().hex[:6]}"
-    env = {**os.environ, "RUNSTATE_LOG": f"kafka://{bootstrap}", "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
-           "RUNSTATE_STATE_DIR": str(state)}  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "runstate.cli", "project", "--until-caught-up", "--quiet"], env=env,
-                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    env = {
+        **os.environ,
+        "RUNSTATE_LOG": f"kafka://{bootstrap}",
+        "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
+        "RUNSTATE_STATE_DIR": str(state),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "runstate.cli", "project", "--until-caught-up", "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if done.returncode != 0:
         raise SystemExit(f"the check's projector failed: {done.stderr[-2000:]}")
     lost = twice = unacknowledged = 0
@@ -311,11 +352,18 @@ def check(load: Load, instances: list[Instance], topics: TopicNames, bootstrap: 
     log = KafkaLog(bootstrap, topics=topics)
     report = verify(log, str(state))
     log.close()
-    return {"accepted": sum(len(v) for v in load.accepted.values()), "lost": lost, "twice": twice,
-            "unacknowledged": unacknowledged, "verify": report.ok}  # fmt: skip
+    return {
+        "accepted": sum(len(v) for v in load.accepted.values()),
+        "lost": lost,
+        "twice": twice,
+        "unacknowledged": unacknowledged,
+        "verify": report.ok,
+    }
 
 
-def phase(name: str, bootstrap: str, work: Path, runs: int, rate: float, seconds: float, kill: bool) -> dict[str, object]:
+def phase(
+    name: str, bootstrap: str, work: Path, runs: int, rate: float, seconds: float, kill: bool
+) -> dict[str, object]:
     topics = TopicNames.with_prefix(f"bench-{uuid.uuid4().hex[:8]}")
     log = KafkaLog(bootstrap, topics=topics)
     log.create_topics(PARTITIONS)
@@ -324,14 +372,23 @@ def phase(name: str, bootstrap: str, work: Path, runs: int, rate: float, seconds
     a, b = Instance(f"{name}-a", bootstrap, topics, work), Instance(f"{name}-b", bootstrap, topics, work)
     try:
         wait_split(a, b, runs)
-        print(f"{name}: {runs:,} runs seeded; a owns {sorted(a.owned())}, b owns {sorted(b.owned())}; "
-              f"{rate:,.0f} patches/s for {seconds:.0f}s", flush=True)  # fmt: skip
+        print(
+            f"{name}: {runs:,} runs seeded; a owns {sorted(a.owned())}, b owns {sorted(b.owned())}; "
+            f"{rate:,.0f} patches/s for {seconds:.0f}s",
+            flush=True,
+        )
         load = Load([a, b], runs, random.Random(7))
         cpu0, wall0 = time.process_time(), time.perf_counter()
         killed = asyncio.run(load.run(rate, seconds, 100.0, seconds / 2 if kill else None))
         gen_cpu = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
-        return {"load": load, "killed": killed, "gen_cpu": gen_cpu, "rate": rate, "seconds": seconds,
-                **check(load, [a, b], topics, bootstrap, work)}  # fmt: skip
+        return {
+            "load": load,
+            "killed": killed,
+            "gen_cpu": gen_cpu,
+            "rate": rate,
+            "seconds": seconds,
+            **check(load, [a, b], topics, bootstrap, work),
+        }
     finally:
         a.stop(signal.SIGKILL)
         b.stop(signal.SIGKILL)
@@ -362,28 +419,42 @@ def main() -> None:
         load: Load = res["load"]  # type: ignore[assignment]
         title = "SIGKILL at the middle" if res["killed"] else "steady"
         n = len(load.append_lat) + load.retries
-        print(f"{title}: {res['rate']:,.0f} patches/s for {res['seconds']:.0f}s, load generator CPU "
-              f"{res['gen_cpu']:.0%} of a core")  # fmt: skip
-        print(f"  append -> decision, first try (ms p50 / p99 / max) {pct(load.append_lat)}  n={len(load.append_lat)}"
-              f"  (goal p99 < 50: {'met' if load.append_lat and p99(load.append_lat) < 0.05 else 'not met'})")  # fmt: skip
+        print(
+            f"{title}: {res['rate']:,.0f} patches/s for {res['seconds']:.0f}s, load generator CPU "
+            f"{res['gen_cpu']:.0%} of a core"
+        )
+        print(
+            f"  append -> decision, first try (ms p50 / p99 / max) {pct(load.append_lat)}  n={len(load.append_lat)}"
+            f"  (goal p99 < 50: {'met' if load.append_lat and p99(load.append_lat) < 0.05 else 'not met'})"
+        )
         if load.get_lat:
-            print(f"  GET state through the non-owner (ms)              {pct(load.get_lat)}  n={len(load.get_lat)}"
-                  f"  (goal p99 < 10: {'met' if p99(load.get_lat) < 0.01 else 'not met'})")  # fmt: skip
-        print(f"    of them sent to the non-owner (ms)              {pct(load.append_forwarded)}  n={len(load.append_forwarded)}")
+            print(
+                f"  GET state through the non-owner (ms)              {pct(load.get_lat)}  n={len(load.get_lat)}"
+                f"  (goal p99 < 10: {'met' if p99(load.get_lat) < 0.01 else 'not met'})"
+            )
+        print(
+            f"    of them sent to the non-owner (ms)              {pct(load.append_forwarded)}  n={len(load.append_forwarded)}"
+        )
         print(f"  send slots skipped with {MAX_IN_FLIGHT:,} patches in flight (saturated): {load.skipped}")
         print(f"  sends again: {load.retries}; errors: {len(load.errors)} {load.errors[:3]}; sends {n}")
         if res["killed"] is not None:
             silence = load.longest_silence(res["killed"])  # type: ignore[arg-type]
             t = {k: v - res["killed"] for k, v in load.takeover.items()}  # type: ignore[operator]
-            print(f"  the survivor took the partitions over {t.get('restoring', float('nan')):.1f}s after the kill "
-                  f"(the group's session timeout: {SESSION_TIMEOUT_S:.0f}s) and served them all at "
-                  f"{t.get('served', float('nan')):.1f}s")  # fmt: skip
-            print(f"  longest first send -> decision {load.longest:.1f}s (goal < 8s: {'met' if load.longest < 8 else 'not met'}); "
-                  f"longest stretch with no decision after the kill {silence:.1f}s "
-                  f"(goal < 6s: {'met' if silence < 6 else 'not met'})")  # fmt: skip
-        print(f"  accepted {res['accepted']:,}: lost {res['lost']}, decided twice {res['twice']}; applied without "
-              f"the client seeing it accepted: {res['unacknowledged']}; verify (restored projection against a full replay): "
-              f"{'passes' if res['verify'] else 'FAILS'}")  # fmt: skip
+            print(
+                f"  the survivor took the partitions over {t.get('restoring', float('nan')):.1f}s after the kill "
+                f"(the group's session timeout: {SESSION_TIMEOUT_S:.0f}s) and served them all at "
+                f"{t.get('served', float('nan')):.1f}s"
+            )
+            print(
+                f"  longest first send -> decision {load.longest:.1f}s (goal < 8s: {'met' if load.longest < 8 else 'not met'}); "
+                f"longest stretch with no decision after the kill {silence:.1f}s "
+                f"(goal < 6s: {'met' if silence < 6 else 'not met'})"
+            )
+        print(
+            f"  accepted {res['accepted']:,}: lost {res['lost']}, decided twice {res['twice']}; applied without "
+            f"the client seeing it accepted: {res['unacknowledged']}; verify (restored projection against a full replay): "
+            f"{'passes' if res['verify'] else 'FAILS'}"
+        )
 
 
 if __name__ == "__main__":

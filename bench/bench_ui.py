@@ -43,16 +43,32 @@ def seed(log_path: Path, runs: int, patches: int) -> int:
     prod = log.producer()
 
     def put(run: str, n: int, events: list[dict[str, object]]) -> None:
-        p = Patch.model_validate({"patch_id": f"{run}-{n}", "run_id": run, "expected_revision": n, "events": events,
-                                  "author": AUTHOR, "created_at": "2026-12-01T00:00:00Z"})  # fmt: skip
+        p = Patch.model_validate(
+            {
+                "patch_id": f"{run}-{n}",
+                "run_id": run,
+                "expected_revision": n,
+                "events": events,
+                "author": AUTHOR,
+                "created_at": "2026-12-01T00:00:00Z",
+            }
+        )
         prod.append_async(log.topics.events, run, encode(p), lambda w, e: None)
 
     for r in range(runs):
         put(f"run_{r:06d}", 0, [{"type": "RunStarted", "goal": {"statement": f"goal {r}"}, "policy": TRUST}])
     put(LONG_RUN, 0, [{"type": "RunStarted", "goal": {"statement": "a long run"}, "policy": TRUST}])
     for n in range(1, patches):
-        put(LONG_RUN, n, [{"type": "FactConfirmed", "fact": {"id": f"f{n}", "statement": f"fact {n}",
-                                                             "evidence": f"artifact://o/{n}"}}])  # fmt: skip
+        put(
+            LONG_RUN,
+            n,
+            [
+                {
+                    "type": "FactConfirmed",
+                    "fact": {"id": f"f{n}", "statement": f"fact {n}", "evidence": f"artifact://o/{n}"},
+                }
+            ],
+        )
     prod.close()
     log.close()
     return runs + patches
@@ -69,8 +85,14 @@ def caught_up(url: str, records: int, timeout_s: float = 900) -> None:
     while time.monotonic() < deadline:
         try:
             text = httpx.get(url + "/metrics", timeout=5).text
-            done = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("runstate_projector_records ")]
-            lags = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("runstate_lag_records{")]
+            done = [
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("runstate_projector_records ")
+            ]
+            lags = [
+                float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("runstate_lag_records{")
+            ]
             if done and done[0] >= records and lags and sum(lags) == 0:
                 return
         except httpx.HTTPError:
@@ -106,16 +128,20 @@ def main() -> None:
         records = seed(work / "log.db", runs, patches)
         print(f"appended {records:,} records in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         port = _free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "runstate.cli", "serve", "--port", str(port)],
-                                env={**os.environ, "RUNSTATE_LOG": str(work / "log.db"),
-                                     "RUNSTATE_STATE_DIR": str(work / "state")},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "runstate.cli", "serve", "--port", str(port)],
+            env={**os.environ, "RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state")},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             caught_up(url, records)
             print(f"projected in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
             with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-background-networking"])
+                browser = p.chromium.launch(
+                    executable_path=exe, args=["--no-sandbox", "--disable-background-networking"]
+                )
                 cases = {
                     "page shell (floor)": (url + "/ui/nowhere", "h1"),
                     f"runs list, {runs:,} runs": (url + "/ui", "#runs tbody tr"),

@@ -74,8 +74,14 @@ PATCHES_PER_COMMIT = 500
 
 
 def fact_event(i: int) -> dict[str, Any]:
-    return {"type": "FactConfirmed", "fact": {"id": f"f{i}", "statement": f"observation number {i} about the system",
-                                              "evidence": f"artifact://test-output/{i}"}}  # fmt: skip
+    return {
+        "type": "FactConfirmed",
+        "fact": {
+            "id": f"f{i}",
+            "statement": f"observation number {i} about the system",
+            "evidence": f"artifact://test-output/{i}",
+        },
+    }
 
 
 def budget_event() -> dict[str, Any]:
@@ -97,8 +103,19 @@ def rs_append(work: Path, patches: int) -> None:
     log = EmbeddedLog(work / "log.db", partitions=4)
     prod = RunProducer(log, Author(agent_id="bench", agent_version="1"))
     for r in range(RUNS):  # the runs exist before the timed part, as the peer's aggregates do
-        prod.append_async(prod.events(f"run_{r}", 0, [{"type": "RunStarted", "goal": {"statement": "bench"},
-                                                        "policy": {"external_evidence_schemes": ["artifact"]}}]))  # fmt: skip
+        prod.append_async(
+            prod.events(
+                f"run_{r}",
+                0,
+                [
+                    {
+                        "type": "RunStarted",
+                        "goal": {"statement": "bench"},
+                        "policy": {"external_evidence_schemes": ["artifact"]},
+                    }
+                ],
+            )
+        )
     prod.flush()
     t = time.perf_counter()
     for i in range(patches):
@@ -128,7 +145,9 @@ def _rs_one_run_store(work: Path, patches: int) -> tuple[Any, Any, Any, int]:
     settings = Settings(log=str(work / "log.db"), state_dir=str(work / "state"))
     log = open_settings_log(settings)
     prod = RunProducer(log, Author(agent_id="bench", agent_version="1"))
-    start = [{"type": "RunStarted", "goal": {"statement": "bench"}, "policy": {"external_evidence_schemes": ["artifact"]}}]
+    start = [
+        {"type": "RunStarted", "goal": {"statement": "bench"}, "policy": {"external_evidence_schemes": ["artifact"]}}
+    ]
     # RunStarted + 499 two-event patches + one more fact: 1,000 events, revision 500
     prod.append_async(prod.events("run_one", 0, start + [fact_event(0)]))
     for i in range(1, patches):
@@ -191,9 +210,21 @@ def rs_query(work: Path, runs: int, samples: int) -> None:
     log = EmbeddedLog(work / "log.db", partitions=4)
     prod = RunProducer(log, Author(agent_id="bench", agent_version="1"))
     for r in range(runs):
-        prod.append_async(prod.events(f"run_{r}", 0, [{"type": "RunStarted", "goal": {"statement": f"goal {r}"},
-                                                        "policy": {"external_evidence_schemes": ["artifact"]}},
-                                                       fact_event(2 * r), fact_event(2 * r + 1)]))  # fmt: skip
+        prod.append_async(
+            prod.events(
+                f"run_{r}",
+                0,
+                [
+                    {
+                        "type": "RunStarted",
+                        "goal": {"statement": f"goal {r}"},
+                        "policy": {"external_evidence_schemes": ["artifact"]},
+                    },
+                    fact_event(2 * r),
+                    fact_event(2 * r + 1),
+                ],
+            )
+        )
     prod.close()
     Projector(log, str(work / "state")).run(until_caught_up=True, poll_timeout_s=0.01)
     log.close()
@@ -223,10 +254,18 @@ def rs_query(work: Path, runs: int, samples: int) -> None:
             RunState.model_validate_json(floor_db[k])
             pydantic_lat.append(time.perf_counter() - t)
     floor_db.close()
-    emit({"state_p50_ms": _q(state_lat, 0.5), "state_p99_ms": _q(state_lat, 0.99),
-          "data_p50_ms": _q(data_lat, 0.5), "data_p99_ms": _q(data_lat, 0.99),
-          "floor_p50_ms": _q(floor_lat, 0.5), "floor_p99_ms": _q(floor_lat, 0.99),
-          "pydantic_p50_ms": _q(pydantic_lat, 0.5), "pydantic_p99_ms": _q(pydantic_lat, 0.99)})  # fmt: skip
+    emit(
+        {
+            "state_p50_ms": _q(state_lat, 0.5),
+            "state_p99_ms": _q(state_lat, 0.99),
+            "data_p50_ms": _q(data_lat, 0.5),
+            "data_p99_ms": _q(data_lat, 0.99),
+            "floor_p50_ms": _q(floor_lat, 0.5),
+            "floor_p99_ms": _q(floor_lat, 0.99),
+            "pydantic_p50_ms": _q(pydantic_lat, 0.5),
+            "pydantic_p99_ms": _q(pydantic_lat, 0.99),
+        }
+    )
 
 
 def _q(xs: list[float], q: float) -> float:
@@ -352,7 +391,11 @@ def fill_topic(bootstrap: str, prefix: str, patches_per_run: int) -> int:
     log = KafkaLog(bootstrap, topics=_kafka_topics(prefix))
     log.create_topics(KAFKA_PARTITIONS)
     prod = RunProducer(log, Author(agent_id="bench", agent_version="1"))
-    start = {"type": "RunStarted", "goal": {"statement": "bench"}, "policy": {"external_evidence_schemes": ["artifact"]}}
+    start = {
+        "type": "RunStarted",
+        "goal": {"statement": "bench"},
+        "policy": {"external_evidence_schemes": ["artifact"]},
+    }
     events = 0
     for k in range(patches_per_run):
         for r in range(KAFKA_RUNS):
@@ -380,8 +423,10 @@ def _shortfall(log: Any, state_dir: Path, stats: Any, expected_events: int) -> s
             for d in proj.history(header.run_id):
                 if d.outcome == "rejected":
                     reasons[f"{d.reason}/{d.rule}"] += 1
-    return (f"projection short: {stats} against {expected_events} events expected; the events topic holds "
-            f"{in_topic} records; rejected by reason/rule: {dict(reasons)}")
+    return (
+        f"projection short: {stats} against {expected_events} events expected; the events topic holds "
+        f"{in_topic} records; rejected by reason/rule: {dict(reasons)}"
+    )
 
 
 def rs_kafka_project(work: Path, bootstrap: str, prefix: str, events: int) -> None:
@@ -411,8 +456,14 @@ def qs_kafka_project(work: Path, bootstrap: str, prefix: str, events: int, valid
     from runstate.schemas.patch import Patch
 
     topics = _kafka_topics(prefix)
-    app = Application(broker_address=bootstrap, consumer_group=f"qs-{os.getpid()}", auto_offset_reset="earliest",
-                      state_dir=str(work / "qs"), commit_every=2000, loglevel="WARNING")  # fmt: skip
+    app = Application(
+        broker_address=bootstrap,
+        consumer_group=f"qs-{os.getpid()}",
+        auto_offset_reset="earliest",
+        state_dir=str(work / "qs"),
+        commit_every=2000,
+        loglevel="WARNING",
+    )
     topic = app.topic(topics.events, value_deserializer="bytes", key_deserializer="str")
     seen = {"events": 0, "rejected": 0, "t0": 0.0, "t1": 0.0}
 
@@ -437,8 +488,10 @@ def qs_kafka_project(work: Path, bootstrap: str, prefix: str, events: int, valid
         if raw["expected_revision"] != revision:
             outcome = "revision_conflict"
         else:
-            schemes = next((e["policy"]["external_evidence_schemes"] for e in raw["events"] if e["type"] == "RunStarted"),
-                           doc["schemes"] if doc else [])  # fmt: skip
+            schemes = next(
+                (e["policy"]["external_evidence_schemes"] for e in raw["events"] if e["type"] == "RunStarted"),
+                doc["schemes"] if doc else [],
+            )
             # the rules first (nothing applied from a rejected patch), then the effects
             for e in raw["events"]:
                 if e["type"] == "FactConfirmed":
@@ -449,19 +502,34 @@ def qs_kafka_project(work: Path, bootstrap: str, prefix: str, events: int, valid
                 for e in raw["events"]:
                     kind = e["type"]
                     if kind == "RunStarted":
-                        doc = {"revision": 0, "goal": e["goal"]["statement"], "facts": {}, "tokens": 0,
-                               "schemes": schemes}  # fmt: skip
+                        doc = {
+                            "revision": 0,
+                            "goal": e["goal"]["statement"],
+                            "facts": {},
+                            "tokens": 0,
+                            "schemes": schemes,
+                        }
                     elif kind == "FactConfirmed":
-                        doc["facts"][e["fact"]["id"]] = {"statement": e["fact"]["statement"],
-                                                         "evidence": e["fact"]["evidence"]}  # fmt: skip
+                        doc["facts"][e["fact"]["id"]] = {
+                            "statement": e["fact"]["statement"],
+                            "evidence": e["fact"]["evidence"],
+                        }
                     elif kind == "BudgetConsumed":
                         doc["tokens"] += e["tokens"]
                 doc["revision"] = revision + 1
                 state.set("doc", doc)
         if outcome != "accepted":
             seen["rejected"] += 1
-        state.set(pid, {"outcome": outcome, "revision": doc["revision"] if doc else 0, "expected": raw["expected_revision"],
-                        "agent": raw["author"]["agent_id"], "at": raw["created_at"]})  # fmt: skip
+        state.set(
+            pid,
+            {
+                "outcome": outcome,
+                "revision": doc["revision"] if doc else 0,
+                "expected": raw["expected_revision"],
+                "agent": raw["author"]["agent_id"],
+                "at": raw["created_at"],
+            },
+        )
 
     app.dataframe(topic).update(process, stateful=True)
     app.run()
@@ -511,11 +579,18 @@ def qs_produce(work: Path, bootstrap: str, prefix: str, patches: int, validate: 
     app = Application(broker_address=bootstrap, loglevel="WARNING", producer_extra_config=dict(PRODUCER_DEFAULTS))
     author = Author(agent_id="bench", agent_version="1")
     with app.get_producer() as producer:
+
         def send(i: int) -> None:
             key = f"run_{i % KAFKA_RUNS}"
             if validate:
-                p = Patch(patch_id=secrets.token_hex(16), run_id=key, expected_revision=i, author=author,
-                          created_at=datetime.now(UTC), events=[fact_event(i), budget_event()])  # fmt: skip
+                p = Patch(
+                    patch_id=secrets.token_hex(16),
+                    run_id=key,
+                    expected_revision=i,
+                    author=author,
+                    created_at=datetime.now(UTC),
+                    events=[fact_event(i), budget_event()],
+                )
                 value = p.model_dump_json().encode()
             else:
                 value = b'{"raw": true}' * 20
@@ -542,7 +617,11 @@ def rs_scale(work: Path, runs: int, tail_patches: int) -> None:
 
     log = EmbeddedLog(work / "log.db", partitions=4)
     prod = RunProducer(log, Author(agent_id="bench", agent_version="1"))
-    start = {"type": "RunStarted", "goal": {"statement": "bench"}, "policy": {"external_evidence_schemes": ["artifact"]}}
+    start = {
+        "type": "RunStarted",
+        "goal": {"statement": "bench"},
+        "policy": {"external_evidence_schemes": ["artifact"]},
+    }
     for r in range(runs):
         prod.append_async(prod.events(f"run_{r}", 0, [start, fact_event(0)]))
     prod.flush()
@@ -567,12 +646,16 @@ def rs_scale(work: Path, runs: int, tail_patches: int) -> None:
 
 WORKERS: dict[str, Callable[..., None]] = {
     "rs-scale": rs_scale,
-    "rs-kafka-project": rs_kafka_project, "qs-kafka-project": qs_kafka_project,
-    "rs-produce": rs_produce, "qs-produce": qs_produce,
-    "rs-append": rs_append, "es-append": es_append,
-    "rs-rebuild": rs_rebuild, "es-rebuild": es_rebuild,
+    "rs-kafka-project": rs_kafka_project,
+    "qs-kafka-project": qs_kafka_project,
+    "rs-produce": rs_produce,
+    "qs-produce": qs_produce,
+    "rs-append": rs_append,
+    "es-append": es_append,
+    "rs-rebuild": rs_rebuild,
+    "es-rebuild": es_rebuild,
     "rs-query": rs_query,
-}  # fmt: skip
+}
 
 
 # -- orchestration -------------------------------------------------------------------------------
@@ -597,17 +680,25 @@ def peer_python() -> Path:
 def run_worker(python: Path, name: str, *args: Any, env: dict[str, str] | None = None) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"peers-{name}-"))
     try:
-        out = subprocess.run([str(python), __file__, "--worker", name, str(work), *map(str, args)],
-                             capture_output=True, text=True, timeout=1800, cwd=ROOT, env=env)  # fmt: skip
+        out = subprocess.run(
+            [str(python), __file__, "--worker", name, str(work), *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            cwd=ROOT,
+            env=env,
+        )
         if out.returncode != 0:
             raise SystemExit(f"worker {name} failed:\n{out.stderr[-3000:]}")
         line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
-        return dict(json.loads(line[len("RESULT "):]))
+        return dict(json.loads(line[len("RESULT ") :]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def pairs(repeats: int, a: Callable[[], dict[str, Any]], b: Callable[[], dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def pairs(
+    repeats: int, a: Callable[[], dict[str, Any]], b: Callable[[], dict[str, Any]]
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """``repeats`` pairs, alternating which side runs first."""
     out = []
     for i in range(repeats):
@@ -651,9 +742,11 @@ def before_after(tree: str, only: set[str], quick: bool, repeats: int) -> None:
     before (for times, above 1 is slower; for rates, below 1 is slower)."""
     ours = Path(sys.executable)
     before = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
-    specs = {"append": ("rs-append", (5_000,) if quick else (20_000,)),
-             "rebuild": ("rs-rebuild", (200, 20) if quick else (500, 50)),
-             "query": ("rs-query", (2_000, 2_000) if quick else (10_000, 5_000))}  # fmt: skip
+    specs = {
+        "append": ("rs-append", (5_000,) if quick else (20_000,)),
+        "rebuild": ("rs-rebuild", (200, 20) if quick else (500, 50)),
+        "query": ("rs-query", (2_000, 2_000) if quick else (10_000, 5_000)),
+    }
     print("| figure | after | before | after / before (median of pairs) |")
     print("|---|---|---|---|")
     for fig in [f for f in specs if f in only]:
@@ -662,8 +755,10 @@ def before_after(tree: str, only: set[str], quick: bool, repeats: int) -> None:
         for key, value in ps[0][0].items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and all(y.get(key) for _, y in ps):
                 a, b = [x[key] for x, _ in ps], [y[key] for _, y in ps]
-                print(f"| {fig}: {key} | {spread(a)} | {spread(b)} | {statistics.median(x / y for x, y in zip(a, b)):.2f} |",
-                      flush=True)  # fmt: skip
+                print(
+                    f"| {fig}: {key} | {spread(a)} | {spread(b)} | {statistics.median(x / y for x, y in zip(a, b)):.2f} |",
+                    flush=True,
+                )
 
 
 def main() -> None:
@@ -675,8 +770,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="append,rebuild,query,scale,kafka,produce", help="comma-separated figures")
-    ap.add_argument("--before", metavar="TREE", help="instead of the peers: runstate's own figures (append, rebuild, "
-                                                      "query) against the checkout TREE, before / after in one run")
+    ap.add_argument(
+        "--before",
+        metavar="TREE",
+        help="instead of the peers: runstate's own figures (append, rebuild, "
+        "query) against the checkout TREE, before / after in one run",
+    )
     args = ap.parse_args()
     repeats = max(3, args.repeats)
     only = set(args.only.split(","))
@@ -694,26 +793,45 @@ def main() -> None:
         a = [x["events_per_s"] for x, _ in ps]
         b = [y["events_per_s"] for _, y in ps]
         ratio = statistics.median(x / y for x, y in zip(a, b))
-        rows.append(("embedded append, 500 patches per commit (events/s)", spread(a), "eventsourcing " + spread(b),
-                     ratio, f">= 1.0: {'met' if ratio >= 1.0 else 'NOT met'}"))  # fmt: skip
+        rows.append(
+            (
+                "embedded append, 500 patches per commit (events/s)",
+                spread(a),
+                "eventsourcing " + spread(b),
+                ratio,
+                f">= 1.0: {'met' if ratio >= 1.0 else 'NOT met'}",
+            )
+        )
     if "rebuild" in only:
         n, samples = (200, 20) if args.quick else (500, 50)
         print(f"rebuild: one run of {2 * n:,} events", flush=True)
-        ps = pairs(repeats, lambda: run_worker(ours, "rs-rebuild", n, samples),
-                   lambda: run_worker(peer, "es-rebuild", n, samples))  # fmt: skip
+        ps = pairs(
+            repeats,
+            lambda: run_worker(ours, "rs-rebuild", n, samples),
+            lambda: run_worker(peer, "es-rebuild", n, samples),
+        )
         # The validated RunState (state_at), then the same state as plain JSON data
         # (state_data_at: the checkpoint's digest checked, its items validated only where
         # the replayed events touch them), against eventsourcing's aggregate from its
         # snapshot, which validates nothing.
         for form, label in (("", "validated RunState"), ("data_", "plain JSON data")):
-            for key, what, goal in (("head_ms", "from a checkpoint, at the head", 2.0),
-                                    ("tail48_ms", "from a checkpoint, 48 events after it", 2.0),
-                                    ("full_ms", "by a full replay, no checkpoint / snapshot", 1.0)):  # fmt: skip
+            for key, what, goal in (
+                ("head_ms", "from a checkpoint, at the head", 2.0),
+                ("tail48_ms", "from a checkpoint, 48 events after it", 2.0),
+                ("full_ms", "by a full replay, no checkpoint / snapshot", 1.0),
+            ):
                 a = [x[form + key] for x, _ in ps]
                 b = [y[key] for _, y in ps]
                 ratio = statistics.median(x / y for x, y in zip(a, b))
-                rows.append((f"rebuild one run ({label}) {what} (ms)", spread(a),
-                             "eventsourcing " + spread(b), ratio, f"<= {goal}: {'met' if ratio <= goal else 'NOT met'}"))  # fmt: skip
+                rows.append(
+                    (
+                        f"rebuild one run ({label}) {what} (ms)",
+                        spread(a),
+                        "eventsourcing " + spread(b),
+                        ratio,
+                        f"<= {goal}: {'met' if ratio <= goal else 'NOT met'}",
+                    )
+                )
         # What pydantic alone takes to validate the rebuilt RunState: no validated rebuild
         # can take less, so a ratio here above the goal means the validated goal cannot be met
         # while the result is the pydantic model.
@@ -721,34 +839,67 @@ def main() -> None:
             a = [x["pydantic_" + key] for x, _ in ps]
             b = [y[key] for _, y in ps]
             ratio = statistics.median(x / y for x, y in zip(a, b))
-            rows.append((f"lower bound of the validated rebuild {what}: `RunState.model_validate_json` of its result alone (ms)",
-                         spread(a), "eventsourcing " + spread(b), ratio, _bound(ratio, 2.0)))  # fmt: skip
+            rows.append(
+                (
+                    f"lower bound of the validated rebuild {what}: `RunState.model_validate_json` of its result alone (ms)",
+                    spread(a),
+                    "eventsourcing " + spread(b),
+                    ratio,
+                    _bound(ratio, 2.0),
+                )
+            )
     if "query" in only:
         runs, samples = (2_000, 2_000) if args.quick else (10_000, 5_000)
         print(f"query: state of random runs among {runs:,}", flush=True)
         rs = [run_worker(ours, "rs-query", runs, samples) for _ in range(repeats)]
-        for key, what in (("state", "`Projection.state` (validated RunState)"), ("data", "`Projection.state_data` (plain JSON data)")):
+        for key, what in (
+            ("state", "`Projection.state` (validated RunState)"),
+            ("data", "`Projection.state_data` (plain JSON data)"),
+        ):
             for q in ("p50", "p99"):
                 a = [x[f"{key}_{q}_ms"] for x in rs]
                 b = [x[f"floor_{q}_ms"] for x in rs]
                 ratio = statistics.median(x / y for x, y in zip(a, b))
-                rows.append((f"{what}, {runs:,} runs, {q} (ms)", spread(a), "get + orjson.loads " + spread(b),
-                             ratio, f"<= 2.0: {'met' if ratio <= 2.0 else 'NOT met'}"))  # fmt: skip
+                rows.append(
+                    (
+                        f"{what}, {runs:,} runs, {q} (ms)",
+                        spread(a),
+                        "get + orjson.loads " + spread(b),
+                        ratio,
+                        f"<= 2.0: {'met' if ratio <= 2.0 else 'NOT met'}",
+                    )
+                )
         for q in ("p50", "p99"):  # no validated `state` can take less than the same get validated
             a = [x[f"pydantic_{q}_ms"] for x in rs]
             b = [x[f"floor_{q}_ms"] for x in rs]
             ratio = statistics.median(x / y for x, y in zip(a, b))
-            rows.append((f"lower bound of `state`: the floor's get + `RunState.model_validate_json` instead of `orjson.loads`, {q} (ms)",
-                         spread(a), "get + orjson.loads " + spread(b), ratio, _bound(ratio, 2.0)))  # fmt: skip
+            rows.append(
+                (
+                    f"lower bound of `state`: the floor's get + `RunState.model_validate_json` instead of `orjson.loads`, {q} (ms)",
+                    spread(a),
+                    "get + orjson.loads " + spread(b),
+                    ratio,
+                    _bound(ratio, 2.0),
+                )
+            )
     if "scale" in only:
         small, big, tail = (1_000, 20_000, 5_000) if args.quick else (1_000, 100_000, 10_000)
         print(f"scale: a tail of {tail:,} two-event patches after {small:,} / {big:,} runs", flush=True)
-        ps = pairs(repeats, lambda: run_worker(ours, "rs-scale", big, tail), lambda: run_worker(ours, "rs-scale", small, tail))
+        ps = pairs(
+            repeats, lambda: run_worker(ours, "rs-scale", big, tail), lambda: run_worker(ours, "rs-scale", small, tail)
+        )
         a = [x["events_per_s"] for x, _ in ps]
         b = [y["events_per_s"] for _, y in ps]
         ratio = statistics.median(x / y for x, y in zip(a, b))
-        rows.append((f"projector, same tail, {big:,} runs vs {small:,} runs (events/s)", spread(a),
-                     f"runstate at {small:,} runs {spread(b)}", ratio, f">= 0.8: {'met' if ratio >= 0.8 else 'NOT met'}"))  # fmt: skip
+        rows.append(
+            (
+                f"projector, same tail, {big:,} runs vs {small:,} runs (events/s)",
+                spread(a),
+                f"runstate at {small:,} runs {spread(b)}",
+                ratio,
+                f">= 0.8: {'met' if ratio >= 0.8 else 'NOT met'}",
+            )
+        )
     if only & {"kafka", "produce"}:
         rows += kafka_figures(args.quick, repeats, only, ours, peer_python())
     report(rows)
@@ -769,8 +920,11 @@ def kafka_figures(quick: bool, repeats: int, only: set[str], ours: Path, peer: P
             events = fill_topic(bootstrap, prefix, per_run)
             print(f"kafka: {events:,} events, {KAFKA_RUNS:,} runs, {KAFKA_PARTITIONS} partitions", flush=True)
             for validate, label in ((0, "Quix without validation"), (1, "Quix + the same pydantic validation")):
-                ps = pairs(repeats, lambda: run_worker(ours, "rs-kafka-project", bootstrap, prefix, events),
-                           lambda: run_worker(peer, "qs-kafka-project", bootstrap, prefix, events, validate))  # fmt: skip
+                ps = pairs(
+                    repeats,
+                    lambda: run_worker(ours, "rs-kafka-project", bootstrap, prefix, events),
+                    lambda: run_worker(peer, "qs-kafka-project", bootstrap, prefix, events, validate),
+                )
                 a = [x["events_per_s"] for x, _ in ps]
                 b = [y["events_per_s"] for _, y in ps]
                 ratio = statistics.median(x / y for x, y in zip(a, b))
@@ -783,15 +937,24 @@ def kafka_figures(quick: bool, repeats: int, only: set[str], ours: Path, peer: P
 
             KafkaLog(bootstrap, topics=_kafka_topics(prefix)).create_topics(KAFKA_PARTITIONS)
             print(f"produce: {n:,} two-event patches", flush=True)
-            ps = pairs(repeats, lambda: run_worker(ours, "rs-produce", bootstrap, prefix, n),
-                       lambda: run_worker(peer, "qs-produce", bootstrap, prefix, n, 1))  # fmt: skip
+            ps = pairs(
+                repeats,
+                lambda: run_worker(ours, "rs-produce", bootstrap, prefix, n),
+                lambda: run_worker(peer, "qs-produce", bootstrap, prefix, n, 1),
+            )
             raw = [run_worker(peer, "qs-produce", bootstrap, prefix, n, 0)["us_per_patch"] for _ in range(repeats)]
             a = [x["us_per_patch"] for x, _ in ps]
             b = [y["us_per_patch"] for _, y in ps]
             ratio = statistics.median(y / x for x, y in zip(a, b))  # speed ratio: theirs / ours in time
-            rows.append(("producer: validate + encode + send (µs per 2-event patch)", spread(a),
-                         f"Quix + pydantic + JSON {spread(b)}; raw produce {spread(raw)}", ratio,
-                         f">= 1.0: {'met' if ratio >= 1.0 else 'NOT met'}"))  # fmt: skip
+            rows.append(
+                (
+                    "producer: validate + encode + send (µs per 2-event patch)",
+                    spread(a),
+                    f"Quix + pydantic + JSON {spread(b)}; raw produce {spread(raw)}",
+                    ratio,
+                    f">= 1.0: {'met' if ratio >= 1.0 else 'NOT met'}",
+                )
+            )
     finally:
         broker.stop()
         shutil.rmtree(broker_dir, ignore_errors=True)

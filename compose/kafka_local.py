@@ -89,7 +89,9 @@ def missing_tools() -> list[str]:
 def cache_dir(name: str | None = None) -> Path:
     """Where the jars of ``name`` (default: the broker's) are cached:
     ``~/.cache/runstate/<name>``, under ``RUNSTATE_KAFKA_CACHE``'s parent when that is set."""
-    broker = Path(os.environ.get("RUNSTATE_KAFKA_CACHE", Path.home() / ".cache" / "runstate" / f"kafka-{KAFKA_VERSION}"))
+    broker = Path(
+        os.environ.get("RUNSTATE_KAFKA_CACHE", Path.home() / ".cache" / "runstate" / f"kafka-{KAFKA_VERSION}")
+    )
     return broker if name is None else broker.parent / name
 
 
@@ -125,18 +127,32 @@ def resolve_maven(name: str | None, artifacts: tuple[str, ...]) -> Path:
 
 def _resolve(name: str | None, artifacts: tuple[str, ...], libs: Path, done: Path, wanted: str) -> Path:
     if missing := missing_tools():
-        raise BrokerError(f"cannot provision {', '.join(artifacts)}: {', '.join(missing)} not found on PATH "
-                          "(need Java 17+ and Maven)")  # fmt: skip
+        raise BrokerError(
+            f"cannot provision {', '.join(artifacts)}: {', '.join(missing)} not found on PATH (need Java 17+ and Maven)"
+        )
     cache_dir(name).mkdir(parents=True, exist_ok=True)
-    deps = "\n".join("    <dependency><groupId>{}</groupId><artifactId>{}</artifactId><version>{}</version></dependency>"
-                     .format(*a.split(":")) for a in artifacts)  # fmt: skip
+    deps = "\n".join(
+        "    <dependency><groupId>{}</groupId><artifactId>{}</artifactId><version>{}</version></dependency>".format(
+            *a.split(":")
+        )
+        for a in artifacts
+    )
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "pom.xml").write_text(_POM.format(name=name or "kafka-broker", dependencies=deps))
         staging = Path(tmp) / "libs"
-        cmd = ["mvn", "-B", "-q", "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
+        cmd = [
+            "mvn",
+            "-B",
+            "-q",
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={staging}",
+        ]
         out = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=900)
         if out.returncode != 0:
-            raise BrokerError(f"maven could not resolve {', '.join(artifacts)}: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+            raise BrokerError(
+                f"maven could not resolve {', '.join(artifacts)}: {out.stdout[-2000:]}{out.stderr[-2000:]}"
+            )
         if libs.exists():
             shutil.rmtree(libs)
         shutil.move(str(staging), libs)
@@ -169,9 +185,17 @@ class LocalKafka:
     default; a node of a :class:`LocalKafkaCluster` when given its id, ports, the quorum's
     voters and the cluster id."""
 
-    def __init__(self, workdir: str | os.PathLike[str], *, heap: str = "-Xmx1g", node_id: int = 1,
-                 ports: tuple[int, int] | None = None, voters: str | None = None, cluster: str | None = None,
-                 replication: int = 1) -> None:  # fmt: skip
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str],
+        *,
+        heap: str = "-Xmx1g",
+        node_id: int = 1,
+        ports: tuple[int, int] | None = None,
+        voters: str | None = None,
+        cluster: str | None = None,
+        replication: int = 1,
+    ) -> None:
         self.workdir = Path(workdir)
         self.heap = heap
         self.node_id = node_id
@@ -186,9 +210,16 @@ class LocalKafka:
         return f"127.0.0.1:{self.port}"
 
     def _java(self, libs: Path, *args: str) -> list[str]:
-        return ["java", "-Xms256m" if self.voters else "-Xms512m", self.heap, "-XX:+UseG1GC",
-                f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.xml'}",
-                "-cp", f"{libs}/*", *args]  # fmt: skip
+        return [
+            "java",
+            "-Xms256m" if self.voters else "-Xms512m",
+            self.heap,
+            "-XX:+UseG1GC",
+            f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.xml'}",
+            "-cp",
+            f"{libs}/*",
+            *args,
+        ]
 
     def start(self, timeout_s: float = 120.0) -> str:
         self.configure()
@@ -206,24 +237,39 @@ class LocalKafka:
         voters = self.voters or f"{self.node_id}@127.0.0.1:{self.controller_port}"
         rf, isr = self.replication, min(2, self.replication)
         props = self.workdir / "server.properties"
-        props.write_text("\n".join([
-            "process.roles=broker,controller", f"node.id={self.node_id}",
-            f"controller.quorum.voters={voters}",
-            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "controller.listener.names=CONTROLLER", "inter.broker.listener.name=PLAINTEXT",
-            f"log.dirs={data}", "num.partitions=1",
-            f"offsets.topic.replication.factor={rf}", f"transaction.state.log.replication.factor={rf}",
-            f"transaction.state.log.min.isr={isr}", "group.initial.rebalance.delay.ms=0",
-            "offsets.topic.num.partitions=4", "auto.create.topics.enable=false",
-            "log.cleaner.backoff.ms=1000",
-        ]) + "\n")  # fmt: skip
+        props.write_text(
+            "\n".join(
+                [
+                    "process.roles=broker,controller",
+                    f"node.id={self.node_id}",
+                    f"controller.quorum.voters={voters}",
+                    f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    "controller.listener.names=CONTROLLER",
+                    "inter.broker.listener.name=PLAINTEXT",
+                    f"log.dirs={data}",
+                    "num.partitions=1",
+                    f"offsets.topic.replication.factor={rf}",
+                    f"transaction.state.log.replication.factor={rf}",
+                    f"transaction.state.log.min.isr={isr}",
+                    "group.initial.rebalance.delay.ms=0",
+                    "offsets.topic.num.partitions=4",
+                    "auto.create.topics.enable=false",
+                    "log.cleaner.backoff.ms=1000",
+                ]
+            )
+            + "\n"
+        )
         (self.workdir / "log4j2.xml").write_text(_LOG4J2)
         if not (data / "meta.properties").exists():
             cluster = self.cluster or cluster_id()
-            fmt = subprocess.run(self._java(libs, "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)),
-                                 capture_output=True, text=True, timeout=120)  # fmt: skip
+            fmt = subprocess.run(
+                self._java(libs, "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             if fmt.returncode != 0:
                 raise BrokerError(f"kafka storage format failed: {fmt.stdout[-2000:]}{fmt.stderr[-2000:]}")
 
@@ -231,8 +277,12 @@ class LocalKafka:
         """Start the JVM (configured); :meth:`_wait_ready` waits for it."""
         libs = resolve_jars()
         log = open(self.workdir / "broker.log", "ab")
-        self.proc = subprocess.Popen(self._java(libs, "kafka.Kafka", str(self.workdir / "server.properties")),
-                                     stdout=log, stderr=subprocess.STDOUT, preexec_fn=_own_session_and_die_with_parent)  # fmt: skip
+        self.proc = subprocess.Popen(
+            self._java(libs, "kafka.Kafka", str(self.workdir / "server.properties")),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_own_session_and_die_with_parent,
+        )
 
     def _wait_ready(self, timeout_s: float) -> None:
         from confluent_kafka.admin import AdminClient
@@ -241,8 +291,10 @@ class LocalKafka:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise BrokerError(f"the Kafka JVM exited with {self.proc.returncode}; see {self.workdir / 'broker.log'}:\n"
-                                  + (self.workdir / "broker.log").read_text(errors="replace")[-3000:])  # fmt: skip
+                raise BrokerError(
+                    f"the Kafka JVM exited with {self.proc.returncode}; see {self.workdir / 'broker.log'}:\n"
+                    + (self.workdir / "broker.log").read_text(errors="replace")[-3000:]
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                     pass
@@ -287,8 +339,18 @@ class LocalKafkaCluster:
         ports = [(free_port(), free_port()) for _ in range(n)]
         voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, (_, c) in enumerate(ports))
         cluster = cluster_id()
-        self.nodes = [LocalKafka(Path(workdir) / f"node{i + 1}", heap=heap, node_id=i + 1, ports=ports[i],
-                                 voters=voters, cluster=cluster, replication=min(3, n)) for i in range(n)]  # fmt: skip
+        self.nodes = [
+            LocalKafka(
+                Path(workdir) / f"node{i + 1}",
+                heap=heap,
+                node_id=i + 1,
+                ports=ports[i],
+                voters=voters,
+                cluster=cluster,
+                replication=min(3, n),
+            )
+            for i in range(n)
+        ]
 
     @property
     def bootstrap(self) -> str:

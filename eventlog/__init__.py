@@ -10,13 +10,27 @@ from runstate.eventlog.partitioner import murmur2, partition_for
 from runstate.schemas.errors import LogConfigError
 
 __all__ = [
-    "Appended", "EventLog", "LogConsumer", "LogProducer", "Record", "TopicNames",
-    "murmur2", "open_log", "partition_for",
-]  # fmt: skip
+    "Appended",
+    "EventLog",
+    "LogConsumer",
+    "LogProducer",
+    "Record",
+    "TopicNames",
+    "murmur2",
+    "open_log",
+    "partition_for",
+]
 
 
-def open_log(url: str, *, partitions: int = 4, topics: TopicNames | None = None, create: bool = True,
-             kafka_config: dict[str, str] | None = None, key_purge_s: int = 3600) -> EventLog:
+def open_log(
+    url: str,
+    *,
+    partitions: int = 4,
+    topics: TopicNames | None = None,
+    create: bool = True,
+    kafka_config: dict[str, str] | None = None,
+    key_purge_s: int = 3600,
+) -> EventLog:
     """Open the log named by ``url``.
 
     ``kafka://HOST:PORT[,HOST:PORT...]`` is Apache Kafka; ``sqlite:///PATH``, ``file://PATH``
@@ -27,7 +41,9 @@ def open_log(url: str, *, partitions: int = 4, topics: TopicNames | None = None,
     if url.startswith("kafka://"):
         from runstate.eventlog.kafka import KafkaLog  # confluent-kafka loads only when used
 
-        return KafkaLog(url[len("kafka://"):], topics=topics, config=kafka_config or {}, key_purge_ms=key_purge_s * 1000)
+        return KafkaLog(
+            url[len("kafka://") :], topics=topics, config=kafka_config or {}, key_purge_ms=key_purge_s * 1000
+        )
     if "://" in url:
         scheme, rest = url.split("://", 1)
         if scheme not in ("sqlite", "file"):

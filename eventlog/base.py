@@ -67,8 +67,9 @@ class TopicNames:
 
     @classmethod
     def with_prefix(cls, prefix: str) -> TopicNames:
-        return cls(f"{prefix}.events", f"{prefix}.checkpoints", f"{prefix}.deadletter", f"{prefix}.decisions",
-                   f"{prefix}.keys")
+        return cls(
+            f"{prefix}.events", f"{prefix}.checkpoints", f"{prefix}.deadletter", f"{prefix}.decisions", f"{prefix}.keys"
+        )
 
     def all(self) -> tuple[str, str, str, str]:
         return (self.events, self.checkpoints, self.deadletter, self.decisions)
@@ -95,8 +96,9 @@ class LogProducer(ABC):
     """Appends keyed records. Thread-compatible, not thread-safe."""
 
     @abstractmethod
-    def append(self, topic: str, key: str, value: bytes, headers: Headers = (), *,
-               partition: int | None = None) -> Appended:
+    def append(
+        self, topic: str, key: str, value: bytes, headers: Headers = (), *, partition: int | None = None
+    ) -> Appended:
         """Append one record and wait for its acknowledgement. ``partition``: where, instead
         of the key's partition (the key store keeps a run's keys on the run's partition
         under keys of their own).
@@ -106,7 +108,13 @@ class LogProducer(ABC):
 
     @abstractmethod
     def append_async(
-        self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback | None, headers: Headers = (), *,
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        on_delivery: DeliveryCallback | None,
+        headers: Headers = (),
+        *,
         partition: int | None = None,
     ) -> None:
         """Queue one record; ``on_delivery`` is called (from ``flush``/``poll``) with where

@@ -91,8 +91,11 @@ class _AckedMark:
         try:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            log.warning("cannot open %s (%s): acknowledged appends lost from a damaged write-ahead log will not "
-                        "be noticed", path, e.strerror)  # fmt: skip
+            log.warning(
+                "cannot open %s (%s): acknowledged appends lost from a damaged write-ahead log will not be noticed",
+                path,
+                e.strerror,
+            )
             self._fd = None
 
     def _read(self) -> int | None:
@@ -102,9 +105,11 @@ class _AckedMark:
             return None
         body, crc = raw[: self._FORMAT.size], raw[self._FORMAT.size :]
         if len(body) != self._FORMAT.size or zlib.crc32(body).to_bytes(4, "little") != crc:
-            raise LogConfigError(f"{self.path} (how far the embedded log acknowledged appends) is damaged: delete it "
-                                 "to trust the log as it is (appends lost from a damaged write-ahead log would "
-                                 "then go unnoticed)")  # fmt: skip
+            raise LogConfigError(
+                f"{self.path} (how far the embedded log acknowledged appends) is damaged: delete it "
+                "to trust the log as it is (appends lost from a damaged write-ahead log would "
+                "then go unnoticed)"
+            )
         magic, owner, value = self._FORMAT.unpack(body)
         if magic != self._MAGIC or owner != self._owner:
             return None  # another log's (re-created under this name): this log starts its own
@@ -239,18 +244,28 @@ class EmbeddedLog(EventLog):
     """A log in one SQLite file. ``partitions`` is used when the file's topics are created;
     an existing file keeps the count it was created with."""
 
-    def __init__(self, path: str | os.PathLike[str], partitions: int = 4, topics: TopicNames | None = None,
-                 *, create: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        partitions: int = 4,
+        topics: TopicNames | None = None,
+        *,
+        create: bool = True,
+    ) -> None:
         self.path = Path(path)
         self.topics = topics or TopicNames()
         if not create and not self.path.exists():
-            raise LogConfigError(f"embedded log {self.path} does not exist (a write makes it: `runstate publish`, "
-                                 "`runstate topics create`)")  # fmt: skip
+            raise LogConfigError(
+                f"embedded log {self.path} does not exist (a write makes it: `runstate publish`, "
+                "`runstate topics create`)"
+            )
         if not create and self.path.stat().st_size == 0:
             # SQLite would take an empty file for a new database: a log cut to nothing would
             # pass for a log with no runs.
-            raise LogConfigError(f"embedded log {self.path} is empty (0 bytes): truncated, or not a runstate log. "
-                                 "Restore it from a copy; only a write makes a new log where none exists.")  # fmt: skip
+            raise LogConfigError(
+                f"embedded log {self.path} is empty (0 bytes): truncated, or not a runstate log. "
+                "Restore it from a copy; only a write makes a new log where none exists."
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._parts: dict[str, int] = {}
         self._compacted: set[str] | None = None
@@ -288,8 +303,10 @@ class EmbeddedLog(EventLog):
                 tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
                 if not {"topics", "heads", "records"} <= tables:
                     db.close()
-                    raise LogConfigError(f"{self.path} is not a runstate log (an SQLite file without its tables); "
-                                         "point --log at the log, or restore it from a copy")  # fmt: skip
+                    raise LogConfigError(
+                        f"{self.path} is not a runstate log (an SQLite file without its tables); "
+                        "point --log at the log, or restore it from a copy"
+                    )
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             # One write transaction: processes opening a new file at once must not both add a column.
@@ -344,9 +361,7 @@ class EmbeddedLog(EventLog):
                         "INSERT INTO topics VALUES (?,?,?)",
                         (name, partitions, int(name in (self.topics.checkpoints, self.topics.keys))),
                     )
-                    self._db.executemany(
-                        "INSERT INTO heads VALUES (?,?,0)", [(name, p) for p in range(partitions)]
-                    )
+                    self._db.executemany("INSERT INTO heads VALUES (?,?,0)", [(name, p) for p in range(partitions)])
                     created.append(name)
         return created
 
@@ -386,7 +401,7 @@ class EmbeddedLog(EventLog):
         found: dict[int, Record] = {}
         try:
             for i in range(0, len(offsets), _READ_CHUNK):
-                chunk = offsets[i:i + _READ_CHUNK]
+                chunk = offsets[i : i + _READ_CHUNK]
                 rows = self._db.execute(
                     "SELECT offset, key, value, ts, headers, crc FROM records WHERE topic=? AND partition=? "
                     f"AND offset IN ({','.join('?' * len(chunk))})",
@@ -464,8 +479,9 @@ class EmbeddedLog(EventLog):
         try:
             self._acked.advance(total)  # before the append is acknowledged
         except OSError as e:
-            raise LogError(f"append to {self.path}: cannot record it as acknowledged in {self._acked.path}: "
-                           f"{e.strerror}") from e  # fmt: skip
+            raise LogError(
+                f"append to {self.path}: cannot record it as acknowledged in {self._acked.path}: {e.strerror}"
+            ) from e
         self.wakeup.bump()  # committed: readers in this process need not wait for their next poll
         return out
 
@@ -475,8 +491,10 @@ class EmbeddedLog(EventLog):
             self._compacted = {r[0] for r in rows}
             for name in self._compacted:
                 # A compaction finds a key's older records through this index (built once).
-                self._db.execute(f'CREATE INDEX IF NOT EXISTS "compact:{name}" ON records(partition, key, offset) '
-                                 f"WHERE topic={_literal(name)}")  # fmt: skip
+                self._db.execute(
+                    f'CREATE INDEX IF NOT EXISTS "compact:{name}" ON records(partition, key, offset) '
+                    f"WHERE topic={_literal(name)}"
+                )
         return self._compacted
 
     def _compact(self, topic: str, partition: int, end: int) -> None:
@@ -506,7 +524,8 @@ class EmbeddedLog(EventLog):
                     self._db.execute(
                         "DELETE FROM records AS r WHERE topic=?1 AND key=?2 AND offset < "
                         "(SELECT MAX(offset) FROM records WHERE topic=?1 AND key=?2 AND partition=r.partition)",
-                        (topic, key.encode()))
+                        (topic, key.encode()),
+                    )
                 finally:
                     self._db.execute("PRAGMA secure_delete=OFF")
             for _ in range(50):  # a reader in another process may hold the WAL for a moment
@@ -514,8 +533,10 @@ class EmbeddedLog(EventLog):
                 if not busy:
                     return
                 time.sleep(0.1)
-            raise LogError(f"cannot fold the write-ahead log of {self.path} into it (readers hold it); "
-                           "the erased key's old bytes stay in it until the next checkpoint of the file")
+            raise LogError(
+                f"cannot fold the write-ahead log of {self.path} into it (readers hold it); "
+                "the erased key's old bytes stay in it until the next checkpoint of the file"
+            )
         except sqlite3.Error as e:
             raise LogError(f"cannot purge {topic} records of {key!r} in {self.path}: {e}") from e
 
@@ -631,15 +652,22 @@ class EmbeddedProducer(LogProducer):
         self._queue: list[tuple[str, str, bytes, Headers, DeliveryCallback | None, int | None]] = []
         self._failures: list[DeliveryError] = []
 
-    def append(self, topic: str, key: str, value: bytes, headers: Headers = (), *,
-               partition: int | None = None) -> Appended:
+    def append(
+        self, topic: str, key: str, value: bytes, headers: Headers = (), *, partition: int | None = None
+    ) -> Appended:
         try:
             return self._log._append_many([(topic, key, value, headers, partition)])[0]
         except LogError as e:
             raise DeliveryError(key, str(e)) from e
 
     def append_async(
-        self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback | None, headers: Headers = (), *,
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        on_delivery: DeliveryCallback | None,
+        headers: Headers = (),
+        *,
         partition: int | None = None,
     ) -> None:
         self._queue.append((topic, key, value, headers, on_delivery, partition))
@@ -745,7 +773,9 @@ class EmbeddedConsumer(LogConsumer):
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:  # no room for a new file, or not ours
-            raise LogError(f"cannot write the lock file {lock_path} of consumer group {self._group!r}: {e.strerror}") from e
+            raise LogError(
+                f"cannot write the lock file {lock_path} of consumer group {self._group!r}: {e.strerror}"
+            ) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as e:
@@ -762,7 +792,9 @@ class EmbeddedConsumer(LogConsumer):
             os.ftruncate(fd, len(holder))
         except OSError as e:  # a full disk, say: no member without its name in the file
             os.close(fd)
-            raise LogError(f"cannot write the lock file {lock_path} of consumer group {self._group!r}: {e.strerror}") from e
+            raise LogError(
+                f"cannot write the lock file {lock_path} of consumer group {self._group!r}: {e.strerror}"
+            ) from e
         self._lock_fd = fd
         self._on_revoke = on_revoke
         parts = list(range(n))

@@ -68,21 +68,35 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 
 
 #: Group-coordinator errors that clear by themselves (coordinator moving or loading).
-_COORDINATOR_RETRY = frozenset({
-    KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
-})  # fmt: skip
+_COORDINATOR_RETRY = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+)
 
 #: Partition errors that clear by themselves: a leader being elected or moving (a topic just
 #: created, a broker restarting) and metadata not yet up to date with it.
-_LEADER_RETRY = frozenset({
-    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
-    # The client's own view while a broker of a cluster is down: its metadata names no leader
-    # for the partition yet, or the request to the old one fails (a projector died of these
-    # when the leader of a partition was killed, in the three-broker test).
-    KafkaError._UNKNOWN_PARTITION, KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._DESTROY_BROKER,
-    KafkaError._NODE_UPDATE, KafkaError._ALL_BROKERS_DOWN,
-})  # fmt: skip
+_LEADER_RETRY = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        # The client's own view while a broker of a cluster is down: its metadata names no leader
+        # for the partition yet, or the request to the old one fails (a projector died of these
+        # when the leader of a partition was killed, in the three-broker test).
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._DESTROY_BROKER,
+        KafkaError._NODE_UPDATE,
+        KafkaError._ALL_BROKERS_DOWN,
+    }
+)
 #: How long :meth:`KafkaLog.end_offsets` asks again while a partition's leader is elected.
 LEADER_WAIT_S = 30.0
 #: How long a start-up probe tries a broker that refuses connections (one restarting).
@@ -127,8 +141,14 @@ def _made(client: Callable[[dict[str, Any]], T], conf: dict[str, Any]) -> T:
 class KafkaLog(EventLog):
     """The log on an Apache Kafka cluster at ``bootstrap`` (``HOST:PORT[,HOST:PORT]``)."""
 
-    def __init__(self, bootstrap: str, topics: TopicNames | None = None, config: dict[str, Any] | None = None, *,
-                 key_purge_ms: int = 3_600_000) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: TopicNames | None = None,
+        config: dict[str, Any] | None = None,
+        *,
+        key_purge_ms: int = 3_600_000,
+    ) -> None:
         if not bootstrap:
             raise LogConfigError("kafka:// URL needs HOST:PORT")
         self.bootstrap = bootstrap
@@ -166,8 +186,10 @@ class KafkaLog(EventLog):
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
-        raise LogConfigError(f"cannot reach Kafka at {self.bootstrap} ({'; '.join(why)}): is the broker running "
-                             "and is this its address? (`runstate -v` shows the Kafka client's log)")  # fmt: skip
+        raise LogConfigError(
+            f"cannot reach Kafka at {self.bootstrap} ({'; '.join(why)}): is the broker running "
+            "and is this its address? (`runstate -v` shows the Kafka client's log)"
+        )
 
     def _common(self) -> dict[str, Any]:
         # Settings that apply to every client (security, timeouts) pass through. librdkafka's
@@ -223,21 +245,36 @@ class KafkaLog(EventLog):
         isr = {"min.insync.replicas": "2"} if replication >= 2 else {}
         wanted = [
             # The broker's clock stamps each patch: the one time no client can claim.
-            NewTopic(self.topics.events, partitions, replication, config={**isr, "message.timestamp.type": "LogAppendTime"}),
-            NewTopic(self.topics.checkpoints, partitions, replication,
-                     config={**isr, "cleanup.policy": "compact", "min.compaction.lag.ms": "0"}),
+            NewTopic(
+                self.topics.events, partitions, replication, config={**isr, "message.timestamp.type": "LogAppendTime"}
+            ),
+            NewTopic(
+                self.topics.checkpoints,
+                partitions,
+                replication,
+                config={**isr, "cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
+            ),
             NewTopic(self.topics.deadletter, partitions, replication, config=isr),
             # Notifications for waiters: a day is far longer than anyone waits.
             NewTopic(self.topics.decisions, partitions, replication, config={**isr, "retention.ms": "86400000"}),
             # Run keys: an erased run's key record is replaced, and the log cleaner must take
             # the old one off the disks within a bound (key_purge_ms): a small dirty ratio,
             # segments rolled and compacted at least that often.
-            NewTopic(self.topics.keys, partitions, replication,
-                     config={**isr, "cleanup.policy": "compact", "min.compaction.lag.ms": "0",
-                             "max.compaction.lag.ms": str(self.key_purge_ms),
-                             "segment.ms": str(self.key_purge_ms), "min.cleanable.dirty.ratio": "0.01",
-                             "delete.retention.ms": str(self.key_purge_ms)}),
-        ]  # fmt: skip
+            NewTopic(
+                self.topics.keys,
+                partitions,
+                replication,
+                config={
+                    **isr,
+                    "cleanup.policy": "compact",
+                    "min.compaction.lag.ms": "0",
+                    "max.compaction.lag.ms": str(self.key_purge_ms),
+                    "segment.ms": str(self.key_purge_ms),
+                    "min.cleanable.dirty.ratio": "0.01",
+                    "delete.retention.ms": str(self.key_purge_ms),
+                },
+            ),
+        ]
         created = []
         for name, fut in self._admin.create_topics(wanted, request_timeout=30).items():
             try:
@@ -269,7 +306,9 @@ class KafkaLog(EventLog):
         self.partitions(self.topics.deadletter)
         for name, n in ((self.topics.checkpoints, cp), (self.topics.decisions, self.partitions(self.topics.decisions))):
             if n != ev:  # a run's checkpoints and decisions live on its events partition number
-                raise LogConfigError(f"{name!r} has {n} partitions but {self.topics.events!r} has {ev}: they must match")
+                raise LogConfigError(
+                    f"{name!r} has {n} partitions but {self.topics.events!r} has {ev}: they must match"
+                )
         # One request for both topics' configurations: at every projector start, while a
         # broker may be restarting (each admin request then is a chance for the client to fail).
         events, checkpoints = self._configs(self.topics.events, self.topics.checkpoints)
@@ -281,16 +320,20 @@ class KafkaLog(EventLog):
         if stamp != "LogAppendTime":
             # Rules that depend on time (deadlines, observation age) use the record's time: the
             # broker's, not one a client can claim.
-            raise LogConfigError(f"{self.topics.events!r} must have message.timestamp.type=LogAppendTime (the rules "
-                                 f"that depend on time use the log's time), has {stamp!r}: "
-                                 f"kafka-configs --alter --entity-type topics --entity-name {self.topics.events} "
-                                 "--add-config message.timestamp.type=LogAppendTime")  # fmt: skip
+            raise LogConfigError(
+                f"{self.topics.events!r} must have message.timestamp.type=LogAppendTime (the rules "
+                f"that depend on time use the log's time), has {stamp!r}: "
+                f"kafka-configs --alter --entity-type topics --entity-name {self.topics.events} "
+                "--add-config message.timestamp.type=LogAppendTime"
+            )
         for name, configs in ((self.topics.events, events), (self.topics.checkpoints, checkpoints)):
             replicas = self._replicas.get(name, 1)
             isr = int(configs["min.insync.replicas"].value or 1)
             if replicas >= 2 and isr < 2:
-                raise LogConfigError(f"{name!r} is replicated {replicas} times with min.insync.replicas={isr}: an "
-                                     "acknowledged append would survive on one broker only; set min.insync.replicas=2")  # fmt: skip
+                raise LogConfigError(
+                    f"{name!r} is replicated {replicas} times with min.insync.replicas={isr}: an "
+                    "acknowledged append would survive on one broker only; set min.insync.replicas=2"
+                )
 
     def _configs(self, *topics: str) -> list[Any]:
         wanted = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
@@ -303,21 +346,32 @@ class KafkaLog(EventLog):
     # -- clients ---------------------------------------------------------------------------
 
     def producer(self) -> LogProducer:
-        conf = {"bootstrap.servers": self.bootstrap, **PRODUCER_DEFAULTS, **self._common(),
-                **{k[len("producer."):]: v for k, v in self.config.items() if k.startswith("producer.")}}  # fmt: skip
+        conf = {
+            "bootstrap.servers": self.bootstrap,
+            **PRODUCER_DEFAULTS,
+            **self._common(),
+            **{k[len("producer.") :]: v for k, v in self.config.items() if k.startswith("producer.")},
+        }
         return KafkaProducer(_made(Producer, conf))
 
     def _consumer_conf(self, group_id: str) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap, "group.id": group_id, **CONSUMER_DEFAULTS, **self._common(),
-                **{k[len("consumer."):]: v for k, v in self.config.items() if k.startswith("consumer.")}}  # fmt: skip
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "group.id": group_id,
+            **CONSUMER_DEFAULTS,
+            **self._common(),
+            **{k[len("consumer.") :]: v for k, v in self.config.items() if k.startswith("consumer.")},
+        }
 
     def consumer(self, group_id: str, topic: str, *, client_id: str | None = None) -> LogConsumer:
         self.partitions(topic)
         conf = self._consumer_conf(group_id)
         if client_id is not None:
             conf["client.id"] = client_id
-        incremental = "cooperative" in str(conf.get("partition.assignment.strategy", "")) \
-            or conf.get("group.protocol") == "consumer"  # fmt: skip
+        incremental = (
+            "cooperative" in str(conf.get("partition.assignment.strategy", ""))
+            or conf.get("group.protocol") == "consumer"
+        )
         return KafkaConsumer(_made(Consumer, conf), topic, incremental=incremental)
 
     def reader(self, topic: str, positions: dict[int, int]) -> LogReader:
@@ -339,7 +393,9 @@ class KafkaLog(EventLog):
         out = []
         for m in desc.members:
             tps = m.assignment.topic_partitions if m.assignment is not None else []
-            out.append(GroupMember(m.client_id, tuple(sorted(tp.partition for tp in tps if tp.topic == self.topics.events))))
+            out.append(
+                GroupMember(m.client_id, tuple(sorted(tp.partition for tp in tps if tp.topic == self.topics.events)))
+            )
         return out
 
     def _reader(self) -> Consumer:
@@ -383,8 +439,12 @@ class KafkaLog(EventLog):
         deadline = time.monotonic() + timeout_s
         c = _made(Consumer, self._consumer_conf(group_id))
         try:
-            tps = _retrying(lambda: c.committed(wanted, timeout=max(1.0, deadline - time.monotonic())),
-                            _COORDINATOR_RETRY, deadline, f"committed offsets of group {group_id!r}")  # fmt: skip
+            tps = _retrying(
+                lambda: c.committed(wanted, timeout=max(1.0, deadline - time.monotonic())),
+                _COORDINATOR_RETRY,
+                deadline,
+                f"committed offsets of group {group_id!r}",
+            )
             return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
         finally:
             c.close()
@@ -412,7 +472,9 @@ class KafkaLog(EventLog):
                     if m.offset() >= end:
                         return
                     pos = m.offset() + 1
-                    yield Record(topic, partition, m.offset(), m.key(), m.value() or b"", m.timestamp()[1], _headers(m.headers()))
+                    yield Record(
+                        topic, partition, m.offset(), m.key(), m.value() or b"", m.timestamp()[1], _headers(m.headers())
+                    )
         finally:
             c.close()
 
@@ -458,8 +520,16 @@ class KafkaProducer(LogProducer):
         # built per record, and a success costs one call that returns at once.
         self._unreported = partial(_keep_failure, self._failures)
 
-    def append_async(self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback | None,
-                     headers: Headers = (), *, partition: int | None = None) -> None:  # fmt: skip
+    def append_async(
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        on_delivery: DeliveryCallback | None,
+        headers: Headers = (),
+        *,
+        partition: int | None = None,
+    ) -> None:
         # The hot path of every producer: one partial of a module function rather than a
         # closure, positional arguments, no header list when there are none: what Python
         # adds per record is of the order of librdkafka's own cost.
@@ -481,16 +551,23 @@ class KafkaProducer(LogProducer):
                 raise DeliveryError(key, str(e)) from e
         p.poll(0)
 
-    def append(self, topic: str, key: str, value: bytes, headers: Headers = (), *,
-               partition: int | None = None) -> Appended:
+    def append(
+        self, topic: str, key: str, value: bytes, headers: Headers = (), *, partition: int | None = None
+    ) -> Appended:
         result: list[Appended | Exception] = []
         report = lambda a, e: result.append(e if e is not None else a)  # noqa: E731
         if partition is None:
             self.append_async(topic, key, value, report, headers)  # type: ignore[arg-type]
         else:
             try:
-                self._p.produce(topic, value, key.encode(), partition=partition, headers=list(headers) or None,
-                                on_delivery=partial(_report, report, key))  # fmt: skip
+                self._p.produce(
+                    topic,
+                    value,
+                    key.encode(),
+                    partition=partition,
+                    headers=list(headers) or None,
+                    on_delivery=partial(_report, report, key),
+                )
             except KafkaException as e:
                 raise DeliveryError(key, str(e)) from e
         deadline = time.monotonic() + 130
@@ -527,8 +604,11 @@ def _records(msgs: list[Any], owned: set[int] | None) -> list[Record]:
             continue  # transient (broker down, rebalance): librdkafka retries by itself
         if owned is not None and m.partition() not in owned:
             continue
-        out.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value() or b"", m.timestamp()[1],
-                          _headers(m.headers())))  # fmt: skip
+        out.append(
+            Record(
+                m.topic(), m.partition(), m.offset(), m.key(), m.value() or b"", m.timestamp()[1], _headers(m.headers())
+            )
+        )
     return out
 
 

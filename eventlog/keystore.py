@@ -70,8 +70,9 @@ def parse_key_bytes(text: str, *, where: str, what: str) -> bytes:
         except (binascii.Error, ValueError):
             raw = b""
     if len(raw) != 32:
-        raise KeyStoreError(f"{where} is not {what}: give 64 hex digits (32 random bytes), "
-                            "e.g. from `runstate keys generate`")  # fmt: skip
+        raise KeyStoreError(
+            f"{where} is not {what}: give 64 hex digits (32 random bytes), e.g. from `runstate keys generate`"
+        )
     return raw
 
 
@@ -177,11 +178,18 @@ class MasterRecord:
         return cls(v["master"], v["check"], int(v.get("epoch", 0)), state, tuple(str(r) for r in retired))
 
     def dump(self) -> dict[str, Any]:
-        return {"master": self.master, "check": self.check, "epoch": self.epoch, "state": self.state,
-                "retired": list(self.retired)}  # fmt: skip
+        return {
+            "master": self.master,
+            "check": self.check,
+            "epoch": self.epoch,
+            "state": self.state,
+            "retired": list(self.retired),
+        }
 
     @classmethod
-    def made(cls, key: MasterKey, epoch: int, state: Literal["done", "rotating"], retired: Iterable[str]) -> MasterRecord:
+    def made(
+        cls, key: MasterKey, epoch: int, state: Literal["done", "rotating"], retired: Iterable[str]
+    ) -> MasterRecord:
         return cls(key.id, key.wrap(MASTER_RECORD, _CHECK), epoch, state, tuple(sorted(set(retired) - {key.id})))
 
 
@@ -254,8 +262,10 @@ class KeyStore:
         try:
             self.partitions = log.partitions(self.topic)
         except LogConfigError as e:
-            raise LogConfigError(f"{e}. Content is sealed (a master key is configured), which needs the keys "
-                                 "topic: `runstate topics create` makes it") from e  # fmt: skip
+            raise LogConfigError(
+                f"{e}. Content is sealed (a master key is configured), which needs the keys "
+                "topic: `runstate topics create` makes it"
+            ) from e
         self._runs: dict[int, dict[str, RunKeys]] = {}
         self._read_to: dict[int, int] = {}
         self._lock = threading.RLock()
@@ -276,10 +286,12 @@ class KeyStore:
         self._refresh(self.home)
         rec = self._part_master.get(self.home)
         if rec == _DAMAGED:
-            raise KeyStoreError(f"the master check record ({MASTER_RECORD}, partition {self.home} of {self.topic}) "
-                                "is damaged: nothing is written until it is repaired with the master key the store "
-                                "was written with: `runstate keys repair` (it checks that key against the run keys "
-                                "first); never with a new key")  # fmt: skip
+            raise KeyStoreError(
+                f"the master check record ({MASTER_RECORD}, partition {self.home} of {self.topic}) "
+                "is damaged: nothing is written until it is repaired with the master key the store "
+                "was written with: `runstate keys repair` (it checks that key against the run keys "
+                "first); never with a new key"
+            )
         assert rec is None or isinstance(rec, MasterRecord)
         return rec
 
@@ -287,32 +299,42 @@ class KeyStore:
         rec = self.store_record()
         if rec is None:
             if self._holds_records():
-                raise KeyStoreError(f"{self.topic} holds run keys but no master check record ({MASTER_RECORD}): "
-                                    "it was lost or damaged. Repair it with the master key the store was written "
-                                    "with: `runstate keys repair`")  # fmt: skip
+                raise KeyStoreError(
+                    f"{self.topic} holds run keys but no master check record ({MASTER_RECORD}): "
+                    "it was lost or damaged. Repair it with the master key the store was written "
+                    "with: `runstate keys repair`"
+                )
             if self._events_hold_sealed():
-                raise KeyStoreError(f"the events topic holds sealed records but {self.topic} is empty: the run keys "
-                                    "were lost. Restore the keys topic from its backup; nothing is written "
-                                    "until then")  # fmt: skip
+                raise KeyStoreError(
+                    f"the events topic holds sealed records but {self.topic} is empty: the run keys "
+                    "were lost. Restore the keys topic from its backup; nothing is written "
+                    "until then"
+                )
             self._write_master(self.home, MasterRecord.made(self.masters.primary, 1, "done", ()))
             return
         held = self.masters.get(rec.master)
         if held is None:
             if any(i in rec.retired for i in self.masters.ids):
-                raise KeyStoreError(f"the master key was rotated to id {rec.master} (this process holds "
-                                    f"{', '.join(self.masters.ids)}, retired): configure the new key, and keep "
-                                    "the old one beside it until `runstate keys status` says the rotation "
-                                    "is done")  # fmt: skip
-            raise KeyStoreError(f"the master key (id {self.masters.primary.id}) is not the one {self.topic} was "
-                                f"written with (id {rec.master}); give that key, or rotate to this one with "
-                                "`runstate keys rotate`")  # fmt: skip
+                raise KeyStoreError(
+                    f"the master key was rotated to id {rec.master} (this process holds "
+                    f"{', '.join(self.masters.ids)}, retired): configure the new key, and keep "
+                    "the old one beside it until `runstate keys status` says the rotation "
+                    "is done"
+                )
+            raise KeyStoreError(
+                f"the master key (id {self.masters.primary.id}) is not the one {self.topic} was "
+                f"written with (id {rec.master}); give that key, or rotate to this one with "
+                "`runstate keys rotate`"
+            )
         try:
             ok = held.unwrap(MASTER_RECORD, rec.check) == _CHECK
         except ValueError:
             ok = False
         if not ok:
-            raise KeyStoreError(f"the master check record of {self.topic} names master id {rec.master} but does not "
-                                "open with it: it is damaged. Repair it: `runstate keys repair`")  # fmt: skip
+            raise KeyStoreError(
+                f"the master check record of {self.topic} names master id {rec.master} but does not "
+                "open with it: it is damaged. Repair it: `runstate keys repair`"
+            )
 
     def _holds_records(self) -> bool:
         ends = self.log.end_offsets(self.topic)
@@ -418,15 +440,19 @@ class KeyStore:
             tried.add(master.id)
             kid = os.urandom(8).hex()
             name = _record_key(run_id, kid)
-            self._append(name, {"run_id": run_id, "kid": kid, "master": master.id, "wrapped": master.wrap(name, key)}, p)
+            self._append(
+                name, {"run_id": run_id, "kid": kid, "master": master.id, "wrapped": master.wrap(name, key)}, p
+            )
             self._refresh(p)  # in log order: a master record that came first makes the key stale
             entry = self._runs[p][run_id]
             if kid not in entry.stale:
                 return kid, key
         current = self._part_master.get(p)
-        raise KeyStoreError(f"the master key was rotated (partition {p} of {self.topic} now wraps with master id "
-                            f"{getattr(current, 'master', '?')}; this process holds {', '.join(self.masters.ids)}): "
-                            "restart it with the new master key; nothing was sealed with the retired one")  # fmt: skip
+        raise KeyStoreError(
+            f"the master key was rotated (partition {p} of {self.topic} now wraps with master id "
+            f"{getattr(current, 'master', '?')}; this process holds {', '.join(self.masters.ids)}): "
+            "restart it with the new master key; nothing was sealed with the retired one"
+        )
 
     def _wrapping_master(self, partition: int) -> MasterKey:
         """The master new run keys of ``partition`` are wrapped with: its own master record's,
@@ -452,9 +478,11 @@ class KeyStore:
             if held is None and not self._names_master(named):
                 raise ValueError("wrapped by a master key the store never named: damaged")
             if held is None:
-                raise KeyStoreError(f"run {run_id!r}: its key {kid} is wrapped by master id {named}, which this process "
-                                    f"was not given (it holds {', '.join(self.masters.ids)}): the master key was "
-                                    "rotated; configure the new key")  # fmt: skip
+                raise KeyStoreError(
+                    f"run {run_id!r}: its key {kid} is wrapped by master id {named}, which this process "
+                    f"was not given (it holds {', '.join(self.masters.ids)}): the master key was "
+                    "rotated; configure the new key"
+                )
             return held.unwrap(name, wrapped)
         for held in self.masters.by_id.values():  # a record from before records named their master
             try:
@@ -465,8 +493,10 @@ class KeyStore:
 
     def _names_master(self, master_id: str) -> bool:
         """Whether a master record read so far names ``master_id`` (current or retired)."""
-        return any(isinstance(r, MasterRecord) and (r.master == master_id or master_id in r.retired)
-                   for r in self._part_master.values())  # fmt: skip
+        return any(
+            isinstance(r, MasterRecord) and (r.master == master_id or master_id in r.retired)
+            for r in self._part_master.values()
+        )
 
     def erase(self, run_id: str, erasure: dict[str, str]) -> dict[str, str]:
         """Record the erasure (the first record stands; it is returned) and destroy every key
@@ -512,9 +542,11 @@ class KeyStore:
         if rec.master == new.id and rec.state == "done":
             return Rotation(0, sum(len(e.usable()) for e in self.all_runs().values()), resumed=False)
         if rec.state == "rotating" and rec.master != new.id:
-            raise KeyStoreError(f"a rotation to master id {rec.master} is under way and not finished: finish it "
-                                "first (`runstate keys rotate` with that key as the new one, the old one "
-                                "configured); `runstate keys status` says where it stands")  # fmt: skip
+            raise KeyStoreError(
+                f"a rotation to master id {rec.master} is under way and not finished: finish it "
+                "first (`runstate keys rotate` with that key as the new one, the old one "
+                "configured); `runstate keys status` says where it stands"
+            )
         resumed = rec.master == new.id
         runs = self.all_runs()
         unreadable = []
@@ -528,9 +560,11 @@ class KeyStore:
                     unreadable.append(f"{run_id}/{kid} ({why})")
         if unreadable:
             shown = ", ".join(unreadable[:10]) + (f" and {len(unreadable) - 10} more" if len(unreadable) > 10 else "")
-            raise KeyStoreError(f"nothing rotated: {len(unreadable)} run key(s) do not open with the master keys "
-                                f"given: {shown}. Give every master key they name (RUNSTATE_MASTER_KEY takes several, "
-                                "comma-separated), or repair the damaged records first")  # fmt: skip
+            raise KeyStoreError(
+                f"nothing rotated: {len(unreadable)} run key(s) do not open with the master keys "
+                f"given: {shown}. Give every master key they name (RUNSTATE_MASTER_KEY takes several, "
+                "comma-separated), or repair the damaged records first"
+            )
         epoch = rec.epoch if resumed else rec.epoch + 1
         retired = set(rec.retired) | ({rec.master} if not resumed else set())
         marker = MasterRecord.made(new, epoch, "rotating", retired)
@@ -550,8 +584,9 @@ class KeyStore:
                         continue
                     key = self.open_key(run_id, kid, entry)
                     name = _record_key(run_id, kid)
-                    self._append(name, {"run_id": run_id, "kid": kid, "master": new.id,
-                                        "wrapped": new.wrap(name, key)}, p)  # fmt: skip
+                    self._append(
+                        name, {"run_id": run_id, "kid": kid, "master": new.id, "wrapped": new.wrap(name, key)}, p
+                    )
                     self.log.purge_superseded(self.topic, name)
                     rewrapped += 1
         self._write_master(self.home, MasterRecord.made(new, epoch, "done", retired))
@@ -571,8 +606,9 @@ class KeyStore:
             if rec is not None and rec.master in self.masters:
                 try:
                     if self.masters.by_id[rec.master].unwrap(MASTER_RECORD, rec.check) == _CHECK:
-                        raise KeyStoreError("the master check record is sound and opens with this key: "
-                                            "nothing to repair")  # fmt: skip
+                        raise KeyStoreError(
+                            "the master check record is sound and opens with this key: nothing to repair"
+                        )
                 except ValueError:
                     pass
         key = self.masters.primary
@@ -588,8 +624,10 @@ class KeyStore:
                 except ValueError:
                     refused.append(f"{run_id}/{kid}")
         if refused or (opened == 0 and any(e.usable() for e in runs.values())):
-            raise KeyStoreError(f"this master key (id {key.id}) is not the store's: it opens {opened} run key(s) and "
-                                f"not {len(refused) or 'the others'}; nothing written")  # fmt: skip
+            raise KeyStoreError(
+                f"this master key (id {key.id}) is not the store's: it opens {opened} run key(s) and "
+                f"not {len(refused) or 'the others'}; nothing written"
+            )
         epoch = max((r.epoch for r in self._part_master.values() if isinstance(r, MasterRecord)), default=0)
         fresh = MasterRecord.made(key, epoch + 1, "done", rec.retired if rec is not None else ())
         self._write_master(self.home, fresh)
@@ -617,13 +655,23 @@ class KeyStore:
         if rec is not None:
             for p in range(self.partitions):
                 have = self._part_master.get(p)
-                if p != self.home and rec.state == "rotating" and not (
-                        isinstance(have, MasterRecord) and have.master == rec.master):  # fmt: skip
+                if (
+                    p != self.home
+                    and rec.state == "rotating"
+                    and not (isinstance(have, MasterRecord) and have.master == rec.master)
+                ):
                     behind.append(p)
-        return KeyReport(None if rec is None else rec.master, 0 if rec is None else rec.epoch,
-                         "damaged" if rec is None and problems else ("empty" if rec is None else rec.state),
-                         [] if rec is None else list(rec.retired), behind, by_master, stale,
-                         sum(1 for e in runs.values() if e.erased is not None), problems)  # fmt: skip
+        return KeyReport(
+            None if rec is None else rec.master,
+            0 if rec is None else rec.epoch,
+            "damaged" if rec is None and problems else ("empty" if rec is None else rec.state),
+            [] if rec is None else list(rec.retired),
+            behind,
+            by_master,
+            stale,
+            sum(1 for e in runs.values() if e.erased is not None),
+            problems,
+        )
 
     def close(self) -> None:
         self._producer.close()

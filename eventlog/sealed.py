@@ -21,9 +21,18 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 
 from runstate.eventlog.base import (
-    Appended, DeliveryCallback, EventLog, GroupMember, Headers, LogConsumer, LogProducer, LogReader,
-    OnAssign, OnRevoke, Record,
-)  # fmt: skip
+    Appended,
+    DeliveryCallback,
+    EventLog,
+    GroupMember,
+    Headers,
+    LogConsumer,
+    LogProducer,
+    LogReader,
+    OnAssign,
+    OnRevoke,
+    Record,
+)
 from runstate.eventlog.keystore import Keyring
 from runstate.schemas import sealed
 from runstate.schemas.codec import encode
@@ -78,8 +87,17 @@ class SealedLog(EventLog):
             envelope = None
         return sealed.seal(value, key, kid, k, os.urandom(sealed.NONCE_BYTES), envelope)
 
-    def erase(self, run_id: str, reason: str, by: str, author: Author, revision: int, *,
-              patch_id: str | None = None, now: datetime | None = None) -> tuple[dict[str, str], str | None]:
+    def erase(
+        self,
+        run_id: str,
+        reason: str,
+        by: str,
+        author: Author,
+        revision: int,
+        *,
+        patch_id: str | None = None,
+        now: datetime | None = None,
+    ) -> tuple[dict[str, str], str | None]:
         """Erase a run: the erasure (a content-free ``RunErased`` patch, readable for good)
         appended to its events, then its keys destroyed, which leaves every copy of its
         content on the log unreadable. Returns the erasure record that stands and the
@@ -93,8 +111,14 @@ class SealedLog(EventLog):
         if entry is None or not entry.keys:
             raise RunNotFound(run_id)
         at = now or datetime.now(UTC)
-        patch = Patch(patch_id=patch_id or uuid.uuid4().hex, run_id=run_id, expected_revision=revision,
-                      events=[RunErasedEvent(reason=reason, erased_by=by)], author=author, created_at=at)  # fmt: skip
+        patch = Patch(
+            patch_id=patch_id or uuid.uuid4().hex,
+            run_id=run_id,
+            expected_revision=revision,
+            events=[RunErasedEvent(reason=reason, erased_by=by)],
+            author=author,
+            created_at=at,
+        )
         producer = self.inner.producer()
         try:
             producer.append(self.topics.events, run_id, encode(patch), CONTENT_FREE)
@@ -191,12 +215,21 @@ class _SealingProducer(LogProducer):
         self._log = log
         self._inner = inner
 
-    def append(self, topic: str, key: str, value: bytes, headers: Headers = (), *,
-               partition: int | None = None) -> Appended:  # fmt: skip
+    def append(
+        self, topic: str, key: str, value: bytes, headers: Headers = (), *, partition: int | None = None
+    ) -> Appended:
         return self._inner.append(topic, key, self._log.seal(topic, key, value, headers), headers, partition=partition)
 
-    def append_async(self, topic: str, key: str, value: bytes, on_delivery: DeliveryCallback | None,
-                     headers: Headers = (), *, partition: int | None = None) -> None:  # fmt: skip
+    def append_async(
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        on_delivery: DeliveryCallback | None,
+        headers: Headers = (),
+        *,
+        partition: int | None = None,
+    ) -> None:
         try:
             value = self._log.seal(topic, key, value, headers)
         except RunErased as e:

@@ -29,8 +29,9 @@ class DecisionFeed:
     are decisions; any other is counted in ``ignored`` and never heard. Not thread-safe:
     one reader thread."""
 
-    def __init__(self, log_: EventLog, positions: dict[int, int] | None = None, *,
-                 keys: InstanceKeys | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, log_: EventLog, positions: dict[int, int] | None = None, *, keys: InstanceKeys | None = None
+    ) -> None:
         topic = log_.topics.decisions
         start = positions if positions is not None else log_.end_offsets(topic)
         self._reader: LogReader = log_.reader(topic, start)
@@ -46,9 +47,14 @@ class DecisionFeed:
             if self._keys is not None and not self._keys.record_ok(rec):
                 self.ignored += 1
                 if self.ignored == 1 or self.ignored % 1000 == 0:
-                    log.warning("ignoring %s[%d]@%d (%d so far): not signed with this instance's "
-                                "RUNSTATE_INSTANCE_SECRET (forged, or a projector without it)",
-                                rec.topic, rec.partition, rec.offset, self.ignored)  # fmt: skip
+                    log.warning(
+                        "ignoring %s[%d]@%d (%d so far): not signed with this instance's "
+                        "RUNSTATE_INSTANCE_SECRET (forged, or a projector without it)",
+                        rec.topic,
+                        rec.partition,
+                        rec.offset,
+                        self.ignored,
+                    )
                 continue
             try:
                 out.append(decode_decision(rec.value))

@@ -59,8 +59,13 @@ class Receipt(NamedTuple):
     offset: int
 
 
-def _receipt(on_delivery: Callable[[Receipt | None, Exception | None], None], patch_id: str, run_id: str,
-             where: Appended | None, err: Exception | None) -> None:  # fmt: skip
+def _receipt(
+    on_delivery: Callable[[Receipt | None, Exception | None], None],
+    patch_id: str,
+    run_id: str,
+    where: Appended | None,
+    err: Exception | None,
+) -> None:
     on_delivery(None if where is None else Receipt(patch_id, run_id, where.partition, where.offset), err)
 
 
@@ -121,8 +126,15 @@ class RunProducer:
         # ``type(e) is dict`` first: isinstance against BaseModel's metaclass (an ABCMeta)
         # is slow for a dict, the common case.
         raw = [e if type(e) is dict or not isinstance(e, pydantic.BaseModel) else e.model_dump() for e in events]
-        full = {"run_id": run_id, "patch_id": _new_patch_id(), "expected_revision": expected_revision,
-                "events": raw, "author": self.author, "created_at": self.clock(), "rebase": rebase}  # fmt: skip
+        full = {
+            "run_id": run_id,
+            "patch_id": _new_patch_id(),
+            "expected_revision": expected_revision,
+            "events": raw,
+            "author": self.author,
+            "created_at": self.clock(),
+            "rebase": rebase,
+        }
         return validated(Patch, full, drafted=True)
 
     def encode(self, patch: Patch) -> bytes:
@@ -140,8 +152,12 @@ class RunProducer:
         where: Appended = self._producer.append(self.log.topics.events, patch.run_id, self.encode(patch))
         return Receipt(patch.patch_id, patch.run_id, where.partition, where.offset)
 
-    def append_async(self, patch: Patch, on_delivery: Callable[[Receipt | None, Exception | None], None] | None = None,
-                     data: bytes | None = None) -> None:
+    def append_async(
+        self,
+        patch: Patch,
+        on_delivery: Callable[[Receipt | None, Exception | None], None] | None = None,
+        data: bytes | None = None,
+    ) -> None:
         """Queue one patch; ``on_delivery`` gets its receipt or the delivery error. Without
         ``on_delivery`` no receipt is made (the cheaper path) and a failed delivery is
         raised by the next :meth:`flush` or :meth:`close` as :class:`DeliveryError`: never
@@ -155,7 +171,9 @@ class RunProducer:
         # The callback holds the two ids, not the patch: a patch waiting for its delivery
         # report would otherwise survive into an older GC generation, and every collection
         # of a busy producer would walk it.
-        self._producer.append_async(self._events_topic, run_id, data, partial(_receipt, on_delivery, patch.patch_id, run_id))
+        self._producer.append_async(
+            self._events_topic, run_id, data, partial(_receipt, on_delivery, patch.patch_id, run_id)
+        )
 
     def flush(self, timeout_s: float = 30.0) -> int:
         """Wait for every queued patch; returns how many are still queued (0: all
@@ -173,9 +191,17 @@ class RunProducer:
         again = patch.model_copy(update={"created_at": earlier.created_at})
         return content_digest(self.encode(again)) == earlier.content_digest
 
-    def wait(self, run_id: str, patch_id: str, timeout_s: float = 10.0, *,
-             source: DecisionSource | None = None, poll_s: float = 0.02, appended: Receipt | None = None,
-             digest: str | None = None) -> Decision:  # fmt: skip
+    def wait(
+        self,
+        run_id: str,
+        patch_id: str,
+        timeout_s: float = 10.0,
+        *,
+        source: DecisionSource | None = None,
+        poll_s: float = 0.02,
+        appended: Receipt | None = None,
+        digest: str | None = None,
+    ) -> Decision:
         """Wait for the projector's decision on a patch. With ``appended`` (its receipt)
         and ``digest`` (:func:`content_digest` of its record): where the id's decision is
         another content's, the answer is the decision on this record (``patch_id_reused``),
@@ -186,8 +212,12 @@ class RunProducer:
         deadline = time.monotonic() + timeout_s
         while True:
             d = read(run_id, patch_id)
-            if d is not None and appended is not None and d.offset != appended.offset \
-                    and d.content_digest not in (None, digest):
+            if (
+                d is not None
+                and appended is not None
+                and d.offset != appended.offset
+                and d.content_digest not in (None, digest)
+            ):
                 d = self.decisions_at(run_id, appended.offset) if self.decisions_at is not None else None
             if d is not None:
                 return d

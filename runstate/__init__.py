@@ -33,16 +33,40 @@ except _NotInstalled:  # a checkout imported without installing it
 # ``runstate.schemas.structs``, which writes the generated module the core imports) does not
 # import every other layer first.
 _WHERE: dict[str, str] = {
-    "EventLog": "runstate.eventlog", "open_log": "runstate.eventlog",
-    "Receipt": "runstate.producers", "RunProducer": "runstate.producers",
-    "Projection": "runstate.projector", "Projector": "runstate.projector", "decision_reader": "runstate.projector",
-    "Author": "runstate.schemas", "Decision": "runstate.schemas", "Patch": "runstate.schemas",
-    "PatchDraft": "runstate.schemas", "RunState": "runstate.schemas", "Snapshotter": "runstate.snapshotter",
-    **{name: "runstate.schemas.errors" for name in (
-        "CheckpointInvalid", "ContractError", "DecisionTimeout", "DecodeError", "DeliveryError", "LogConfigError",
-        "LogError", "MigrationRequired", "PatchTooLarge", "RevisionNotFound", "RunNotFound", "RunstateError",
-        "StoreError", "StoreLocked", "UnknownEventType")},
-}  # fmt: skip
+    "EventLog": "runstate.eventlog",
+    "open_log": "runstate.eventlog",
+    "Receipt": "runstate.producers",
+    "RunProducer": "runstate.producers",
+    "Projection": "runstate.projector",
+    "Projector": "runstate.projector",
+    "decision_reader": "runstate.projector",
+    "Author": "runstate.schemas",
+    "Decision": "runstate.schemas",
+    "Patch": "runstate.schemas",
+    "PatchDraft": "runstate.schemas",
+    "RunState": "runstate.schemas",
+    "Snapshotter": "runstate.snapshotter",
+    **{
+        name: "runstate.schemas.errors"
+        for name in (
+            "CheckpointInvalid",
+            "ContractError",
+            "DecisionTimeout",
+            "DecodeError",
+            "DeliveryError",
+            "LogConfigError",
+            "LogError",
+            "MigrationRequired",
+            "PatchTooLarge",
+            "RevisionNotFound",
+            "RunNotFound",
+            "RunstateError",
+            "StoreError",
+            "StoreLocked",
+            "UnknownEventType",
+        )
+    },
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -79,9 +103,32 @@ if TYPE_CHECKING:
     from runstate.snapshotter import Snapshotter
 
 __all__ = [
-    "Author", "CheckpointInvalid", "ContractError", "Decision", "DecisionTimeout", "DecodeError",
-    "DeliveryError", "EventLog", "LogConfigError", "LogError", "MigrationRequired", "Patch", "PatchDraft",
-    "PatchTooLarge", "Projection", "Projector", "Receipt", "RevisionNotFound", "RunNotFound", "RunProducer",
-    "RunState", "RunstateError", "Snapshotter", "StoreError", "StoreLocked", "UnknownEventType",
-    "decision_reader", "open_log",
-]  # fmt: skip
+    "Author",
+    "CheckpointInvalid",
+    "ContractError",
+    "Decision",
+    "DecisionTimeout",
+    "DecodeError",
+    "DeliveryError",
+    "EventLog",
+    "LogConfigError",
+    "LogError",
+    "MigrationRequired",
+    "Patch",
+    "PatchDraft",
+    "PatchTooLarge",
+    "Projection",
+    "Projector",
+    "Receipt",
+    "RevisionNotFound",
+    "RunNotFound",
+    "RunProducer",
+    "RunState",
+    "RunstateError",
+    "Snapshotter",
+    "StoreError",
+    "StoreLocked",
+    "UnknownEventType",
+    "decision_reader",
+    "open_log",
+]

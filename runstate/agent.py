@@ -39,8 +39,14 @@ import pydantic
 from pydantic import TypeAdapter
 
 from runstate.schemas import events
-from runstate.schemas.errors import (ContractError, DecisionTimeout, LogError, RunNotFound, RunstateError,
-                                     describe_validation_error)
+from runstate.schemas.errors import (
+    ContractError,
+    DecisionTimeout,
+    LogError,
+    RunNotFound,
+    RunstateError,
+    describe_validation_error,
+)
 from runstate.schemas.events import Model
 from runstate.schemas.patch import Author, Decision
 from runstate.schemas.state import RunState
@@ -76,8 +82,11 @@ def _draft(revision: int, evs: Sequence[Model | dict[str, Any]], rebase: bool | 
     built = [e if isinstance(e, Model) else _event(e) for e in evs]
     if rebase is None:
         rebase = all(e.type in _COMMUTING for e in built) and revision > 0  # type: ignore[attr-defined]
-    return {"expected_revision": revision, "events": [e.model_dump(mode="json", exclude_none=True) for e in built],
-            "rebase": rebase}  # fmt: skip
+    return {
+        "expected_revision": revision,
+        "events": [e.model_dump(mode="json", exclude_none=True) for e in built],
+        "rebase": rebase,
+    }
 
 
 def _since(decision: Decision, history: list[Decision]) -> list[Decision]:
@@ -97,8 +106,10 @@ class PatchRejected(RunstateError):
     def __init__(self, decision: Decision) -> None:
         self.decision = decision
         rule = f" [{decision.rule}]" if decision.rule else ""
-        super().__init__(f"patch {decision.patch_id} of run {decision.run_id!r} rejected: "
-                         f"{decision.reason}{rule}: {decision.message or ''}".rstrip(": "))  # fmt: skip
+        super().__init__(
+            f"patch {decision.patch_id} of run {decision.run_id!r} rejected: "
+            f"{decision.reason}{rule}: {decision.message or ''}".rstrip(": ")
+        )
 
 
 class RevisionConflict(PatchRejected):
@@ -120,8 +131,9 @@ class Backend(Protocol):
     def context(self, run_id: str, min_revision: int | None) -> str: ...
     def history(self, run_id: str) -> list[Decision]: ...
     def erase(self, run_id: str, reason: str) -> bool: ...
-    def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
-                          limit: int | None) -> list[dict[str, Any]]: ...  # fmt: skip
+    def graph_checkpoints(
+        self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None, limit: int | None
+    ) -> list[dict[str, Any]]: ...
     def run_ids(self) -> list[str]: ...
     def close(self) -> None: ...
 
@@ -176,17 +188,22 @@ class _Local:
         settings = Settings(log=str(where / "log.db"), state_dir=self.state_dir)
         self.log = open_settings_log(settings)
         # RUNSTATE_MAX_PATCH_BYTES holds here as everywhere (the error names it).
-        self.producer = RunProducer(self.log, author, decisions=decision_reader(self.state_dir),
-                                    decisions_at=decision_at_reader(self.state_dir),
-                                    max_patch_bytes=settings.max_patch_bytes)  # fmt: skip
+        self.producer = RunProducer(
+            self.log,
+            author,
+            decisions=decision_reader(self.state_dir),
+            decisions_at=decision_at_reader(self.state_dir),
+            max_patch_bytes=settings.max_patch_bytes,
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._live: _Live | None = None
         self._layout: Any = None
         if project:
             live = _Live(self.log.partitions(self.log.topics.events))
-            projector = Projector(self.log, self.state_dir, publish_dead_letters=False, hooks=live,
-                                  destroy_erased_keys=True)  # fmt: skip
+            projector = Projector(
+                self.log, self.state_dir, publish_dead_letters=False, hooks=live, destroy_erased_keys=True
+            )
             taken: list[str] = []
 
             def run() -> None:
@@ -205,8 +222,11 @@ class _Local:
             # the projection (as with project=False), instead of waiting on a dead thread.
             live.ready.wait(_JOIN_S)
             if taken:
-                log.info("another projector decides %s (%s): this handle appends and reads its decisions",
-                         where, taken[0].split(": ", 1)[-1].split(".", 1)[0])  # fmt: skip
+                log.info(
+                    "another projector decides %s (%s): this handle appends and reads its decisions",
+                    where,
+                    taken[0].split(": ", 1)[-1].split(".", 1)[0],
+                )
                 self._thread = None
             else:
                 self._live = live
@@ -297,8 +317,9 @@ class _Local:
             self.producer.wait(run_id, done.patch_id, 10.0)
         return True
 
-    def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
-                          limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
+    def graph_checkpoints(
+        self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None, limit: int | None
+    ) -> list[dict[str, Any]]:
         import orjson
 
         from runstate.projector import Projection
@@ -359,8 +380,9 @@ class _Remote:
                 raise
         return True
 
-    def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
-                          limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
+    def graph_checkpoints(
+        self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None, limit: int | None
+    ) -> list[dict[str, Any]]:
         return self.client.graph_checkpoints(run_id, ns=ns, checkpoint_id=checkpoint_id, before=before, limit=limit)
 
     def run_ids(self) -> list[str]:
@@ -406,43 +428,105 @@ class _Builders(Generic[R]):
     def submit(self, *evs: Model | dict[str, Any], rebase: bool | None = None) -> R:
         raise NotImplementedError
 
-    def start(self, goal: str, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
-              acceptance: Sequence[str] = (), policy: dict[str, Any] | None = None) -> Decision:  # fmt: skip
+    def start(
+        self,
+        goal: str,
+        *,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        acceptance: Sequence[str] = (),
+        policy: dict[str, Any] | None = None,
+    ) -> Decision:
         """``RunStarted``: the run's first patch (revision 0 → 1)."""
-        spec = events.GoalSpec(statement=goal, scope=events.Scope(include=list(include), exclude=list(exclude)),
-                               acceptance=list(acceptance))  # fmt: skip
+        spec = events.GoalSpec(
+            statement=goal,
+            scope=events.Scope(include=list(include), exclude=list(exclude)),
+            acceptance=list(acceptance),
+        )
         return self.submit(events.RunStarted(goal=spec, policy=events.RunPolicy(**(policy or {}))))
 
-    def fact(self, fact_id: str, statement: str, *, evidence: str | None = None, source: str | None = None,
-             observed_at: datetime | None = None, scope: str | None = None) -> Decision:  # fmt: skip
+    def fact(
+        self,
+        fact_id: str,
+        statement: str,
+        *,
+        evidence: str | None = None,
+        source: str | None = None,
+        observed_at: datetime | None = None,
+        scope: str | None = None,
+    ) -> Decision:
         """``FactConfirmed``: needs ``evidence`` the run knows or an authoritative ``source``."""
-        return self.submit(events.FactConfirmed(fact=events.FactSpec(
-            id=fact_id, statement=statement, evidence=evidence, source=source, observed_at=observed_at, scope=scope)))
+        return self.submit(
+            events.FactConfirmed(
+                fact=events.FactSpec(
+                    id=fact_id,
+                    statement=statement,
+                    evidence=evidence,
+                    source=source,
+                    observed_at=observed_at,
+                    scope=scope,
+                )
+            )
+        )
 
     def hypothesis(self, hypothesis_id: str, statement: str, *, confidence: float, falsifier: str) -> Decision:
         """``HypothesisProposed``: a guess, with how sure and how to prove it wrong."""
-        return self.submit(events.HypothesisProposed(hypothesis=events.HypothesisSpec(
-            id=hypothesis_id, statement=statement, confidence=confidence, falsifier=falsifier)))
+        return self.submit(
+            events.HypothesisProposed(
+                hypothesis=events.HypothesisSpec(
+                    id=hypothesis_id, statement=statement, confidence=confidence, falsifier=falsifier
+                )
+            )
+        )
 
-    def confirm(self, hypothesis_id: str, *, fact_id: str, statement: str, evidence: str | None = None,
-                source: str | None = None) -> Decision:  # fmt: skip
+    def confirm(
+        self,
+        hypothesis_id: str,
+        *,
+        fact_id: str,
+        statement: str,
+        evidence: str | None = None,
+        source: str | None = None,
+    ) -> Decision:
         """The hypothesis becomes a fact (``FactConfirmed(replaces_hypothesis_id=…)``)."""
-        return self.submit(events.FactConfirmed(
-            fact=events.FactSpec(id=fact_id, statement=statement, evidence=evidence, source=source),
-            replaces_hypothesis_id=hypothesis_id))
+        return self.submit(
+            events.FactConfirmed(
+                fact=events.FactSpec(id=fact_id, statement=statement, evidence=evidence, source=source),
+                replaces_hypothesis_id=hypothesis_id,
+            )
+        )
 
-    def observe(self, subject: str, state: str, *, version: str | None = None, evidence: str | None = None,
-                observed_at: datetime | None = None) -> Decision:  # fmt: skip
+    def observe(
+        self,
+        subject: str,
+        state: str,
+        *,
+        version: str | None = None,
+        evidence: str | None = None,
+        observed_at: datetime | None = None,
+    ) -> Decision:
         """``ObservationRecorded``: what was seen of an external system, never a fact."""
-        return self.submit(events.ObservationRecorded(observation=events.ObservationSpec(
-            subject=subject, observed_state=state, observed_version=version, evidence=evidence, observed_at=observed_at)))
+        return self.submit(
+            events.ObservationRecorded(
+                observation=events.ObservationSpec(
+                    subject=subject,
+                    observed_state=state,
+                    observed_version=version,
+                    evidence=evidence,
+                    observed_at=observed_at,
+                )
+            )
+        )
 
     def task(self, task_id: str, title: str, *, depends_on: Sequence[str] = (), scope: Sequence[str] = ()) -> Decision:
         """``TaskCreated``: a pending task (dependencies must exist: checked here against the
         last state read, and by the reducer)."""
         self._known_tasks(depends_on)
-        return self.submit(events.TaskCreated(task=events.TaskSpec(
-            id=task_id, title=title, depends_on=list(depends_on), scope=list(scope))))
+        return self.submit(
+            events.TaskCreated(
+                task=events.TaskSpec(id=task_id, title=title, depends_on=list(depends_on), scope=list(scope))
+            )
+        )
 
     def start_task(self, task_id: str) -> Decision:
         self._known_tasks([task_id])
@@ -458,8 +542,11 @@ class _Builders(Generic[R]):
 
     def wait_for_approval(self, wait_id: str, reason: str, *, until: datetime | None = None) -> Decision:
         """``WaitingStarted`` of kind approval: side-effecting calls are refused until resolved."""
-        return self.submit(events.WaitingStarted(waiting=events.WaitingSpec(wait_id=wait_id, kind="approval",
-                                                                             reason=reason, until=until)))  # fmt: skip
+        return self.submit(
+            events.WaitingStarted(
+                waiting=events.WaitingSpec(wait_id=wait_id, kind="approval", reason=reason, until=until)
+            )
+        )
 
     def resolve_wait(self, wait_id: str) -> Decision:
         return self.submit(events.WaitingResolved(wait_id=wait_id))
@@ -480,15 +567,22 @@ class _Builders(Generic[R]):
         known = {t.id for t in self._state.tasks}
         unknown = [t for t in task_ids if t not in known]
         if unknown:
-            raise ContractError(f"run {self.run_id!r} at revision {self._state.revision} has no task "
-                                f"{', '.join(map(repr, unknown))}", field="task_id")  # fmt: skip
+            raise ContractError(
+                f"run {self.run_id!r} at revision {self._state.revision} has no task {', '.join(map(repr, unknown))}",
+                field="task_id",
+            )
 
 
-def _call_started(call: ToolCall, side_effect: bool, costly: bool,
-                  relies_on: Sequence[tuple[str, str]]) -> events.ToolCallStarted:  # fmt: skip
-    return events.ToolCallStarted(call_id=call.call_id, tool=call.tool, side_effect=side_effect, costly=costly,
-                                  relies_on=[events.ObservedVersion(subject=s, observed_version=v)
-                                             for s, v in relies_on])  # fmt: skip
+def _call_started(
+    call: ToolCall, side_effect: bool, costly: bool, relies_on: Sequence[tuple[str, str]]
+) -> events.ToolCallStarted:
+    return events.ToolCallStarted(
+        call_id=call.call_id,
+        tool=call.tool,
+        side_effect=side_effect,
+        costly=costly,
+        relies_on=[events.ObservedVersion(subject=s, observed_version=v) for s, v in relies_on],
+    )
 
 
 def _call_failed(call: ToolCall, error: BaseException | str) -> events.ToolFailed:
@@ -503,12 +597,27 @@ def _call_done(call: ToolCall) -> list[Model]:
     return [*done, events.ToolSucceeded(call_id=call.call_id, result_ref=call.ref)]
 
 
-def _effect(eid: str, status: str, kind: str, target: str, idempotency_key: str, call_id: str | None,
-            error: BaseException | None = None) -> events.EffectRecorded:  # fmt: skip
+def _effect(
+    eid: str,
+    status: str,
+    kind: str,
+    target: str,
+    idempotency_key: str,
+    call_id: str | None,
+    error: BaseException | None = None,
+) -> events.EffectRecorded:
     evidence = None if error is None else f"{type(error).__name__}: {error}"[:2000]
-    return events.EffectRecorded(effect=events.EffectSpec(id=eid, status=status, kind=kind, target=target,  # type: ignore[arg-type]
-                                                          idempotency_key=idempotency_key, call_id=call_id,
-                                                          evidence=evidence))  # fmt: skip
+    return events.EffectRecorded(
+        effect=events.EffectSpec(
+            id=eid,
+            status=status,
+            kind=kind,
+            target=target,  # type: ignore[arg-type]
+            idempotency_key=idempotency_key,
+            call_id=call_id,
+            evidence=evidence,
+        )
+    )
 
 
 _CLOSED_OPEN = "the run handle closed with the call open"
@@ -559,8 +668,15 @@ class Run(_Builders[Decision]):
         return decision
 
     @contextmanager
-    def tool_call(self, tool: str, *, side_effect: bool = False, costly: bool = False,
-                  relies_on: Sequence[tuple[str, str]] = (), call_id: str | None = None) -> Iterator[ToolCall]:  # fmt: skip
+    def tool_call(
+        self,
+        tool: str,
+        *,
+        side_effect: bool = False,
+        costly: bool = False,
+        relies_on: Sequence[tuple[str, str]] = (),
+        call_id: str | None = None,
+    ) -> Iterator[ToolCall]:
         """Record ``ToolCallStarted`` before the body and ``ToolSucceeded`` (with the result
         named by :meth:`ToolCall.result`) after it; an exception in the body is recorded as
         ``ToolFailed`` and re-raised. ``relies_on``: ``(subject, observed_version)`` of the
@@ -585,8 +701,9 @@ class Run(_Builders[Decision]):
             raise
 
     @contextmanager
-    def effect(self, kind: str, target: str, idempotency_key: str, *, effect_id: str | None = None,
-               call_id: str | None = None) -> Iterator[str]:  # fmt: skip
+    def effect(
+        self, kind: str, target: str, idempotency_key: str, *, effect_id: str | None = None, call_id: str | None = None
+    ) -> Iterator[str]:
         """Record the side effect *before* making it (``EffectRecorded`` started), then
         committed after the body or failed if it raises. A crash between the two leaves the
         run ``needs_reconciliation`` with this effect named. Yields the effect id."""
@@ -622,8 +739,9 @@ class AsyncBackend(Protocol):
     async def context(self, run_id: str, min_revision: int | None) -> str: ...
     async def history(self, run_id: str) -> list[Decision]: ...
     async def erase(self, run_id: str, reason: str) -> bool: ...
-    async def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
-                                limit: int | None) -> list[dict[str, Any]]: ...  # fmt: skip
+    async def graph_checkpoints(
+        self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None, limit: int | None
+    ) -> list[dict[str, Any]]: ...
     async def run_ids(self) -> list[str]: ...
     async def close(self) -> None: ...
 
@@ -650,8 +768,9 @@ class _AsyncLocal:
     async def erase(self, run_id: str, reason: str) -> bool:
         return await asyncio.to_thread(self.local.erase, run_id, reason)
 
-    async def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
-                                limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
+    async def graph_checkpoints(
+        self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None, limit: int | None
+    ) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self.local.graph_checkpoints, run_id, ns, checkpoint_id, before, limit)
 
     async def run_ids(self) -> list[str]:
@@ -694,10 +813,12 @@ class _AsyncRemote:
                 raise
         return True
 
-    async def graph_checkpoints(self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None,
-                                limit: int | None) -> list[dict[str, Any]]:  # fmt: skip
-        return await self.client.graph_checkpoints(run_id, ns=ns, checkpoint_id=checkpoint_id, before=before,
-                                                   limit=limit)  # fmt: skip
+    async def graph_checkpoints(
+        self, run_id: str, ns: str | None, checkpoint_id: str | None, before: str | None, limit: int | None
+    ) -> list[dict[str, Any]]:
+        return await self.client.graph_checkpoints(
+            run_id, ns=ns, checkpoint_id=checkpoint_id, before=before, limit=limit
+        )
 
     async def run_ids(self) -> list[str]:
         return [r.run_id for r in await self.client.runs()]
@@ -735,8 +856,15 @@ class AsyncRun(_Builders[Awaitable[Decision]]):
         return decision
 
     @asynccontextmanager
-    async def tool_call(self, tool: str, *, side_effect: bool = False, costly: bool = False,
-                        relies_on: Sequence[tuple[str, str]] = (), call_id: str | None = None) -> AsyncIterator[ToolCall]:  # fmt: skip
+    async def tool_call(
+        self,
+        tool: str,
+        *,
+        side_effect: bool = False,
+        costly: bool = False,
+        relies_on: Sequence[tuple[str, str]] = (),
+        call_id: str | None = None,
+    ) -> AsyncIterator[ToolCall]:
         """As :meth:`Run.tool_call`."""
         call = ToolCall(call_id or f"call_{uuid.uuid4().hex[:12]}", tool)
         await self.submit(_call_started(call, side_effect, costly, relies_on))
@@ -756,8 +884,9 @@ class AsyncRun(_Builders[Awaitable[Decision]]):
             raise
 
     @asynccontextmanager
-    async def effect(self, kind: str, target: str, idempotency_key: str, *, effect_id: str | None = None,
-                     call_id: str | None = None) -> AsyncIterator[str]:  # fmt: skip
+    async def effect(
+        self, kind: str, target: str, idempotency_key: str, *, effect_id: str | None = None, call_id: str | None = None
+    ) -> AsyncIterator[str]:
         """As :meth:`Run.effect`."""
         eid = effect_id or f"effect_{uuid.uuid4().hex[:12]}"
         await self.submit(_effect(eid, "started", kind, target, idempotency_key, call_id))
@@ -794,8 +923,9 @@ def backend(where: str | Path, author: Author, *, token: str | None = None, proj
     return _Local(Path(text), author, project)
 
 
-async def async_backend(where: str | Path, author: Author, *, token: str | None = None,
-                        project: bool = True) -> AsyncBackend:  # fmt: skip
+async def async_backend(
+    where: str | Path, author: Author, *, token: str | None = None, project: bool = True
+) -> AsyncBackend:
     """:func:`backend` for asyncio callers."""
     text = str(where)
     if text.startswith(("http://", "https://")):
@@ -803,8 +933,16 @@ async def async_backend(where: str | Path, author: Author, *, token: str | None 
     return _AsyncLocal(await asyncio.to_thread(_Local, Path(text), author, project))
 
 
-async def open_async_run(where: str | Path, run_id: str, *, agent_id: str, agent_version: str,
-                         token: str | None = None, project: bool = True, timeout_s: float = 10.0) -> AsyncRun:  # fmt: skip
+async def open_async_run(
+    where: str | Path,
+    run_id: str,
+    *,
+    agent_id: str,
+    agent_version: str,
+    token: str | None = None,
+    project: bool = True,
+    timeout_s: float = 10.0,
+) -> AsyncRun:
     """:func:`open_run` for asyncio: an :class:`AsyncRun` (``async with await open_async_run(...)``)."""
     author = Author(agent_id=agent_id, agent_version=agent_version)
     run = AsyncRun(await async_backend(where, author, token=token, project=project), run_id, timeout_s=timeout_s)
@@ -815,8 +953,16 @@ async def open_async_run(where: str | Path, run_id: str, *, agent_id: str, agent
     return run
 
 
-def open_run(where: str | Path, run_id: str, *, agent_id: str, agent_version: str, token: str | None = None,
-             project: bool = True, timeout_s: float = 10.0) -> Run:  # fmt: skip
+def open_run(
+    where: str | Path,
+    run_id: str,
+    *,
+    agent_id: str,
+    agent_version: str,
+    token: str | None = None,
+    project: bool = True,
+    timeout_s: float = 10.0,
+) -> Run:
     """A :class:`Run` handle on ``run_id``.
 
     ``where``: an ``http(s)://`` URL of a ``runstate serve`` (``token`` if it needs one), or

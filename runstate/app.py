@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import IO, Any
 
 from runstate.eventlog import EventLog, open_log
-from runstate.eventlog.keystore import CheckpointSigner, Keyring, KeyReport, KeyStore, MasterKey, MasterKeys, MasterRecord, Rotation
+from runstate.eventlog.keystore import (
+    CheckpointSigner,
+    Keyring,
+    KeyReport,
+    KeyStore,
+    MasterKey,
+    MasterKeys,
+    MasterRecord,
+    Rotation,
+)
 from runstate.eventlog.sealed import SealedLog
 from runstate.producers.decisions import TopicDecisions
 from runstate.producers.run_producer import DecisionSource, Receipt, RunProducer
@@ -38,8 +47,16 @@ from runstate.projector.read.replay import (
 )
 from runstate.schemas.codec import content_digest
 from runstate.schemas.errors import (
-    ContractError, FieldNeverSet, KeyStoreError, LogConfigError, LogError, LostRecords, RunErased, RunNotFound, RunstateError,
-)  # fmt: skip
+    ContractError,
+    FieldNeverSet,
+    KeyStoreError,
+    LogConfigError,
+    LogError,
+    LostRecords,
+    RunErased,
+    RunNotFound,
+    RunstateError,
+)
 from runstate.snapshotter.checkpoint import Checkpoint, SigningKey, decode_patch_ids
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
@@ -62,8 +79,10 @@ def open_settings_log(settings: Settings, *, create: bool = True) -> EventLog:
     try:
         if master is None:
             if _holds_keys(log):
-                raise KeyStoreError(f"the content of {log.describe()} is sealed (its keys topic {log.topics.keys} "
-                                    "holds run keys): set RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE")  # fmt: skip
+                raise KeyStoreError(
+                    f"the content of {log.describe()} is sealed (its keys topic {log.topics.keys} "
+                    "holds run keys): set RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE"
+                )
             return log
         return SealedLog(log, Keyring(KeyStore(log, master)))
     except BaseException:
@@ -84,7 +103,8 @@ def checkpoint_key(settings: Settings, log: EventLog, *, writer: bool = False) -
         _warned_unsigned.append(True)
         logging.getLogger("runstate").warning(
             "checkpoints are not authenticated (a digest only): set RUNSTATE_MASTER_KEY (they are then signed with "
-            "a key of the key store) or RUNSTATE_CHECKPOINT_KEY")  # fmt: skip
+            "a key of the key store) or RUNSTATE_CHECKPOINT_KEY"
+        )
     return None
 
 
@@ -93,9 +113,16 @@ _warned_unsigned: list[bool] = []
 
 def _open_raw(settings: Settings, create: bool = True) -> EventLog:
     """The configured log as it is (no sealing): for what manages topics, not records."""
-    return open_log(settings.log, partitions=settings.partitions, create=create, topics=settings.topics(),
-                    kafka_config={k: str(v) if not isinstance(v, bool) else str(v).lower() for k, v in settings.kafka_config.items()},
-                    key_purge_s=settings.key_purge_s)  # fmt: skip
+    return open_log(
+        settings.log,
+        partitions=settings.partitions,
+        create=create,
+        topics=settings.topics(),
+        kafka_config={
+            k: str(v) if not isinstance(v, bool) else str(v).lower() for k, v in settings.kafka_config.items()
+        },
+        key_purge_s=settings.key_purge_s,
+    )
 
 
 def _holds_keys(log: EventLog) -> bool:
@@ -243,19 +270,32 @@ def read_patch_file(source: str, stream: IO[str] | None = None) -> Any:
         raise ContractError("not a patch: JSON nested too deeply", where=where) from e
     bad = unencodable(data)
     if bad is not None:
-        raise ContractError(f"invalid patch: {bad}: a string that UTF-8 cannot encode (lone surrogate)",
-                            where=where, field=bad)  # fmt: skip
+        raise ContractError(
+            f"invalid patch: {bad}: a string that UTF-8 cannot encode (lone surrogate)", where=where, field=bad
+        )
     return data
 
 
-def publish(settings: Settings, run_id: str, data: Any, *, where: str, wait: bool = False,
-            timeout_s: float = 10.0, rebase: bool | None = None) -> tuple[Receipt, Decision | None]:
+def publish(
+    settings: Settings,
+    run_id: str,
+    data: Any,
+    *,
+    where: str,
+    wait: bool = False,
+    timeout_s: float = 10.0,
+    rebase: bool | None = None,
+) -> tuple[Receipt, Decision | None]:
     """Validate, append and optionally await the decision on one patch."""
     unversioned = settings.agent_version == Settings.model_fields["agent_version"].default
     names_author = isinstance(data, dict) and isinstance(data.get("author"), dict)
     if settings.require_agent_version and unversioned and not names_author:
-        raise ContractError("an agent version is required (RUNSTATE_REQUIRE_AGENT_VERSION): pass --agent-version "
-                            "or set RUNSTATE_AGENT_VERSION", where=where, field="author.agent_version")  # fmt: skip
+        raise ContractError(
+            "an agent version is required (RUNSTATE_REQUIRE_AGENT_VERSION): pass --agent-version "
+            "or set RUNSTATE_AGENT_VERSION",
+            where=where,
+            field="author.agent_version",
+        )
     producer = make_producer(settings)
     try:
         if rebase is not None and isinstance(data, dict):
@@ -274,11 +314,16 @@ def publish(settings: Settings, run_id: str, data: Any, *, where: str, wait: boo
         producer.close()
 
 
-def make_projector(settings: Settings, log: EventLog, *,
-                   on_progress: Callable[[ProjectorStats, int], None] | None = None,
-                   on_restore_progress: Callable[[int, int, int], None] | None = None,
-                   hooks: ProjectorHooks | None = None, client_id: str | None = None,
-                   tune_gc: bool = False) -> Projector:
+def make_projector(
+    settings: Settings,
+    log: EventLog,
+    *,
+    on_progress: Callable[[ProjectorStats, int], None] | None = None,
+    on_restore_progress: Callable[[int, int, int], None] | None = None,
+    hooks: ProjectorHooks | None = None,
+    client_id: str | None = None,
+    tune_gc: bool = False,
+) -> Projector:
     """The projector as configured: restores a partition without a local store from
     checkpoints, and on Kafka copies decisions to the decisions topic. ``tune_gc``: for a
     process that keeps projecting (projector/runtime/gc_policy.py)."""
@@ -290,16 +335,31 @@ def make_projector(settings: Settings, log: EventLog, *,
 
         return restore_partition(log, partition, store, progress, key=checkpoint_key(settings, log))
 
-    return Projector(log, settings.state_dir, group_id=settings.group_id, batch_size=settings.batch_size,
-                     cache_runs=settings.cache_runs, cache_items_per_run=settings.cache_items_per_run,
-                     on_progress=on_progress, restore=restore, hooks=hooks,
-                     publish_decisions=settings.decisions_published(), client_id=client_id,
-                     tune_gc=tune_gc, destroy_erased_keys=True, decision_keys=settings.instance_keys())  # fmt: skip
+    return Projector(
+        log,
+        settings.state_dir,
+        group_id=settings.group_id,
+        batch_size=settings.batch_size,
+        cache_runs=settings.cache_runs,
+        cache_items_per_run=settings.cache_items_per_run,
+        on_progress=on_progress,
+        restore=restore,
+        hooks=hooks,
+        publish_decisions=settings.decisions_published(),
+        client_id=client_id,
+        tune_gc=tune_gc,
+        destroy_erased_keys=True,
+        decision_keys=settings.instance_keys(),
+    )
 
 
-def project(settings: Settings, *, until_caught_up: bool = False,
-            on_progress: Callable[[ProjectorStats, int], None] | None = None,
-            on_restore_progress: Callable[[int, int, int], None] | None = None) -> ProjectorStats:
+def project(
+    settings: Settings,
+    *,
+    until_caught_up: bool = False,
+    on_progress: Callable[[ProjectorStats, int], None] | None = None,
+    on_restore_progress: Callable[[int, int, int], None] | None = None,
+) -> ProjectorStats:
     """Run the projector until caught up (optional) or until SIGTERM/SIGINT, which finish
     the batch in hand, store it and leave the consumer group before returning. A partition
     without a local store is restored from checkpoints first
@@ -320,8 +380,9 @@ def project(settings: Settings, *, until_caught_up: bool = False,
     try:
         # A projector that keeps following the log gets the GC policy; one that stops when
         # caught up has nothing to gain from it.
-        projector = make_projector(settings, log, on_progress=on_progress, on_restore_progress=on_restore_progress,
-                                   tune_gc=not until_caught_up)  # fmt: skip
+        projector = make_projector(
+            settings, log, on_progress=on_progress, on_restore_progress=on_restore_progress, tune_gc=not until_caught_up
+        )
         stats = projector.run(until_caught_up=until_caught_up, stop=stop)
     finally:
         for sig, handler in previous.items():
@@ -339,20 +400,33 @@ class Interrupted(RunstateError):
     def __init__(self, stats: ProjectorStats, signum: int) -> None:
         self.stats = stats
         self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name} before the log was drained "
-                         f"({stats.records:,} records stored; run it again to go on)")  # fmt: skip
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} before the log was drained "
+            f"({stats.records:,} records stored; run it again to go on)"
+        )
 
 
-def snapshot(settings: Settings, *, until_caught_up: bool = False, every: int | None = None,
-             on_progress: Callable[[ProjectorStats, int], None] | None = None) -> tuple[ProjectorStats, int]:
+def snapshot(
+    settings: Settings,
+    *,
+    until_caught_up: bool = False,
+    every: int | None = None,
+    on_progress: Callable[[ProjectorStats, int], None] | None = None,
+) -> tuple[ProjectorStats, int]:
     """Run the snapshotter; returns its stats and how many checkpoints it wrote. The log
     must exist (see :func:`project`)."""
     log = open_settings_log(settings, create=False)
     try:
         policy = settings.checkpoint_policy(every)
-        snap = Snapshotter(log, settings.state_dir, policy=policy, batch_size=settings.batch_size,
-                           key=checkpoint_key(settings, log, writer=True), retention=settings.retention_policy(),
-                           retention_every_s=settings.retention_check_s)  # fmt: skip
+        snap = Snapshotter(
+            log,
+            settings.state_dir,
+            policy=policy,
+            batch_size=settings.batch_size,
+            key=checkpoint_key(settings, log, writer=True),
+            retention=settings.retention_policy(),
+            retention_every_s=settings.retention_check_s,
+        )
         snap.projector.on_progress = on_progress
         stats = snap.run(until_caught_up=until_caught_up)
         return stats, snap.writer.written
@@ -455,14 +529,19 @@ def get_context(settings: Settings, run_id: str, now: datetime | None = None, ma
         return proj.context(run_id, now=now or datetime.now(UTC), max_tokens=max_tokens)
 
 
-def run_verify(settings: Settings, on_progress: Callable[[int, int], None] | None = None,
-               deep: bool = False) -> VerifyReport:
+def run_verify(
+    settings: Settings, on_progress: Callable[[int, int], None] | None = None, deep: bool = False
+) -> VerifyReport:
     """Projection == replay; ``deep`` also checks the log's storage and every checkpoint."""
     log = open_settings_log(settings, create=False)
     key = checkpoint_key(settings, log)
     try:
-        return verify(log, settings.state_dir, on_progress=on_progress,
-                      deep=(lambda lg: check_checkpoints(lg, key)) if deep else None)  # fmt: skip
+        return verify(
+            log,
+            settings.state_dir,
+            on_progress=on_progress,
+            deep=(lambda lg: check_checkpoints(lg, key)) if deep else None,
+        )
     finally:
         log.close()
 
@@ -494,10 +573,21 @@ def erase(settings: Settings, run_id: str, reason: str, by: str, *, wait_s: floa
     try:
         header = _header_or_none(settings, run_id)
         source = decision_source(settings, log) if wait_s > 0 else None
-        done = erase_run(log, run_id, reason, by, Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
-                         0 if header is None else header.revision, known=header is not None)  # fmt: skip
-        if source is not None and done.first and not settings.log.startswith("kafka://") \
-                and not log.group_members(settings.group_id):
+        done = erase_run(
+            log,
+            run_id,
+            reason,
+            by,
+            Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
+            0 if header is None else header.revision,
+            known=header is not None,
+        )
+        if (
+            source is not None
+            and done.first
+            and not settings.log.startswith("kafka://")
+            and not log.group_members(settings.group_id)
+        ):
             # Nothing projects this embedded log, whose projections are on this machine:
             # finish the erasure here rather than leave the content readable until one runs.
             project(settings, until_caught_up=True)
@@ -512,22 +602,35 @@ def erase(settings: Settings, run_id: str, reason: str, by: str, *, wait_s: floa
         log.close()
 
 
-def erase_run(log: EventLog, run_id: str, reason: str, by: str, author: Author, revision: int, *,
-              known: bool = False, patch_id: str | None = None) -> Erased:
+def erase_run(
+    log: EventLog,
+    run_id: str,
+    reason: str,
+    by: str,
+    author: Author,
+    revision: int,
+    *,
+    known: bool = False,
+    patch_id: str | None = None,
+) -> Erased:
     """The erasure itself, on an open log (``runstate erase``, ``DELETE /runs/{id}``): the
     erasure record appended (content-free, readable for good), then the keys destroyed.
     ``revision``: the run's revision as the caller sees it (kept in the record); ``known``:
     the caller's projection holds the run. Raises as :func:`erase`."""
     if not isinstance(log, SealedLog):
-        raise KeyStoreError("erasure needs sealed content: set RUNSTATE_MASTER_KEY (or RUNSTATE_MASTER_KEY_FILE; "
-                            "`runstate keys generate` makes one). Without it runs are stored as they are and "
-                            "cannot be erased from the log.")  # fmt: skip
+        raise KeyStoreError(
+            "erasure needs sealed content: set RUNSTATE_MASTER_KEY (or RUNSTATE_MASTER_KEY_FILE; "
+            "`runstate keys generate` makes one). Without it runs are stored as they are and "
+            "cannot be erased from the log."
+        )
     try:
         erasure, appended = log.erase(run_id, reason, by, author, revision, patch_id=patch_id)
     except RunNotFound:
         if known:
-            raise KeyStoreError(f"run {run_id!r} was stored before its content was sealed (no key of its own): "
-                                "its content on the log cannot be erased") from None  # fmt: skip
+            raise KeyStoreError(
+                f"run {run_id!r} was stored before its content was sealed (no key of its own): "
+                "its content on the log cannot be erased"
+            ) from None
         raise
     return Erased(run_id, erasure, appended is not None, patch_id=appended)
 

@@ -65,7 +65,9 @@ def handle_errors(fn: F) -> F:
 
 
 @click.group()
-@click.option("--log", "log_url", envvar="RUNSTATE_LOG", help="kafka://HOST:PORT or embedded log file [.runstate/log.db]")
+@click.option(
+    "--log", "log_url", envvar="RUNSTATE_LOG", help="kafka://HOST:PORT or embedded log file [.runstate/log.db]"
+)
 @click.option("--state-dir", envvar="RUNSTATE_STATE_DIR", help="projection directory [.runstate/state]")
 @click.option("--partitions", type=int, envvar="RUNSTATE_PARTITIONS", help="partitions when creating the log [4]")
 @click.option("-v", "--verbose", is_flag=True, help="log what the projector does")
@@ -76,7 +78,9 @@ def main(ctx: click.Context, log_url: str | None, state_dir: str | None, partiti
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     # The Kafka client's own log is for -v: without it, runstate's one-line errors say what failed.
     logging.getLogger(LIBRDKAFKA_LOGGER).setLevel(logging.DEBUG if verbose else logging.CRITICAL)
-    overrides = {k: v for k, v in {"log": log_url, "state_dir": state_dir, "partitions": partitions}.items() if v is not None}
+    overrides = {
+        k: v for k, v in {"log": log_url, "state_dir": state_dir, "partitions": partitions}.items() if v is not None
+    }
     ctx.obj = Settings(**overrides)
     check_state_dir(ctx.obj.state_dir)
 
@@ -103,16 +107,33 @@ def _settings(ctx: click.Context, **overrides: Any) -> Settings:
 @click.option("--agent-version", envvar="RUNSTATE_AGENT_VERSION", help="agent version of the author [unknown]")
 @click.pass_context
 @handle_errors
-def publish(ctx: click.Context, run_id: str, file: str, wait: bool, timeout: float, rebase: bool | None,
-            agent_id: str | None, agent_version: str | None) -> None:
+def publish(
+    ctx: click.Context,
+    run_id: str,
+    file: str,
+    wait: bool,
+    timeout: float,
+    rebase: bool | None,
+    agent_id: str | None,
+    agent_version: str | None,
+) -> None:
     """Append the patch in FILE (JSON; - for stdin) to RUN_ID."""
     settings = _settings(ctx, agent_id=agent_id, agent_version=agent_version)
     data = app.read_patch_file(file, sys.stdin)
-    receipt, decision = app.publish(settings, run_id, data, where="<stdin>" if file == "-" else file,
-                                    wait=wait, timeout_s=timeout, rebase=rebase)  # fmt: skip
+    receipt, decision = app.publish(
+        settings, run_id, data, where="<stdin>" if file == "-" else file, wait=wait, timeout_s=timeout, rebase=rebase
+    )
     if decision is None:
-        click.echo(json.dumps({"patch_id": receipt.patch_id, "run_id": run_id,
-                               "partition": receipt.partition, "offset": receipt.offset}))  # fmt: skip
+        click.echo(
+            json.dumps(
+                {
+                    "patch_id": receipt.patch_id,
+                    "run_id": run_id,
+                    "partition": receipt.partition,
+                    "offset": receipt.offset,
+                }
+            )
+        )
         return
     click.echo(_dump(decision))
     if decision.outcome != "accepted":
@@ -124,8 +145,13 @@ def _loop_progress(label: str, quiet: bool) -> tuple[Callable[[ProjectorStats, i
     bar = Progress(label, quiet=quiet)
 
     def show(stats: ProjectorStats, lag: int) -> None:
-        bar.update(stats.records, stats.records + lag, f"{stats.accepted:,} accepted, {stats.rejected:,} rejected, "
-                   f"{stats.dead_letters:,} dead letters, lag {lag:,}", force=lag == 0)  # fmt: skip
+        bar.update(
+            stats.records,
+            stats.records + lag,
+            f"{stats.accepted:,} accepted, {stats.rejected:,} rejected, "
+            f"{stats.dead_letters:,} dead letters, lag {lag:,}",
+            force=lag == 0,
+        )
 
     return show, bar
 
@@ -153,13 +179,27 @@ def project(ctx: click.Context, until_caught_up: bool, batch_size: int | None, q
     show, bar = _loop_progress("projector", quiet)
     interrupted: app.Interrupted | None = None
     try:
-        stats = app.project(_settings(ctx, batch_size=batch_size), until_caught_up=until_caught_up,
-                            on_progress=show, on_restore_progress=_restore_progress(quiet))  # fmt: skip
+        stats = app.project(
+            _settings(ctx, batch_size=batch_size),
+            until_caught_up=until_caught_up,
+            on_progress=show,
+            on_restore_progress=_restore_progress(quiet),
+        )
     except app.Interrupted as e:
         interrupted, stats = e, e.stats
     bar.finish()
-    click.echo(json.dumps({"records": stats.records, "accepted": stats.accepted, "rejected": stats.rejected,
-                           "duplicates": stats.duplicates, "dead_letters": stats.dead_letters, "events": stats.events}))  # fmt: skip
+    click.echo(
+        json.dumps(
+            {
+                "records": stats.records,
+                "accepted": stats.accepted,
+                "rejected": stats.rejected,
+                "duplicates": stats.duplicates,
+                "dead_letters": stats.dead_letters,
+                "events": stats.events,
+            }
+        )
+    )
     if interrupted is not None:
         # Not caught up: `project --until-caught-up && next` must not go on (128 + the signal, as a shell says).
         click.echo(f"runstate project: {interrupted}", err=True)
@@ -185,21 +225,28 @@ def state(ctx: click.Context, run_id: str, as_json: bool, revision: int | None) 
     click.echo(f"goal: {st.goal.statement}")
     by_status = ", ".join(f"{n} {status}" for status, n in tasks.items()) or "none"
     click.echo(f"active task: {st.active_task_id or '-'}; tasks: {by_status}")
-    click.echo(f"facts {len(st.confirmed_facts)}, hypotheses {len(st.hypotheses)}, open questions {len(st.open_questions)}, "
-               f"observations {len(st.environment_observations)}, tool calls in flight {len(st.pending_tool_calls)}")  # fmt: skip
+    click.echo(
+        f"facts {len(st.confirmed_facts)}, hypotheses {len(st.hypotheses)}, open questions {len(st.open_questions)}, "
+        f"observations {len(st.environment_observations)}, tool calls in flight {len(st.pending_tool_calls)}"
+    )
     b = st.budgets
     if b.tokens_remaining is not None or b.tokens_used or b.deadline:
         flag = " (EXHAUSTED)" if b.tokens_remaining is not None and b.tokens_remaining <= 0 else ""
-        click.echo(f"budget: tokens remaining {'-' if b.tokens_remaining is None else b.tokens_remaining}{flag}, "
-                   f"used {b.tokens_used}, deadline {b.deadline.isoformat() if b.deadline else '-'}")  # fmt: skip
+        click.echo(
+            f"budget: tokens remaining {'-' if b.tokens_remaining is None else b.tokens_remaining}{flag}, "
+            f"used {b.tokens_used}, deadline {b.deadline.isoformat() if b.deadline else '-'}"
+        )
     if st.waiting:
         click.echo(f"waiting for {st.waiting.kind}: {st.waiting.reason}")
 
 
 @main.command()
 @click.argument("run_id")
-@click.option("--max-tokens", type=click.IntRange(50), help="bound the text (tokens as characters / 4); what is "
-              "left out is counted in it")
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(50),
+    help="bound the text (tokens as characters / 4); what is left out is counted in it",
+)
 @click.pass_context
 @handle_errors
 def context(ctx: click.Context, run_id: str, max_tokens: int | None) -> None:
@@ -216,8 +263,21 @@ def runs(ctx: click.Context, status: str | None, as_json: bool) -> None:
     """List runs (optionally of one status)."""
     headers = app.list_runs(ctx.obj, status)
     if as_json:
-        click.echo(_dump([{"run_id": h.run_id, "revision": h.revision, "status": h.status, "phase": h.phase,
-                           "agent_version": h.agent_version, "updated_at": h.updated_at.isoformat()} for h in headers]))  # fmt: skip
+        click.echo(
+            _dump(
+                [
+                    {
+                        "run_id": h.run_id,
+                        "revision": h.revision,
+                        "status": h.status,
+                        "phase": h.phase,
+                        "agent_version": h.agent_version,
+                        "updated_at": h.updated_at.isoformat(),
+                    }
+                    for h in headers
+                ]
+            )
+        )
         return
     for h in headers:
         click.echo(f"{h.run_id}\t{h.status}\trevision {h.revision}\tphase {h.phase or '-'}\t{h.goal.statement}")
@@ -233,23 +293,33 @@ def history(ctx: click.Context, run_id: str, as_json: bool) -> None:
     decisions = app.history(ctx.obj, run_id)
     erasure = app.erasure_of(ctx.obj, run_id)
     if erasure is not None and not as_json:
-        click.echo(f"erased at {erasure['at']} by {erasure['by']}: {erasure['reason']} "
-                   "(its content is gone; what follows is what remains)")  # fmt: skip
+        click.echo(
+            f"erased at {erasure['at']} by {erasure['by']}: {erasure['reason']} "
+            "(its content is gone; what follows is what remains)"
+        )
     if as_json:
         click.echo(_dump([d.model_dump(mode="json") for d in decisions]))
         return
     for d in decisions:
         why = "" if d.outcome == "accepted" else f" {d.reason}" + (f" [{d.rule}]" if d.rule else "") + f": {d.message}"
-        click.echo(f"@{d.offset}\tr{d.expected_revision}->r{d.revision}\t{d.outcome}{' (rebased)' if d.rebased else ''}{why}"
-                   f"\t{d.agent_id}@{d.agent_version}\t{','.join(d.event_types)}")  # fmt: skip
+        click.echo(
+            f"@{d.offset}\tr{d.expected_revision}->r{d.revision}\t{d.outcome}{' (rebased)' if d.rebased else ''}{why}"
+            f"\t{d.agent_id}@{d.agent_version}\t{','.join(d.event_types)}"
+        )
 
 
 @main.command()
 @click.argument("run_id")
 @click.option("--reason", required=True, help="why (kept, readable, with who and when)")
 @click.option("--by", help="who erases [$USER]")
-@click.option("--wait", "wait_s", type=float, default=10.0, show_default=True,
-              help="seconds to wait for the projector to take the erasure (0: do not wait)")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="seconds to wait for the projector to take the erasure (0: do not wait)",
+)
 @click.pass_context
 @handle_errors
 def erase(ctx: click.Context, run_id: str, reason: str, by: str | None, wait_s: float) -> None:
@@ -266,8 +336,10 @@ def erase(ctx: click.Context, run_id: str, reason: str, by: str | None, wait_s: 
     if done.decision is not None:
         click.echo(f"the projector dropped its state (decision at offset {done.decision.offset})")
     elif wait_s > 0:
-        click.echo(f"no projector took the erasure within {wait_s:g} s: the run's state leaves the projections when "
-                   "`runstate project` (or `serve`) reaches it; `runstate status` lists erasures not finished")
+        click.echo(
+            f"no projector took the erasure within {wait_s:g} s: the run's state leaves the projections when "
+            "`runstate project` (or `serve`) reaches it; `runstate status` lists erasures not finished"
+        )
 
 
 @main.group()
@@ -283,8 +355,12 @@ def keys_generate() -> None:
 
 
 @keys.command("rotate")
-@click.option("--new-key-file", required=True, type=click.Path(dir_okay=False),
-              help="file holding the new master key; the configured one must open the store")
+@click.option(
+    "--new-key-file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="file holding the new master key; the configured one must open the store",
+)
 @click.pass_context
 @handle_errors
 def keys_rotate(ctx: click.Context, new_key_file: str) -> None:
@@ -292,10 +368,14 @@ def keys_rotate(ctx: click.Context, new_key_file: str) -> None:
     open. Cut short, run it again with the same new key to finish."""
     done = app.rotate_master_key(ctx.obj, MasterKey.from_file(new_key_file))
     verb = "rotation resumed and finished" if done.resumed else "rotated"
-    click.echo(f"{verb}: {_count(done.rewrapped, 'run key')} wrapped with the new master key"
-               + (f" ({done.already} already were)" if done.already else ""))
-    click.echo("configure it now in every process (RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE); the old "
-               "key opens nothing new from here on")
+    click.echo(
+        f"{verb}: {_count(done.rewrapped, 'run key')} wrapped with the new master key"
+        + (f" ({done.already} already were)" if done.already else "")
+    )
+    click.echo(
+        "configure it now in every process (RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE); the old "
+        "key opens nothing new from here on"
+    )
 
 
 @keys.command("status")
@@ -308,8 +388,10 @@ def keys_status(ctx: click.Context) -> None:
     if r.retired:
         click.echo(f"retired: {', '.join(r.retired)}")
     if r.state == "rotating":
-        click.echo("a rotation is under way: run `runstate keys rotate` again with the same new key to finish it"
-                   + (f" (partitions without its record yet: {r.partitions_behind})" if r.partitions_behind else ""))
+        click.echo(
+            "a rotation is under way: run `runstate keys rotate` again with the same new key to finish it"
+            + (f" (partitions without its record yet: {r.partitions_behind})" if r.partitions_behind else "")
+        )
     for m, n in sorted(r.keys_by_master.items()):
         click.echo(f"  {_count(n, 'run key')} wrapped by {m}")
     if r.stale:
@@ -344,8 +426,10 @@ def explain(ctx: click.Context, run_id: str, path: str) -> None:
     """
     changes = app.explain_field(ctx.obj, run_id, path)
     for c in changes:
-        click.echo(f"r{c.revision} @{c.offset}\t{json.dumps(c.before, ensure_ascii=False)} -> "
-                   f"{json.dumps(c.after, ensure_ascii=False)}\t{c.agent_id}@{c.agent_version}\t{','.join(c.event_types)}")  # fmt: skip
+        click.echo(
+            f"r{c.revision} @{c.offset}\t{json.dumps(c.before, ensure_ascii=False)} -> "
+            f"{json.dumps(c.after, ensure_ascii=False)}\t{c.agent_id}@{c.agent_version}\t{','.join(c.event_types)}"
+        )
 
 
 @main.command()
@@ -356,25 +440,37 @@ def explain(ctx: click.Context, run_id: str, path: str) -> None:
 def verify(ctx: click.Context, deep: bool, quiet: bool) -> None:
     """Replay the log into a scratch store and compare every run with the projection."""
     bar = Progress("verify: replayed", quiet=quiet)
-    report = app.run_verify(ctx.obj, on_progress=lambda done, total: bar.update(done, total, force=done == total),
-                            deep=deep)  # fmt: skip
+    report = app.run_verify(
+        ctx.obj, on_progress=lambda done, total: bar.update(done, total, force=done == total), deep=deep
+    )
     bar.finish()
     for p, off in report.damaged:
         click.echo(f"DAMAGED record p{p}@{off}: its checksum does not match (dead-lettered, reason checksum)")
     for problem in report.problems:
         click.echo(f"PROBLEM {problem}")
     for p, (at, end) in report.undecided.items():
-        click.echo(f"UNDECIDED p{p}: records {at}..{end - 1} are not decided yet (the projector is behind, or "
-                   "stopped on one: see its log), so they are not verified")
+        click.echo(
+            f"UNDECIDED p{p}: records {at}..{end - 1} are not decided yet (the projector is behind, or "
+            "stopped on one: see its log), so they are not verified"
+        )
     for m in report.mismatches:
-        click.echo(f"MISMATCH run {m.run_id}: projection revision {m.projection_revision}, replay revision "
-                   f"{m.replay_revision}, first differing offset {m.first_differing_offset} ({m.detail})")  # fmt: skip
+        click.echo(
+            f"MISMATCH run {m.run_id}: projection revision {m.projection_revision}, replay revision "
+            f"{m.replay_revision}, first differing offset {m.first_differing_offset} ({m.detail})"
+        )
     if report.ok:
         verdict = "projection equals replay"
     else:
-        verdict = ", ".join(f"{n} {what}" for n, what in ((len(report.mismatches), "mismatches"),
-                            (len(report.damaged), "damaged records"), (len(report.problems), "problems"),
-                                                         (len(report.undecided), "partitions not decided to the end")) if n)  # fmt: skip
+        verdict = ", ".join(
+            f"{n} {what}"
+            for n, what in (
+                (len(report.mismatches), "mismatches"),
+                (len(report.damaged), "damaged records"),
+                (len(report.problems), "problems"),
+                (len(report.undecided), "partitions not decided to the end"),
+            )
+            if n
+        )
     click.echo(f"verified {_count(report.runs, 'run')} over {_count(report.records, 'record')}: {verdict}")
     if not report.ok:
         ctx.exit(1)
@@ -420,13 +516,17 @@ def resume(ctx: click.Context, run_id: str) -> None:
     """Is it safe to resume RUN_ID from its latest checkpoint, and how."""
     plan = app.resume_plan(ctx.obj, run_id)
     cp = plan.checkpoint
-    click.echo(f"run {run_id}: latest checkpoint at revision {cp.revision} (p{cp.partition}@{cp.covers_offset}, "
-               f"triggers {', '.join(cp.triggers)}, agent {cp.agent_version})")  # fmt: skip
+    click.echo(
+        f"run {run_id}: latest checkpoint at revision {cp.revision} (p{cp.partition}@{cp.covers_offset}, "
+        f"triggers {', '.join(cp.triggers)}, agent {cp.agent_version})"
+    )
     click.echo(f"verdict: {cp.verdict.upper()}")
     steps = [f"load the state at revision {cp.revision} (state digest {cp.state_digest[:16]}…)"]
     if plan.tail:
-        steps.append(f"replay {len(plan.tail)} patches since (to revision {plan.tail[-1].revision}): "
-                     + ", ".join(f"r{d.revision} @{d.offset} {'+'.join(d.event_types)}" for d in plan.tail))  # fmt: skip
+        steps.append(
+            f"replay {len(plan.tail)} patches since (to revision {plan.tail[-1].revision}): "
+            + ", ".join(f"r{d.revision} @{d.offset} {'+'.join(d.event_types)}" for d in plan.tail)
+        )
     else:
         steps.append("no patches since: the checkpoint is the current state")
     projected = plan.current_revision
@@ -436,17 +536,24 @@ def resume(ctx: click.Context, run_id: str) -> None:
     elif projected < newest:
         click.echo(f"projection: at revision {projected}, behind the log (revision {newest}): it is catching up")
     for e in cp.reconcile.effects:
-        steps.append(f"reconcile effect {e.id}: {e.kind or 'effect'} on {e.target or '?'} started, outcome unknown"
-                     + (f" (idempotency key {e.idempotency_key})" if e.idempotency_key else ""))  # fmt: skip
+        steps.append(
+            f"reconcile effect {e.id}: {e.kind or 'effect'} on {e.target or '?'} started, outcome unknown"
+            + (f" (idempotency key {e.idempotency_key})" if e.idempotency_key else "")
+        )
     for c in cp.reconcile.tool_calls:
         steps.append(f"reconcile tool call {c.call_id} ({c.tool}) in flight since r{c.started_at_revision}")
     for o in cp.reconcile.observations:
-        steps.append(f"re-read {o.subject} before a risky write (seen {o.observed_state!r}"
-                     + (f" @ {o.observed_version}" if o.observed_version else "") + f" at {o.observed_at.isoformat()})")  # fmt: skip
+        steps.append(
+            f"re-read {o.subject} before a risky write (seen {o.observed_state!r}"
+            + (f" @ {o.observed_version}" if o.observed_version else "")
+            + f" at {o.observed_at.isoformat()})"
+        )
     if cp.workspace_ref:
         ws = cp.workspace_ref
-        steps.append(f"verify workspace {ws.workspace_id}: base {ws.base_commit or '?'}, current {ws.current_commit or '?'}"
-                     + (f", uncommitted {ws.uncommitted_changes}" if ws.uncommitted_changes else ""))  # fmt: skip
+        steps.append(
+            f"verify workspace {ws.workspace_id}: base {ws.base_commit or '?'}, current {ws.current_commit or '?'}"
+            + (f", uncommitted {ws.uncommitted_changes}" if ws.uncommitted_changes else "")
+        )
     for i, step in enumerate(steps, start=1):
         click.echo(f"{i}. {step}")
 
@@ -491,8 +598,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo("partition\tend\tprojected\tcommitted\tlag")
     for r in rows:
         dash = "-"
-        click.echo(f"{r.partition}\t{r.end_offset}\t{dash if r.projected is None else r.projected}\t"
-                   f"{dash if r.committed is None else r.committed}\t{r.lag}")  # fmt: skip
+        click.echo(
+            f"{r.partition}\t{r.end_offset}\t{dash if r.projected is None else r.projected}\t"
+            f"{dash if r.committed is None else r.committed}\t{r.lag}"
+        )
     total = sum(r.lag for r in rows)
     click.echo(f"total lag {total}")
     pending = app.erasures_pending(ctx.obj)
@@ -518,29 +627,53 @@ def demo(n_runs: int, workdir: str, quiet: bool) -> None:
     """Simulated agent workers append patches while the projector runs; then each run's context."""
     from runstate.demo import run_demo
 
-    sys.exit(run_demo(workdir, n_runs=n_runs, echo=click.echo,
-                      progress=Progress("projector", quiet=quiet, inline=False, every_s=2.0, unit="patches")))  # fmt: skip
+    sys.exit(
+        run_demo(
+            workdir,
+            n_runs=n_runs,
+            echo=click.echo,
+            progress=Progress("projector", quiet=quiet, inline=False, every_s=2.0, unit="patches"),
+        )
+    )
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind (non-loopback needs --tokens-file)")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="address to bind (non-loopback needs --tokens-file)"
+)
 @click.option("--port", default=8750, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--advertise", help="URL other instances forward to [http://HOST:PORT]")
 @click.option("--tokens-file", envvar="RUNSTATE_TOKENS_FILE", help="bearer tokens -> agents (runstate token add)")
-@click.option("--snapshotter/--no-snapshotter", default=True, show_default=True,
-              help="run the snapshotter in this process too")
+@click.option(
+    "--snapshotter/--no-snapshotter", default=True, show_default=True, help="run the snapshotter in this process too"
+)
 @click.option("--ssl-keyfile", help="TLS key (uvicorn)")
 @click.option("--ssl-certfile", help="TLS certificate (uvicorn)")
 @click.pass_context
 @handle_errors
-def serve(ctx: click.Context, host: str, port: int, advertise: str | None, tokens_file: str | None,
-          snapshotter: bool, ssl_keyfile: str | None, ssl_certfile: str | None) -> None:
+def serve(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    advertise: str | None,
+    tokens_file: str | None,
+    snapshotter: bool,
+    ssl_keyfile: str | None,
+    ssl_certfile: str | None,
+) -> None:
     """HTTP (OpenAPI at /openapi.json) and MCP (/mcp) over the projector, which runs in this
     process (a member of its group on Kafka: any instance answers for any run)."""
     from runstate.service import serve as run_serve
 
-    run_serve(_settings(ctx, tokens_file=tokens_file), host, port, advertise=advertise, snapshotter=snapshotter,
-              ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile)
+    run_serve(
+        _settings(ctx, tokens_file=tokens_file),
+        host,
+        port,
+        advertise=advertise,
+        snapshotter=snapshotter,
+        ssl_keyfile=ssl_keyfile,
+        ssl_certfile=ssl_certfile,
+    )
 
 
 @main.group()
@@ -554,19 +687,34 @@ def token() -> None:
 @click.option("--read-only", is_flag=True, help="queries only, no patches")
 @click.option("--runs", "runs", multiple=True, help="glob of run ids the token may touch (repeatable) [all]")
 @click.option("--erase", is_flag=True, help="the token may also erase those runs (an operator's, not an agent's)")
-@click.option("--channel", type=click.Choice(["user", "operator", "approval", "system_of_record"]),
-              help="an input channel's token: it records only inputs of this origin (by default only the agent id "
-                   "equal to the origin may, e.g. `token add user --channel user`)")  # fmt: skip
-@click.option("--policy", is_flag=True, help="the token may start runs whose policy weakens input authority "
-                                             "(input_authority: writers, other input_recorders): an operator's")
+@click.option(
+    "--channel",
+    type=click.Choice(["user", "operator", "approval", "system_of_record"]),
+    help="an input channel's token: it records only inputs of this origin (by default only the agent id "
+    "equal to the origin may, e.g. `token add user --channel user`)",
+)
+@click.option(
+    "--policy",
+    is_flag=True,
+    help="the token may start runs whose policy weakens input authority "
+    "(input_authority: writers, other input_recorders): an operator's",
+)
 @handle_errors
-def token_add(agent_id: str, tokens_file: str, read_only: bool, runs: tuple[str, ...], erase: bool,
-              channel: str | None, policy: bool) -> None:  # fmt: skip
+def token_add(
+    agent_id: str,
+    tokens_file: str,
+    read_only: bool,
+    runs: tuple[str, ...],
+    erase: bool,
+    channel: str | None,
+    policy: bool,
+) -> None:
     """Create a token for AGENT_ID; prints it once (only its hash is stored)."""
     from runstate.service.auth import add_token
 
-    click.echo(add_token(tokens_file, agent_id, "read" if read_only else "write", list(runs) or None, erase,
-                         channel, policy))  # type: ignore[arg-type]  # click.Choice checked it
+    click.echo(
+        add_token(tokens_file, agent_id, "read" if read_only else "write", list(runs) or None, erase, channel, policy)
+    )  # type: ignore[arg-type]  # click.Choice checked it
 
 
 if __name__ == "__main__":

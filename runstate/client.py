@@ -27,8 +27,14 @@ import httpx
 import orjson
 from pydantic import TypeAdapter
 
-from runstate.schemas.errors import (ContractError, DecisionTimeout, FieldNeverSet, PatchTooLarge, RunNotFound,
-                                     RunstateError)
+from runstate.schemas.errors import (
+    ContractError,
+    DecisionTimeout,
+    FieldNeverSet,
+    PatchTooLarge,
+    RunNotFound,
+    RunstateError,
+)
 from runstate.schemas.patch import Decision, PatchDraft
 from runstate.schemas.state import RunState, RunSummary
 
@@ -43,8 +49,10 @@ class ServiceUnreachable(RunstateError):
     client's whole retry window; names the URL."""
 
     def __init__(self, url: str, error: httpx.TransportError, retry_s: float) -> None:
-        super().__init__(f"cannot reach runstate serve at {url}: {type(error).__name__}: {error or 'no answer'} "
-                         f"(tried for {retry_s:g} s; is it running, and is the URL right?)")  # fmt: skip
+        super().__init__(
+            f"cannot reach runstate serve at {url}: {type(error).__name__}: {error or 'no answer'} "
+            f"(tried for {retry_s:g} s; is it running, and is the URL right?)"
+        )
         self.url = url
 
 
@@ -158,8 +166,15 @@ class Client(_Base):
     def append(self, run_id: str, draft: PatchDraft | dict[str, Any], *, wait_s: float | None = None) -> Submitted:
         """Append a patch (``wait_s``: and wait that long for its decision)."""
         params = {"wait": wait_s} if wait_s else {}
-        return Submitted(self._request("POST", f"/runs/{path_segment(run_id)}/patches", content=_draft(draft), params=params,
-                                       headers={"content-type": "application/json"}).json())  # fmt: skip
+        return Submitted(
+            self._request(
+                "POST",
+                f"/runs/{path_segment(run_id)}/patches",
+                content=_draft(draft),
+                params=params,
+                headers={"content-type": "application/json"},
+            ).json()
+        )
 
     def erase(self, run_id: str, reason: str, *, wait_s: float = 10.0) -> dict[str, Any]:
         """Erase the run (``DELETE /runs/{id}``; the token must allow erasing): the erasure
@@ -189,7 +204,9 @@ class Client(_Base):
 
     def decision(self, run_id: str, patch_id: str) -> Decision | None:
         try:
-            return Decision.model_validate_json(self._request("GET", f"/runs/{path_segment(run_id)}/decisions/{path_segment(patch_id)}").content)
+            return Decision.model_validate_json(
+                self._request("GET", f"/runs/{path_segment(run_id)}/decisions/{path_segment(patch_id)}").content
+            )
         except ServiceError as e:
             if e.status == 404:
                 return None
@@ -197,7 +214,9 @@ class Client(_Base):
 
     def state(self, run_id: str, *, revision: int | None = None, min_revision: int | None = None) -> RunState:
         params = {k: v for k, v in {"revision": revision, "min_revision": min_revision}.items() if v is not None}
-        return RunState.model_validate_json(self._request("GET", f"/runs/{path_segment(run_id)}", params=params).content)
+        return RunState.model_validate_json(
+            self._request("GET", f"/runs/{path_segment(run_id)}", params=params).content
+        )
 
     def context(self, run_id: str, *, min_revision: int | None = None, max_tokens: int | None = None) -> str:
         params = {k: v for k, v in {"min_revision": min_revision, "max_tokens": max_tokens}.items() if v is not None}
@@ -207,13 +226,22 @@ class Client(_Base):
         return _DECISIONS.validate_json(self._request("GET", f"/runs/{path_segment(run_id)}/history").content)
 
     def runs(self, status: str | None = None) -> list[RunSummary]:
-        return _SUMMARIES.validate_json(self._request("GET", "/runs", params={"status": status} if status else {}).content)
+        return _SUMMARIES.validate_json(
+            self._request("GET", "/runs", params={"status": status} if status else {}).content
+        )
 
     def explain(self, run_id: str, path: str) -> list[dict[str, Any]]:
         return list(self._request("GET", f"/runs/{path_segment(run_id)}/explain", params={"path": path}).json())
 
-    def graph_checkpoints(self, run_id: str, *, ns: str | None = None, checkpoint_id: str | None = None,
-                          before: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    def graph_checkpoints(
+        self,
+        run_id: str,
+        *,
+        ns: str | None = None,
+        checkpoint_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
         """The run's LangGraph checkpoints, newest first (``GET /runs/{id}/graph/checkpoints``)."""
         params = _graph_params(ns, checkpoint_id, before, limit)
         return list(self._request("GET", f"/runs/{path_segment(run_id)}/graph/checkpoints", params=params).json())
@@ -275,10 +303,17 @@ class AsyncClient(_Base):
                 return resp
             await asyncio.sleep(self._pause(resp))
 
-    async def append(self, run_id: str, draft: PatchDraft | dict[str, Any], *, wait_s: float | None = None) -> Submitted:
+    async def append(
+        self, run_id: str, draft: PatchDraft | dict[str, Any], *, wait_s: float | None = None
+    ) -> Submitted:
         params = {"wait": wait_s} if wait_s else {}
-        resp = await self._request("POST", f"/runs/{path_segment(run_id)}/patches", content=_draft(draft), params=params,
-                                   headers={"content-type": "application/json"})  # fmt: skip
+        resp = await self._request(
+            "POST",
+            f"/runs/{path_segment(run_id)}/patches",
+            content=_draft(draft),
+            params=params,
+            headers={"content-type": "application/json"},
+        )
         return Submitted(resp.json())
 
     async def erase(self, run_id: str, reason: str, *, wait_s: float = 10.0) -> dict[str, Any]:
@@ -303,11 +338,15 @@ class AsyncClient(_Base):
 
     async def state(self, run_id: str, *, revision: int | None = None, min_revision: int | None = None) -> RunState:
         params = {k: v for k, v in {"revision": revision, "min_revision": min_revision}.items() if v is not None}
-        return RunState.model_validate_json((await self._request("GET", f"/runs/{path_segment(run_id)}", params=params)).content)
+        return RunState.model_validate_json(
+            (await self._request("GET", f"/runs/{path_segment(run_id)}", params=params)).content
+        )
 
     async def context(self, run_id: str, *, min_revision: int | None = None, max_tokens: int | None = None) -> str:
         params = {k: v for k, v in {"min_revision": min_revision, "max_tokens": max_tokens}.items() if v is not None}
-        return str((await self._request("GET", f"/runs/{path_segment(run_id)}/context", params=params)).json()["context"])
+        return str(
+            (await self._request("GET", f"/runs/{path_segment(run_id)}/context", params=params)).json()["context"]
+        )
 
     async def history(self, run_id: str) -> list[Decision]:
         return _DECISIONS.validate_json((await self._request("GET", f"/runs/{path_segment(run_id)}/history")).content)
@@ -316,15 +355,26 @@ class AsyncClient(_Base):
         resp = await self._request("GET", "/runs", params={"status": status} if status else {})
         return _SUMMARIES.validate_json(resp.content)
 
-    async def graph_checkpoints(self, run_id: str, *, ns: str | None = None, checkpoint_id: str | None = None,
-                                before: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    async def graph_checkpoints(
+        self,
+        run_id: str,
+        *,
+        ns: str | None = None,
+        checkpoint_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
         """As :meth:`Client.graph_checkpoints`."""
         params = _graph_params(ns, checkpoint_id, before, limit)
-        return list((await self._request("GET", f"/runs/{path_segment(run_id)}/graph/checkpoints", params=params)).json())
+        return list(
+            (await self._request("GET", f"/runs/{path_segment(run_id)}/graph/checkpoints", params=params)).json()
+        )
 
     async def events(self, run_id: str, last_event_id: int | None = None) -> AsyncIterator[Decision]:
         headers = {"last-event-id": str(last_event_id)} if last_event_id is not None else {}
-        async with self.http.stream("GET", f"/runs/{path_segment(run_id)}/events", headers=headers, timeout=None) as resp:
+        async with self.http.stream(
+            "GET", f"/runs/{path_segment(run_id)}/events", headers=headers, timeout=None
+        ) as resp:
             if resp.status_code >= 400:
                 await resp.aread()
                 _raise(resp)

@@ -20,8 +20,16 @@ class Progress:
     too). Updates closer than ``every_s`` apart are dropped, except the last one.
     """
 
-    def __init__(self, label: str, *, stream: TextIO | None = None, quiet: bool = False,
-                 inline: bool = True, every_s: float = 0.5, unit: str = "records") -> None:  # fmt: skip
+    def __init__(
+        self,
+        label: str,
+        *,
+        stream: TextIO | None = None,
+        quiet: bool = False,
+        inline: bool = True,
+        every_s: float = 0.5,
+        unit: str = "records",
+    ) -> None:
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
         isatty = getattr(self.stream, "isatty", None)

@@ -127,8 +127,11 @@ class Settings(BaseSettings):
         return None if self.instance_secret is None else InstanceKeys.parse(self.instance_secret.get_secret_value())
 
     def checkpoint_policy(self, every: int | None = None) -> CheckpointPolicy:
-        return CheckpointPolicy(every=every or self.checkpoint_every, max_age=self.checkpoint_max_age,
-                                bytes_ratio=self.checkpoint_bytes_ratio or None)  # fmt: skip
+        return CheckpointPolicy(
+            every=every or self.checkpoint_every,
+            max_age=self.checkpoint_max_age,
+            bytes_ratio=self.checkpoint_bytes_ratio or None,
+        )
 
     def retention_policy(self) -> RetentionPolicy | None:
         """Raises :class:`ContractError` for a malformed ``RUNSTATE_RETENTION``."""

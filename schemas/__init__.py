@@ -13,8 +13,21 @@ from runstate.schemas.patch import Author, Decision, Patch, PatchDraft, parse_dr
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState
 
 __all__ = [
-    "CONTROL_EVENT_TYPES", "CURRENT_SCHEMA_VERSION", "EVENT_TYPES", "EVENT_TYPE_NAMES",
-    "Author", "ContractError", "DecodeError", "Decision", "Event", "MigrationRequired",
-    "Patch", "PatchDraft", "RunHeader", "RunState", "RunstateError", "UnknownEventType",
+    "CONTROL_EVENT_TYPES",
+    "CURRENT_SCHEMA_VERSION",
+    "EVENT_TYPES",
+    "EVENT_TYPE_NAMES",
+    "Author",
+    "ContractError",
+    "DecodeError",
+    "Decision",
+    "Event",
+    "MigrationRequired",
+    "Patch",
+    "PatchDraft",
+    "RunHeader",
+    "RunState",
+    "RunstateError",
+    "UnknownEventType",
     "parse_draft",
-]  # fmt: skip
+]

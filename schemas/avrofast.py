@@ -100,8 +100,14 @@ def _write_long(out: bytearray, n: int) -> None:
     out.append(n)
 
 
-_PRIMITIVE_READERS = {"long": "_read_long", "int": "_read_long", "string": "_read_string",
-                      "double": "_read_double", "boolean": "_read_boolean", "bytes": "_read_bytes"}  # fmt: skip
+_PRIMITIVE_READERS = {
+    "long": "_read_long",
+    "int": "_read_long",
+    "string": "_read_string",
+    "double": "_read_double",
+    "boolean": "_read_boolean",
+    "bytes": "_read_bytes",
+}
 
 
 def _qualify(name: str, namespace: str | None) -> str:
@@ -161,7 +167,11 @@ class _Compiler:
             return full
         if isinstance(t, dict) and t["type"] == "record":
             return self.fullname(t, namespace)
-        if isinstance(t, dict) and isinstance(t["type"], str) and (t["type"] in _PRIMITIVE_READERS or t["type"] == "null"):
+        if (
+            isinstance(t, dict)
+            and isinstance(t["type"], str)
+            and (t["type"] in _PRIMITIVE_READERS or t["type"] == "null")
+        ):
             return t["type"]
         return t
 
@@ -180,9 +190,13 @@ class _Compiler:
         if t == "string" or t == "bytes":
             n = self.var()
             value = f"b[p:p + {n}].decode()" if t == "string" else f"bytes(b[p:p + {n}])"
-            return [*self.read_long(n, ind), f"{ind}if {n} < 0 or p + {n} > len(b):",
-                    f"{ind}    raise AvroError('{t} of ' + str({n}) + ' bytes runs past the record')",
-                    f"{ind}{target} = {value}", f"{ind}p += {n}"]  # fmt: skip
+            return [
+                *self.read_long(n, ind),
+                f"{ind}if {n} < 0 or p + {n} > len(b):",
+                f"{ind}    raise AvroError('{t} of ' + str({n}) + ' bytes runs past the record')",
+                f"{ind}{target} = {value}",
+                f"{ind}p += {n}",
+            ]
         if isinstance(t, str) and t in _PRIMITIVE_READERS:
             return [f"{ind}{target}, p = {_PRIMITIVE_READERS[t]}(b, p)"]
         if isinstance(t, str):  # a named record: its fields read in place, unless it holds itself
@@ -197,9 +211,11 @@ class _Compiler:
             if len(branches) > 2 and all(isinstance(x, str) and x in self.named for x in branches):
                 # One lookup instead of an elif per branch (30 event types).
                 table = self.table("tuple", ", ".join(self.fn(x, "r_") for x in branches) + ",")
-                return out + [f"{ind}if not 0 <= {i} < {len(branches)}:",
-                              f"{ind}    raise AvroError('union index ' + str({i}) + ' out of range')",
-                              f"{ind}{target}, p = {table}[{i}](b, p)"]  # fmt: skip
+                return out + [
+                    f"{ind}if not 0 <= {i} < {len(branches)}:",
+                    f"{ind}    raise AvroError('union index ' + str({i}) + ' out of range')",
+                    f"{ind}{target}, p = {table}[{i}](b, p)",
+                ]
             for k, branch in enumerate(t):
                 out.append(f"{ind}{'if' if k == 0 else 'elif'} {i} == {k}:")
                 out += self.read(branch, target, ind + "    ", ns)
@@ -207,9 +223,15 @@ class _Compiler:
             return out
         if t["type"] == "array":
             n, item = self.var(), self.var()
-            out = [f"{ind}{target} = []", f"{ind}{n}, p = _read_long(b, p)", f"{ind}while {n}:",
-                   f"{ind}    if {n} < 0:", f"{ind}        {n} = -{n}", f"{ind}        _, p = _read_long(b, p)",
-                   f"{ind}    for _ in range({n}):"]  # fmt: skip
+            out = [
+                f"{ind}{target} = []",
+                f"{ind}{n}, p = _read_long(b, p)",
+                f"{ind}while {n}:",
+                f"{ind}    if {n} < 0:",
+                f"{ind}        {n} = -{n}",
+                f"{ind}        _, p = _read_long(b, p)",
+                f"{ind}    for _ in range({n}):",
+            ]
             out += self.read(t["items"], item, ind + "        ", ns)
             out += [f"{ind}        {target}.append({item})", f"{ind}    {n}, p = _read_long(b, p)"]
             return out
@@ -219,8 +241,14 @@ class _Compiler:
     def read_long(target: str, ind: str) -> list[str]:
         """A long read inline: the common one-byte form (a value in -64..63: most lengths,
         union indexes and counts) without a call, the others by ``_read_long``."""
-        return [f"{ind}{target} = b[p]", f"{ind}if {target} < 0x80:", f"{ind}    {target} = ({target} >> 1) ^ -({target} & 1)",
-                f"{ind}    p += 1", f"{ind}else:", f"{ind}    {target}, p = _read_long(b, p)"]  # fmt: skip
+        return [
+            f"{ind}{target} = b[p]",
+            f"{ind}if {target} < 0x80:",
+            f"{ind}    {target} = ({target} >> 1) ^ -({target} & 1)",
+            f"{ind}    p += 1",
+            f"{ind}else:",
+            f"{ind}    {target}, p = _read_long(b, p)",
+        ]
 
     def record_body(self, full: str, ind: str) -> tuple[list[str], list[str]]:
         """Lines reading the fields of record ``full`` into locals, and its dict's items."""
@@ -254,16 +282,30 @@ class _Compiler:
             return [f"{ind}if {expr} is not None:", f"{ind}    raise TypeError('expected null')"]
         if t in ("long", "int"):
             # Most longs are small and non-negative: one byte, no call.
-            return [f"{ind}if type({expr}) is int and 0 <= {expr} < 64:", f"{ind}    out.append({expr} << 1)",
-                    f"{ind}else:", f"{ind}    _write_checked_long(out, {expr})"]  # fmt: skip
+            return [
+                f"{ind}if type({expr}) is int and 0 <= {expr} < 64:",
+                f"{ind}    out.append({expr} << 1)",
+                f"{ind}else:",
+                f"{ind}    _write_checked_long(out, {expr})",
+            ]
         if t == "string":
             b = self.var()
             src = expr if not self.objects else f"({expr} if type({expr}) is str else _scalar({expr}))"
-            return [f"{ind}{b} = {src}.encode()", f"{ind}if len({b}) < 64:", f"{ind}    out.append(len({b}) << 1)",
-                    f"{ind}else:", f"{ind}    _write_long(out, len({b}))", f"{ind}out += {b}"]  # fmt: skip
+            return [
+                f"{ind}{b} = {src}.encode()",
+                f"{ind}if len({b}) < 64:",
+                f"{ind}    out.append(len({b}) << 1)",
+                f"{ind}else:",
+                f"{ind}    _write_long(out, len({b}))",
+                f"{ind}out += {b}",
+            ]
         if t == "bytes":
-            return [f"{ind}if not isinstance({expr}, (bytes, bytearray)):", f"{ind}    raise TypeError('expected bytes')",
-                    f"{ind}_write_long(out, len({expr}))", f"{ind}out += {expr}"]  # fmt: skip
+            return [
+                f"{ind}if not isinstance({expr}, (bytes, bytearray)):",
+                f"{ind}    raise TypeError('expected bytes')",
+                f"{ind}_write_long(out, len({expr}))",
+                f"{ind}out += {expr}",
+            ]
         if t == "double":
             return [f"{ind}out += _pack_double({expr})"]
         if t == "boolean":
@@ -290,8 +332,10 @@ class _Compiler:
             # Dicts: (full name, datum) pairs, as fastavro's named-branch form, which the
             # codec always writes: nothing to guess. Objects: the branch is the record whose
             # name is the object's class name. One lookup gives the index and the writer.
-            by = {(full if not self.objects else full.rsplit(".", 1)[-1]): (k, self.fn(full, "w_"))
-                  for full, k in records.items()}  # fmt: skip
+            by = {
+                (full if not self.objects else full.rsplit(".", 1)[-1]): (k, self.fn(full, "w_"))
+                for full, k in records.items()
+            }
             if len(by) != len(records):
                 raise NotImplementedError("a union of records of the same name in other namespaces")
             table = self.table("dict", ", ".join(f"{key!r}: ({_zigzag_byte(k)}, {fn})" for key, (k, fn) in by.items()))
@@ -370,8 +414,9 @@ def compile_schema(schema: dict[str, Any]) -> tuple[Reader, Writer]:
     return ns[c.fn(top, "r_")], ns[c.fn(top, "w_")]
 
 
-def compile_object_writer(schema: dict[str, Any], *, records: tuple[type, ...], strings: tuple[type, ...],
-                          scalar: Callable[[Any], str]) -> Writer:  # fmt: skip
+def compile_object_writer(
+    schema: dict[str, Any], *, records: tuple[type, ...], strings: tuple[type, ...], scalar: Callable[[Any], str]
+) -> Writer:
     """A writer of objects rather than dicts, for the same schema and the same bytes: a
     record is an object whose attributes are its fields (an instance of one of
     ``records`` where a union must tell it apart), a union of records takes the record
@@ -396,10 +441,18 @@ def _compiler(schema: dict[str, Any], *, objects: bool) -> _Compiler:
 
 def _exec(c: _Compiler, schema: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     ns: dict[str, Any] = {
-        "_read_long": _read_long, "_read_string": _read_string, "_read_double": _read_double, "_read_bytes": _read_bytes,
-        "_read_boolean": _read_boolean, "_write_long": _write_long, "_write_checked_long": _write_checked_long,
-        "_pack_double": _pack_double, "_check_bool": _check_bool, "AvroError": AvroError, **extra,
-    }  # fmt: skip
+        "_read_long": _read_long,
+        "_read_string": _read_string,
+        "_read_double": _read_double,
+        "_read_bytes": _read_bytes,
+        "_read_boolean": _read_boolean,
+        "_write_long": _write_long,
+        "_write_checked_long": _write_checked_long,
+        "_pack_double": _pack_double,
+        "_check_bool": _check_bool,
+        "AvroError": AvroError,
+        **extra,
+    }
     name = f"<avrofast {c.fullname(schema, None)}>"
     exec(compile("\n".join(c.lines + c.after), name, "exec"), ns)  # noqa: S102 - code generated from our schema
     return ns

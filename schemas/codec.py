@@ -124,27 +124,43 @@ def derive_decision_schema() -> dict[str, Any]:
 #: ciphertext of the plain record. Written by hand: its fields are bytes, which the models
 #: do not have.
 SEALED_SCHEMA: dict[str, Any] = {
-    "type": "record", "name": f"{NAMESPACE}.Sealed", "fields": [
+    "type": "record",
+    "name": f"{NAMESPACE}.Sealed",
+    "fields": [
         {"name": "run_id", "type": "string"},
         {"name": "kid", "type": "string"},
         {"name": "nonce", "type": "bytes"},
         {"name": "ciphertext", "type": "bytes"},
-        {"name": "envelope", "default": None, "type": ["null", {
-            "type": "record", "name": f"{NAMESPACE}.PatchEnvelope", "fields": [
-                {"name": "patch_id", "type": "string"},
-                {"name": "expected_revision", "type": "long"},
-                {"name": "agent_id", "type": "string"},
-                {"name": "agent_version", "type": "string"},
-                {"name": "event_types", "type": {"type": "array", "items": "string"}},
-                {"name": "created_at", "type": "string"},
-                {"name": "rebase", "type": "boolean"},
-            ]}]},
-    ]}  # fmt: skip
+        {
+            "name": "envelope",
+            "default": None,
+            "type": [
+                "null",
+                {
+                    "type": "record",
+                    "name": f"{NAMESPACE}.PatchEnvelope",
+                    "fields": [
+                        {"name": "patch_id", "type": "string"},
+                        {"name": "expected_revision", "type": "long"},
+                        {"name": "agent_id", "type": "string"},
+                        {"name": "agent_version", "type": "string"},
+                        {"name": "event_types", "type": {"type": "array", "items": "string"}},
+                        {"name": "created_at", "type": "string"},
+                        {"name": "rebase", "type": "boolean"},
+                    ],
+                },
+            ],
+        },
+    ],
+}
 
 
 #: What each kind of record is derived from; ``<kind>.vN.avsc`` are its published versions.
 KINDS: dict[str, Callable[[], dict[str, Any]]] = {
-    "patch": derive_patch_schema, "decision": derive_decision_schema, "sealed": lambda: SEALED_SCHEMA}
+    "patch": derive_patch_schema,
+    "decision": derive_decision_schema,
+    "sealed": lambda: SEALED_SCHEMA,
+}
 
 
 # --- the registry of published writer schemas --------------------------------------------
@@ -199,8 +215,9 @@ def _object_writer(w: _Writer, kind: str) -> avrofast.Writer | None:
     if w.schema is not None and w.fingerprint == _derived_fingerprint(kind):
         try:
             # A datetime is written as its JSON form, by the same serializer as model_dump.
-            got = avrofast.compile_object_writer(w.schema, records=(BaseModel,), strings=(datetime,),
-                                                 scalar=pydantic_core.to_jsonable_python)  # fmt: skip
+            got = avrofast.compile_object_writer(
+                w.schema, records=(BaseModel,), strings=(datetime,), scalar=pydantic_core.to_jsonable_python
+            )
         except NotImplementedError:
             pass
     _OBJECT_WRITERS[w.fingerprint] = got
@@ -395,8 +412,9 @@ def _make_current_encoder() -> Callable[[Patch], bytes]:
     global _current_encoder
     w = current_writer()
     write = _object_writer(w, "patch")
-    enc: Callable[[Patch], bytes] = (partial(_write_model, w, "patch", to_datum=_to_avro_datum) if write is None
-                                     else partial(_frame, w, write))  # fmt: skip
+    enc: Callable[[Patch], bytes] = (
+        partial(_write_model, w, "patch", to_datum=_to_avro_datum) if write is None else partial(_frame, w, write)
+    )
     _current_encoder = enc
     return enc
 
@@ -411,8 +429,11 @@ def encode(patch: Patch, writer: _Writer | None = None) -> bytes:
             return (_current_encoder or _make_current_encoder())(patch)
         return _write_model(writer, "patch", patch, _to_avro_datum)
     except UnicodeEncodeError as e:
-        raise ContractError(f"patch {patch.patch_id} of run {patch.run_id!r} holds a string that UTF-8 cannot encode: "
-                            f"{e.reason} at {e.start}", field=None) from e  # fmt: skip
+        raise ContractError(
+            f"patch {patch.patch_id} of run {patch.run_id!r} holds a string that UTF-8 cannot encode: "
+            f"{e.reason} at {e.start}",
+            field=None,
+        ) from e
 
 
 def encode_datum(datum: dict[str, Any], writer: _Writer) -> bytes:
@@ -523,7 +544,9 @@ def _decision_current() -> _Writer:
 def encode_decision(decision: Decision) -> bytes:
     """One decision (the model, or the core's struct of it) as an Avro single-object record
     (the decisions topic's value)."""
-    return _write_model(_decision_current(), "decision", structs.to_model(decision), lambda d: d.model_dump(mode="json"))
+    return _write_model(
+        _decision_current(), "decision", structs.to_model(decision), lambda d: d.model_dump(mode="json")
+    )
 
 
 def decode_decision(data: bytes) -> Decision:

@@ -43,21 +43,25 @@ class UnknownEventType(ContractError):
     def __init__(self, got: str, known: list[str], *, where: str | None = None) -> None:
         self.got = got
         self.known = known
-        super().__init__(
-            f"unknown event type {got!r}; known types: {', '.join(known)}", where=where, field="type"
-        )
+        super().__init__(f"unknown event type {got!r}; known types: {', '.join(known)}", where=where, field="type")
 
 
 class PatchTooLarge(ContractError):
     """An encoded patch is over the configured size limit."""
 
-    def __init__(self, run_id: str, size: int, limit: int, *, as_json: bool = False, message: str | None = None) -> None:
+    def __init__(
+        self, run_id: str, size: int, limit: int, *, as_json: bool = False, message: str | None = None
+    ) -> None:
         self.run_id = run_id
         self.size = size
         self.limit = limit
-        what, setting = ("bytes of JSON", "twice RUNSTATE_MAX_PATCH_BYTES") if as_json else ("bytes", "RUNSTATE_MAX_PATCH_BYTES")
+        what, setting = (
+            ("bytes of JSON", "twice RUNSTATE_MAX_PATCH_BYTES") if as_json else ("bytes", "RUNSTATE_MAX_PATCH_BYTES")
+        )
         # ``message``: the server's own words, when a client raises it from a 413.
-        super().__init__(message or f"patch for run {run_id!r} is {size} {what}, over the limit of {limit} bytes ({setting})")
+        super().__init__(
+            message or f"patch for run {run_id!r} is {size} {what}, over the limit of {limit} bytes ({setting})"
+        )
 
 
 class DecodeError(RunstateError):
@@ -81,8 +85,7 @@ class MigrationRequired(RunstateError):
         self.current = current
         self.why = why
         super().__init__(
-            f"MIGRATION_REQUIRED: run {run_id!r} has schema_version {found_version!r} "
-            f"(current {current}): {why}"
+            f"MIGRATION_REQUIRED: run {run_id!r} has schema_version {found_version!r} (current {current}): {why}"
         )
 
 
@@ -137,8 +140,7 @@ class DecisionTimeout(RunstateError):
         self.patch_id = patch_id
         self.timeout_s = timeout_s
         super().__init__(
-            f"no decision for patch {patch_id} of run {run_id!r} within {timeout_s:g}s "
-            "(is a projector running?)"
+            f"no decision for patch {patch_id} of run {run_id!r} within {timeout_s:g}s (is a projector running?)"
         )
 
 
@@ -196,10 +198,12 @@ class LostAcknowledged(LogError):
     def __init__(self, path: str, missing: int, heads: dict[str, int], mark: str) -> None:
         self.missing = missing
         ends = ", ".join(f"{k} ends at {v}" for k, v in sorted(heads.items()) if v)
-        super().__init__(f"embedded log {path} lost {missing} acknowledged record(s): it ends before what it "
-                         f"acknowledged ({ends or 'it is empty'}); its write-ahead log was damaged, or the file is an "
-                         f"older copy. Restore it from a copy; to go on with what it holds (the missing records are "
-                         f"lost for good), delete {mark}")  # fmt: skip
+        super().__init__(
+            f"embedded log {path} lost {missing} acknowledged record(s): it ends before what it "
+            f"acknowledged ({ends or 'it is empty'}); its write-ahead log was damaged, or the file is an "
+            f"older copy. Restore it from a copy; to go on with what it holds (the missing records are "
+            f"lost for good), delete {mark}"
+        )
 
 
 class LostRecords(LogError):
@@ -208,6 +212,8 @@ class LostRecords(LogError):
 
     def __init__(self, partition: int, end: int, seen: int, observer: str) -> None:
         self.partition, self.end, self.seen = partition, end, seen
-        super().__init__(f"the log lost offsets {end}..{seen - 1} of partition {partition}, which {observer} had seen "
-                         "(acknowledged appends: a damaged write-ahead log, or this is another log). Run `runstate "
-                         "verify --deep`; delete the state directory to rebuild from what the log holds")
+        super().__init__(
+            f"the log lost offsets {end}..{seen - 1} of partition {partition}, which {observer} had seen "
+            "(acknowledged appends: a damaged write-ahead log, or this is another log). Run `runstate "
+            "verify --deep`; delete the state directory to rebuild from what the log holds"
+        )

@@ -561,22 +561,50 @@ class RunErased(Model):
 
 
 EVENT_TYPES: tuple[type[Model], ...] = (
-    RunStarted, GoalChanged, ConstraintSet, PhaseChanged,
-    FactConfirmed, FactRetracted,
-    HypothesisProposed, HypothesisRevised, HypothesisRejected,
-    QuestionOpened, QuestionResolved,
-    TaskCreated, TaskStarted, TaskBlocked, TaskCompleted, TaskFailed, TaskCancelled, TaskHandedOver,
-    ToolCallStarted, ToolSucceeded, ToolFailed,
-    ArtifactRecorded, InputRecorded, ObservationRecorded, EffectRecorded, WorkspaceUpdated,
-    WaitingStarted, WaitingResolved, LeaseReleased,
-    BudgetSet, BudgetConsumed,
-    PermissionRevoked, RunCompleted, RunFailed, RunCancelled,
-    GraphCheckpointSaved, GraphWritesSaved, GraphCheckpointsRemoved, GraphThreadDeleted, RunErased,
-)  # fmt: skip
+    RunStarted,
+    GoalChanged,
+    ConstraintSet,
+    PhaseChanged,
+    FactConfirmed,
+    FactRetracted,
+    HypothesisProposed,
+    HypothesisRevised,
+    HypothesisRejected,
+    QuestionOpened,
+    QuestionResolved,
+    TaskCreated,
+    TaskStarted,
+    TaskBlocked,
+    TaskCompleted,
+    TaskFailed,
+    TaskCancelled,
+    TaskHandedOver,
+    ToolCallStarted,
+    ToolSucceeded,
+    ToolFailed,
+    ArtifactRecorded,
+    InputRecorded,
+    ObservationRecorded,
+    EffectRecorded,
+    WorkspaceUpdated,
+    WaitingStarted,
+    WaitingResolved,
+    LeaseReleased,
+    BudgetSet,
+    BudgetConsumed,
+    PermissionRevoked,
+    RunCompleted,
+    RunFailed,
+    RunCancelled,
+    GraphCheckpointSaved,
+    GraphWritesSaved,
+    GraphCheckpointsRemoved,
+    GraphThreadDeleted,
+    RunErased,
+)
 
 #: Every event type name, in catalogue order.
 EVENT_TYPE_NAMES: tuple[str, ...] = tuple(t.__name__ for t in EVENT_TYPES)
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -603,14 +631,25 @@ _C, _CONTROL = Traits(commutes=True), Traits(control=True)
 #: Every event type's traits (a test holds the keys to the catalogue).
 TRAITS: dict[str, Traits] = {
     **{name: Traits() for name in EVENT_TYPE_NAMES},
-    **{name: _C for name in ("FactConfirmed", "HypothesisProposed", "QuestionOpened", "ObservationRecorded",
-                             "ArtifactRecorded", "InputRecorded", "BudgetConsumed", "GraphCheckpointSaved",
-                             "GraphWritesSaved")},
+    **{
+        name: _C
+        for name in (
+            "FactConfirmed",
+            "HypothesisProposed",
+            "QuestionOpened",
+            "ObservationRecorded",
+            "ArtifactRecorded",
+            "InputRecorded",
+            "BudgetConsumed",
+            "GraphCheckpointSaved",
+            "GraphWritesSaved",
+        )
+    },
     **{name: _CONTROL for name in ("GoalChanged", "PermissionRevoked", "RunCancelled")},
     "GraphCheckpointsRemoved": Traits(commutes=True, any_status=True),
     "GraphThreadDeleted": Traits(control=True, any_status=True),
     "RunErased": Traits(control=True, operator=True),
-}  # fmt: skip
+}
 
 #: Events that commute with any concurrent patch (see :class:`Traits`).
 COMMUTING_EVENT_TYPES: frozenset[str] = frozenset(n for n, t in TRAITS.items() if t.commutes)

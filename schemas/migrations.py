@@ -29,11 +29,28 @@ Doc = dict[str, Any]
 
 _WORKSPACE_URI = re.compile(r"^workspace://(?P<ws>[^@/]+)(?:@commit:(?P<commit>[0-9A-Za-z]+))?$")
 
-_V1_KEYS = frozenset({
-    "schema_version", "run_id", "revision", "goal", "phase", "status", "active_task_id",
-    "confirmed_facts", "hypotheses", "open_questions", "tasks", "last_transition", "waiting",
-    "budgets", "workspace_ref", "effect_ledger_ref", "agent_version", "updated_at",
-})  # fmt: skip
+_V1_KEYS = frozenset(
+    {
+        "schema_version",
+        "run_id",
+        "revision",
+        "goal",
+        "phase",
+        "status",
+        "active_task_id",
+        "confirmed_facts",
+        "hypotheses",
+        "open_questions",
+        "tasks",
+        "last_transition",
+        "waiting",
+        "budgets",
+        "workspace_ref",
+        "effect_ledger_ref",
+        "agent_version",
+        "updated_at",
+    }
+)
 
 
 def relabel_v1_as_v3(doc: Doc) -> Doc:
@@ -81,7 +98,9 @@ def migrate_v3_to_v4(doc: Doc) -> Doc:
     if isinstance(ws, str):
         m = _WORKSPACE_URI.match(ws)
         if not m:
-            raise MigrationRequired(run_id, 3, CURRENT_SCHEMA_VERSION, f"workspace_ref {ws!r} is not workspace://ID[@commit:SHA]")
+            raise MigrationRequired(
+                run_id, 3, CURRENT_SCHEMA_VERSION, f"workspace_ref {ws!r} is not workspace://ID[@commit:SHA]"
+            )
         out["workspace_ref"] = {"workspace_id": m["ws"], "current_commit": m["commit"]}
     elif ws is not None:
         out["workspace_ref"] = ws
@@ -93,9 +112,14 @@ def migrate_v3_to_v4(doc: Doc) -> Doc:
         kind = w.get("kind", "external_event")
         if kind not in ("user", "approval", "external_event", "timer"):
             raise MigrationRequired(run_id, 3, CURRENT_SCHEMA_VERSION, f"v3 waiting kind {kind!r} is unknown")
-        out["waiting"] = {"wait_id": w.get("wait_id") or f"migrated-r{rev}", "kind": kind,
-                          "reason": str(w.get("reason") or w.get("for") or "migrated wait"),
-                          "until": w.get("until"), "since": w.get("since"), "since_revision": rev}  # fmt: skip
+        out["waiting"] = {
+            "wait_id": w.get("wait_id") or f"migrated-r{rev}",
+            "kind": kind,
+            "reason": str(w.get("reason") or w.get("for") or "migrated wait"),
+            "until": w.get("until"),
+            "since": w.get("since"),
+            "since_revision": rev,
+        }
     out.setdefault("agent_version", "unknown(v3)")
     return out
 
@@ -112,7 +136,9 @@ def load_state(raw: Doc) -> RunState:
     run_id = raw.get("run_id") if isinstance(raw, dict) else None
     version = raw.get("schema_version") if isinstance(raw, dict) else None
     if not isinstance(version, int) or version < 1:
-        raise MigrationRequired(run_id, version, CURRENT_SCHEMA_VERSION, "schema_version missing or not a positive integer")
+        raise MigrationRequired(
+            run_id, version, CURRENT_SCHEMA_VERSION, "schema_version missing or not a positive integer"
+        )
     if version > CURRENT_SCHEMA_VERSION:
         raise MigrationRequired(run_id, version, CURRENT_SCHEMA_VERSION, "written by a newer runstate")
     doc = raw
@@ -120,7 +146,9 @@ def load_state(raw: Doc) -> RunState:
     while doc["schema_version"] < CURRENT_SCHEMA_VERSION:
         step = MIGRATIONS.get(doc["schema_version"])
         if step is None:
-            raise MigrationRequired(run_id, doc["schema_version"], CURRENT_SCHEMA_VERSION, "no migration from this version")
+            raise MigrationRequired(
+                run_id, doc["schema_version"], CURRENT_SCHEMA_VERSION, "no migration from this version"
+            )
         doc = step(doc)
         path.append(doc["schema_version"])
     if len(path) > 1:
@@ -128,4 +156,6 @@ def load_state(raw: Doc) -> RunState:
     try:
         return RunState.model_validate(doc)
     except pydantic.ValidationError as e:
-        raise MigrationRequired(run_id, version, CURRENT_SCHEMA_VERSION, f"invalid after migration: {describe_validation_error(e)[1]}") from e
+        raise MigrationRequired(
+            run_id, version, CURRENT_SCHEMA_VERSION, f"invalid after migration: {describe_validation_error(e)[1]}"
+        ) from e

@@ -55,8 +55,16 @@ class Patch(Model):
 
 
 Outcome = Literal["accepted", "rejected"]
-RejectReason = Literal["revision_conflict", "superseded", "invalid", "unknown_run", "run_terminal", "patch_id_reused",
-                       "unauthorized", "run_erased"]
+RejectReason = Literal[
+    "revision_conflict",
+    "superseded",
+    "invalid",
+    "unknown_run",
+    "run_terminal",
+    "patch_id_reused",
+    "unauthorized",
+    "run_erased",
+]
 
 
 class Decision(Model):
@@ -132,7 +140,10 @@ def validated(model: type[M], data: dict[str, Any], *, where: str | None = None,
     if drafted:
         for i, ev in enumerate(getattr(got, "events", ())):
             if ev.type in OPERATOR_EVENT_TYPES:
-                raise ContractError(f"{ev.type} is an operator's act, not a patch an agent proposes: use "
-                                    "`runstate erase RUN_ID --reason TEXT` or DELETE /runs/{id}",
-                                    where=where, field=f"events[{i}]")  # fmt: skip
+                raise ContractError(
+                    f"{ev.type} is an operator's act, not a patch an agent proposes: use "
+                    "`runstate erase RUN_ID --reason TEXT` or DELETE /runs/{id}",
+                    where=where,
+                    field=f"events[{i}]",
+                )
     return got

@@ -64,16 +64,22 @@ def is_sealed(value: bytes) -> bool:
     global _headers
     if _headers is None:
         _headers = frozenset(codec.MAGIC + fp for fp in codec.published("sealed"))
-    return value[:codec.HEADER_LEN] in _headers
+    return value[: codec.HEADER_LEN] in _headers
 
 
 def envelope_of(plain_patch: bytes) -> PatchEnvelope:
     """The envelope of a plain patch record (raises :class:`DecodeError` if it is not one)."""
     d = codec.decode_raw(plain_patch)
     author = d["author"]
-    return PatchEnvelope(d["patch_id"], d["expected_revision"], author["agent_id"], author["agent_version"],
-                         [e[1]["type"] if isinstance(e, tuple) else e["type"] for e in d["events"]],
-                         d["created_at"], d["rebase"])  # fmt: skip
+    return PatchEnvelope(
+        d["patch_id"],
+        d["expected_revision"],
+        author["agent_id"],
+        author["agent_version"],
+        [e[1]["type"] if isinstance(e, tuple) else e["type"] for e in d["events"]],
+        d["created_at"],
+        d["rebase"],
+    )
 
 
 def _varint(n: int) -> bytes:
@@ -86,11 +92,16 @@ def seal(plain: bytes, run_id: str, kid: str, key: bytes, nonce: bytes, envelope
     """The sealed record of ``plain`` (a nonce must never be used twice with one key: the
     caller draws 96 random bits per record). The associated data is the record's own bytes
     but the nonce and the ciphertext: its header, run id, key id and envelope as stored."""
-    datum = {"run_id": run_id, "kid": kid, "nonce": b"", "ciphertext": b"",
-             "envelope": None if envelope is None else envelope._asdict()}  # fmt: skip
+    datum = {
+        "run_id": run_id,
+        "kid": kid,
+        "nonce": b"",
+        "ciphertext": b"",
+        "envelope": None if envelope is None else envelope._asdict(),
+    }
     bare = codec._write_record(_writer(), datum)  # nonce and ciphertext empty: one 0 byte each
     cut = codec.HEADER_LEN + _string_len(run_id) + _string_len(kid)
-    head, tail = bare[:cut], bare[cut + 2:]
+    head, tail = bare[:cut], bare[cut + 2 :]
     ct = _aead(key).encrypt(nonce, plain, head + tail)
     return b"".join((head, _varint(len(nonce)), nonce, _varint(len(ct)), ct, tail))
 
@@ -120,7 +131,7 @@ def split(value: bytes) -> Opening:
             n, p = avrofast._read_long(value, p)
             if n < 0 or p + n > len(value):
                 raise ValueError(f"field {i} of {n} bytes runs past the record")
-            fields.append(value[p:p + n])
+            fields.append(value[p : p + n])
             p += n
             if i == 1:
                 cut = p
@@ -135,7 +146,7 @@ def split(value: bytes) -> Opening:
 def read(value: bytes) -> Sealed:
     """The readable part of a sealed record. Raises :class:`DecodeError`."""
     w = _writer()
-    if value[:codec.HEADER_LEN] == codec.MAGIC + w.fingerprint and w.read is not None:
+    if value[: codec.HEADER_LEN] == codec.MAGIC + w.fingerprint and w.read is not None:
         d = codec._read_body(value, w.read)  # the current version: its generated reader, no lookup
     else:
         d = codec._read_record(value, codec._framed(value, "sealed"), None)
@@ -150,5 +161,8 @@ def unseal(opening: Opening, key: bytes) -> bytes:
     try:
         return _aead(key).decrypt(opening.nonce, opening.ciphertext, opening.aad)
     except (InvalidTag, ValueError) as e:
-        raise DecodeError("sealed_damaged", detail=f"run {opening.run_id!r}: the record does not open with the "
-                                                   "run's key (damaged, or sealed with another key)") from e
+        raise DecodeError(
+            "sealed_damaged",
+            detail=f"run {opening.run_id!r}: the record does not open with the "
+            "run's key (damaged, or sealed with another key)",
+        ) from e

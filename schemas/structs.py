@@ -55,8 +55,13 @@ _SCALARS = (str, int, float, bool, type(None))
 
 #: annotated-types constraint -> its attribute, which is also msgspec.Meta's keyword.
 _BOUNDS: tuple[tuple[type, str], ...] = (
-    (at.Ge, "ge"), (at.Le, "le"), (at.Gt, "gt"), (at.Lt, "lt"), (at.MinLen, "min_length"), (at.MaxLen, "max_length"),
-)  # fmt: skip
+    (at.Ge, "ge"),
+    (at.Le, "le"),
+    (at.Gt, "gt"),
+    (at.Lt, "lt"),
+    (at.MinLen, "min_length"),
+    (at.MaxLen, "max_length"),
+)
 
 
 def _constraints(metadata: list[Any]) -> dict[str, Any]:
@@ -141,8 +146,15 @@ def _refuse_what_is_not_carried_over(model: type[BaseModel]) -> None:
     constraints and defaults: its own validators or serializers, computed fields, aliases,
     other settings. A struct would silently skip them."""
     decorators = model.__pydantic_decorators__
-    for kind in ("validators", "field_validators", "root_validators", "model_validators",
-                 "field_serializers", "model_serializers", "computed_fields"):  # fmt: skip
+    for kind in (
+        "validators",
+        "field_validators",
+        "root_validators",
+        "model_validators",
+        "field_serializers",
+        "model_serializers",
+        "computed_fields",
+    ):
         if getattr(decorators, kind):
             raise TypeError(f"no msgspec equivalent for {model.__name__}'s {kind.replace('_', ' ')}")
     other = set(model.model_config) - _CONFIG
@@ -179,7 +191,9 @@ def _tagged_struct_of(model: type[BaseModel], tag: str) -> type[msgspec.Struct]:
 @cache
 def _reference_tagged(model: type[BaseModel], tag: str) -> type[msgspec.Struct]:
     info = model.model_fields.get(tag)
-    values = typing.get_args(info.annotation) if info is not None and typing.get_origin(info.annotation) is Literal else ()
+    values = (
+        typing.get_args(info.annotation) if info is not None and typing.get_origin(info.annotation) is Literal else ()
+    )
     if len(values) != 1 or not isinstance(values[0], str) or info is None or info.metadata:
         raise TypeError(f"no msgspec equivalent for {model.__name__}'s tag {tag!r}: not a Literal of one string")
     return _define(model, tag_field=tag, tag=values[0], namespace={tag: values[0]})
@@ -265,12 +279,19 @@ def _model_maker(cls: type[msgspec.Struct]) -> Callable[[Any, dict[int, Any]], A
     generated for ``cls``, reading each field by name (a replay's ``to_state`` makes a model
     of every item)."""
     model = model_of(cls)
-    nested = {n for n, info in model.model_fields.items()
-              if any(isinstance(t, type) and issubclass(t, BaseModel) for t in _types_in(info.annotation))}  # fmt: skip
+    nested = {
+        n
+        for n, info in model.model_fields.items()
+        if any(isinstance(t, type) and issubclass(t, BaseModel) for t in _types_in(info.annotation))
+    }
     fields = ", ".join(f"{n}=_to_model(v.{n}, memo)" if n in nested else f"{n}=v.{n}" for n in cls.__struct_fields__)
     src = f"def make(v, memo):\n    return construct(_fields_set=names, {fields})\n"
     # One frozen set of field names shared by every instance: the models are frozen, nothing changes it.
-    ns: dict[str, Any] = {"construct": model.model_construct, "names": frozenset(cls.__struct_fields__), "_to_model": _to_model}
+    ns: dict[str, Any] = {
+        "construct": model.model_construct,
+        "names": frozenset(cls.__struct_fields__),
+        "_to_model": _to_model,
+    }
     exec(compile(src, f"<to_model {model.__name__}>", "exec"), ns)  # noqa: S102 - generated from the model's own field names
     return ns["make"]  # type: ignore[no-any-return]
 
@@ -358,13 +379,20 @@ def fields_of(value: BaseModel | msgspec.Struct) -> dict[str, Any]:
 
 @cache
 def _converter(model: type[BaseModel]) -> Callable[[BaseModel], Any]:
-    if any(isinstance(t, FieldInfo) and t.discriminator for f in model.model_fields.values() for t in _types_in(f.annotation)):
+    if any(
+        isinstance(t, FieldInfo) and t.discriminator
+        for f in model.model_fields.values()
+        for t in _types_in(f.annotation)
+    ):
         # Its members' structs are the tagged ones, which a model's value does not name.
         raise TypeError(f"{model.__name__} holds a discriminated union: not converted from the model")
     cls = struct_of(model)
     names = tuple(model.model_fields)
-    nested = {n for n, info in model.model_fields.items()
-              if any(isinstance(t, type) and issubclass(t, BaseModel) for t in _types_in(info.annotation))}  # fmt: skip
+    nested = {
+        n
+        for n, info in model.model_fields.items()
+        if any(isinstance(t, type) and issubclass(t, BaseModel) for t in _types_in(info.annotation))
+    }
 
     def convert(value: BaseModel) -> Any:
         d = value.__dict__
@@ -476,8 +504,18 @@ def json_writer(model: type[BaseModel] | type[msgspec.Struct]) -> Callable[[Any]
 # --- the generated module ----------------------------------------------------------------------
 
 #: The models whose structs the core uses (their nested models come with them).
-ROOTS: tuple[str, ...] = ("RunHeader", "RunState", "Decision", "Patch", "Transition", "Waiting", "Budgets",
-                          "PriorValue", "Provenance", "Writer")  # fmt: skip
+ROOTS: tuple[str, ...] = (
+    "RunHeader",
+    "RunState",
+    "Decision",
+    "Patch",
+    "Transition",
+    "Waiting",
+    "Budgets",
+    "PriorValue",
+    "Provenance",
+    "Writer",
+)
 #: Where the generated structs live, and how to write them again after a model changed.
 GENERATED = "schemas/generated/structs.py (python -m runstate.schemas.structs --write)"
 #: While the generator derives the reference structs from the models (not the generated ones).

@@ -7,6 +7,12 @@ from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.snapshotter.recovery import restore_partition
 
 __all__ = [
-    "Checkpoint", "CheckpointHistory", "CheckpointInvalid", "CheckpointPolicy", "Snapshotter",
-    "restore_partition", "snapshotter_dir", "validate",
-]  # fmt: skip
+    "Checkpoint",
+    "CheckpointHistory",
+    "CheckpointInvalid",
+    "CheckpointPolicy",
+    "Snapshotter",
+    "restore_partition",
+    "snapshotter_dir",
+    "validate",
+]

@@ -118,7 +118,9 @@ def verdict_of(state: RunState) -> tuple[ResumeVerdict, Reconciliation]:
     calls = [c for c in state.pending_tool_calls if c.side_effect]
     if effects or calls or state.effect_ledger_ref:
         return "needs_reconciliation", Reconciliation(
-            effects=effects, tool_calls=calls, observations=list(state.environment_observations),
+            effects=effects,
+            tool_calls=calls,
+            observations=list(state.environment_observations),
             external_ledger=state.effect_ledger_ref,
         )
     return "safe", Reconciliation(observations=list(state.environment_observations))
@@ -130,8 +132,11 @@ def verdict_of_doc(doc: Any) -> ResumeVerdict:
     h = doc.header
     if h.schema_version != CURRENT_SCHEMA_VERSION:
         return "migration_required"
-    if h.effect_ledger_ref or any(e is not None and e[1].status == "started" for e in doc.entries("effect_ledger").values()) \
-            or any(e is not None and e[1].side_effect for e in doc.entries("pending_tool_calls").values()):
+    if (
+        h.effect_ledger_ref
+        or any(e is not None and e[1].status == "started" for e in doc.entries("effect_ledger").values())
+        or any(e is not None and e[1].side_effect for e in doc.entries("pending_tool_calls").values())
+    ):
         return "needs_reconciliation"
     return "safe"
 
@@ -191,31 +196,55 @@ def _check_seal(doc: dict[str, Any], key: SigningKey, run_id: str | None) -> Non
     with a ``key``, the signature is the key's. Without a key a signature cannot be checked."""
     digest = doc.get("digest")
     # Compared as bytes: hmac.compare_digest refuses str with non-ASCII characters (TypeError).
-    if not isinstance(digest, str) or not hmac.compare_digest(digest.encode(), hashlib.sha256(_canonical(doc)).hexdigest().encode()):
+    if not isinstance(digest, str) or not hmac.compare_digest(
+        digest.encode(), hashlib.sha256(_canonical(doc)).hexdigest().encode()
+    ):
         raise CheckpointInvalid(run_id, "digest does not match the checkpoint (corrupted or edited)")
     if key is not None:
         sig = doc.get("signature")
         if not sig:
             raise CheckpointInvalid(run_id, "not signed, and checkpoints are signed here")
         if not isinstance(sig, str) or not _verify(digest, sig, key):
-            raise CheckpointInvalid(run_id, "wrong signature (not made with the configured checkpoint key, nor with "
-                                    "a checkpoint key of the key store)")  # fmt: skip
+            raise CheckpointInvalid(
+                run_id,
+                "wrong signature (not made with the configured checkpoint key, nor with "
+                "a checkpoint key of the key store)",
+            )
 
 
-def make_checkpoint(state: RunState, *, partition: int, covers_offset: int, triggers: list[str],
-                    recent: list[Decision], patch_ids: Iterable[str] = (), key: SigningKey = None) -> Checkpoint:  # fmt: skip
+def make_checkpoint(
+    state: RunState,
+    *,
+    partition: int,
+    covers_offset: int,
+    triggers: list[str],
+    recent: list[Decision],
+    patch_ids: Iterable[str] = (),
+    key: SigningKey = None,
+) -> Checkpoint:
     """The checkpoint of ``state``, sealed (digest over all of it; signed with ``key``).
     ``patch_ids`` are the run's decided patch ids up to ``covers_offset``. ``recent``: the
     run's last decisions, as models or as the core's structs of them (projector/core/decide.py)."""
     verdict, reconcile = verdict_of(state)
     cp = Checkpoint(
-        run_id=state.run_id, revision=state.revision, partition=partition, covers_offset=covers_offset,
-        schema_version=state.schema_version, agent_version=state.agent_version,
-        workspace_ref=state.workspace_ref, effect_ledger=state.effect_ledger,
-        pending_tool_calls=state.pending_tool_calls, state_digest=state_digest(state), triggers=triggers,
-        verdict=verdict, reconcile=reconcile, recent_decisions=[structs.to_model(d) for d in recent[-RECENT_DECISIONS:]],
-        patch_ids=encode_patch_ids(patch_ids), at=state.updated_at or state.created_at, state=state,
-    )  # fmt: skip
+        run_id=state.run_id,
+        revision=state.revision,
+        partition=partition,
+        covers_offset=covers_offset,
+        schema_version=state.schema_version,
+        agent_version=state.agent_version,
+        workspace_ref=state.workspace_ref,
+        effect_ledger=state.effect_ledger,
+        pending_tool_calls=state.pending_tool_calls,
+        state_digest=state_digest(state),
+        triggers=triggers,
+        verdict=verdict,
+        reconcile=reconcile,
+        recent_decisions=[structs.to_model(d) for d in recent[-RECENT_DECISIONS:]],
+        patch_ids=encode_patch_ids(patch_ids),
+        at=state.updated_at or state.created_at,
+        state=state,
+    )
     sealed = orjson.loads(seal(cp.model_dump(mode="json"), key))
     return cp.model_copy(update={"digest": sealed["digest"], "signature": sealed["signature"]})
 
@@ -235,11 +264,16 @@ def _trusted_doc(raw: bytes, key: SigningKey) -> dict[str, Any]:
         raise CheckpointInvalid(None, "not a JSON object")
     run_id = doc.get("run_id")
     if doc.get("format_version") != FORMAT_VERSION:
-        raise CheckpointInvalid(run_id, f"format_version {doc.get('format_version')!r}, this runstate reads {FORMAT_VERSION}")
+        raise CheckpointInvalid(
+            run_id, f"format_version {doc.get('format_version')!r}, this runstate reads {FORMAT_VERSION}"
+        )
     _check_seal(doc, key, run_id)
     if doc.get("reducer_version") != REDUCER_VERSION:
-        raise CheckpointInvalid(run_id, f"reducer_version {doc.get('reducer_version')!r} != {REDUCER_VERSION}: "
-                                        "its state may differ from a replay with today's rules")  # fmt: skip
+        raise CheckpointInvalid(
+            run_id,
+            f"reducer_version {doc.get('reducer_version')!r} != {REDUCER_VERSION}: "
+            "its state may differ from a replay with today's rules",
+        )
     state_doc = doc.get("state")
     if not isinstance(state_doc, dict):
         raise CheckpointInvalid(run_id, "no state")
@@ -251,8 +285,12 @@ def _trusted_doc(raw: bytes, key: SigningKey) -> dict[str, Any]:
         except MigrationRequired as e:
             raise CheckpointInvalid(run_id, str(e)) from e
         state_json = migrated.model_dump(mode="json")
-        doc = {**doc, "state": state_json, "schema_version": CURRENT_SCHEMA_VERSION,
-               "state_digest": raw_state_digest(state_json)}  # fmt: skip
+        doc = {
+            **doc,
+            "state": state_json,
+            "schema_version": CURRENT_SCHEMA_VERSION,
+            "state_digest": raw_state_digest(state_json),
+        }
     return doc  # type: ignore[no-any-return]
 
 
@@ -414,16 +452,26 @@ def runs_digest(run_ids: Iterable[str]) -> str:
     return f"{acc:016x}"
 
 
-def make_coverage(partition: int, covers_below: int, key: SigningKey, runs: Collection[str] = (),
-                  dense: bool = False) -> bytes:  # fmt: skip
+def make_coverage(
+    partition: int, covers_below: int, key: SigningKey, runs: Collection[str] = (), dense: bool = False
+) -> bytes:
     """The snapshotter's promise for one partition: every checkpoint it made for records
     below ``covers_below`` is published, so every run with an accepted record there has
     one; ``runs`` are the runs it has published checkpoints of (named by count and digest,
     so that recovery can tell when one of them went missing from the topic). Recovery
     replays every other run from the log, from this offset on."""
-    return seal({"kind": "coverage", "format_version": FORMAT_VERSION, "partition": partition,
-                 "covers_below": covers_below, "runs": len(runs), "runs_digest": runs_digest(runs),
-                 "dense": dense}, key)  # fmt: skip
+    return seal(
+        {
+            "kind": "coverage",
+            "format_version": FORMAT_VERSION,
+            "partition": partition,
+            "covers_below": covers_below,
+            "runs": len(runs),
+            "runs_digest": runs_digest(runs),
+            "dense": dense,
+        },
+        key,
+    )
 
 
 def validate_coverage(raw: bytes, partition: int, key: SigningKey = None) -> Coverage:

@@ -73,22 +73,40 @@ class CheckpointHistory:
         recent = [Decision.model_validate_json(d) for _o, _p, _r, d in head.recent]
         ids = b"".join(body for name, body in sorted(live.items()) if pieces.is_ids(name))
         return Checkpoint(
-            format_version=pieces.FORMAT_VERSION, reducer_version=REDUCER_VERSION, run_id=run_id,
-            revision=head.revision, partition=head.partition, covers_offset=head.covers_offset,
-            schema_version=state.schema_version, agent_version=state.agent_version, workspace_ref=state.workspace_ref,
-            effect_ledger=state.effect_ledger, pending_tool_calls=state.pending_tool_calls,
-            state_digest=state_digest(state), triggers=head.triggers, verdict=verdict, reconcile=reconcile,
-            recent_decisions=recent, patch_ids=base64.b64encode(ids).decode(), at=state.updated_at or state.created_at,
-            state=state, digest=head.doc["digest"], signature=head.doc.get("signature"),
-        )  # fmt: skip
+            format_version=pieces.FORMAT_VERSION,
+            reducer_version=REDUCER_VERSION,
+            run_id=run_id,
+            revision=head.revision,
+            partition=head.partition,
+            covers_offset=head.covers_offset,
+            schema_version=state.schema_version,
+            agent_version=state.agent_version,
+            workspace_ref=state.workspace_ref,
+            effect_ledger=state.effect_ledger,
+            pending_tool_calls=state.pending_tool_calls,
+            state_digest=state_digest(state),
+            triggers=head.triggers,
+            verdict=verdict,
+            reconcile=reconcile,
+            recent_decisions=recent,
+            patch_ids=base64.b64encode(ids).decode(),
+            at=state.updated_at or state.created_at,
+            state=state,
+            digest=head.doc["digest"],
+            signature=head.doc.get("signature"),
+        )
 
-    def _live(self, st: ProjectionStore, run_id: str, revision: int, raw: bytes,
-              key: SigningKey | bool) -> tuple[pieces.Head, dict[str, bytes]]:  # fmt: skip
+    def _live(
+        self, st: ProjectionStore, run_id: str, revision: int, raw: bytes, key: SigningKey | bool
+    ) -> tuple[pieces.Head, dict[str, bytes]]:
         """The head at ``revision`` and the bodies of its pieces, checked against it unless
         ``key`` is False. Raises :class:`CheckpointInvalid`."""
         head = pieces.head_of(pieces.head_document(raw)) if key is False else pieces.load_head(raw, key)  # type: ignore[arg-type]
-        live = {n: b for n, (_r, v) in st.pieces_at(run_id, revision).items()
-                if (b := pieces.live(v, head.epoch)) is not None}  # fmt: skip
+        live = {
+            n: b
+            for n, (_r, v) in st.pieces_at(run_id, revision).items()
+            if (b := pieces.live(v, head.epoch)) is not None
+        }
         if key is not False:
             pieces.check_pieces(head, pieces.tally_of(head.epoch, live.items()))
         return head, live
@@ -106,8 +124,10 @@ class CheckpointHistory:
             for name, body in live.items():
                 if pieces.is_item(name):
                     lists[pieces.item_of(name)[0]].append((keys.decode_int(body[:8]), orjson.loads(body[8:])))
-            return assembled(orjson.loads(head.header),
-                             {k: [item for _, item in sorted(v, key=lambda e: e[0])] for k, v in lists.items()})
+            return assembled(
+                orjson.loads(head.header),
+                {k: [item for _, item in sorted(v, key=lambda e: e[0])] for k, v in lists.items()},
+            )
         except (KeyError, ValueError) as e:
             raise CheckpointInvalid(run_id, f"its pieces cannot be read: {e}") from e
 

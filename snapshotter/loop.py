@@ -88,8 +88,14 @@ class CheckpointWriter:
     """The projector hooks that turn accepted patches into checkpoints. ``key`` signs
     them (HMAC-SHA256; ``RUNSTATE_CHECKPOINT_KEY``)."""
 
-    def __init__(self, log_: EventLog, policy: CheckpointPolicy, key: SigningKey = None,
-                 retention: RetentionPolicy | None = None, retention_every_s: float = 60.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        log_: EventLog,
+        policy: CheckpointPolicy,
+        key: SigningKey = None,
+        retention: RetentionPolicy | None = None,
+        retention_every_s: float = 60.0,
+    ) -> None:
         self.log = log_
         self.policy = policy
         self.key = key
@@ -183,8 +189,9 @@ class CheckpointWriter:
             t = self._tracked[partition] = _Tracking()
         return t
 
-    def _checkpoint(self, partition: int, doc: RunDoc, covers: int, triggers: list[str],
-                    batch: PendingBatch | None) -> tuple[int, CheckpointWrite]:  # fmt: skip
+    def _checkpoint(
+        self, partition: int, doc: RunDoc, covers: int, triggers: list[str], batch: PendingBatch | None
+    ) -> tuple[int, CheckpointWrite]:
         """The run's checkpoint at ``doc``'s revision, covering the log up to ``covers``:
         the pieces that changed since its previous one (all of them for a base: the run's
         first checkpoint since this snapshotter took its partition), then its head."""
@@ -223,8 +230,9 @@ class CheckpointWriter:
                     out[name] = value
                     tally = tally.add(name, epoch, body)
                 tracking.based.add(run)
-                tracking.segments[run] = {n: len(b) // keys.PATCH_ID_DIGEST for n, (b, _v) in current.items()
-                                          if pieces.is_ids(n)}  # fmt: skip
+                tracking.segments[run] = {
+                    n: len(b) // keys.PATCH_ID_DIGEST for n, (b, _v) in current.items() if pieces.is_ids(n)
+                }
             else:
                 epoch, tally = prior
 
@@ -233,7 +241,9 @@ class CheckpointWriter:
                     old = staged.get((run, name))
                     return pieces.live(store.piece(run, name) if old is None else old, epoch)
 
-                bodies: dict[str, bytes | None] = {name: self._body(doc, name) for name in tracking.changed.pop(run, ())}
+                bodies: dict[str, bytes | None] = {
+                    name: self._body(doc, name) for name in tracking.changed.pop(run, ())
+                }
                 if ids:
                     bodies.update(self._segments(tracking.segments.setdefault(run, {}), revision, ids, was))
                 for name, body in bodies.items():
@@ -245,9 +255,19 @@ class CheckpointWriter:
                         tally = tally.add(name, epoch, body)
         header = erased.encode() if erased is not None else keys.encode_header(doc.header)
         head = pieces.make_head(
-            run_id=run, revision=revision, partition=partition, covers_offset=covers, epoch=epoch, tally=tally,
-            triggers=triggers, verdict=verdict_of_doc(doc), key=self.key, header=header, recent=recent,
-            erased=erased)  # fmt: skip
+            run_id=run,
+            revision=revision,
+            partition=partition,
+            covers_offset=covers,
+            epoch=epoch,
+            tally=tally,
+            triggers=triggers,
+            verdict=verdict_of_doc(doc),
+            key=self.key,
+            header=header,
+            recent=recent,
+            erased=erased,
+        )
         free = erased is not None
         records = [(pieces.record_key(run, name), value, free) for name, value in out.items()]
         records.append((run, head, free))
@@ -273,8 +293,9 @@ class CheckpointWriter:
         return ids
 
     @staticmethod
-    def _segments(segments: dict[str, int], revision: int, ids: list[str],
-                  was: Callable[[str], bytes | None]) -> dict[str, bytes | None]:  # fmt: skip
+    def _segments(
+        segments: dict[str, int], revision: int, ids: list[str], was: Callable[[str], bytes | None]
+    ) -> dict[str, bytes | None]:
         """The segments of patch ids a checkpoint at ``revision`` writes: one of ``ids``, and
         the merges that makes due (``segments``, the run's, updated; ``was``: a segment's
         body as published), a merged-away segment as None (gone)."""
@@ -290,8 +311,9 @@ class CheckpointWriter:
             segments[group[-1]] = len(merged) // keys.PATCH_ID_DIGEST
         return bodies
 
-    def _all_pieces(self, doc: RunDoc, store: ProjectionStore, unwritten: list[Decision],
-                    epoch: int) -> dict[str, tuple[bytes, bytes]]:  # fmt: skip
+    def _all_pieces(
+        self, doc: RunDoc, store: ProjectionStore, unwritten: list[Decision], epoch: int
+    ) -> dict[str, tuple[bytes, bytes]]:
         """Every piece of the run now: ``name -> (body, value as published in epoch)``."""
         run = doc.header.run_id
         bodies = {}
@@ -393,8 +415,13 @@ class CheckpointWriter:
         self.retention_erased += erased
         return erased
 
-    def _publish(self, partition: int, store: ProjectionStore, covers_below: int,
-                 added: dict[tuple[str, int], CheckpointWrite] | None) -> None:
+    def _publish(
+        self,
+        partition: int,
+        store: ProjectionStore,
+        covers_below: int,
+        added: dict[tuple[str, int], CheckpointWrite] | None,
+    ) -> None:
         """Publish the outbox, clear what the log acknowledged, then (all out) the coverage.
         ``added``: the checkpoints stored since the last publish (None: unknown, read the
         outbox)."""
@@ -415,14 +442,19 @@ class CheckpointWriter:
             # Pieces first, then the head that names them, all on the run's partition.
             for key, value, free in msgspec.msgpack.decode(records):
                 # An erased run's tombstone holds no content: written readable, to outlive its keys.
-                self.producer.append_async(topic, key, value, delivered, CONTENT_FREE if free else (),
-                                           partition=partition)  # fmt: skip
+                self.producer.append_async(
+                    topic, key, value, delivered, CONTENT_FREE if free else (), partition=partition
+                )
                 sent += len(value)
         left = self.producer.flush(60)
         if failed or left:
             # Kept in the outbox: the next batch (or a restart) publishes them again.
-            log.error("%d checkpoints of partition %d not published (%s); kept in the outbox",
-                      len(failed) + left, partition, failed[0] if failed else "flush timed out")  # fmt: skip
+            log.error(
+                "%d checkpoints of partition %d not published (%s); kept in the outbox",
+                len(failed) + left,
+                partition,
+                failed[0] if failed else "flush timed out",
+            )
             return
         if pending:
             store.clear_outbox((run, rev) for run, rev, _ in pending)
@@ -434,8 +466,9 @@ class CheckpointWriter:
         self._coverage_sent[partition] = covers_below
         key = coverage_keys(self.log.partitions(topic))[partition]
         covered = self.covered.get(partition, {}).keys()  # every run of it with a checkpoint: all published now
-        self.producer.append_async(topic, key, make_coverage(partition, covers_below, self.key, covered, dense=True),
-                                   delivered)  # fmt: skip
+        self.producer.append_async(
+            topic, key, make_coverage(partition, covers_below, self.key, covered, dense=True), delivered
+        )
         if self.producer.flush(60) or failed:
             log.error("coverage of partition %d not published; the next batch tries again", partition)
 
@@ -477,15 +510,33 @@ class Snapshotter:
     """``run()`` consumes the events topic with its own group into its own store and
     writes checkpoints. Same loop and pure core as the projector."""
 
-    def __init__(self, log_: EventLog, state_dir: str, *, policy: CheckpointPolicy | None = None,
-                 batch_size: int = 2000, group_id: str = GROUP, key: SigningKey = None,
-                 retention: RetentionPolicy | None = None, retention_every_s: float = 60.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        log_: EventLog,
+        state_dir: str,
+        *,
+        policy: CheckpointPolicy | None = None,
+        batch_size: int = 2000,
+        group_id: str = GROUP,
+        key: SigningKey = None,
+        retention: RetentionPolicy | None = None,
+        retention_every_s: float = 60.0,
+    ) -> None:
         if retention is not None and not isinstance(log_, SealedLog):
-            raise KeyStoreError("RUNSTATE_RETENTION erases runs, which needs sealed content: set RUNSTATE_MASTER_KEY "
-                                "(or RUNSTATE_MASTER_KEY_FILE)")  # fmt: skip
+            raise KeyStoreError(
+                "RUNSTATE_RETENTION erases runs, which needs sealed content: set RUNSTATE_MASTER_KEY "
+                "(or RUNSTATE_MASTER_KEY_FILE)"
+            )
         self.writer = CheckpointWriter(log_, policy or CheckpointPolicy(), key, retention, retention_every_s)
-        self.projector = Projector(log_, str(snapshotter_dir(state_dir)), group_id=group_id, batch_size=batch_size,
-                                   publish_dead_letters=False, hooks=self.writer, destroy_erased_keys=True)  # fmt: skip
+        self.projector = Projector(
+            log_,
+            str(snapshotter_dir(state_dir)),
+            group_id=group_id,
+            batch_size=batch_size,
+            publish_dead_letters=False,
+            hooks=self.writer,
+            destroy_erased_keys=True,
+        )
         self.writer.owned = lambda: set(self.projector.parts)
 
     def run(self, *, until_caught_up: bool = False, **kw: object) -> ProjectorStats:

@@ -112,7 +112,7 @@ def is_ids(name: str) -> bool:
 
 
 def item_of(name: str) -> tuple[str, str]:
-    kind, id_ = name[len(_ITEM):].split("\0", 1)
+    kind, id_ = name[len(_ITEM) :].split("\0", 1)
     return kind, id_
 
 
@@ -163,10 +163,12 @@ def _zdict() -> bytes:
     seen: set[type] = set()
     names = [n for m in (RunHeader, Decision, *COLLECTIONS.values()) for n in _field_names(m, seen)]
     values = [f'"{v}"' for tp in _literals() for v in typing.get_args(tp)]
-    head = '{"kind":"head","format_version":"versions":"run_id":"revision":"partition":"covers_offset":"epoch":' \
-           '"pieces":"pieces_digest":"triggers":["run_started","tasks_done","waiting","before_side_effect",' \
-           '"workspace","lease_released","terminal","age","every_"],"verdict":"erased":"header":"recent":' \
-           '"digest":"signature":'
+    head = (
+        '{"kind":"head","format_version":"versions":"run_id":"revision":"partition":"covers_offset":"epoch":'
+        '"pieces":"pieces_digest":"triggers":["run_started","tasks_done","waiting","before_side_effect",'
+        '"workspace","lease_released","terminal","age","every_"],"verdict":"erased":"header":"recent":'
+        '"digest":"signature":'
+    )
     return (head + "".join(names) + ",".join(values) + "null,false,true,[],{},artifact://,T00:00:00Z").encode()
 
 
@@ -224,13 +226,13 @@ def unpack(value: bytes) -> tuple[int, str, bytes] | None:
     or malformed one."""
     if len(value) < EPOCH_BYTES + 3:
         return None
-    n = int.from_bytes(value[EPOCH_BYTES:EPOCH_BYTES + 2], "big")
+    n = int.from_bytes(value[EPOCH_BYTES : EPOCH_BYTES + 2], "big")
     start = EPOCH_BYTES + 2
     if len(value) < start + n + 1:
         return None
     try:
-        name = value[start:start + n].decode()
-        flag, payload = value[start + n], value[start + n + 1:]
+        name = value[start : start + n].decode()
+        flag, payload = value[start + n], value[start + n + 1 :]
         body = payload if flag == 0 else _decompress(payload) if flag == 1 else None
     except (UnicodeDecodeError, zlib.error):
         return None
@@ -277,8 +279,9 @@ class Tally(NamedTuple):
     @staticmethod
     def decode(raw: bytes) -> tuple[int, Tally]:
         """``(epoch, tally)`` as :meth:`encode` wrote them."""
-        return int.from_bytes(raw[:8], "big"), Tally(int.from_bytes(raw[8:16], "big"),
-                                                     int.from_bytes(raw[16:], "little"))  # fmt: skip
+        return int.from_bytes(raw[:8], "big"), Tally(
+            int.from_bytes(raw[8:16], "big"), int.from_bytes(raw[16:], "little")
+        )
 
 
 def tally_of(epoch: int, bodies: Iterable[tuple[str, bytes]]) -> Tally:
@@ -313,16 +316,44 @@ class Head(NamedTuple):
     doc: dict[str, Any]
 
 
-def make_head(*, run_id: str, revision: int, partition: int, covers_offset: int, epoch: int, tally: Tally,
-              triggers: list[str], verdict: str, key: SigningKey, header: bytes, recent: list[Any],
-              erased: str | None = None) -> bytes:  # fmt: skip
+def make_head(
+    *,
+    run_id: str,
+    revision: int,
+    partition: int,
+    covers_offset: int,
+    epoch: int,
+    tally: Tally,
+    triggers: list[str],
+    verdict: str,
+    key: SigningKey,
+    header: bytes,
+    recent: list[Any],
+    erased: str | None = None,
+) -> bytes:
     """A head as published: sealed (digest over all of it; signed with ``key``), then
     compressed behind :data:`HEAD_MAGIC`. ``header``: the run's header as the store holds
     it (the state's schema version and time are its); ``recent``: its last decisions."""
-    doc = seal({"kind": "head", "format_version": FORMAT_VERSION, "versions": VERSIONS, "run_id": run_id,
-                "revision": revision, "partition": partition, "covers_offset": covers_offset, "epoch": epoch,
-                "pieces": tally.count, "pieces_digest": tally.digest(), "triggers": triggers, "verdict": verdict,
-                "erased": erased, "header": header.decode(), "recent": recent}, key)  # fmt: skip
+    doc = seal(
+        {
+            "kind": "head",
+            "format_version": FORMAT_VERSION,
+            "versions": VERSIONS,
+            "run_id": run_id,
+            "revision": revision,
+            "partition": partition,
+            "covers_offset": covers_offset,
+            "epoch": epoch,
+            "pieces": tally.count,
+            "pieces_digest": tally.digest(),
+            "triggers": triggers,
+            "verdict": verdict,
+            "erased": erased,
+            "header": header.decode(),
+            "recent": recent,
+        },
+        key,
+    )
     return head_value(doc)
 
 
@@ -351,7 +382,7 @@ def head_document(raw: bytes) -> Any:
     """A head record's JSON document, parsed (not checked); a whole checkpoint's (format 2)
     too. Raises ``ValueError``."""
     try:
-        return orjson.loads(_decompress(raw[len(HEAD_MAGIC):]) if raw.startswith(HEAD_MAGIC) else raw)
+        return orjson.loads(_decompress(raw[len(HEAD_MAGIC) :]) if raw.startswith(HEAD_MAGIC) else raw)
     except zlib.error as e:
         raise ValueError(f"not a compressed head: {e}") from e
 
@@ -359,9 +390,21 @@ def head_document(raw: bytes) -> Any:
 def head_of(doc: dict[str, Any]) -> Head:
     """A head document's fields, not checked (:func:`check_head` checks them). Raises
     ``KeyError`` for a missing one."""
-    return Head(doc["run_id"], doc["revision"], doc["partition"], doc["covers_offset"], doc["epoch"], doc["pieces"],
-                doc["pieces_digest"], doc["triggers"], doc["verdict"], doc.get("erased"), doc["header"].encode(),
-                doc["recent"], doc)  # fmt: skip
+    return Head(
+        doc["run_id"],
+        doc["revision"],
+        doc["partition"],
+        doc["covers_offset"],
+        doc["epoch"],
+        doc["pieces"],
+        doc["pieces_digest"],
+        doc["triggers"],
+        doc["verdict"],
+        doc.get("erased"),
+        doc["header"].encode(),
+        doc["recent"],
+        doc,
+    )
 
 
 def check_head(doc: dict[str, Any], key: SigningKey) -> Head:
@@ -369,18 +412,27 @@ def check_head(doc: dict[str, Any], key: SigningKey) -> Head:
     :class:`CheckpointInvalid`."""
     run_id = doc.get("run_id")
     if doc.get("format_version") != FORMAT_VERSION:
-        raise CheckpointInvalid(run_id, f"format_version {doc.get('format_version')!r}, this runstate reads {FORMAT_VERSION}")
+        raise CheckpointInvalid(
+            run_id, f"format_version {doc.get('format_version')!r}, this runstate reads {FORMAT_VERSION}"
+        )
     _check_seal(doc, key, run_id if isinstance(run_id, str) else None)
     if doc.get("versions") != VERSIONS:
-        raise CheckpointInvalid(run_id, f"written by other rules or forms (reducer/store format/dictionary "
-                                        f"{doc.get('versions')!r}, this runstate {VERSIONS!r}): its state may "
-                                        "differ from a replay with today's rules")  # fmt: skip
+        raise CheckpointInvalid(
+            run_id,
+            f"written by other rules or forms (reducer/store format/dictionary "
+            f"{doc.get('versions')!r}, this runstate {VERSIONS!r}): its state may "
+            "differ from a replay with today's rules",
+        )
     try:
         head = head_of(doc)
     except (KeyError, AttributeError) as e:
         raise CheckpointInvalid(run_id, f"not a checkpoint head: no {e}") from e
-    if not all(type(v) is int for v in (head.revision, head.partition, head.covers_offset, head.epoch, head.pieces)) \
-            or type(head.run_id) is not str or type(head.pieces_digest) is not str or type(head.recent) is not list:
+    if (
+        not all(type(v) is int for v in (head.revision, head.partition, head.covers_offset, head.epoch, head.pieces))
+        or type(head.run_id) is not str
+        or type(head.pieces_digest) is not str
+        or type(head.recent) is not list
+    ):
         raise CheckpointInvalid(run_id, "not a checkpoint head: wrong field types")
     return head
 
@@ -398,6 +450,9 @@ def load_head(raw: bytes, key: SigningKey) -> Head:
 def check_pieces(head: Head, tally: Tally) -> None:
     """Raises :class:`CheckpointInvalid` unless the pieces found are the head's."""
     if tally.count != head.pieces or tally.digest() != head.pieces_digest:
-        raise CheckpointInvalid(head.run_id, f"its pieces do not match its head ({tally.count} found of "
-                                             f"{head.pieces}, digest differs): a piece is missing, damaged or "
-                                             "not this checkpoint's")  # fmt: skip
+        raise CheckpointInvalid(
+            head.run_id,
+            f"its pieces do not match its head ({tally.count} found of "
+            f"{head.pieces}, digest differs): a piece is missing, damaged or "
+            "not this checkpoint's",
+        )

@@ -40,8 +40,14 @@ from runstate.schemas.errors import CheckpointInvalid, describe_validation_error
 from runstate.snapshotter import pieces
 from runstate.snapshotter.pieces import Head, load_head
 from runstate.snapshotter.checkpoint import (
-    Coverage, SigningKey, is_coverage_key, restore_data, runs_digest, validate, validate_coverage,
-)  # fmt: skip
+    Coverage,
+    SigningKey,
+    is_coverage_key,
+    restore_data,
+    runs_digest,
+    validate,
+    validate_coverage,
+)
 
 log = logging.getLogger("runstate.recovery")
 
@@ -66,9 +72,9 @@ class RestoreReport:
 RESTORE_CHUNK = 2_000
 
 
-def _checkpoint_offsets(log_: EventLog, partition: int, end: int, on_progress: RestoreProgress | None,
-                        report: RestoreReport) -> tuple[set[str], dict[str, list[int]], dict[str, tuple[int, bytes]],
-                                                        list[tuple[int, bytes]]]:  # fmt: skip
+def _checkpoint_offsets(
+    log_: EventLog, partition: int, end: int, on_progress: RestoreProgress | None, report: RestoreReport
+) -> tuple[set[str], dict[str, list[int]], dict[str, tuple[int, bytes]], list[tuple[int, bytes]]]:
     """One pass over a partition of the checkpoints topic, up to ``end``: the runs with a
     checkpoint; for each run whose newest is a whole checkpoint (format 2), the offsets of
     its whole checkpoints since its last head (oldest first; only offsets); for each run
@@ -101,8 +107,9 @@ def _checkpoint_offsets(log_: EventLog, partition: int, end: int, on_progress: R
     return found, offsets, heads, coverage
 
 
-def _newest_coverage(coverage: list[tuple[int, bytes]], partition: int, key: SigningKey,
-                     report: RestoreReport) -> Coverage | None:  # fmt: skip
+def _newest_coverage(
+    coverage: list[tuple[int, bytes]], partition: int, key: SigningKey, report: RestoreReport
+) -> Coverage | None:
     for offset, value in reversed(coverage):  # the newest valid one
         try:
             promise = validate_coverage(value, partition, key)
@@ -119,8 +126,9 @@ def _restored(value: bytes, run: str, partition: int, key: SigningKey) -> Restor
     Raises :class:`CheckpointInvalid`."""
     data = restore_data(value, key)
     if data.run_id != run or data.partition != partition:
-        raise CheckpointInvalid(data.run_id, f"keyed {run!r} on partition {partition}, "
-                                             f"but is for {data.run_id!r} p{data.partition}")  # fmt: skip
+        raise CheckpointInvalid(
+            data.run_id, f"keyed {run!r} on partition {partition}, but is for {data.run_id!r} p{data.partition}"
+        )
     try:
         changes = RunDoc.from_state_data(data.state).as_changes()
     except pydantic.ValidationError as e:
@@ -130,8 +138,13 @@ def _restored(value: bytes, run: str, partition: int, key: SigningKey) -> Restor
     return RestoredRun(run, changes, data.covers_offset, data.decisions, data.patch_ids)
 
 
-def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
-                      on_progress: RestoreProgress | None = None, key: SigningKey = None) -> RestoreReport:  # fmt: skip
+def restore_partition(
+    log_: EventLog,
+    partition: int,
+    store: ProjectionStore,
+    on_progress: RestoreProgress | None = None,
+    key: SigningKey = None,
+) -> RestoreReport:
     """Fill a brand-new partition store from checkpoints (see the module docstring).
     ``key``: checkpoints must be signed with it (``RUNSTATE_CHECKPOINT_KEY``).
 
@@ -150,16 +163,20 @@ def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
     if promise is not None:
         report.distrust = _distrust(promise, found)
         if report.distrust is not None:
-            log.warning("coverage of partition %d not trusted: %s; replaying the partition from its start",
-                        partition, report.distrust)  # fmt: skip
+            log.warning(
+                "coverage of partition %d not trusted: %s; replaying the partition from its start",
+                partition,
+                report.distrust,
+            )
     unusable = 0
     trusted: dict[str, Head] = {}
     for run, (offset, raw) in heads.items():
         try:
             head = load_head(raw, key)
             if head.run_id != run or head.partition != partition:
-                raise CheckpointInvalid(head.run_id, f"keyed {run!r} on partition {partition}, "
-                                                     f"but is for {head.run_id!r} p{head.partition}")  # fmt: skip
+                raise CheckpointInvalid(
+                    head.run_id, f"keyed {run!r} on partition {partition}, but is for {head.run_id!r} p{head.partition}"
+                )
             trusted[run] = head
         except CheckpointInvalid as e:
             report.rejected.append((offset, e.reason))
@@ -186,13 +203,19 @@ def restore_partition(log_: EventLog, partition: int, store: ProjectionStore,
         start = min(report.coverage, lowest_cover + 1)
     store.finish_restore(start)
     report.start_offset = start
-    log.info("partition %d restored: %d runs from checkpoints, tail from offset %d (%d checkpoints rejected)",
-             partition, report.runs, start, len(report.rejected))  # fmt: skip
+    log.info(
+        "partition %d restored: %d runs from checkpoints, tail from offset %d (%d checkpoints rejected)",
+        partition,
+        report.runs,
+        start,
+        len(report.rejected),
+    )
     return report
 
 
-def _restore_pieces(log_: EventLog, partition: int, end: int, store: ProjectionStore, heads: dict[str, Head],
-                    report: RestoreReport) -> tuple[list[Head], int]:  # fmt: skip
+def _restore_pieces(
+    log_: EventLog, partition: int, end: int, store: ProjectionStore, heads: dict[str, Head], report: RestoreReport
+) -> tuple[list[Head], int]:
     """Write the pieces of the runs with a sound head (format 3) into ``store`` and check
     each run's against its head; returns the heads of the runs restored and how many were
     dropped."""
@@ -268,8 +291,15 @@ def _restore_pieces(log_: EventLog, partition: int, end: int, store: ProjectionS
 _EMPTY = pieces.Tally()
 
 
-def _restore_whole(log_: EventLog, partition: int, end: int, store: ProjectionStore, offsets: dict[str, list[int]],
-                   key: SigningKey, report: RestoreReport) -> tuple[int, int | None, int | None, int]:  # fmt: skip
+def _restore_whole(
+    log_: EventLog,
+    partition: int,
+    end: int,
+    store: ProjectionStore,
+    offsets: dict[str, list[int]],
+    key: SigningKey,
+    report: RestoreReport,
+) -> tuple[int, int | None, int | None, int]:
     """Restore the runs whose newest checkpoint is of format 2 (the whole state in one
     record), each from its newest valid one; returns how many, the lowest offset they
     cover, the lowest of those restored from an older than their newest, and how many
@@ -299,9 +329,13 @@ def _restore_whole(log_: EventLog, partition: int, end: int, store: ProjectionSt
                     unusable += 1
             else:
                 chunk.append(restored)
-                lowest_cover = min(restored.covers_offset, restored.covers_offset if lowest_cover is None else lowest_cover)
+                lowest_cover = min(
+                    restored.covers_offset, restored.covers_offset if lowest_cover is None else lowest_cover
+                )
                 if not newest:
-                    lowest_older = min(restored.covers_offset, restored.covers_offset if lowest_older is None else lowest_older)
+                    lowest_older = min(
+                        restored.covers_offset, restored.covers_offset if lowest_older is None else lowest_older
+                    )
                 if len(chunk) >= RESTORE_CHUNK:
                     runs += store.restore(chunk)
                     chunk = []
@@ -322,8 +356,10 @@ def _distrust(promise: Coverage, found: set[str]) -> str | None:
     if promise.runs is None:
         return "the coverage record does not name the runs it covers (written by an older runstate)"
     if len(found) != promise.runs or runs_digest(found) != promise.runs_digest:
-        return (f"it was written over {promise.runs} runs with checkpoints, the topic holds checkpoints of "
-                f"{len(found)} runs, not the same ones")
+        return (
+            f"it was written over {promise.runs} runs with checkpoints, the topic holds checkpoints of "
+            f"{len(found)} runs, not the same ones"
+        )
     return None
 
 

@@ -34,12 +34,17 @@ class RetentionPolicy:
         for part in filter(None, (p.strip() for p in text.split(","))):
             m = _RULE.match(part)
             if m is None:
-                raise ContractError(f"retention rule {part!r} is not <status>=<N><d|h|m|s> (e.g. completed=30d)",
-                                    where="RUNSTATE_RETENTION")  # fmt: skip
+                raise ContractError(
+                    f"retention rule {part!r} is not <status>=<N><d|h|m|s> (e.g. completed=30d)",
+                    where="RUNSTATE_RETENTION",
+                )
             status, n, unit = m.groups()
             if status not in TERMINAL_STATUSES - {"erased"}:
-                raise ContractError(f"retention rule {part!r}: {status!r} is not an ended status "
-                                    f"({', '.join(sorted(TERMINAL_STATUSES - {'erased'}))})", where="RUNSTATE_RETENTION")
+                raise ContractError(
+                    f"retention rule {part!r}: {status!r} is not an ended status "
+                    f"({', '.join(sorted(TERMINAL_STATUSES - {'erased'}))})",
+                    where="RUNSTATE_RETENTION",
+                )
             keep[status] = timedelta(seconds=int(n) * _UNITS[unit])
         return cls(keep)
 

@@ -47,8 +47,10 @@ def kafka_bootstrap() -> Iterator[str]:
         return
     from runstate.compose.kafka_local import BrokerError, LocalKafka
 
-    need_java_and_maven("Kafka tests need Java 17+ and Maven to start a broker ({missing} not on PATH), "
-                        "or RUNSTATE_TEST_KAFKA=host:port of a running broker")
+    need_java_and_maven(
+        "Kafka tests need Java 17+ and Maven to start a broker ({missing} not on PATH), "
+        "or RUNSTATE_TEST_KAFKA=host:port of a running broker"
+    )
     broker = LocalKafka(tempfile.mkdtemp(prefix="runstate-kafka-"))
     try:
         bootstrap = broker.start()
@@ -118,9 +120,21 @@ def _install_conformance(where: Path, node: Path, entry: Path) -> list[str]:
                 pytest.fail(msg)
             pytest.skip(msg)
         where.mkdir(parents=True, exist_ok=True)
-        out = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(where), NODE_PACKAGE,
-                              f"@modelcontextprotocol/conformance@{MCP_CONFORMANCE}"],
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        out = subprocess.run(
+            [
+                "npm",
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--prefix",
+                str(where),
+                NODE_PACKAGE,
+                f"@modelcontextprotocol/conformance@{MCP_CONFORMANCE}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if out.returncode != 0 or not entry.exists():
             pytest.fail(f"npm could not install the MCP conformance suite: {out.stdout[-2000:]}{out.stderr[-2000:]}")
     return [str(node), str(entry)]

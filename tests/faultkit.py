@@ -74,15 +74,26 @@ class DrillReport:
     verify_output: str
 
     def line(self) -> str:
-        return (f"{self.patches} patches over {self.runs} runs; {self.projector_kills} projector and "
-                f"{self.snapshotter_kills} snapshotter SIGKILLs; state directory deleted and recovered: "
-                f"{self.restored_runs} runs restored from checkpoints, {self.lost_runs} runs lost, "
-                f"{self.decided_twice} patches decided twice, {self.differing} decisions unlike a replay, "
-                f"verify exit {self.verify_exit}")  # fmt: skip
+        return (
+            f"{self.patches} patches over {self.runs} runs; {self.projector_kills} projector and "
+            f"{self.snapshotter_kills} snapshotter SIGKILLs; state directory deleted and recovered: "
+            f"{self.restored_runs} runs restored from checkpoints, {self.lost_runs} runs lost, "
+            f"{self.decided_twice} patches decided twice, {self.differing} decisions unlike a replay, "
+            f"verify exit {self.verify_exit}"
+        )
 
 
-def drill(log: EventLog, env: dict[str, str], state: Path, *, runs: int, per_run: int, seed: int,
-          min_kills: int = 4, resends_after: int = 20) -> DrillReport:  # fmt: skip
+def drill(
+    log: EventLog,
+    env: dict[str, str],
+    state: Path,
+    *,
+    runs: int,
+    per_run: int,
+    seed: int,
+    min_kills: int = 4,
+    resends_after: int = 20,
+) -> DrillReport:
     rng = random.Random(seed)
     patches = workload(runs, per_run, rng)
 
@@ -96,13 +107,17 @@ def drill(log: EventLog, env: dict[str, str], state: Path, *, runs: int, per_run
         prod.close()
 
     cli = [sys.executable, "-m", "runstate.cli"]
-    commands = {"project": [*cli, "project", "--batch-size", "37", "--quiet"],
-                "snapshot": [*cli, "snapshot", "--every", "4", "--quiet"]}  # fmt: skip
+    commands = {
+        "project": [*cli, "project", "--batch-size", "37", "--quiet"],
+        "snapshot": [*cli, "snapshot", "--every", "4", "--quiet"],
+    }
     kills = {"project": 0, "snapshot": 0}
     producer = threading.Thread(target=produce)
     producer.start()
-    procs = {name: subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for name, cmd in commands.items()}  # fmt: skip
+    procs = {
+        name: subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for name, cmd in commands.items()
+    }
     try:
         while producer.is_alive() or min(kills.values()) < min_kills:
             time.sleep(rng.uniform(0.2, 0.9))
@@ -110,7 +125,9 @@ def drill(log: EventLog, env: dict[str, str], state: Path, *, runs: int, per_run
             os.kill(procs[name].pid, signal.SIGKILL)
             procs[name].wait()
             kills[name] += 1
-            procs[name] = subprocess.Popen(commands[name], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs[name] = subprocess.Popen(
+                commands[name], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             if sum(kills.values()) > 60:
                 break
     finally:
@@ -120,7 +137,9 @@ def drill(log: EventLog, env: dict[str, str], state: Path, *, runs: int, per_run
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=120)
     for name in ("project", "snapshot"):
-        done = subprocess.run([*commands[name], "--until-caught-up"], env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [*commands[name], "--until-caught-up"], env=env, capture_output=True, text=True, timeout=600
+        )
         assert done.returncode == 0, done.stderr
 
     # A new machine: no state at all. Agents retry old patches meanwhile.
@@ -129,8 +148,9 @@ def drill(log: EventLog, env: dict[str, str], state: Path, *, runs: int, per_run
     for p in rng.sample(patches, resends_after):
         prod.append(log.topics.events, p.run_id, encode(p))
     prod.close()
-    recovered = subprocess.run([*cli, "-v", "project", "--until-caught-up", "--quiet"], env=env, capture_output=True,
-                               text=True, timeout=600)  # fmt: skip
+    recovered = subprocess.run(
+        [*cli, "-v", "project", "--until-caught-up", "--quiet"], env=env, capture_output=True, text=True, timeout=600
+    )
     assert recovered.returncode == 0, recovered.stderr
     check = subprocess.run([*cli, "verify", "--quiet"], env=env, capture_output=True, text=True, timeout=600)
 
@@ -152,5 +172,15 @@ def drill(log: EventLog, env: dict[str, str], state: Path, *, runs: int, per_run
             doc = oracle.docs.get(run)
             if doc is None or proj.state(run) != doc.to_state():
                 differing += 1
-    return DrillReport(runs, len(patches), kills["project"], kills["snapshot"], len(restored), lost, twice, differing,
-                       check.returncode, check.stdout + check.stderr)  # fmt: skip
+    return DrillReport(
+        runs,
+        len(patches),
+        kills["project"],
+        kills["snapshot"],
+        len(restored),
+        lost,
+        twice,
+        differing,
+        check.returncode,
+        check.stdout + check.stderr,
+    )

@@ -102,9 +102,12 @@ def sealed_record(data: bytes) -> None:
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
-    "record_decoder": record_decoder, "patch_parser": patch_parser, "checkpoint_reader": checkpoint_reader,
-    "http_body": http_body, "sealed_record": sealed_record,
-}  # fmt: skip
+    "record_decoder": record_decoder,
+    "patch_parser": patch_parser,
+    "checkpoint_reader": checkpoint_reader,
+    "http_body": http_body,
+    "sealed_record": sealed_record,
+}
 
 
 def main() -> None:

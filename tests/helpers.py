@@ -25,6 +25,7 @@ def examples(n: int, floor: int = 15) -> int:
     """How many examples a property with ``n`` in the thorough run draws in this run."""
     return n if THOROUGH else max(floor, n // 6)
 
+
 #: The client's example patch (its document, chapter Run State), verbatim.
 CLIENT_EXAMPLE = """{"expected_revision": 18,
  "events": [
@@ -35,19 +36,41 @@ _ids = itertools.count()
 
 #: The client's reference Run State document, as runstate 0.1 labelled it (schema_version 1; the document says 3).
 V1_DOC = {  # the client's reference document
-    "schema_version": 1, "run_id": "run_128", "revision": 18,
-    "goal": {"statement": "修复依赖升级后的登录失败", "scope": {"include": ["src/auth", "tests/login"], "exclude": ["public_api"]},
-             "acceptance": ["test_login_refresh 通过", "公开 API 无变化"]},
-    "phase": "diagnose", "status": "running", "active_task_id": "task_3",
-    "confirmed_facts": [{"id": "fact_12", "statement": "session token 实际使用 RS256",
-                         "evidence": "artifact://test-output/47", "observed_at": "2026-08-11T16:22:10+08:00"}],
-    "hypotheses": [{"id": "hyp_4", "statement": "配置覆盖顺序在依赖升级后发生变化", "confidence": 0.66, "falsifier": "运行配置解析单测"}],
+    "schema_version": 1,
+    "run_id": "run_128",
+    "revision": 18,
+    "goal": {
+        "statement": "修复依赖升级后的登录失败",
+        "scope": {"include": ["src/auth", "tests/login"], "exclude": ["public_api"]},
+        "acceptance": ["test_login_refresh 通过", "公开 API 无变化"],
+    },
+    "phase": "diagnose",
+    "status": "running",
+    "active_task_id": "task_3",
+    "confirmed_facts": [
+        {
+            "id": "fact_12",
+            "statement": "session token 实际使用 RS256",
+            "evidence": "artifact://test-output/47",
+            "observed_at": "2026-08-11T16:22:10+08:00",
+        }
+    ],
+    "hypotheses": [
+        {
+            "id": "hyp_4",
+            "statement": "配置覆盖顺序在依赖升级后发生变化",
+            "confidence": 0.66,
+            "falsifier": "运行配置解析单测",
+        }
+    ],
     "open_questions": ["测试 fixture 是否仍显式固定 HS256？"],
     "tasks": [{"id": "task_3", "title": "确认算法配置来源", "status": "running", "depends_on": []}],
     "last_transition": {"action": "run_test", "result_ref": "artifact://test-output/47"},
-    "waiting": None, "budgets": {"tokens_remaining": 84000, "deadline": "2026-08-11T18:00:00+08:00"},
-    "workspace_ref": "workspace://ws_71@commit:3bc92e", "effect_ledger_ref": "effects://run_128@rev4",
-}  # fmt: skip
+    "waiting": None,
+    "budgets": {"tokens_remaining": 84000, "deadline": "2026-08-11T18:00:00+08:00"},
+    "workspace_ref": "workspace://ws_71@commit:3bc92e",
+    "effect_ledger_ref": "effects://run_128@rev4",
+}
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,14 +91,28 @@ def readme_blocks(lang: str) -> list[str]:
     return doc_blocks(lang, "README.md")
 
 
-def patch(run_id: str, expected: int, *events: dict[str, Any], rebase: bool = False, patch_id: str | None = None,
-          agent: str = "agent-1", version: str = "v1", minute: int = 0) -> Patch:
+def patch(
+    run_id: str,
+    expected: int,
+    *events: dict[str, Any],
+    rebase: bool = False,
+    patch_id: str | None = None,
+    agent: str = "agent-1",
+    version: str = "v1",
+    minute: int = 0,
+) -> Patch:
     """A validated patch with deterministic ids/times unless given."""
-    return Patch.model_validate({
-        "patch_id": patch_id or f"p{next(_ids)}", "run_id": run_id, "expected_revision": expected,
-        "events": list(events), "author": Author(agent_id=agent, agent_version=version),
-        "created_at": T0 + timedelta(minutes=minute), "rebase": rebase,
-    })  # fmt: skip
+    return Patch.model_validate(
+        {
+            "patch_id": patch_id or f"p{next(_ids)}",
+            "run_id": run_id,
+            "expected_revision": expected,
+            "events": list(events),
+            "author": Author(agent_id=agent, agent_version=version),
+            "created_at": T0 + timedelta(minutes=minute),
+            "rebase": rebase,
+        }
+    )
 
 
 #: Tests of other rules cite ``artifact://`` references they never register; their runs trust
@@ -83,10 +120,17 @@ def patch(run_id: str, expected: int, *events: dict[str, Any], rebase: bool = Fa
 TRUST_ARTIFACTS = {"external_evidence_schemes": ["artifact"]}
 
 
-def start(goal: str = "fix login", include: list[str] | None = None, exclude: list[str] | None = None,
-          policy: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
-    return {"type": "RunStarted", "goal": {"statement": goal, "scope": {"include": include or [], "exclude": exclude or []}},
-            "policy": {**TRUST_ARTIFACTS, **(policy or {})}}  # fmt: skip
+def start(
+    goal: str = "fix login",
+    include: list[str] | None = None,
+    exclude: list[str] | None = None,
+    policy: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "type": "RunStarted",
+        "goal": {"statement": goal, "scope": {"include": include or [], "exclude": exclude or []}},
+        "policy": {**TRUST_ARTIFACTS, **(policy or {})},
+    }
 
 
 def fact(id_: str, evidence: str | None = "artifact://out/1", **kw: Any) -> dict[str, Any]:
@@ -94,7 +138,10 @@ def fact(id_: str, evidence: str | None = "artifact://out/1", **kw: Any) -> dict
 
 
 def task(id_: str, deps: list[str] | None = None, scope: list[str] | None = None) -> dict[str, Any]:
-    return {"type": "TaskCreated", "task": {"id": id_, "title": f"task {id_}", "depends_on": deps or [], "scope": scope or []}}
+    return {
+        "type": "TaskCreated",
+        "task": {"id": id_, "title": f"task {id_}", "depends_on": deps or [], "scope": scope or []},
+    }
 
 
 def ev(type_: str, **fields: Any) -> dict[str, Any]:

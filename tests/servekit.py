@@ -27,8 +27,13 @@ class ServeProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.stderr_path = workdir / f"serve-{self.port}.log"
         self._err = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "runstate.cli", "serve", "--port", str(self.port), *args],
-                                     env={**os.environ, **env}, cwd=workdir, stdout=self._err, stderr=self._err)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runstate.cli", "serve", "--port", str(self.port), *args],
+            env={**os.environ, **env},
+            cwd=workdir,
+            stdout=self._err,
+            stderr=self._err,
+        )
 
     def wait_ready(self, timeout_s: float = 60.0, owned: bool = True) -> dict[str, object]:
         """Until /healthz answers (and, with ``owned``, the instance owns partitions)."""

@@ -130,5 +130,8 @@ def file_contents(path: Path) -> Iterator[bytes]:
 
 def files_holding(root: Path, needle: bytes) -> list[str]:
     """The files under ``root`` that hold ``needle``, compressed table blocks included."""
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
-                  if p.is_file() and any(needle in part for part in file_contents(p)))  # fmt: skip
+    return sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.is_file() and any(needle in part for part in file_contents(p))
+    )

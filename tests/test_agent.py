@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _cli(work: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"), **extra}
-    return subprocess.run([sys.executable, "-m", "runstate.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "runstate.cli", *args], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_the_example_agent_loop_resumes_after_a_sigkill_in_the_middle_of_a_tool_call(tmp_path: Path) -> None:
@@ -89,7 +90,9 @@ def test_every_verb_of_the_handle_lands_in_the_run_state(local: Path) -> None:
         run.wait_for_approval("w1", "roll out to 100%?")
         waiting = run.state()
         assert waiting.status == "waiting" and waiting.waiting is not None and waiting.waiting.kind == "approval"
-        assert [(o.subject, o.observed_version) for o in waiting.environment_observations] == [("deploy/checkout", "rev-118")]
+        assert [(o.subject, o.observed_version) for o in waiting.environment_observations] == [
+            ("deploy/checkout", "rev-118")
+        ]
         assert [(t.id, t.status, t.blocked_by) for t in waiting.tasks] == [("t1", "blocked", "needs the change window")]
         run.resolve_wait("w1")
         assert run.state().status == "running" and run.state().waiting is None
@@ -103,7 +106,11 @@ def test_tool_calls_and_effects_are_recorded_around_the_work(local: Path) -> Non
         state = run.state()
         (artifact,) = state.artifacts
         assert (artifact.id, artifact.kind, artifact.digest, artifact.call_id) == (
-            "artifact://test-output/9", "test_output", "sha256:ab", call.call_id)
+            "artifact://test-output/9",
+            "test_output",
+            "sha256:ab",
+            call.call_id,
+        )
         run.fact("f1", "tests fail", evidence="artifact://test-output/9")  # cites the tool's result
         with pytest.raises(RuntimeError, match="boom"), run.tool_call("deploy", side_effect=True):
             raise RuntimeError("boom")
@@ -156,16 +163,27 @@ def test_a_tool_call_whose_result_is_rejected_is_closed_as_failed_and_the_run_ca
 
 
 def test_a_crash_between_effect_started_and_committed_leaves_it_to_reconcile(local: Path) -> None:
-    code = (f"import os, signal\nfrom runstate.agent import open_run\n"
-            f"run = open_run({str(local)!r}, 'r3', agent_id='a', agent_version='1')\nrun.start('pay')\n"
-            f"with run.effect('payment', 'bank/transfers', 'idem-9', effect_id='pay_1'):\n"
-            f"    os.kill(os.getpid(), signal.SIGKILL)\n")  # fmt: skip
+    code = (
+        f"import os, signal\nfrom runstate.agent import open_run\n"
+        f"run = open_run({str(local)!r}, 'r3', agent_id='a', agent_version='1')\nrun.start('pay')\n"
+        f"with run.effect('payment', 'bank/transfers', 'idem-9', effect_id='pay_1'):\n"
+        f"    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == -9, out.stderr
     assert _cli(local, "project", "--until-caught-up", "--quiet").returncode == 0
     # a checkpoint at every revision: the newest one is the run as the crash left it
-    assert _cli(local, "snapshot", "--until-caught-up", "--quiet", RUNSTATE_CHECKPOINT_EVERY="1",
-                RUNSTATE_CHECKPOINT_BYTES_RATIO="0").returncode == 0
+    assert (
+        _cli(
+            local,
+            "snapshot",
+            "--until-caught-up",
+            "--quiet",
+            RUNSTATE_CHECKPOINT_EVERY="1",
+            RUNSTATE_CHECKPOINT_BYTES_RATIO="0",
+        ).returncode
+        == 0
+    )
     plan = _cli(local, "resume", "r3").stdout
     assert "NEEDS_RECONCILIATION" in plan and "reconcile effect pay_1: payment on bank/transfers" in plan
 
@@ -175,8 +193,14 @@ def test_the_same_handle_works_against_a_real_serve(tmp_path: Path) -> None:
 
     tokens = str(tmp_path / "tokens.json")
     token = add_token(tokens, "remote-agent")
-    serve = ServeProcess({"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
-                          "RUNSTATE_TOKENS_FILE": tokens}, tmp_path)  # fmt: skip
+    serve = ServeProcess(
+        {
+            "RUNSTATE_LOG": str(tmp_path / "log.db"),
+            "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+            "RUNSTATE_TOKENS_FILE": tokens,
+        },
+        tmp_path,
+    )
     try:
         serve.wait_ready()
         with open_run(serve.url, "r4", agent_id="remote-agent", agent_version="3.0", token=token) as run:
@@ -220,8 +244,14 @@ def test_the_async_twin_does_the_same_on_the_local_log_and_on_a_serve(tmp_path: 
     asyncio.run(work(str(tmp_path / "local")))
     tokens = str(tmp_path / "tokens.json")
     token = add_token(tokens, "async-agent")
-    serve = ServeProcess({"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
-                          "RUNSTATE_TOKENS_FILE": tokens}, tmp_path)  # fmt: skip
+    serve = ServeProcess(
+        {
+            "RUNSTATE_LOG": str(tmp_path / "log.db"),
+            "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+            "RUNSTATE_TOKENS_FILE": tokens,
+        },
+        tmp_path,
+    )
     try:
         serve.wait_ready()
         asyncio.run(work(serve.url, token))
@@ -246,10 +276,12 @@ def test_two_handles_on_one_directory_both_work_at_full_speed(tmp_path: Path) ->
                 (second.start("second") if i == 0 else second.task(f"t{i}", "a task"))
             assert second.state().revision == 5
             assert time.monotonic() - started < 4, "each decision came from the first handle's projector"
-        code = ("import time\nfrom runstate.agent import open_run\n"
-                f"with open_run({str(where)!r}, 'two-c', agent_id='c', agent_version='1', timeout_s=5) as run:\n"
-                "    t = time.monotonic()\n    run.start('third')\n    assert run.state().revision == 1\n"
-                "    print(round(time.monotonic() - t, 2))\n")  # fmt: skip
+        code = (
+            "import time\nfrom runstate.agent import open_run\n"
+            f"with open_run({str(where)!r}, 'two-c', agent_id='c', agent_version='1', timeout_s=5) as run:\n"
+            "    t = time.monotonic()\n    run.start('third')\n    assert run.state().revision == 1\n"
+            "    print(round(time.monotonic() - t, 2))\n"
+        )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert float(out.stdout.strip()) < 3 and "Traceback" not in out.stderr, out

@@ -44,8 +44,10 @@ def test_a_key_that_is_not_utf8_is_a_dead_letter_not_a_crash() -> None:
 def test_a_partition_moves_on_past_a_key_that_is_not_utf8(tmp_path: Path) -> None:
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     # The embedded producer only takes str keys; another client can write any bytes.
-    log._db.execute("INSERT INTO records(topic, partition, offset, key, value, ts) VALUES (?,?,?,?,?,?)",
-                    ("runstate.events", 0, 0, b"\xff\xfe", encode(patch("r", 0, start())), 1))  # fmt: skip
+    log._db.execute(
+        "INSERT INTO records(topic, partition, offset, key, value, ts) VALUES (?,?,?,?,?,?)",
+        ("runstate.events", 0, 0, b"\xff\xfe", encode(patch("r", 0, start())), 1),
+    )
     log._db.execute("UPDATE heads SET next_offset=1 WHERE topic='runstate.events' AND partition=0")
     prod = log.producer()
     prod.append(log.topics.events, "r", encode(patch("r", 0, start())))
@@ -57,9 +59,15 @@ def test_a_partition_moves_on_past_a_key_that_is_not_utf8(tmp_path: Path) -> Non
         assert proj.state("r").revision == 1
 
 
-@pytest.mark.parametrize("field,value", [
-    ("expected_revision", 2**63), ("expected_revision", 2**70), ("tokens", 2**63), ("tokens", -(2**63) - 1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("expected_revision", 2**63),
+        ("expected_revision", 2**70),
+        ("tokens", 2**63),
+        ("tokens", -(2**63) - 1),
+    ],
+)
 def test_numbers_the_codec_cannot_carry_are_refused_when_validated(field: str, value: int) -> None:
     body = {"expected_revision": 1, "events": [{"type": "BudgetConsumed", "tokens": 5}]}
     if field == "expected_revision":
@@ -74,9 +82,12 @@ def test_numbers_the_codec_cannot_carry_are_refused_when_validated(field: str, v
 def test_budget_arithmetic_cannot_overflow_what_the_codec_carries(tmp_path: Path) -> None:
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     prod = log.producer()
-    for p in [patch("r", 0, start()), patch("r", 1, ev("BudgetSet", tokens_remaining=MAX_LONG)),
-              patch("r", 2, ev("BudgetConsumed", tokens=MAX_LONG)),
-              patch("r", 3, ev("BudgetConsumed", tokens=MAX_LONG))]:  # fmt: skip
+    for p in [
+        patch("r", 0, start()),
+        patch("r", 1, ev("BudgetSet", tokens_remaining=MAX_LONG)),
+        patch("r", 2, ev("BudgetConsumed", tokens=MAX_LONG)),
+        patch("r", 3, ev("BudgetConsumed", tokens=MAX_LONG)),
+    ]:
         prod.append(log.topics.events, p.run_id, encode(p))
     prod.close()
     Projector(log, str(tmp_path / "s"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
@@ -110,15 +121,28 @@ def _appended(env: dict[str, str]) -> int:
         log.close()
 
 
-@pytest.mark.parametrize("name,body,says", [
-    ("surrogate", b'{"expected_revision": 0, "events": [{"type": "RunStarted", "goal": {"statement": "\\ud800"}}]}',
-     "events.0.goal.statement"),
-    ("bigint", b'{"expected_revision": 123456789012345678901234567890, "events": [{"type": "RunStarted", '
-               b'"goal": {"statement": "x"}}]}', "expected_revision"),
-    ("not_utf8", b'{"expected_revision": 0, "events": [{"type": "RunStarted", "goal": {"statement": "\xff\xfe"}}]}',
-     "not UTF-8"),
-    ("deep", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,body,says",
+    [
+        (
+            "surrogate",
+            b'{"expected_revision": 0, "events": [{"type": "RunStarted", "goal": {"statement": "\\ud800"}}]}',
+            "events.0.goal.statement",
+        ),
+        (
+            "bigint",
+            b'{"expected_revision": 123456789012345678901234567890, "events": [{"type": "RunStarted", '
+            b'"goal": {"statement": "x"}}]}',
+            "expected_revision",
+        ),
+        (
+            "not_utf8",
+            b'{"expected_revision": 0, "events": [{"type": "RunStarted", "goal": {"statement": "\xff\xfe"}}]}',
+            "not UTF-8",
+        ),
+        ("deep", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ],
+)
 def test_bad_patch_files_exit_2_naming_file_and_field_and_append_nothing(
     tmp_path: Path, env: dict[str, str], name: str, body: bytes, says: str
 ) -> None:
@@ -141,8 +165,11 @@ def test_a_reused_patch_id_with_other_content_is_rejected(tmp_path: Path) -> Non
     Projector(log, str(tmp_path / "s"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
     with Projection(tmp_path / "s") as proj:
         hist = proj.history("r")
-        assert [(d.outcome, d.reason) for d in hist] == [("accepted", None), ("accepted", None),
-                                                         ("rejected", "patch_id_reused")]  # fmt: skip
+        assert [(d.outcome, d.reason) for d in hist] == [
+            ("accepted", None),
+            ("accepted", None),
+            ("rejected", "patch_id_reused"),
+        ]
         assert hist[-1].offset == 3 and proj.state("r").phase == "a"
         assert proj.decision("r", "same") == hist[1]  # the id still answers with its own patch's decision
     assert verify(log, str(tmp_path / "s")).ok
@@ -179,17 +206,32 @@ def test_a_reused_patch_id_is_answered_as_reused_by_publish_wait_and_by_serve(tm
 
     env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
     cli = CliRunner()
-    assert cli.invoke(main, ["publish", "r", "-"], env=env, input=json.dumps({"expected_revision": 0, "events": [start()]})).exit_code == 0
+    assert (
+        cli.invoke(
+            main, ["publish", "r", "-"], env=env, input=json.dumps({"expected_revision": 0, "events": [start()]})
+        ).exit_code
+        == 0
+    )
     log = EmbeddedLog(tmp_path / "log.db", create=False)
     stop = threading.Event()
-    t = threading.Thread(target=Projector(log, str(tmp_path / "state")).run, kwargs={"stop": stop, "poll_timeout_s": 0.02})
+    t = threading.Thread(
+        target=Projector(log, str(tmp_path / "state")).run, kwargs={"stop": stop, "poll_timeout_s": 0.02}
+    )
     t.start()
     try:
-        r = cli.invoke(main, ["publish", "r", "-", "--wait"], env=env,
-                       input=json.dumps({**same, "events": [ev("PhaseChanged", phase="a")]}))  # fmt: skip
+        r = cli.invoke(
+            main,
+            ["publish", "r", "-", "--wait"],
+            env=env,
+            input=json.dumps({**same, "events": [ev("PhaseChanged", phase="a")]}),
+        )
         assert r.exit_code == 0 and json.loads(r.output)["outcome"] == "accepted", r.output
-        r = cli.invoke(main, ["publish", "r", "-", "--wait"], env=env,
-                       input=json.dumps({**same, "events": [ev("PhaseChanged", phase="b")]}))  # fmt: skip
+        r = cli.invoke(
+            main,
+            ["publish", "r", "-", "--wait"],
+            env=env,
+            input=json.dumps({**same, "events": [ev("PhaseChanged", phase="b")]}),
+        )
         assert r.exit_code == 3 and json.loads(r.output)["reason"] == "patch_id_reused", r.output
     finally:
         stop.set()

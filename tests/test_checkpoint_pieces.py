@@ -44,8 +44,9 @@ def _workload() -> list:  # type: ignore[type-arg]
 def _snapshotted(tmp_path: Path, group: str = "runstate-snapshotter") -> EmbeddedLog:
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     append_all(log, _workload())
-    Snapshotter(log, str(tmp_path / f"snap-{group}"), policy=CheckpointPolicy(every=4, bytes_ratio=None),
-                group_id=group).run(until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+    Snapshotter(
+        log, str(tmp_path / f"snap-{group}"), policy=CheckpointPolicy(every=4, bytes_ratio=None), group_id=group
+    ).run(until_caught_up=True, poll_timeout_s=0.01)
     return log
 
 
@@ -65,7 +66,8 @@ def _copy(log: EmbeddedLog, path: Path, keep: Callable[[Record], bool]) -> Embed
 def _restored(log: EmbeddedLog, state: Path) -> RestoreReport:
     reports: list[RestoreReport] = []
     Projector(log, str(state), restore=lambda p, s: reports.append(restore_partition(log, p, s))).run(
-        until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+        until_caught_up=True, poll_timeout_s=0.01
+    )
     assert verify(log, str(state)).ok  # equal to a full replay, whatever was restored
     [rep] = reports
     return rep
@@ -110,7 +112,9 @@ def test_a_piece_that_is_not_the_heads_drops_its_run(tmp_path: Path) -> None:
     the run's key, say): the run is replayed."""
     log = _snapshotted(tmp_path)
     ck = log.topics.checkpoints
-    item = [r for r in log.scan(ck, 0, 0, 10**9) if pieces.is_item(_piece(r) or "") and r.key.startswith(b"run_c\0")][-1]
+    item = [r for r in log.scan(ck, 0, 0, 10**9) if pieces.is_item(_piece(r) or "") and r.key.startswith(b"run_c\0")][
+        -1
+    ]
     epoch = pieces.unpack(item.value)[0]  # type: ignore[index]
     name = pieces.item_piece("confirmed_facts", "planted")
     log.producer().append(ck, pieces.record_key("run_c", name), pieces.piece_value(epoch, name, b"x" * 20), partition=0)
@@ -124,11 +128,13 @@ def test_two_snapshotters_on_one_topic_each_base_in_its_own_epoch(tmp_path: Path
     late write of an instance that lost the partition) is left on the topic and never
     restored."""
     log = _snapshotted(tmp_path)
-    Snapshotter(log, str(tmp_path / "other"), policy=CheckpointPolicy(every=4, bytes_ratio=None),
-                group_id="other").run(until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+    Snapshotter(log, str(tmp_path / "other"), policy=CheckpointPolicy(every=4, bytes_ratio=None), group_id="other").run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
     name = pieces.item_piece("pending_tool_calls", "zombie")
-    log.producer().append(log.topics.checkpoints, pieces.record_key("run_a", name),
-                          pieces.piece_value(7, name, b"x" * 20), partition=0)  # fmt: skip
+    log.producer().append(
+        log.topics.checkpoints, pieces.record_key("run_a", name), pieces.piece_value(7, name, b"x" * 20), partition=0
+    )
     rep = _restored(log, tmp_path / "state")
     assert rep.runs == 3 and rep.rejected == []
 
@@ -175,7 +181,8 @@ def test_segments_of_patch_ids_merge_sixteen_of_a_size_and_a_long_run_keeps_few(
         log = EmbeddedLog(Path(tmp) / "log.db", partitions=1)
         append_all(log, [patch("long", 0, start())] + [patch("long", i, fact(f"f{i % 5}")) for i in range(1, 200)])
         Snapshotter(log, str(Path(tmp) / "snap"), policy=CheckpointPolicy(every=1, bytes_ratio=None)).run(
-            until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+            until_caught_up=True, poll_timeout_s=0.01
+        )
         newest: dict[bytes, bytes] = {}
         for r in log.scan(log.topics.checkpoints, 0, 0, 10**9):
             newest[r.key or b""] = r.value

@@ -47,9 +47,21 @@ def test_publish_project_and_query(tmp_path: Path, env: dict[str, str]) -> None:
     assert json.loads(r.output)["run_id"] == "run_128"
     for i in range(16):  # revisions 2..17
         cli(env, "publish", "run_128", "-", input=json.dumps({"expected_revision": i + 1, "events": [fact(f"f_{i}")]}))
-    cli(env, "publish", "run_128", "-", input=json.dumps(
-        {"expected_revision": 17, "events": [{"type": "TaskCreated", "task": {"id": "task_3", "title": "x"}},
-                                              {"type": "TaskStarted", "task_id": "task_3"}]}))  # fmt: skip
+    cli(
+        env,
+        "publish",
+        "run_128",
+        "-",
+        input=json.dumps(
+            {
+                "expected_revision": 17,
+                "events": [
+                    {"type": "TaskCreated", "task": {"id": "task_3", "title": "x"}},
+                    {"type": "TaskStarted", "task_id": "task_3"},
+                ],
+            }
+        ),
+    )
     # The client's example, verbatim, on top of revision 18 -> 19.
     cli(env, "publish", "run_128", write(tmp_path, "client.json", CLIENT_EXAMPLE), "--agent-version", "agent-2.1")
     r = cli(env, "project", "--until-caught-up", "--quiet")
@@ -97,7 +109,9 @@ def test_publish_wait_prints_the_decision(tmp_path: Path, env: dict[str, str]) -
         assert r.exit_code == 3
         d = json.loads(r.output)
         assert (d["outcome"], d["reason"], d["revision"]) == ("rejected", "revision_conflict", 2)
-        r = cli(env, "publish", "nobody", "-", "--wait", input=json.dumps({"expected_revision": 0, "events": [fact("f")]}))
+        r = cli(
+            env, "publish", "nobody", "-", "--wait", input=json.dumps({"expected_revision": 0, "events": [fact("f")]})
+        )
         assert r.exit_code == 3 and json.loads(r.output)["reason"] == "unknown_run"
     finally:
         stop.set()
@@ -106,14 +120,19 @@ def test_publish_wait_prints_the_decision(tmp_path: Path, env: dict[str, str]) -
     assert project  # the library function the CLI calls is importable for direct use
 
 
-@pytest.mark.parametrize("body, message", [
-    ("{not json", "not JSON"),
-    ('["a list"]', "must be a JSON object"),
-    ('{"events": []}', "expected_revision"),
-    ('{"expected_revision": 0, "events": [{"type": "TaskStarted"}]}', "task_id"),
-    ('{"expected_revision": 0, "events": [{"type": "NoteAdded", "text": "x"}]}', "known types: RunStarted"),
-])  # fmt: skip
-def test_bad_patch_files_exit_2_naming_file_and_field(tmp_path: Path, env: dict[str, str], body: str, message: str) -> None:
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("{not json", "not JSON"),
+        ('["a list"]', "must be a JSON object"),
+        ('{"events": []}', "expected_revision"),
+        ('{"expected_revision": 0, "events": [{"type": "TaskStarted"}]}', "task_id"),
+        ('{"expected_revision": 0, "events": [{"type": "NoteAdded", "text": "x"}]}', "known types: RunStarted"),
+    ],
+)
+def test_bad_patch_files_exit_2_naming_file_and_field(
+    tmp_path: Path, env: dict[str, str], body: str, message: str
+) -> None:
     cli(env, "publish", "r", "-", input=json.dumps({"expected_revision": 0, "events": [start()]}))
     before = ends(env)
     f = write(tmp_path, "bad.json", body)
@@ -127,7 +146,9 @@ def test_oversized_patch_is_refused_by_the_producer(tmp_path: Path, env: dict[st
     cli(env, "publish", "r", "-", input=json.dumps({"expected_revision": 0, "events": [start()]}))
     before = ends(env)
     big = {"expected_revision": 1, "events": [fact("f", statement="x" * 5000)]}
-    r = CliRunner().invoke(main, ["publish", "r", "-"], env={**env, "RUNSTATE_MAX_PATCH_BYTES": "4096"}, input=json.dumps(big))
+    r = CliRunner().invoke(
+        main, ["publish", "r", "-"], env={**env, "RUNSTATE_MAX_PATCH_BYTES": "4096"}, input=json.dumps(big)
+    )
     assert r.exit_code == 2 and "over the limit of 4096 bytes" in r.output
     assert ends(env) == before
 
@@ -147,8 +168,13 @@ def test_missing_file_and_unknown_run_queries(tmp_path: Path, env: dict[str, str
 
 def test_real_subprocess_demo(tmp_path: Path) -> None:
     """`runstate demo` as a user runs it: separate worker processes, the projector, contexts."""
-    out = subprocess.run([sys.executable, "-m", "runstate.cli", "demo", "--dir", str(tmp_path / "demo")],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "runstate.cli", "demo", "--dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     assert "rejected: revision_conflict" in text and "(rebased)" in text
@@ -158,18 +184,47 @@ def test_real_subprocess_demo(tmp_path: Path) -> None:
     assert "ARTIFACTS: 2 known" in text  # run_login: the two test outputs its tools returned
     assert "constraint session_timeout = 15 min (corrects '30 min'" in text
     assert "WAITING for approval" in text and "1 cancelled" in text
-    env = {**os.environ, "RUNSTATE_LOG": str(tmp_path / "demo/log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "demo/state")}
-    v = subprocess.run([sys.executable, "-m", "runstate.cli", "verify"], capture_output=True, text=True, env=env, timeout=120)
+    env = {
+        **os.environ,
+        "RUNSTATE_LOG": str(tmp_path / "demo/log.db"),
+        "RUNSTATE_STATE_DIR": str(tmp_path / "demo/state"),
+    }
+    v = subprocess.run(
+        [sys.executable, "-m", "runstate.cli", "verify"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert v.returncode == 0 and "projection equals replay" in v.stdout
 
 
 def test_resume_plan_names_what_to_reconcile(tmp_path: Path, env: dict[str, str]) -> None:
     cli(env, "publish", "pay", "-", input=json.dumps({"expected_revision": 0, "events": [start()]}))
-    cli(env, "publish", "pay", "-", input=json.dumps({"expected_revision": 1, "events": [
-        {"type": "ObservationRecorded", "observation": {"subject": "order://9", "observed_state": "unpaid", "observed_version": "v3"}},
-        {"type": "ToolCallStarted", "call_id": "c1", "tool": "charge_card", "side_effect": True},
-        {"type": "EffectRecorded", "effect": {"id": "e1", "status": "started", "kind": "charge", "target": "card://42",
-                                              "idempotency_key": "order-9"}}]}))  # fmt: skip
+    cli(
+        env,
+        "publish",
+        "pay",
+        "-",
+        input=json.dumps(
+            {
+                "expected_revision": 1,
+                "events": [
+                    {
+                        "type": "ObservationRecorded",
+                        "observation": {"subject": "order://9", "observed_state": "unpaid", "observed_version": "v3"},
+                    },
+                    {"type": "ToolCallStarted", "call_id": "c1", "tool": "charge_card", "side_effect": True},
+                    {
+                        "type": "EffectRecorded",
+                        "effect": {
+                            "id": "e1",
+                            "status": "started",
+                            "kind": "charge",
+                            "target": "card://42",
+                            "idempotency_key": "order-9",
+                        },
+                    },
+                ],
+            }
+        ),
+    )
     cli(env, "publish", "pay", "-", input=json.dumps({"expected_revision": 2, "events": [fact("f1")]}))
     assert cli(env, "project", "--until-caught-up", "--quiet").exit_code == 0
     r = cli(env, "snapshot", "--until-caught-up", "--quiet")
@@ -197,8 +252,14 @@ def test_progress_is_shown_on_a_terminal_only(tmp_path: Path, env: dict[str, str
     def verify_stderr(*flags: str) -> str:
         master, slave = pty.openpty()
         try:
-            out = subprocess.run([sys.executable, "-m", "runstate.cli", "verify", *flags], env={**os.environ, **env},
-                                 stdout=subprocess.PIPE, stderr=slave, text=True, timeout=60)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-m", "runstate.cli", "verify", *flags],
+                env={**os.environ, **env},
+                stdout=subprocess.PIPE,
+                stderr=slave,
+                text=True,
+                timeout=60,
+            )
             os.close(slave)
             chunks = []
             while True:
@@ -231,8 +292,9 @@ def test_an_agent_version_is_never_empty_and_can_be_required(tmp_path: Path, env
     assert cli(required, "publish", "r", "-", "--agent-version", "coder-2.1", input=body).exit_code == 0
 
 
-def test_resume_reads_the_log_after_the_checkpoint_even_while_the_projector_lags(tmp_path: Path,
-                                                                                 env: dict[str, str]) -> None:  # fmt: skip
+def test_resume_reads_the_log_after_the_checkpoint_even_while_the_projector_lags(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
     cli(env, "publish", "r", "-", input=json.dumps({"expected_revision": 0, "events": [start()]}))
     assert cli(env, "snapshot", "--until-caught-up", "--quiet").exit_code == 0  # checkpoint at revision 1
     for i in range(3):  # the projector has not run at all: it lags by everything
@@ -258,9 +320,13 @@ def test_an_interrupted_project_until_caught_up_is_not_a_success(tmp_path: Path,
         producer.append_async(producer.build(f"r{i}", {"expected_revision": 0, "events": [start()]}))
     assert producer.flush(60) == 0
     producer.close()
-    proc = subprocess.Popen([sys.executable, "-m", "runstate.cli", "project", "--until-caught-up", "--quiet",
-                             "--batch-size", "1"], env={**os.environ, **env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runstate.cli", "project", "--until-caught-up", "--quiet", "--batch-size", "1"],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while not (Path(env["RUNSTATE_STATE_DIR"]) / "layout.json").exists():
         assert time.monotonic() < deadline and proc.poll() is None

@@ -64,7 +64,9 @@ def _refuse_appends(path: Path) -> sqlite3.Connection:
     """Make the log file refuse every append (a real SQLite error, the message a full disk
     gives), through a trigger; :func:`_accept_appends` takes it away."""
     db = sqlite3.connect(path)
-    db.execute("CREATE TRIGGER refuse BEFORE INSERT ON records BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+    db.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON records BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+    )
     db.commit()
     return db
 

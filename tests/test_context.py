@@ -34,9 +34,18 @@ def test_a_bounded_context_fits_and_counts_what_it_left_out(state, budget: int) 
     kept = [ln for ln in text.splitlines()[:-1] if " left out" not in ln]
     assert set(kept) <= set(whole.splitlines())
     shown_facts = sum(1 for ln in kept if ln.startswith("  - [f"))
-    plural = {"fact": "facts", "hypothesis": "hypotheses", "pending task": "pending tasks", "observation": "observations"}
-    left = {plural.get(g, g): int(n) for n, g in
-            re.findall(r"(\d+) (facts|fact|hypotheses|hypothesis|pending tasks|pending task|observations|observation)\b", last)}
+    plural = {
+        "fact": "facts",
+        "hypothesis": "hypotheses",
+        "pending task": "pending tasks",
+        "observation": "observations",
+    }
+    left = {
+        plural.get(g, g): int(n)
+        for n, g in re.findall(
+            r"(\d+) (facts|fact|hypotheses|hypothesis|pending tasks|pending task|observations|observation)\b", last
+        )
+    }
     assert shown_facts + left.get("facts", 0) == len(state.confirmed_facts)
     assert sum(int(n) for n in re.findall(r"\.\.\. (\d+) more facts? left out", text)) == left.get("facts", 0)
     assert not re.search(r"\b1 (facts|hypotheses|pending tasks|observations)\b", text)  # one is singular
@@ -66,7 +75,7 @@ def test_what_is_kept_first(state) -> None:  # type: ignore[no-untyped-def]
     # The newest facts come before older ones when only some fit.
     text = render_context(state, now=T0, max_tokens=1200)
     shown = re.findall(r"  - \[(f\d+)\]", text)
-    assert shown and shown == [f.id for f in state.confirmed_facts][-len(shown):]
+    assert shown and shown == [f.id for f in state.confirmed_facts][-len(shown) :]
 
 
 def test_over_budget_keeps_the_essentials_and_says_so(state) -> None:  # type: ignore[no-untyped-def]

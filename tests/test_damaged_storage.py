@@ -39,9 +39,11 @@ def test_a_changed_byte_in_a_record_is_a_checksum_dead_letter_and_verify_says_so
     placed = append_all(log, _run_history())
     _, _, offset = placed[3]
     db = sqlite3.connect(tmp_path / "log.db")
-    [(value,)] = db.execute("SELECT value FROM records WHERE topic='runstate.events' AND offset=?", (offset,)).fetchall()
+    [(value,)] = db.execute(
+        "SELECT value FROM records WHERE topic='runstate.events' AND offset=?", (offset,)
+    ).fetchall()
     i = bytes(value).index(b"statement f3") + len("statement ")
-    changed = bytes(value[:i]) + b"g" + bytes(value[i + 1:])  # still valid Avro: 'statement g3'
+    changed = bytes(value[:i]) + b"g" + bytes(value[i + 1 :])  # still valid Avro: 'statement g3'
     db.execute("UPDATE records SET value=? WHERE topic='runstate.events' AND offset=?", (changed, offset))
     db.commit()
     db.close()
@@ -214,7 +216,9 @@ def test_a_missing_or_foreign_log_file_is_an_error_for_readers(tmp_path: Path) -
     db.close()
     r = _cli(tmp_path, "project", "--until-caught-up")
     assert r.exit_code != 0 and "not a runstate log" in r.output, r.output
-    assert {row[0] for row in sqlite3.connect(tmp_path / "log.db").execute("SELECT name FROM sqlite_master")} == {"notes"}
+    assert {row[0] for row in sqlite3.connect(tmp_path / "log.db").execute("SELECT name FROM sqlite_master")} == {
+        "notes"
+    }
 
 
 def test_a_store_that_lost_its_current_file_is_an_error_never_a_fresh_start(tmp_path: Path) -> None:
@@ -242,7 +246,9 @@ def test_a_record_of_the_wrong_sqlite_type_is_a_dead_letter_and_verify_sees_unde
     placed = append_all(log, _run_history(5))
     log.close()
     db = sqlite3.connect(tmp_path / "log.db")
-    db.execute("UPDATE records SET value='not bytes', key=42 WHERE topic='runstate.events' AND offset=?", (placed[2][2],))
+    db.execute(
+        "UPDATE records SET value='not bytes', key=42 WHERE topic='runstate.events' AND offset=?", (placed[2][2],)
+    )
     db.commit()
     db.close()
     # Before any projection ran: nothing is decided, and verify says so.
@@ -314,7 +320,7 @@ def _appended_then_wal_damaged(work: Path, patches: int, *, projected: bool) -> 
         "    app.publish(s, 'r', {'expected_revision': i + 1, 'events': [fact(f'f{i}')]}, where='t')\n"
         + ("app.project(s, until_caught_up=True)\n" if projected else "")
         + "os.kill(os.getpid(), signal.SIGKILL)  # the WAL is left as it is, not folded into the file\n"
-    )  # fmt: skip
+    )
     subprocess.run([sys.executable, "-c", script], cwd=work, timeout=120)
     wal = work / "log.db-wal"
     raw = bytearray(wal.read_bytes())
@@ -381,8 +387,18 @@ def test_processes_creating_the_embedded_log_at_once_all_open_it(tmp_path: Path)
 
     for round_ in range(2):
         path = tmp_path / f"log{round_}.db"
-        procs = [subprocess.Popen([sys.executable, "-c", "import sys; from runstate.eventlog.embedded import EmbeddedLog; "
-                                   "EmbeddedLog(sys.argv[1]).close()", str(path)], stderr=subprocess.PIPE, text=True)
-                 for _ in range(16)]  # fmt: skip
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from runstate.eventlog.embedded import EmbeddedLog; EmbeddedLog(sys.argv[1]).close()",
+                    str(path),
+                ],
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(16)
+        ]
         errors = [(p.wait(120), p.stderr.read() if p.stderr else "") for p in procs]
         assert [e for e in errors if e[0] != 0] == []

@@ -26,14 +26,24 @@ def marked_patches(marker: str) -> list[dict[str, Any]]:
     return [
         {"expected_revision": 0, "events": [start(f"help customer {marker}")]},
         # The user channel's patch: only it may record a user input.
-        {"expected_revision": 1, "author": {"agent_id": "user", "agent_version": "web"}, "events": [
-            ev("InputRecorded", input={"id": "in1", "origin": "user", "text": f"my name is {marker}"}),
-            fact("f1", statement=f"the customer is {marker}"),
-            ev("ObservationRecorded", observation={"subject": f"crm/{marker}", "observed_version": "1",
-                                                   "observed_state": f"record of {marker}",
-                                                   "evidence": "artifact://crm/1"}),
-        ]},
-    ]  # fmt: skip
+        {
+            "expected_revision": 1,
+            "author": {"agent_id": "user", "agent_version": "web"},
+            "events": [
+                ev("InputRecorded", input={"id": "in1", "origin": "user", "text": f"my name is {marker}"}),
+                fact("f1", statement=f"the customer is {marker}"),
+                ev(
+                    "ObservationRecorded",
+                    observation={
+                        "subject": f"crm/{marker}",
+                        "observed_version": "1",
+                        "observed_state": f"record of {marker}",
+                        "evidence": "artifact://crm/1",
+                    },
+                ),
+            ],
+        },
+    ]
 
 
 def test_the_search_sees_into_compressed_table_blocks_where_a_grep_does_not(tmp_path: Path) -> None:
@@ -56,8 +66,12 @@ def test_the_search_sees_into_compressed_table_blocks_where_a_grep_does_not(tmp_
 
 @pytest.fixture
 def sealed(tmp_path: Path) -> Settings:
-    return Settings(log=str(tmp_path / "log.db"), state_dir=str(tmp_path / "state"),
-                    master_key=MasterKey.generate(), checkpoint_every=1)  # fmt: skip
+    return Settings(
+        log=str(tmp_path / "log.db"),
+        state_dir=str(tmp_path / "state"),
+        master_key=MasterKey.generate(),
+        checkpoint_every=1,
+    )
 
 
 def publish_all(settings: Settings, run_id: str, patches: list[dict[str, Any]]) -> None:
@@ -89,8 +103,11 @@ def test_erased_run_leaves_every_file_and_other_runs_are_unchanged(sealed: Setti
     assert app.get_state(sealed, "other").model_dump_json() == other_before
     assert app.run_verify(sealed).ok
     # Its past is gone too: time travel, explain and the resume plan say erased.
-    for ask in (lambda: app.get_state(sealed, "victim", revision=1), lambda: app.explain_field(sealed, "victim", "goal"),
-                lambda: app.resume_plan(sealed, "victim")):  # fmt: skip
+    for ask in (
+        lambda: app.get_state(sealed, "victim", revision=1),
+        lambda: app.explain_field(sealed, "victim", "goal"),
+        lambda: app.resume_plan(sealed, "victim"),
+    ):
         with pytest.raises(RunErased):
             ask()
     # What remains: the erasure, in history.
@@ -105,7 +122,8 @@ def test_erased_run_leaves_every_file_and_other_runs_are_unchanged(sealed: Setti
 
 
 def test_a_projector_rebuilt_from_the_log_or_from_checkpoints_never_resurrects_an_erased_run(
-        sealed: Settings, tmp_path: Path) -> None:  # fmt: skip
+    sealed: Settings, tmp_path: Path
+) -> None:
     publish_all(sealed, "victim", marked_patches(MARKER))
     publish_all(sealed, "other", marked_patches("kept"))
     app.project(sealed, until_caught_up=True)
@@ -118,6 +136,7 @@ def test_a_projector_rebuilt_from_the_log_or_from_checkpoints_never_resurrects_a
     # From checkpoints: the state directory lost, restored from the checkpoints topic.
     for p in state.glob("p*"):
         import shutil
+
         shutil.rmtree(p)
     app.project(sealed, until_caught_up=True)
     with pytest.raises(RunErased):
@@ -126,6 +145,7 @@ def test_a_projector_rebuilt_from_the_log_or_from_checkpoints_never_resurrects_a
     # From the log alone: a second state directory, no checkpoints used.
     fresh = sealed.model_copy(update={"state_dir": str(tmp_path / "fresh")})
     import shutil
+
     shutil.rmtree(snapshot_dir := Path(sealed.state_dir) / "snapshotter")
     assert not snapshot_dir.exists()
     app.project(fresh, until_caught_up=True)
@@ -138,8 +158,11 @@ def test_a_projector_rebuilt_from_the_log_or_from_checkpoints_never_resurrects_a
 
 def test_erase_bad_input(sealed: Settings, tmp_path: Path) -> None:
     publish_all(sealed, "r", marked_patches("x"))
-    env = {"RUNSTATE_LOG": sealed.log, "RUNSTATE_STATE_DIR": sealed.state_dir,
-           "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value()}  # type: ignore[union-attr]
+    env = {
+        "RUNSTATE_LOG": sealed.log,
+        "RUNSTATE_STATE_DIR": sealed.state_dir,
+        "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value(),
+    }  # type: ignore[union-attr]
     r = CliRunner().invoke(main, ["erase", "nope", "--reason", "x", "--wait", "0"], env=env)
     assert r.exit_code == 1 and "'nope'" in r.output
     r = CliRunner().invoke(main, ["erase", "r", "--reason", "asked", "--by", "ops", "--wait", "0"], env=env)
@@ -147,10 +170,14 @@ def test_erase_bad_input(sealed: Settings, tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["erase", "r", "--reason", "again", "--wait", "0"], env=env)
     assert r.exit_code == 0 and "already erased" in r.output and "asked" in r.output
     # A wrong master key: refused in one line, nothing written.
-    r = CliRunner().invoke(main, ["project", "--until-caught-up"], env={**env, "RUNSTATE_MASTER_KEY": MasterKey.generate()})
+    r = CliRunner().invoke(
+        main, ["project", "--until-caught-up"], env={**env, "RUNSTATE_MASTER_KEY": MasterKey.generate()}
+    )
     assert r.exit_code == 1 and "is not the one" in r.output and "Traceback" not in r.output
     # None at all on a sealed log: refused, never read as if plain.
-    r = CliRunner().invoke(main, ["project", "--until-caught-up"], env={k: v for k, v in env.items() if "MASTER" not in k})
+    r = CliRunner().invoke(
+        main, ["project", "--until-caught-up"], env={k: v for k, v in env.items() if "MASTER" not in k}
+    )
     assert r.exit_code == 1 and "sealed" in r.output
     # A malformed one.
     r = CliRunner().invoke(main, ["project", "--until-caught-up"], env={**env, "RUNSTATE_MASTER_KEY": "not-a-key"})
@@ -165,9 +192,14 @@ def test_erase_bad_input(sealed: Settings, tmp_path: Path) -> None:
 
 def test_a_draft_cannot_erase(sealed: Settings) -> None:
     from runstate.schemas.errors import ContractError
+
     with pytest.raises(ContractError, match="operator"):
-        app.publish(sealed, "r", {"expected_revision": 0, "events": [{"type": "RunErased", "reason": "x",
-                                                                      "erased_by": "agent"}]}, where="t")  # fmt: skip
+        app.publish(
+            sealed,
+            "r",
+            {"expected_revision": 0, "events": [{"type": "RunErased", "reason": "x", "erased_by": "agent"}]},
+            where="t",
+        )
 
 
 def test_master_key_is_never_written_and_run_keys_are_wrapped(sealed: Settings, tmp_path: Path) -> None:
@@ -188,9 +220,14 @@ def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_p
     tf = str(tmp_path / "tokens.json")
     writer, operator = add_token(tf, "agent-1"), add_token(tf, "ops", erase=True)
     channel = {"authorization": f"Bearer {add_token(tf, 'user')}"}  # the user channel's token
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
-           "RUNSTATE_TOKENS_FILE": tf, "RUNSTATE_MASTER_KEY": MasterKey.generate(),
-           "RUNSTATE_RETENTION": "completed=30d", "RUNSTATE_RETENTION_CHECK_S": "0.1"}  # fmt: skip
+    env = {
+        "RUNSTATE_LOG": str(tmp_path / "log.db"),
+        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        "RUNSTATE_TOKENS_FILE": tf,
+        "RUNSTATE_MASTER_KEY": MasterKey.generate(),
+        "RUNSTATE_RETENTION": "completed=30d",
+        "RUNSTATE_RETENTION_CHECK_S": "0.1",
+    }
     proc = ServeProcess(env, tmp_path)
     try:
         proc.wait_ready()
@@ -203,8 +240,11 @@ def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_p
         # An agent's write token may not erase; an operator's may.
         r = http.delete("/runs/victim", params={"reason": "asked"}, headers=auth)
         assert r.status_code == 403 and "--erase" in r.json()["error"]["message"]
-        r = http.delete("/runs/victim", params={"reason": "the customer asked", "wait": 10},
-                        headers={"authorization": f"Bearer {operator}"})  # fmt: skip
+        r = http.delete(
+            "/runs/victim",
+            params={"reason": "the customer asked", "wait": 10},
+            headers={"authorization": f"Bearer {operator}"},
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["first"] and body["erasure"]["by"] == "ops" and body["decision"]["event_types"] == ["RunErased"]
@@ -212,7 +252,9 @@ def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_p
             r = http.get(path, headers=auth)
             assert r.status_code == 410 and r.json()["error"]["code"] == "erased", r.text
             assert r.json()["error"]["erasure"]["reason"] == "the customer asked"
-        r = http.post("/runs/victim/patches?wait=5", json={"expected_revision": 2, "events": [fact("f2")]}, headers=auth)
+        r = http.post(
+            "/runs/victim/patches?wait=5", json={"expected_revision": 2, "events": [fact("f2")]}, headers=auth
+        )
         assert r.status_code == 410, r.text
         r = http.delete("/runs/victim", params={"reason": "again"}, headers={"authorization": f"Bearer {operator}"})
         assert r.status_code == 200 and not r.json()["first"] and r.json()["erasure"]["reason"] == "the customer asked"
@@ -268,8 +310,10 @@ def _live_and_replayed(ops: list[Any], erasures: list[tuple[int, str]], batch: i
     Projector(log, str(d / "replayed"), batch_size=batch).run(until_caught_up=True, poll_timeout_s=0.01)
     producer.close()
     with Projection(d / "live") as live, Projection(d / "replayed") as again:
-        out = (live.digests(), {r: live.history(r) for r in ("r0", "r1", "r2")}), \
-              (again.digests(), {r: again.history(r) for r in ("r0", "r1", "r2")})  # fmt: skip
+        out = (
+            (live.digests(), {r: live.history(r) for r in ("r0", "r1", "r2")}),
+            (again.digests(), {r: again.history(r) for r in ("r0", "r1", "r2")}),
+        )
     log.close()
     return out
 
@@ -285,8 +329,11 @@ def test_any_interleaving_of_patches_and_erasures_replays_to_the_live_states() -
     from workloads import RUNS, op
 
     @hsettings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(st.lists(op, min_size=5, max_size=40), st.lists(st.tuples(st.integers(0, 40), st.sampled_from(RUNS)),
-                                                           max_size=3), st.integers(1, 7))  # fmt: skip
+    @given(
+        st.lists(op, min_size=5, max_size=40),
+        st.lists(st.tuples(st.integers(0, 40), st.sampled_from(RUNS)), max_size=3),
+        st.integers(1, 7),
+    )
     def check(ops: list[Any], erasures: list[tuple[int, str]], batch: int) -> None:
         with tempfile.TemporaryDirectory() as d:
             (live_states, live_history), (states, history) = _live_and_replayed(ops, erasures, batch, Path(d))
@@ -300,7 +347,8 @@ def test_any_interleaving_of_patches_and_erasures_replays_to_the_live_states() -
 @pytest.mark.kafka
 @pytest.mark.slow
 def test_on_kafka_the_marker_never_reaches_the_broker_and_the_erased_key_leaves_its_files(
-        kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path) -> None:  # fmt: skip
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path
+) -> None:
     import time
 
     import orjson
@@ -311,9 +359,15 @@ def test_on_kafka_the_marker_never_reaches_the_broker_and_the_erased_key_leaves_
     prefix = kafka_topics.events.rsplit(".", 1)[0]
     # Uncompressed batches: what the broker's files hold is then the records' own bytes, so
     # that looking for a marker (or a key) in them can find it.
-    settings = Settings(log=f"kafka://{kafka_bootstrap}", topic_prefix=prefix, state_dir=str(tmp_path / "state"),
-                        master_key=MasterKey.generate(), partitions=3, key_purge_s=1,
-                        kafka_config={"producer.compression.type": "none"})  # fmt: skip
+    settings = Settings(
+        log=f"kafka://{kafka_bootstrap}",
+        topic_prefix=prefix,
+        state_dir=str(tmp_path / "state"),
+        master_key=MasterKey.generate(),
+        partitions=3,
+        key_purge_s=1,
+        kafka_config={"producer.compression.type": "none"},
+    )
     app.create_topics(settings)
     publish_all(settings, "victim", marked_patches(MARKER))
     publish_all(settings, "other", marked_patches("kept"))
@@ -326,9 +380,12 @@ def test_on_kafka_the_marker_never_reaches_the_broker_and_the_erased_key_leaves_
     if data is not None:
         assert files_holding(data, MARKER.encode()) == []
     raw = KafkaLog(kafka_bootstrap, topics=kafka_topics)
-    wrapped = [orjson.loads(r.value)["wrapped"] for p in range(3)
-               for r in raw.scan(kafka_topics.keys, p, 0, raw.end_offsets(kafka_topics.keys)[p])
-               if r.key and r.key.startswith(b"victim\0")]  # fmt: skip
+    wrapped = [
+        orjson.loads(r.value)["wrapped"]
+        for p in range(3)
+        for r in raw.scan(kafka_topics.keys, p, 0, raw.end_offsets(kafka_topics.keys)[p])
+        if r.key and r.key.startswith(b"victim\0")
+    ]
     assert wrapped
     if data is not None:
         assert files_holding(data, wrapped[0].encode()), "the wrapped key should be in the broker's files before"
@@ -359,7 +416,8 @@ def test_on_kafka_the_marker_never_reaches_the_broker_and_the_erased_key_leaves_
 
 
 def test_a_damaged_key_record_makes_that_run_unreadable_and_says_so_the_partition_goes_on(
-        sealed: Settings, tmp_path: Path) -> None:  # fmt: skip
+    sealed: Settings, tmp_path: Path
+) -> None:
     import orjson
 
     from runstate.eventlog.embedded import EmbeddedLog
@@ -368,12 +426,19 @@ def test_a_damaged_key_record_makes_that_run_unreadable_and_says_so_the_partitio
     publish_all(sealed, "hurt", marked_patches("a"))
     publish_all(sealed, "fine", marked_patches("b"))
     raw = EmbeddedLog(sealed.log, create=False)
-    (key,) = [r.key for p in range(raw.partitions(raw.topics.keys))
-              for r in raw.scan(raw.topics.keys, p, 0, 10**9) if r.key and r.key.startswith(b"hurt\0")]  # fmt: skip
+    (key,) = [
+        r.key
+        for p in range(raw.partitions(raw.topics.keys))
+        for r in raw.scan(raw.topics.keys, p, 0, 10**9)
+        if r.key and r.key.startswith(b"hurt\0")
+    ]
     n = raw.partitions(raw.topics.keys)
-    raw.producer().append(raw.topics.keys, key.decode(), orjson.dumps({"run_id": "hurt", "kid": key.split(b"\0")[1].decode(),
-                                                                       "master": "x", "wrapped": "AAAA"}),
-                          partition=partition_for("hurt", n))  # fmt: skip
+    raw.producer().append(
+        raw.topics.keys,
+        key.decode(),
+        orjson.dumps({"run_id": "hurt", "kid": key.split(b"\0")[1].decode(), "master": "x", "wrapped": "AAAA"}),
+        partition=partition_for("hurt", n),
+    )
     raw.close()
     app.project(sealed, until_caught_up=True)
     with pytest.raises(RunNotFound):
@@ -388,8 +453,11 @@ def test_the_master_key_rotates_and_the_old_one_is_then_refused(sealed: Settings
     publish_all(sealed, "r", marked_patches("x"))
     new_key = MasterKey.generate()
     (tmp_path / "new.key").write_text(new_key)
-    env = {"RUNSTATE_LOG": sealed.log, "RUNSTATE_STATE_DIR": sealed.state_dir,
-           "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value()}  # type: ignore[union-attr]
+    env = {
+        "RUNSTATE_LOG": sealed.log,
+        "RUNSTATE_STATE_DIR": sealed.state_dir,
+        "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value(),
+    }  # type: ignore[union-attr]
     r = CliRunner().invoke(main, ["keys", "rotate", "--new-key-file", str(tmp_path / "new.key")], env=env)
     assert r.exit_code == 0 and "1 run key" in r.output, r.output
     rotated = sealed.model_copy(update={"master_key": None, "master_key_file": str(tmp_path / "new.key")})
@@ -405,10 +473,13 @@ def test_retention_erases_ended_runs_when_due_and_counts_what_it_did(sealed: Set
 
     kept = sealed.model_copy(update={"retention": "completed=1s,failed=1h", "retention_check_s": 0.05})
     publish_all(kept, "done", [*marked_patches(MARKER), {"expected_revision": 2, "events": [ev("RunCompleted")]}])
-    publish_all(kept, "failed", [*marked_patches("f"), {"expected_revision": 2, "events": [ev("RunFailed", reason="x")]}])
+    publish_all(
+        kept, "failed", [*marked_patches("f"), {"expected_revision": 2, "events": [ev("RunFailed", reason="x")]}]
+    )
     publish_all(kept, "running", marked_patches("r"))
     app.project(kept, until_caught_up=True)
     import time
+
     time.sleep(1.2)
     stats, _ = app.snapshot(kept, until_caught_up=True)
     app.project(kept, until_caught_up=True)
@@ -421,8 +492,11 @@ def test_retention_erases_ended_runs_when_due_and_counts_what_it_did(sealed: Set
     with pytest.raises(ContractError, match="not an ended status"):
         sealed.model_copy(update={"retention": "running=1d"}).retention_policy()
     with pytest.raises(KeyStoreError, match="RUNSTATE_RETENTION"):
-        plain = Settings(log=str(Path(sealed.state_dir).parent / "p.db"), state_dir=str(Path(sealed.state_dir).parent / "p"),
-                         retention="completed=1d")  # fmt: skip
+        plain = Settings(
+            log=str(Path(sealed.state_dir).parent / "p.db"),
+            state_dir=str(Path(sealed.state_dir).parent / "p"),
+            retention="completed=1d",
+        )
         app.publish(plain, "x", marked_patches("x")[0], where="t")
         app.snapshot(plain, until_caught_up=True)
 
@@ -446,7 +520,7 @@ def _killed_at(settings: Settings, where: str, call: str) -> int:
         f"cls = getattr(importlib.import_module({module!r}), {cls!r})\n"
         f"setattr(cls, {method!r}, lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))\n"
         f"app.{call}\n"
-    )  # fmt: skip
+    )
     return subprocess.run([sys.executable, "-c", script], timeout=120).returncode
 
 
@@ -473,16 +547,22 @@ def test_an_erasure_killed_at_each_step_is_finished_by_the_next_process(sealed: 
     app.snapshot(sealed, until_caught_up=True, every=1)
     assert files_holding(tmp_path, MARKER.encode())
     # `runstate erase` dies after appending the erasure, before destroying the keys.
-    assert _killed_at(sealed, "runstate.eventlog.keystore:KeyStore.erase",
-                      "erase(s, 'victim', 'asked', 'ops')") == -9  # fmt: skip
+    assert _killed_at(sealed, "runstate.eventlog.keystore:KeyStore.erase", "erase(s, 'victim', 'asked', 'ops')") == -9
     assert _keys_alive(sealed, "victim")
     # The projector and the snapshotter die with the run wiped but not compacted away.
     for call in ("project(s, until_caught_up=True)", "snapshot(s, until_caught_up=True)"):
         assert _killed_at(sealed, "runstate.projector.store.partition:ProjectionStore._compact_erased", call) == -9
     with Projection(sealed.state_dir) as proj:
         assert proj.erasing() == ["victim"]
-    r = CliRunner().invoke(main, ["status"], env={"RUNSTATE_LOG": sealed.log, "RUNSTATE_STATE_DIR": sealed.state_dir,
-                                                  "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value()})  # type: ignore[union-attr]  # fmt: skip
+    r = CliRunner().invoke(
+        main,
+        ["status"],
+        env={
+            "RUNSTATE_LOG": sealed.log,
+            "RUNSTATE_STATE_DIR": sealed.state_dir,
+            "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value(),
+        },
+    )  # type: ignore[union-attr]
     assert r.exit_code == 0 and "erasures not finished: victim" in r.output, r.output
     # Restarted: each finishes what it left, then goes on.
     for i in range(3):
@@ -517,11 +597,18 @@ def test_retention_cut_short_is_finished_on_restart(sealed: Settings, tmp_path: 
 
 @pytest.mark.kafka
 @pytest.mark.slow
-def test_on_kafka_an_erasure_killed_at_each_step_is_finished(kafka_bootstrap: str, kafka_topics: Any,
-                                                            tmp_path: Path) -> None:  # fmt: skip
+def test_on_kafka_an_erasure_killed_at_each_step_is_finished(
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path
+) -> None:
     prefix = kafka_topics.events.rsplit(".", 1)[0]
-    s = Settings(log=f"kafka://{kafka_bootstrap}", topic_prefix=prefix, state_dir=str(tmp_path / "state"),
-                 master_key=MasterKey.generate(), partitions=3, checkpoint_every=1)  # fmt: skip
+    s = Settings(
+        log=f"kafka://{kafka_bootstrap}",
+        topic_prefix=prefix,
+        state_dir=str(tmp_path / "state"),
+        master_key=MasterKey.generate(),
+        partitions=3,
+        checkpoint_every=1,
+    )
     app.create_topics(s)
     publish_all(s, "victim", marked_patches(MARKER))
     publish_all(s, "other", marked_patches("kept"))
@@ -545,8 +632,11 @@ def test_erase_on_the_embedded_log_with_no_projector_running_finishes_the_erasur
     this machine), so `state` no longer shows the content and `verify` passes at once."""
     publish_all(sealed, "r", marked_patches("x"))
     app.project(sealed, until_caught_up=True)
-    env = {"RUNSTATE_LOG": sealed.log, "RUNSTATE_STATE_DIR": sealed.state_dir,
-           "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value()}  # type: ignore[union-attr]
+    env = {
+        "RUNSTATE_LOG": sealed.log,
+        "RUNSTATE_STATE_DIR": sealed.state_dir,
+        "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value(),
+    }  # type: ignore[union-attr]
     r = CliRunner().invoke(main, ["erase", "r", "--reason", "asked", "--by", "ops"], env=env)
     assert r.exit_code == 0 and "dropped its state" in r.output, r.output
     state = CliRunner().invoke(main, ["state", "r"], env=env)

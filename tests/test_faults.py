@@ -70,7 +70,7 @@ def test_sigkill_at_any_moment_then_restart_equals_full_replay(tmp_path: Path) -
         if kills > 30:
             break
     producer.join()
-    print('progress between kills', progress, 'of', len(patches), 'seed', seed)
+    print("progress between kills", progress, "of", len(patches), "seed", seed)
     final = subprocess.run([*cmd, "--until-caught-up"], env=env, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr
     # Kills must land while there was work in hand: progress grew between kills, not all at once.
@@ -88,8 +88,10 @@ def test_sigkill_at_any_moment_then_restart_equals_full_replay(tmp_path: Path) -
             hist = proj.history(f"run_{r}")
             ids = [d.patch_id for d in hist]
             assert len(ids) == len(set(ids)), f"a patch was decided twice (seed {seed})"
-            assert hist == sorted((structs.to_model(d) for (run, _), d in book.decided.items() if run == f"run_{r}"),
-                                  key=lambda d: d.offset)  # fmt: skip
+            assert hist == sorted(
+                (structs.to_model(d) for (run, _), d in book.decided.items() if run == f"run_{r}"),
+                key=lambda d: d.offset,
+            )
             doc = book.docs[f"run_{r}"]
             assert doc is not None and proj.state(f"run_{r}") == doc.to_state()
     log.close()
@@ -107,8 +109,11 @@ def test_disk_full_under_the_state_dir_stops_with_one_line_and_resumes_losing_no
         log = EmbeddedLog(tmp_path / "log.db", partitions=2)
         big = "y" * 400
         patches = [patch(f"run_{r}", 0, start()) for r in range(100)]
-        patches += [patch(f"run_{r}", i, fact(f"f{i}", evidence=f"artifact://out/{big}")) for i in range(1, 30)
-                    for r in range(100)]  # fmt: skip
+        patches += [
+            patch(f"run_{r}", i, fact(f"f{i}", evidence=f"artifact://out/{big}"))
+            for i in range(1, 30)
+            for r in range(100)
+        ]
         prod = log.producer()
         for p in patches:
             prod.append_async(log.topics.events, p.run_id, encode(p), lambda a, e: None)

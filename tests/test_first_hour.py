@@ -23,10 +23,18 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str = "",
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "runstate.cli", *args], cwd=cwd, input=stdin, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})  # fmt: skip
+def cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, stdin: str = "", timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runstate.cli", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def one_line_error(out: subprocess.CompletedProcess[str]) -> str:
@@ -36,8 +44,17 @@ def one_line_error(out: subprocess.CompletedProcess[str]) -> str:
     return text
 
 
-@pytest.mark.parametrize("command", [["project", "--until-caught-up"], ["snapshot", "--until-caught-up"],
-                                     ["state", "r1"], ["runs"], ["verify"], ["serve", "--port", "0"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["project", "--until-caught-up"],
+        ["snapshot", "--until-caught-up"],
+        ["state", "r1"],
+        ["runs"],
+        ["verify"],
+        ["serve", "--port", "0"],
+    ],
+)
 def test_a_state_dir_that_is_a_file_is_one_line_naming_it(tmp_path: Path, command: list[str]) -> None:
     from runstate.eventlog.embedded import EmbeddedLog
 
@@ -47,8 +64,9 @@ def test_a_state_dir_that_is_a_file_is_one_line_naming_it(tmp_path: Path, comman
     assert "'afile' is a file, not a directory" in line and "run `runstate project` first" not in line
 
 
-@pytest.mark.parametrize("command", [["project", "--until-caught-up"], ["status"], ["topics", "create"],
-                                     ["serve", "--port", "0"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "command", [["project", "--until-caught-up"], ["status"], ["topics", "create"], ["serve", "--port", "0"]]
+)
 def test_an_unreachable_kafka_is_one_line_without_the_client_s_log(tmp_path: Path, command: list[str]) -> None:
     out = cli("--log", f"kafka://127.0.0.1:{free_port()}", *command, cwd=tmp_path, timeout=30)
     line = one_line_error(out)
@@ -66,12 +84,19 @@ def open_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
     proc._err.close()
     # the same, on port 0: the URL it announces is where it listens
     err = open(work / "serve0.log", "wb")
-    proc.proc = subprocess.Popen([sys.executable, "-m", "runstate.cli", "serve", "--port", "0"], cwd=work,
-                                 env={**os.environ, **env}, stdout=err, stderr=err)  # fmt: skip
+    proc.proc = subprocess.Popen(
+        [sys.executable, "-m", "runstate.cli", "serve", "--port", "0"],
+        cwd=work,
+        env={**os.environ, **env},
+        stdout=err,
+        stderr=err,
+    )
     proc._err, proc.stderr_path = err, work / "serve0.log"
     try:
         for _ in range(300):
-            announced = [ln for ln in proc.stderr_path.read_text().splitlines() if ln.startswith("runstate serve: http")]
+            announced = [
+                ln for ln in proc.stderr_path.read_text().splitlines() if ln.startswith("runstate serve: http")
+            ]
             if announced or proc.proc.poll() is not None:
                 break
             import time
@@ -88,8 +113,9 @@ def open_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
         assert proc.stop() == 0, proc.log()
 
 
-def test_serve_on_port_0_announces_the_port_it_got_and_a_port_in_use_is_one_line(open_serve: tuple[ServeProcess, Path],
-                                                                                 tmp_path: Path) -> None:  # fmt: skip
+def test_serve_on_port_0_announces_the_port_it_got_and_a_port_in_use_is_one_line(
+    open_serve: tuple[ServeProcess, Path], tmp_path: Path
+) -> None:
     proc, _ = open_serve
     assert httpx.get(proc.url + "/healthz").status_code == 200
     env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
@@ -99,8 +125,14 @@ def test_serve_on_port_0_announces_the_port_it_got_and_a_port_in_use_is_one_line
 
 def test_a_second_projector_is_told_who_holds_the_log_in_one_line(open_serve: tuple[ServeProcess, Path]) -> None:
     proc, work = open_serve
-    line = one_line_error(cli("project", "--until-caught-up", cwd=work, env={
-        "RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state2")}))  # fmt: skip
+    line = one_line_error(
+        cli(
+            "project",
+            "--until-caught-up",
+            cwd=work,
+            env={"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state2")},
+        )
+    )
     assert f"runstate serve at {proc.url} (pid {proc.proc.pid})" in line and "stop that process" in line
 
 
@@ -121,18 +153,27 @@ def test_the_http_edges_answer_as_the_rest_of_the_api(open_serve: tuple[ServePro
     (listed,) = httpx.get(url + "/runs").json()
     assert list(listed) == list(RunSummary.model_fields) and not set(HEADER_INTERNAL_FIELDS) & set(listed)
     assert [f for f in RunHeader.model_fields if f not in HEADER_INTERNAL_FIELDS] == list(RunSummary.model_fields)
-    big = httpx.post(url + "/runs/edge-1/patches", content=b"x" * (2 * 1024 * 1024 + 10),
-                     headers={"content-type": "application/json"})  # fmt: skip
+    big = httpx.post(
+        url + "/runs/edge-1/patches",
+        content=b"x" * (2 * 1024 * 1024 + 10),
+        headers={"content-type": "application/json"},
+    )
     assert big.status_code == 413
-    assert "run 'edge-1'" in big.json()["error"]["message"] and "RUNSTATE_MAX_PATCH_BYTES" in big.json()["error"]["message"]
+    assert (
+        "run 'edge-1'" in big.json()["error"]["message"]
+        and "RUNSTATE_MAX_PATCH_BYTES" in big.json()["error"]["message"]
+    )
     # FastAPI's /docs would load its scripts from a CDN: off; the API's description stays
     assert httpx.get(url + "/docs").status_code == 404
     assert httpx.get(url + "/openapi.json").json()["info"]["title"] == "runstate"
 
 
 def test_the_cli_prints_words_not_python(tmp_path: Path) -> None:
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
-           "RUNSTATE_AGENT_VERSION": "1.0"}  # fmt: skip
+    env = {
+        "RUNSTATE_LOG": str(tmp_path / "log.db"),
+        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        "RUNSTATE_AGENT_VERSION": "1.0",
+    }
     patch = '{"expected_revision": 0, "events": [%s, {"type": "TaskCreated", "task": {"id": "t1", "title": "look"}}]}'
     import json
 
@@ -149,11 +190,14 @@ def test_the_repository_is_licensed_apache_2() -> None:
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"] == "Apache-2.0"
 
 
-@pytest.mark.parametrize(("env", "expected", "code"), [
-    ({"RUNSTATE_GROUP_ID": "../../x"}, "RUNSTATE_GROUP_ID", 2),
-    ({"RUNSTATE_KAFKA_CONFIG": "not json"}, "RUNSTATE_KAFKA_CONFIG", 2),
-    ({"RUNSTATE_KAFKA_CONFIG": '{"no.such.prop": 1}', "RUNSTATE_LOG": "kafka://127.0.0.1:9"}, "no.such.prop", 1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("env", "expected", "code"),
+    [
+        ({"RUNSTATE_GROUP_ID": "../../x"}, "RUNSTATE_GROUP_ID", 2),
+        ({"RUNSTATE_KAFKA_CONFIG": "not json"}, "RUNSTATE_KAFKA_CONFIG", 2),
+        ({"RUNSTATE_KAFKA_CONFIG": '{"no.such.prop": 1}', "RUNSTATE_LOG": "kafka://127.0.0.1:9"}, "no.such.prop", 1),
+    ],
+)
 def test_bad_settings_are_errors_naming_them(tmp_path: Path, env: dict[str, str], expected: str, code: int) -> None:
     """A group id that would put the lock file elsewhere (``../``), a Kafka configuration that
     is not JSON (a usage error, exit 2, as every bad setting), or names a property
@@ -162,16 +206,24 @@ def test_bad_settings_are_errors_naming_them(tmp_path: Path, env: dict[str, str]
 
     EmbeddedLog(tmp_path / "log.db").close()
     for command in (["project", "--until-caught-up"], ["status"]):
-        out = cli("--log", env.get("RUNSTATE_LOG", str(tmp_path / "log.db")), "--state-dir", "state", *command,
-                  cwd=tmp_path, env=env)  # fmt: skip
+        out = cli(
+            "--log",
+            env.get("RUNSTATE_LOG", str(tmp_path / "log.db")),
+            "--state-dir",
+            "state",
+            *command,
+            cwd=tmp_path,
+            env=env,
+        )
         text = (out.stdout + out.stderr).strip()
         assert out.returncode == code and "Traceback" not in text, text
         assert expected in text.splitlines()[-1], text
     assert not (tmp_path.parent / "x.lock").exists() and not (tmp_path.parent.parent / "x.lock").exists()
 
 
-@pytest.mark.parametrize("command", [["project", "--until-caught-up"], ["state", "r1"], ["runs"], ["verify"],
-                                     ["status"], ["history", "r1"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "command", [["project", "--until-caught-up"], ["state", "r1"], ["runs"], ["verify"], ["status"], ["history", "r1"]]
+)
 def test_a_garbage_layout_file_is_one_line_naming_it(tmp_path: Path, command: list[str]) -> None:
     from runstate.eventlog.embedded import EmbeddedLog
 
@@ -191,13 +243,19 @@ def test_aborted_and_slow_request_bodies_leave_no_traceback_and_hold_nothing(tmp
     import socket
     import time
 
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
-           "RUNSTATE_BODY_TIMEOUT_S": "1", "RUNSTATE_REQUEST_TIMEOUT_S": "2"}  # fmt: skip
+    env = {
+        "RUNSTATE_LOG": str(tmp_path / "log.db"),
+        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        "RUNSTATE_BODY_TIMEOUT_S": "1",
+        "RUNSTATE_REQUEST_TIMEOUT_S": "2",
+    }
     proc = ServeProcess(env, tmp_path)
     try:
         proc.wait_ready()
-        head = (b"POST /runs/r/patches HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 1000\r\n\r\n")  # fmt: skip
+        head = (
+            b"POST /runs/r/patches HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n"
+        )
         with socket.create_connection(("127.0.0.1", proc.port)) as s:
             s.sendall(head + b'{"expected')
             time.sleep(0.3)
@@ -229,8 +287,10 @@ def test_aborted_and_slow_request_bodies_leave_no_traceback_and_hold_nothing(tmp
             assert answer.startswith(b"HTTP/1.1 408") and b"RUNSTATE_REQUEST_TIMEOUT_S" in answer, answer
             assert time.monotonic() - started < 5
         # An MCP call's body is held to the same deadline as a patch's.
-        mcp_head = (b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                    b"Accept: application/json, text/event-stream\r\nContent-Length: 1000\r\n\r\n")  # fmt: skip
+        mcp_head = (
+            b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Accept: application/json, text/event-stream\r\nContent-Length: 1000\r\n\r\n"
+        )
         with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as s:
             s.sendall(mcp_head + b'{"jsonrpc"')
             started, answer = time.monotonic(), b""
@@ -287,8 +347,14 @@ def test_a_second_serve_on_one_embedded_log_is_one_line_before_any_announcement(
     first = ServeProcess(env, tmp_path)
     try:
         first.wait_ready()
-        second = subprocess.run([sys.executable, "-m", "runstate.cli", "serve", "--port", "0"], env={**os.environ, **env},
-                                cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+        second = subprocess.run(
+            [sys.executable, "-m", "runstate.cli", "serve", "--port", "0"],
+            env={**os.environ, **env},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert second.returncode == 1, second
         assert "Traceback" not in second.stderr and "runstate serve: http" not in second.stderr, second.stderr
         assert "already projected by another process" in second.stderr, second.stderr
@@ -304,8 +370,11 @@ def test_readyz_answers_only_once_every_run_is_answered(tmp_path: Path) -> None:
     import httpx
     from servekit import ServeProcess
 
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
-           "RUNSTATE_PARTITIONS": "16"}  # fmt: skip
+    env = {
+        "RUNSTATE_LOG": str(tmp_path / "log.db"),
+        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        "RUNSTATE_PARTITIONS": "16",
+    }
     proc = ServeProcess(env, tmp_path)
     try:
         deadline = time.monotonic() + 60

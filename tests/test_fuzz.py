@@ -25,9 +25,22 @@ def test_fuzz_target_never_crashes_or_hangs(target: str, tmp_path: Path) -> None
     pytest.importorskip("atheris") if not os.environ.get("CI") else None
     work = tmp_path / "corpus"
     shutil.copytree(ROOT / "data" / "fuzz" / target, work)
-    out = subprocess.run([sys.executable, str(ROOT / "fuzz_targets.py"), target, f"-max_total_time={SECONDS}",
-                          "-timeout=5", "-rss_limit_mb=2048", f"-artifact_prefix={tmp_path}/", str(work)],
-                         capture_output=True, text=True, timeout=SECONDS + 120, cwd=tmp_path)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "fuzz_targets.py"),
+            target,
+            f"-max_total_time={SECONDS}",
+            "-timeout=5",
+            "-rss_limit_mb=2048",
+            f"-artifact_prefix={tmp_path}/",
+            str(work),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=SECONDS + 120,
+        cwd=tmp_path,
+    )
     found = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("crash-", "timeout-", "oom-")))
     assert out.returncode == 0 and not found, (found, out.stderr[-4000:])
     assert "Done" in out.stderr, out.stderr[-2000:]

@@ -17,9 +17,25 @@ from runstate.client import AsyncClient, Client
 from runstate.schemas.errors import ContractError, RunNotFound
 from runstate.settings import Settings
 
-HOSTILE = ["x/../victim", "./victim", "victim/.", "victim#other", "victim?x=1", "victim/context", "..", ".",
-           "user 42", "café", "100%", "%2F", "#general", "slack/C123/1700000000.1", "a+b", "日本語 スレッド",
-           "v" * 200]  # fmt: skip
+HOSTILE = [
+    "x/../victim",
+    "./victim",
+    "victim/.",
+    "victim#other",
+    "victim?x=1",
+    "victim/context",
+    "..",
+    ".",
+    "user 42",
+    "café",
+    "100%",
+    "%2F",
+    "#general",
+    "slack/C123/1700000000.1",
+    "a+b",
+    "日本語 スレッド",
+    "v" * 200,
+]
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +100,11 @@ def raw_request(port: int, method: str, target: str) -> tuple[int, bytes]:
     """A request line sent as it is written (no client normalising its dots)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         body = b'{"expected_revision": 1, "events": []}' if method == "POST" else b""
-        s.sendall(f"{method} {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)  # fmt: skip
+        s.sendall(
+            f"{method} {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
         answer = b""
         while chunk := s.recv(65536):
             answer += chunk
@@ -93,10 +112,17 @@ def raw_request(port: int, method: str, target: str) -> tuple[int, bytes]:
 
 
 def test_a_path_the_server_cannot_route_is_refused_not_resolved_to_another_run(
-        served: tuple[ServeProcess, Settings]) -> None:  # fmt: skip
+    served: tuple[ServeProcess, Settings],
+) -> None:
     proc, _s = served
-    for target in ("/runs/x/../victim", "/runs/x/../victim/patches", "/runs/./victim", "/runs/victim/./history",
-                   "/runs/victim/.", "/runs/x/%2E%2E/victim"):  # fmt: skip
+    for target in (
+        "/runs/x/../victim",
+        "/runs/x/../victim/patches",
+        "/runs/./victim",
+        "/runs/victim/./history",
+        "/runs/victim/.",
+        "/runs/x/%2E%2E/victim",
+    ):
         method = "POST" if target.endswith("patches") else "GET"
         status, answer = raw_request(proc.port, method, target)
         assert status in (404, 405), (target, answer)
@@ -114,15 +140,17 @@ def test_a_patch_sent_without_wait_is_202_pending_with_its_id(served: tuple[Serv
     import httpx
 
     proc, _s = served
-    r = httpx.post(proc.url + "/runs/no-wait/patches", json={"patch_id": "nw1", "expected_revision": 0,
-                                                             "events": [start()]})  # fmt: skip
+    r = httpx.post(
+        proc.url + "/runs/no-wait/patches", json={"patch_id": "nw1", "expected_revision": 0, "events": [start()]}
+    )
     assert r.status_code == 202 and r.json()["status"] == "pending" and r.json()["patch_id"] == "nw1", r.text
     with Client(proc.url) as rs:
         assert rs.wait("no-wait", "nw1").outcome == "accepted"
 
 
 def test_a_path_never_set_is_the_same_answer_over_http_the_client_and_the_cli(
-        served: tuple[ServeProcess, Settings]) -> None:  # fmt: skip
+    served: tuple[ServeProcess, Settings],
+) -> None:
     import httpx
     from click.testing import CliRunner
 
@@ -138,6 +166,7 @@ def test_a_path_never_set_is_the_same_answer_over_http_the_client_and_the_cli(
         assert r.json()["error"]["field"] == "path" and "was never set" in r.json()["error"]["message"]
         with pytest.raises(FieldNeverSet, match="tasks.nope.status of run 'explained' was never set"):
             rs.explain("explained", "tasks.nope.status")
-    out = CliRunner().invoke(main, ["--log", s.log, "--state-dir", s.state_dir,
-                                    "explain", "written/embedded café", "tasks.nope.status"])  # fmt: skip
+    out = CliRunner().invoke(
+        main, ["--log", s.log, "--state-dir", s.state_dir, "explain", "written/embedded café", "tasks.nope.status"]
+    )
     assert out.exit_code == 1 and "tasks.nope.status of run 'written/embedded café' was never set" in out.output

@@ -30,17 +30,34 @@ SECRET = "5" * 64
 
 
 def forged(run_id: str, patch_id: str, partition: int) -> Decision:
-    return Decision(patch_id=patch_id, run_id=run_id, outcome="rejected", revision=0, expected_revision=0,
-                    reason="invalid", rule="forged", message="an impostor's decision", partition=partition,
-                    offset=0, agent_id="impostor", agent_version="1", event_types=["RunStarted"],
-                    created_at=datetime.now(UTC))  # fmt: skip
+    return Decision(
+        patch_id=patch_id,
+        run_id=run_id,
+        outcome="rejected",
+        revision=0,
+        expected_revision=0,
+        reason="invalid",
+        rule="forged",
+        message="an impostor's decision",
+        partition=partition,
+        offset=0,
+        agent_id="impostor",
+        agent_version="1",
+        event_types=["RunStarted"],
+        created_at=datetime.now(UTC),
+    )
 
 
 def test_a_decision_forged_on_the_decisions_topic_is_never_heard(tmp_path: Path) -> None:
     """A writer waiting on the decisions topic ignores a decision no projector signed, and
     hears the projector's own; a feed without the secret (today's default) hears both."""
-    s = Settings(log=str(tmp_path / "log.db"), state_dir=str(tmp_path / "state"), partitions=2,
-                 publish_decisions=True, instance_secret=SECRET)  # fmt: skip
+    s = Settings(
+        log=str(tmp_path / "log.db"),
+        state_dir=str(tmp_path / "state"),
+        partitions=2,
+        publish_decisions=True,
+        instance_secret=SECRET,
+    )
     producer = app.make_producer(s)  # follows the decisions topic from here on
     patch = producer.build("r1", {"patch_id": "p1", "expected_revision": 0, "events": [start()]})
     log = app.open_settings_log(s)
@@ -72,9 +89,16 @@ class _Impostor(BaseHTTPRequestHandler):
         _Impostor.seen.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body))
         data: dict[str, Any] = json.loads(body) if body else {}
         run_id = self.path.split("/")[2] if self.path.startswith("/runs/") else "x"
-        out = json.dumps({"status": "decided", "patch_id": data.get("patch_id", "p"), "run_id": run_id,
-                          "decision": json.loads(forged(run_id, data.get("patch_id", "p"), 0).model_dump_json()),
-                          "proof": "0:00", "me": "http://127.0.0.1:1"}).encode()  # fmt: skip
+        out = json.dumps(
+            {
+                "status": "decided",
+                "patch_id": data.get("patch_id", "p"),
+                "run_id": run_id,
+                "decision": json.loads(forged(run_id, data.get("patch_id", "p"), 0).model_dump_json()),
+                "proof": "0:00",
+                "me": "http://127.0.0.1:1",
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(out)))
@@ -90,7 +114,8 @@ class _Impostor(BaseHTTPRequestHandler):
 @pytest.mark.kafka
 @pytest.mark.slow
 def test_an_impostor_in_the_projector_group_gets_no_token_no_patch_and_no_say(
-        kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path) -> None:  # fmt: skip
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path
+) -> None:
     """A plain Kafka consumer joins the projector's group as ``runstate-serve|<its URL>`` and
     is given partitions. The serve instance never forwards to it (it cannot answer the
     challenge bound to its address): the impostor sees no Authorization header and no patch,
@@ -114,9 +139,14 @@ def test_an_impostor_in_the_projector_group_gets_no_token_no_patch_and_no_say(
     server = ThreadingHTTPServer(("127.0.0.1", port), _Impostor)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     group = f"g-{kafka_topics.events}"
-    impostor = confluent_kafka.Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group,
-                                         "client.id": f"runstate-serve|http://127.0.0.1:{port}",
-                                         "enable.auto.commit": False})  # fmt: skip
+    impostor = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": group,
+            "client.id": f"runstate-serve|http://127.0.0.1:{port}",
+            "enable.auto.commit": False,
+        }
+    )
     impostor.subscribe([kafka_topics.events])
     held: set[int] = set()
     stop = threading.Event()
@@ -129,9 +159,14 @@ def test_an_impostor_in_the_projector_group_gets_no_token_no_patch_and_no_say(
 
     poller = threading.Thread(target=keep_polling, daemon=True)
     poller.start()
-    env = {"RUNSTATE_LOG": f"kafka://{kafka_bootstrap}", "RUNSTATE_TOPIC_PREFIX": kafka_topics.events.rsplit(".", 1)[0],
-           "RUNSTATE_STATE_DIR": str(tmp_path / "a"), "RUNSTATE_GROUP_ID": group, "RUNSTATE_TOKENS_FILE": str(tokens),
-           "RUNSTATE_INSTANCE_SECRET": SECRET}  # fmt: skip
+    env = {
+        "RUNSTATE_LOG": f"kafka://{kafka_bootstrap}",
+        "RUNSTATE_TOPIC_PREFIX": kafka_topics.events.rsplit(".", 1)[0],
+        "RUNSTATE_STATE_DIR": str(tmp_path / "a"),
+        "RUNSTATE_GROUP_ID": group,
+        "RUNSTATE_TOKENS_FILE": str(tokens),
+        "RUNSTATE_INSTANCE_SECRET": SECRET,
+    }
     a = ServeProcess(env, tmp_path, "--host", "127.0.0.1")
     try:
         a.wait_ready(owned=True)
@@ -143,23 +178,35 @@ def test_an_impostor_in_the_projector_group_gets_no_token_no_patch_and_no_say(
         assert theirs
         auth = {"authorization": f"Bearer {token}"}
         for run_id in theirs:
-            r = httpx.post(f"{a.url}/runs/{run_id}/patches", params={"wait": "5"}, headers=auth, timeout=30,
-                           json={"patch_id": f"{run_id}-p1", "expected_revision": 0, "events": [start()]})  # fmt: skip
+            r = httpx.post(
+                f"{a.url}/runs/{run_id}/patches",
+                params={"wait": "5"},
+                headers=auth,
+                timeout=30,
+                json={"patch_id": f"{run_id}-p1", "expected_revision": 0, "events": [start()]},
+            )
             assert r.status_code == 503, r.text  # never the impostor's "decided"
         assert not any("authorization" in h for _m, _p, h, _b in _Impostor.seen), _Impostor.seen
         assert not any(p.startswith("/runs/") for _m, p, _h, _b in _Impostor.seen), _Impostor.seen
         # /metrics answers while the group rebalances around the impostor (it used to wait on
         # the consumer's handle while a partition was restored in the rebalance callback).
         metrics = httpx.get(a.url + "/metrics", headers=auth, timeout=10).text
-        assert 'runstate_untrusted{source="peers"}' in metrics and 'runstate_untrusted{source="peers"} 0.0' not in metrics
+        assert (
+            'runstate_untrusted{source="peers"}' in metrics and 'runstate_untrusted{source="peers"} 0.0' not in metrics
+        )
         stop.set()
         poller.join(5)
         impostor.close()
         deadline = time.monotonic() + 60
         for run_id in theirs:
             while True:
-                r = httpx.post(f"{a.url}/runs/{run_id}/patches", params={"wait": "5"}, headers=auth, timeout=30,
-                               json={"patch_id": f"{run_id}-p1", "expected_revision": 0, "events": [start()]})  # fmt: skip
+                r = httpx.post(
+                    f"{a.url}/runs/{run_id}/patches",
+                    params={"wait": "5"},
+                    headers=auth,
+                    timeout=30,
+                    json={"patch_id": f"{run_id}-p1", "expected_revision": 0, "events": [start()]},
+                )
                 if r.status_code != 503 or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
@@ -190,8 +237,12 @@ def test_a_forwarded_request_is_answered_only_when_an_instance_signed_it_for_thi
     from runstate.service.auth import add_token
 
     add_token(str(tokens), "someone", "write")
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
-           "RUNSTATE_TOKENS_FILE": str(tokens), "RUNSTATE_INSTANCE_SECRET": SECRET}  # fmt: skip
+    env = {
+        "RUNSTATE_LOG": str(tmp_path / "log.db"),
+        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        "RUNSTATE_TOKENS_FILE": str(tokens),
+        "RUNSTATE_INSTANCE_SECRET": SECRET,
+    }
     proc = ServeProcess(env, tmp_path)
     agent = Identity(agent_id="planner", role="write")
     draft = {"patch_id": "p1", "expected_revision": 0, "events": [start()]}
@@ -199,8 +250,9 @@ def test_a_forwarded_request_is_answered_only_when_an_instance_signed_it_for_thi
 
     async def send(router: Router, url: str, data: bytes = body, who: Identity = agent) -> Any:
         try:
-            return await router.forward(url, "POST", "/runs/r1/patches", [("wait", "5")],
-                                        {"content-type": "application/json"}, data, who=who)  # fmt: skip
+            return await router.forward(
+                url, "POST", "/runs/r1/patches", [("wait", "5")], {"content-type": "application/json"}, data, who=who
+            )
         finally:
             await router.close()
 
@@ -251,17 +303,29 @@ def test_a_forwarded_request_is_answered_only_when_an_instance_signed_it_for_thi
         keys, ident, ts, nonce = InstanceKeys.parse(SECRET), identity_header(agent), str(int(time.time())), "n" * 32
         digest = body_digest(body)
         sig = keys.sign("request", proc.url, "POST", "/runs/r1/patches", "wait=5", ident, ts, nonce, digest)
-        fresh = {FORWARDED: "http://127.0.0.1:1", IDENTITY: ident, SIGNED: f"{ts};{nonce};{sig}",
-                 "x-runstate-body-sha256": digest, "content-type": "application/json"}  # fmt: skip
+        fresh = {
+            FORWARDED: "http://127.0.0.1:1",
+            IDENTITY: ident,
+            SIGNED: f"{ts};{nonce};{sig}",
+            "x-runstate-body-sha256": digest,
+            "content-type": "application/json",
+        }
         other_body = json.dumps({**draft, "patch_id": "p2"}).encode()
         changed = httpx.post(proc.url + "/runs/r1/patches", params={"wait": "5"}, content=other_body, headers=fresh)
         assert changed.status_code == 401 and "body" in changed.text, changed.text
-        forged_who = httpx.post(proc.url + "/runs/r1/patches", params={"wait": "5"}, content=body,
-                                headers={**captured, IDENTITY: identity_header(Identity("root", "write", trusted=True))})
+        forged_who = httpx.post(
+            proc.url + "/runs/r1/patches",
+            params={"wait": "5"},
+            content=body,
+            headers={**captured, IDENTITY: identity_header(Identity("root", "write", trusted=True))},
+        )
         assert forged_who.status_code == 401, forged_who.text
         # A read-only identity forwarded is held to it at the owner.
-        reader = asyncio.run(send(me, proc.url, json.dumps({**draft, "patch_id": "p3"}).encode(),
-                                  Identity(agent_id="viewer", role="read")))  # fmt: skip
+        reader = asyncio.run(
+            send(
+                me, proc.url, json.dumps({**draft, "patch_id": "p3"}).encode(), Identity(agent_id="viewer", role="read")
+            )
+        )
         assert reader.status_code == 403, reader.content
         history = httpx.get(proc.url + "/runs/r1/history", headers={"authorization": "Bearer x"})
         assert history.status_code == 401  # tokens still hold for everyone else
@@ -275,7 +339,8 @@ def test_a_forwarded_request_is_answered_only_when_an_instance_signed_it_for_thi
 @pytest.mark.kafka
 @pytest.mark.slow
 def test_two_instances_forward_the_callers_identity_never_its_token(
-        kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path) -> None:  # fmt: skip
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path
+) -> None:
     """With tokens on two instances sharing the secret: a write sent to the instance that
     does not own the run is decided as the token's agent, a read-only token's write is 403
     at the owner, and so is an erase without the erase scope."""
@@ -292,8 +357,13 @@ def test_two_instances_forward_the_callers_identity_never_its_token(
     writer = add_token(str(tokens), "agent-1", "write")
     reader = add_token(str(tokens), "viewer", "read")
     group = f"g2-{kafka_topics.events}"
-    base = {"RUNSTATE_LOG": f"kafka://{kafka_bootstrap}", "RUNSTATE_TOPIC_PREFIX": kafka_topics.events.rsplit(".", 1)[0],
-            "RUNSTATE_GROUP_ID": group, "RUNSTATE_TOKENS_FILE": str(tokens), "RUNSTATE_INSTANCE_SECRET": SECRET}
+    base = {
+        "RUNSTATE_LOG": f"kafka://{kafka_bootstrap}",
+        "RUNSTATE_TOPIC_PREFIX": kafka_topics.events.rsplit(".", 1)[0],
+        "RUNSTATE_GROUP_ID": group,
+        "RUNSTATE_TOKENS_FILE": str(tokens),
+        "RUNSTATE_INSTANCE_SECRET": SECRET,
+    }
     a = ServeProcess({**base, "RUNSTATE_STATE_DIR": str(tmp_path / "a")}, tmp_path)
     b = ServeProcess({**base, "RUNSTATE_STATE_DIR": str(tmp_path / "b")}, tmp_path)
     try:
@@ -310,12 +380,18 @@ def test_two_instances_forward_the_callers_identity_never_its_token(
         auth = {"authorization": f"Bearer {writer}"}
         draft = {"expected_revision": 0, "events": [start()]}
         deadline = time.monotonic() + 30
-        while (r := httpx.post(f"{a.url}/runs/{run_id}/patches", params={"wait": 5}, headers=auth, json=draft,
-                               timeout=30)).status_code == 503 and time.monotonic() < deadline:  # fmt: skip
+        while (
+            r := httpx.post(f"{a.url}/runs/{run_id}/patches", params={"wait": 5}, headers=auth, json=draft, timeout=30)
+        ).status_code == 503 and time.monotonic() < deadline:
             time.sleep(0.3)
         assert r.status_code == 200 and r.json()["decision"]["agent_id"] == "agent-1", r.text
-        ro = httpx.post(f"{a.url}/runs/{run_id}/patches", params={"wait": 5}, json={**draft, "expected_revision": 1},
-                        headers={"authorization": f"Bearer {reader}"}, timeout=30)  # fmt: skip
+        ro = httpx.post(
+            f"{a.url}/runs/{run_id}/patches",
+            params={"wait": 5},
+            json={**draft, "expected_revision": 1},
+            headers={"authorization": f"Bearer {reader}"},
+            timeout=30,
+        )
         assert ro.status_code == 403 and "read-only" in ro.text, ro.text
         er = httpx.delete(f"{a.url}/runs/{run_id}", params={"reason": "x"}, headers=auth, timeout=30)
         assert er.status_code == 403, er.text

@@ -36,10 +36,22 @@ def _patches() -> list[tuple[Patch, codec._Writer]]:
 
 def _decision() -> Decision:
     p = patch("run_ü", 0, EVENTS[0], patch_id="java-decision")
-    return Decision(patch_id=p.patch_id, run_id="run_ü", outcome="rejected", revision=3, expected_revision=0,
-                    reason="revision_conflict", message="at 3 — später", partition=2, offset=41, agent_id="a",
-                    agent_version="1", event_types=["FactConfirmed"], created_at=p.created_at,
-                    content_digest="ab" * 16)  # fmt: skip
+    return Decision(
+        patch_id=p.patch_id,
+        run_id="run_ü",
+        outcome="rejected",
+        revision=3,
+        expected_revision=0,
+        reason="revision_conflict",
+        message="at 3 — später",
+        partition=2,
+        offset=41,
+        agent_id="a",
+        agent_version="1",
+        event_types=["FactConfirmed"],
+        created_at=p.created_at,
+        content_digest="ab" * 16,
+    )
 
 
 def _java(jars: Path, records: list[tuple[str, bytes]]) -> tuple[dict[tuple[str, int], str], list[str]]:
@@ -51,8 +63,11 @@ def _java(jars: Path, records: list[tuple[str, bytes]]) -> tuple[dict[tuple[str,
 @pytest.mark.slow
 def test_java_writes_the_header_runstate_writes_for_every_published_schema(java_interop: Path) -> None:
     headers, _ = _java(java_interop, [])
-    ours = {(k, w.version): (codec.MAGIC + w.fingerprint).hex() for k in ("patch", "decision", "sealed")
-            for w in _published(k)}  # fmt: skip
+    ours = {
+        (k, w.version): (codec.MAGIC + w.fingerprint).hex()
+        for k in ("patch", "decision", "sealed")
+        for w in _published(k)
+    }
     assert headers == ours
 
 
@@ -66,8 +81,9 @@ def test_java_decodes_every_record_runstate_writes_and_writes_the_same_bytes(jav
     sealed_patch = _patches()[-1][0]
     key = os.urandom(32)
     plain = codec.encode(sealed_patch)
-    records.append(("sealed", sealed.seal(plain, sealed_patch.run_id, "k1", key, os.urandom(12),
-                                          sealed.envelope_of(plain))))  # fmt: skip
+    records.append(
+        ("sealed", sealed.seal(plain, sealed_patch.run_id, "k1", key, os.urandom(12), sealed.envelope_of(plain)))
+    )
     _, answers = _java(java_interop, records)
     assert len(answers) == len(records)
     # A sealed record: Java reads its envelope and writes the same bytes; what Java wrote opens.
@@ -77,11 +93,17 @@ def test_java_decodes_every_record_runstate_writes_and_writes_the_same_bytes(jav
     assert status == "OK" and bytes.fromhex(java_bytes) == ours_sealed, sealed_answer
     assert json.loads(resolved)["envelope"]["patch_id"] == sealed_patch.patch_id
     assert codec.decode(sealed.unseal(sealed.split(bytes.fromhex(java_bytes)), key)) == sealed_patch
-    for (kind, ours), answer, expected in zip(records, answers, [p for p, _ in _patches()] + [_decision()], strict=True):
+    for (kind, ours), answer, expected in zip(
+        records, answers, [p for p, _ in _patches()] + [_decision()], strict=True
+    ):
         status, version, java_bytes, resolved = answer.split(" ", 3)
         assert status == "OK", answer
         assert bytes.fromhex(java_bytes) == ours
-        back = codec.decode(bytes.fromhex(java_bytes)) if kind == "patch" else codec.decode_decision(bytes.fromhex(java_bytes))
+        back = (
+            codec.decode(bytes.fromhex(java_bytes))
+            if kind == "patch"
+            else codec.decode_decision(bytes.fromhex(java_bytes))
+        )
         assert back == expected
         as_java_read = json.loads(resolved)
         assert as_java_read["patch_id"] == expected.patch_id and as_java_read["run_id"] == expected.run_id
@@ -98,8 +120,9 @@ def _run_ids() -> list[str]:
 
 @pytest.mark.kafka
 @pytest.mark.slow
-def test_kafka_s_java_producer_puts_each_run_where_runstate_does(java_interop: Path, kafka_bootstrap: str,
-                                                                 kafka_topics: TopicNames, tmp_path: Path) -> None:  # fmt: skip
+def test_kafka_s_java_producer_puts_each_run_where_runstate_does(
+    java_interop: Path, kafka_bootstrap: str, kafka_topics: TopicNames, tmp_path: Path
+) -> None:
     """Kafka's Java producer (default partitioner) puts every run on the partition that
     runstate's Kafka producer and its embedded log pick; a patch the Java client produced is
     decided by the projector like any other; Kafka's console consumer reads our records."""
@@ -114,14 +137,20 @@ def test_kafka_s_java_producer_puts_each_run_where_runstate_does(java_interop: P
     log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
     log.create_topics(partitions)
     ids = _run_ids()
-    java = run_java(java_interop, "KafkaProduce", kafka_bootstrap, kafka_topics.deadletter,
-                    stdin="".join(f"{r.encode().hex()} 00\n" for r in ids))  # fmt: skip
+    java = run_java(
+        java_interop,
+        "KafkaProduce",
+        kafka_bootstrap,
+        kafka_topics.deadletter,
+        stdin="".join(f"{r.encode().hex()} 00\n" for r in ids),
+    )
     by_java = {bytes.fromhex(k).decode(): int(p) for k, p, _ in (ln.split(" ") for ln in java)}
     assert len(by_java) == len(ids)
 
     prod = RunProducer(log, Author(agent_id="interop", agent_version="1"))
-    by_runstate = {r: prod.append(prod.events(r, 0, [{"type": "RunStarted", "goal": {"statement": r}}])).partition
-                   for r in ids}  # fmt: skip
+    by_runstate = {
+        r: prod.append(prod.events(r, 0, [{"type": "RunStarted", "goal": {"statement": r}}])).partition for r in ids
+    }
     prod.close()
     embedded = EmbeddedLog(tmp_path / "log.db", partitions=partitions)
     eprod = embedded.producer()
@@ -133,8 +162,13 @@ def test_kafka_s_java_producer_puts_each_run_where_runstate_does(java_interop: P
 
     # A patch the Java client produced, keyed by its run, decided like any other.
     p = patch("run_7", 1, {"type": "PhaseChanged", "phase": "diagnose"}, patch_id="from-java")
-    (line,) = run_java(java_interop, "KafkaProduce", kafka_bootstrap, kafka_topics.events,
-                       stdin=f"{b'run_7'.hex()} {codec.encode(p).hex()}\n")  # fmt: skip
+    (line,) = run_java(
+        java_interop,
+        "KafkaProduce",
+        kafka_bootstrap,
+        kafka_topics.events,
+        stdin=f"{b'run_7'.hex()} {codec.encode(p).hex()}\n",
+    )
     assert int(line.split(" ")[1]) == by_runstate["run_7"]
     state_dir = tmp_path / "state"
     Projector(log, str(state_dir), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.05)
@@ -146,12 +180,33 @@ def test_kafka_s_java_producer_puts_each_run_where_runstate_does(java_interop: P
 
     # Kafka's console consumer reads every record we wrote, on the partition we wrote it to.
     out = subprocess.run(
-        ["java", "-cp", f"{java_interop}/*", "org.apache.kafka.tools.consumer.ConsoleConsumer",
-         "--bootstrap-server", kafka_bootstrap, "--topic", kafka_topics.events, "--from-beginning",
-         "--max-messages", str(len(ids) + 1), "--timeout-ms", "60000",
-         "--property", "print.key=true", "--property", "print.partition=true", "--property", "key.separator=|",
-         "--property", "value.deserializer=org.apache.kafka.common.serialization.BytesDeserializer"],
-        capture_output=True, text=True, timeout=120)  # fmt: skip
+        [
+            "java",
+            "-cp",
+            f"{java_interop}/*",
+            "org.apache.kafka.tools.consumer.ConsoleConsumer",
+            "--bootstrap-server",
+            kafka_bootstrap,
+            "--topic",
+            kafka_topics.events,
+            "--from-beginning",
+            "--max-messages",
+            str(len(ids) + 1),
+            "--timeout-ms",
+            "60000",
+            "--property",
+            "print.key=true",
+            "--property",
+            "print.partition=true",
+            "--property",
+            "key.separator=|",
+            "--property",
+            "value.deserializer=org.apache.kafka.common.serialization.BytesDeserializer",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     seen: dict[str, list[bytes]] = {}
     for ln in out.stdout.splitlines():
@@ -170,7 +225,7 @@ def _unescape(text: str) -> bytes:
     i = 0
     while i < len(text):
         if text.startswith("\\x", i):
-            out.append(int(text[i + 2:i + 4], 16))
+            out.append(int(text[i + 2 : i + 4], 16))
             i += 4
         else:
             out += text[i].encode()

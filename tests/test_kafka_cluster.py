@@ -49,8 +49,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaClus
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runstate.cli", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "runstate.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
 
 
 def test_topics_are_replicated_and_acknowledged_appends_survive_broker_and_controller_kills(
@@ -60,8 +65,11 @@ def test_topics_are_replicated_and_acknowledged_appends_survive_broker_and_contr
 
     prefix = f"rs3-{uuid.uuid4().hex[:8]}"
     topics = TopicNames.with_prefix(prefix)
-    env = {"RUNSTATE_LOG": f"kafka://{cluster.bootstrap}", "RUNSTATE_TOPIC_PREFIX": prefix,
-           "RUNSTATE_STATE_DIR": str(tmp_path / "state")}  # fmt: skip
+    env = {
+        "RUNSTATE_LOG": f"kafka://{cluster.bootstrap}",
+        "RUNSTATE_TOPIC_PREFIX": prefix,
+        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+    }
     made = _cli(env, "topics", "create", "--partitions", "3", "--replication", "3")
     assert made.returncode == 0, made.stderr
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
@@ -75,9 +83,15 @@ def test_topics_are_replicated_and_acknowledged_appends_survive_broker_and_contr
     assert got[topics.checkpoints]["cleanup.policy"].value == "compact"
     assert _cli(env, "topics", "check").returncode == 0
 
-    projectors = [subprocess.Popen([sys.executable, "-m", "runstate.cli", "project"], env={**os.environ, **env},
-                                   stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"project{i}.log", "wb"))
-                  for i in range(2)]  # fmt: skip
+    projectors = [
+        subprocess.Popen(
+            [sys.executable, "-m", "runstate.cli", "project"],
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / f"project{i}.log", "wb"),
+        )
+        for i in range(2)
+    ]
 
     def logs() -> str:
         return "\n".join((tmp_path / f"project{i}.log").read_text()[-2000:] for i in range(2))
@@ -96,7 +110,9 @@ def test_topics_are_replicated_and_acknowledged_appends_survive_broker_and_contr
             while not stop.is_set():
                 run = f"r{n % RUNS}"
                 try:
-                    producer.append(producer.build(run, {"expected_revision": 0, "rebase": True, "events": [fact(f"f{n}")]}))
+                    producer.append(
+                        producer.build(run, {"expected_revision": 0, "rebase": True, "events": [fact(f"f{n}")]})
+                    )
                     acked[run].append(f"f{n}")
                 except DeliveryError as e:  # not acknowledged: may or may not be in the log
                     failed.append(str(e))

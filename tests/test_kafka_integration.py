@@ -33,8 +33,12 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
 def kenv(bootstrap: str, topics: TopicNames, state: Path) -> dict[str, str]:
-    return {**os.environ, "RUNSTATE_LOG": f"kafka://{bootstrap}", "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
-            "RUNSTATE_STATE_DIR": str(state)}  # fmt: skip
+    return {
+        **os.environ,
+        "RUNSTATE_LOG": f"kafka://{bootstrap}",
+        "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
+        "RUNSTATE_STATE_DIR": str(state),
+    }
 
 
 def cli(env: dict[str, str], *args: str, input: str | None = None) -> Result:
@@ -54,7 +58,9 @@ def wait_drained(log: KafkaLog, state: Path, timeout_s: float = 90) -> None:
     raise AssertionError(f"projection did not catch up: ends {ends}")
 
 
-def test_cli_end_to_end_on_kafka_with_dead_letters_and_lag(kafka_bootstrap: str, kafka_topics: TopicNames, tmp_path: Path) -> None:
+def test_cli_end_to_end_on_kafka_with_dead_letters_and_lag(
+    kafka_bootstrap: str, kafka_topics: TopicNames, tmp_path: Path
+) -> None:
     env = kenv(kafka_bootstrap, kafka_topics, tmp_path / "state")
     r = cli(env, "project", "--until-caught-up")
     assert r.exit_code == 1 and "does not exist" in r.output and "runstate topics create" in r.output
@@ -78,8 +84,14 @@ def test_cli_end_to_end_on_kafka_with_dead_letters_and_lag(kafka_bootstrap: str,
 
     r = cli(env, "project", "--until-caught-up", "--quiet")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output.splitlines()[-1]) == {"records": 4, "accepted": 2, "rejected": 1, "duplicates": 0,
-                                                     "dead_letters": 1, "events": 2}  # fmt: skip
+    assert json.loads(r.output.splitlines()[-1]) == {
+        "records": 4,
+        "accepted": 2,
+        "rejected": 1,
+        "duplicates": 0,
+        "dead_letters": 1,
+        "events": 2,
+    }
     st = json.loads(cli(env, "state", "run_a", "--json").output)
     assert st["revision"] == 2 and [f["id"] for f in st["confirmed_facts"]] == ["f1"]
     assert json.loads(cli(env, "state", "run_a", "--json", "--revision", "1").output)["confirmed_facts"] == []
@@ -100,11 +112,21 @@ def test_cli_end_to_end_on_kafka_with_dead_letters_and_lag(kafka_bootstrap: str,
 
     klog = open_log(f"kafka://{kafka_bootstrap}", topics=kafka_topics)
     stop = threading.Event()
-    t = threading.Thread(target=Projector(klog, str(tmp_path / "state")).run, kwargs={"stop": stop, "poll_timeout_s": 0.05})
+    t = threading.Thread(
+        target=Projector(klog, str(tmp_path / "state")).run, kwargs={"stop": stop, "poll_timeout_s": 0.05}
+    )
     t.start()
     try:
-        r = cli(env, "publish", "run_a", "-", "--wait", "--timeout", "30",
-                input=json.dumps({"expected_revision": 2, "events": [fact("f3")]}))  # fmt: skip
+        r = cli(
+            env,
+            "publish",
+            "run_a",
+            "-",
+            "--wait",
+            "--timeout",
+            "30",
+            input=json.dumps({"expected_revision": 2, "events": [fact("f3")]}),
+        )
         assert r.exit_code == 0 and json.loads(r.output)["revision"] == 3, r.output
     finally:
         stop.set()
@@ -113,13 +135,19 @@ def test_cli_end_to_end_on_kafka_with_dead_letters_and_lag(kafka_bootstrap: str,
     rows = json.loads(cli(env, "status", "--json").output)
     assert all(row["lag"] == 0 for row in rows)
     deadline = time.monotonic() + 10  # the group's mirror is committed asynchronously
-    while any(row["committed"] != row["end_offset"] for row in rows if row["end_offset"]) and time.monotonic() < deadline:
+    while (
+        any(row["committed"] != row["end_offset"] for row in rows if row["end_offset"]) and time.monotonic() < deadline
+    ):
         time.sleep(0.5)
         rows = json.loads(cli(env, "status", "--json").output)
     assert all(row["committed"] == row["end_offset"] for row in rows if row["end_offset"])
 
     log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
-    dead = [r for p in range(3) for r in log.scan(kafka_topics.deadletter, p, 0, log.end_offsets(kafka_topics.deadletter)[p])]
+    dead = [
+        r
+        for p in range(3)
+        for r in log.scan(kafka_topics.deadletter, p, 0, log.end_offsets(kafka_topics.deadletter)[p])
+    ]
     assert len(dead) == 1 and dict(dead[0].headers)["reason"] == b"not_avro_single_object"
     assert dead[0].value == b"\x00garbage, not a patch"
     log.close()
@@ -139,22 +167,32 @@ def chains(runs: int, per_run: int) -> list[Patch]:
 
 
 def spawn_projector(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "runstate.cli", "-v", "project", "--batch-size", "50", "--quiet"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=open(log_path, "ab"))  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "runstate.cli", "-v", "project", "--batch-size", "50", "--quiet"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log_path, "ab"),
+    )
 
 
 def check_decided_once(log: KafkaLog, state: Path, runs: int) -> None:
     ends = log.end_offsets(log.topics.events)
-    book = replay(rec for p in range(log.partitions(log.topics.events)) for rec in log.scan(log.topics.events, p, 0, ends[p]))
+    book = replay(
+        rec for p in range(log.partitions(log.topics.events)) for rec in log.scan(log.topics.events, p, 0, ends[p])
+    )
     with Projection(state) as proj:
         for r in range(runs):
             hist = proj.history(f"run_{r}")
             assert len({d.patch_id for d in hist}) == len(hist), "a patch was decided twice"
-            assert hist == sorted((structs.to_model(d) for (run, _), d in book.decided.items() if run == f"run_{r}"),
-                                  key=lambda d: d.offset)  # fmt: skip
+            assert hist == sorted(
+                (structs.to_model(d) for (run, _), d in book.decided.items() if run == f"run_{r}"),
+                key=lambda d: d.offset,
+            )
 
 
-def test_two_projectors_share_partitions_and_survive_sigkill(kafka_bootstrap: str, kafka_topics: TopicNames, tmp_path: Path) -> None:
+def test_two_projectors_share_partitions_and_survive_sigkill(
+    kafka_bootstrap: str, kafka_topics: TopicNames, tmp_path: Path
+) -> None:
     state = tmp_path / "state"
     env = kenv(kafka_bootstrap, kafka_topics, state)
     log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
@@ -216,8 +254,9 @@ def own_broker() -> Iterator[LocalKafka]:
     broker.stop()
 
 
-def test_broker_restart_while_producing_loses_and_duplicates_nothing(own_broker: LocalKafka, tmp_path: Path,
-                                                                     kafka_bootstrap: str) -> None:  # fmt: skip
+def test_broker_restart_while_producing_loses_and_duplicates_nothing(
+    own_broker: LocalKafka, tmp_path: Path, kafka_bootstrap: str
+) -> None:
     topics = TopicNames()
     log = KafkaLog(own_broker.bootstrap, topics=topics)
     log.create_topics(3)
@@ -241,8 +280,10 @@ def test_broker_restart_while_producing_loses_and_duplicates_nothing(own_broker:
         try:
             wait_drained(log, state, timeout_s=120)  # the projector resumed by itself
         except AssertionError as e:
-            raise AssertionError(f"{e}; projector exit {projector.poll()}; its log ends: "
-                                 f"{(tmp_path / 'p.log').read_text(errors='replace')[-3000:]}") from e
+            raise AssertionError(
+                f"{e}; projector exit {projector.poll()}; its log ends: "
+                f"{(tmp_path / 'p.log').read_text(errors='replace')[-3000:]}"
+            ) from e
         assert projector.poll() is None
     finally:
         projector.send_signal(signal.SIGTERM)
@@ -265,8 +306,9 @@ def test_broker_restart_while_producing_loses_and_duplicates_nothing(own_broker:
     log.close()
 
 
-def test_new_machine_restores_from_the_compacted_checkpoints_topic(kafka_bootstrap: str, kafka_topics: TopicNames,
-                                                                   tmp_path: Path) -> None:  # fmt: skip
+def test_new_machine_restores_from_the_compacted_checkpoints_topic(
+    kafka_bootstrap: str, kafka_topics: TopicNames, tmp_path: Path
+) -> None:
     from runstate.snapshotter.policy import CheckpointPolicy
     from runstate.snapshotter.loop import Snapshotter
     from runstate.snapshotter.recovery import restore_partition
@@ -279,7 +321,9 @@ def test_new_machine_restores_from_the_compacted_checkpoints_topic(kafka_bootstr
         prod.append_async(log.topics.events, p.run_id, encode(p), lambda w, e: None)
     assert prod.flush(60) == 0
     # Machine A runs the snapshotter (its own group and store) into the checkpoints topic.
-    Snapshotter(log, str(tmp_path / "a"), policy=CheckpointPolicy(every=8, bytes_ratio=None)).run(until_caught_up=True, poll_timeout_s=0.05)
+    Snapshotter(log, str(tmp_path / "a"), policy=CheckpointPolicy(every=8, bytes_ratio=None)).run(
+        until_caught_up=True, poll_timeout_s=0.05
+    )
     # Machine B has no local state at all: it restores from Kafka, then reads the tail.
     reports = []
     from runstate.projector.runtime.loop import Projector
@@ -319,8 +363,9 @@ def test_snapshotter_and_projector_killed_then_state_lost_and_recovered_on_kafka
 
 
 @pytest.mark.parametrize("when", ["after_restart", "while_down"])
-def test_sigterm_ends_the_projector_promptly_around_a_broker_restart(own_broker: LocalKafka, tmp_path: Path,
-                                                                     when: str) -> None:  # fmt: skip
+def test_sigterm_ends_the_projector_promptly_around_a_broker_restart(
+    own_broker: LocalKafka, tmp_path: Path, when: str
+) -> None:
     """SIGTERM finishes the batch in hand and exits: right after a broker restart, and
     while the broker is down (the group is left as well as it can be, never waited on)."""
     log = KafkaLog(own_broker.bootstrap, topics=TopicNames())
@@ -345,8 +390,10 @@ def test_sigterm_ends_the_projector_promptly_around_a_broker_restart(own_broker:
         try:
             projector.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the projector was still running 20 s after SIGTERM ({when}):\n"
-                        + (tmp_path / "p.log").read_text()[-2000:])  # fmt: skip
+            pytest.fail(
+                f"the projector was still running 20 s after SIGTERM ({when}):\n"
+                + (tmp_path / "p.log").read_text()[-2000:]
+            )
         elapsed = time.monotonic() - t0
         print(f"SIGTERM {when}: exited {projector.returncode} after {elapsed:.1f}s")
         assert projector.returncode == 0, (tmp_path / "p.log").read_text()[-2000:]

@@ -32,11 +32,18 @@ class TestKafkaLog(LogConformance):
     @pytest.fixture
     def log(self, kafka_bootstrap: str, kafka_topics: TopicNames) -> Iterator[KafkaLog]:
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-        compact = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.ms": "100",
-                   "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "100"}  # fmt: skip
-        topics = [NewTopic(kafka_topics.events, 3, 1, config={"message.timestamp.type": "LogAppendTime"}),
-                  NewTopic(kafka_topics.checkpoints, 3, 1, config=compact),
-                  NewTopic(kafka_topics.deadletter, 3, 1)]  # fmt: skip
+        compact = {
+            "cleanup.policy": "compact",
+            "min.compaction.lag.ms": "0",
+            "segment.ms": "100",
+            "min.cleanable.dirty.ratio": "0.01",
+            "delete.retention.ms": "100",
+        }
+        topics = [
+            NewTopic(kafka_topics.events, 3, 1, config={"message.timestamp.type": "LogAppendTime"}),
+            NewTopic(kafka_topics.checkpoints, 3, 1, config=compact),
+            NewTopic(kafka_topics.deadletter, 3, 1),
+        ]
         for f in admin.create_topics(topics).values():
             f.result()
         log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
@@ -54,8 +61,12 @@ def test_java_default_partitioner_agrees_with_ours(kafka_bootstrap: str, kafka_t
     p = Producer({"bootstrap.servers": kafka_bootstrap, "partitioner": "murmur2_random"})
     keys = [f"run_{i}" for i in range(50)] + ["", "运行-7", "a" * 300]
     for k in keys:
-        p.produce(kafka_topics.events, key=k.encode(), value=b"x",
-                  on_delivery=lambda err, msg, k=k: got.__setitem__(k, msg.partition()))  # fmt: skip
+        p.produce(
+            kafka_topics.events,
+            key=k.encode(),
+            value=b"x",
+            on_delivery=lambda err, msg, k=k: got.__setitem__(k, msg.partition()),
+        )
     p.flush(30)
     assert got == {k: partition_for(k, 7) for k in keys}
     log.close()
@@ -68,9 +79,14 @@ def test_missing_and_incompatible_topics_are_clear_errors(kafka_bootstrap: str, 
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    for f in admin.create_topics([NewTopic(kafka_topics.events, 3, 1), NewTopic(kafka_topics.checkpoints, 3, 1),
-                                  NewTopic(kafka_topics.deadletter, 3, 1),
-                                  NewTopic(kafka_topics.decisions, 3, 1)]).values():  # fmt: skip
+    for f in admin.create_topics(
+        [
+            NewTopic(kafka_topics.events, 3, 1),
+            NewTopic(kafka_topics.checkpoints, 3, 1),
+            NewTopic(kafka_topics.deadletter, 3, 1),
+            NewTopic(kafka_topics.decisions, 3, 1),
+        ]
+    ).values():
         f.result()
     log2 = KafkaLog(kafka_bootstrap, topics=kafka_topics)
     with pytest.raises(LogConfigError, match="cleanup.policy=compact"):
@@ -78,8 +94,17 @@ def test_missing_and_incompatible_topics_are_clear_errors(kafka_bootstrap: str, 
     # Compacted, but the events carry the client's time: refused too (time rules use the log's).
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
-    altered = admin.incremental_alter_configs([ConfigResource("topic", kafka_topics.checkpoints, incremental_configs=[
-        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)])])  # fmt: skip
+    altered = admin.incremental_alter_configs(
+        [
+            ConfigResource(
+                "topic",
+                kafka_topics.checkpoints,
+                incremental_configs=[
+                    ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)
+                ],
+            )
+        ]
+    )
     for f in altered.values():
         f.result()
     log3 = KafkaLog(kafka_bootstrap, topics=kafka_topics)
@@ -111,16 +136,18 @@ def _small_records_only(bootstrap: str, topics: TopicNames) -> tuple[KafkaLog, R
     """An events topic of one partition whose records may be at most 300 bytes (the broker
     refuses a bigger one after the producer queued it), and a producer for it."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(topics.events, 1, 1, config={"max.message.bytes": "300",
-                                                                 "message.timestamp.type": "LogAppendTime"})]).values():
+    for f in admin.create_topics(
+        [NewTopic(topics.events, 1, 1, config={"max.message.bytes": "300", "message.timestamp.type": "LogAppendTime"})]
+    ).values():
         f.result()
     log = KafkaLog(bootstrap, topics=topics, config={"producer.compression.type": "none"})
     log.create_topics(1)
     return log, RunProducer(log, Author(agent_id="t", agent_version="1"))
 
 
-def test_a_record_the_broker_refuses_reaches_its_callback_as_a_delivery_error(kafka_bootstrap: str,
-                                                                             kafka_topics: TopicNames) -> None:  # fmt: skip
+def test_a_record_the_broker_refuses_reaches_its_callback_as_a_delivery_error(
+    kafka_bootstrap: str, kafka_topics: TopicNames
+) -> None:
     """A topic whose records may be at most 300 bytes: the broker refuses a bigger patch
     after the producer queued it. Its callback gets a DeliveryError naming the run and the
     broker's reason, and no receipt; a small record on the same producer still lands."""
@@ -141,8 +168,9 @@ def test_a_record_the_broker_refuses_reaches_its_callback_as_a_delivery_error(ka
     log.close()
 
 
-def test_a_refused_record_appended_without_a_callback_is_raised_by_flush_once(kafka_bootstrap: str,
-                                                                             kafka_topics: TopicNames) -> None:  # fmt: skip
+def test_a_refused_record_appended_without_a_callback_is_raised_by_flush_once(
+    kafka_bootstrap: str, kafka_topics: TopicNames
+) -> None:
     """Fire-and-forget appends (no callback, no receipt) still never lose a failure: the
     broker refuses two oversized patches, and the next flush raises one DeliveryError that
     names the first run, the broker's reason and how many more failed. Raised once: the
@@ -159,7 +187,9 @@ def test_a_refused_record_appended_without_a_callback_is_raised_by_flush_once(ka
     assert prod.flush(30) == 0
     prod.append_async(prod.events("run_small", 0, [{"type": "RunStarted", "goal": {"statement": "x"}}]))
     prod.close()
-    assert [r.key for r in log.scan(kafka_topics.events, 0, 0, log.end_offsets(kafka_topics.events)[0])] == [b"run_small"]
+    assert [r.key for r in log.scan(kafka_topics.events, 0, 0, log.end_offsets(kafka_topics.events)[0])] == [
+        b"run_small"
+    ]
     log.close()
 
 
@@ -185,14 +215,16 @@ def test_a_projector_started_right_after_creating_its_topics_catches_up(kafka_bo
         try:
             log.create_topics(6)
             stats = Projector(log, str(tmp_path / f"state{i}"), publish_dead_letters=False).run(
-                until_caught_up=True, poll_timeout_s=0.05)  # fmt: skip
+                until_caught_up=True, poll_timeout_s=0.05
+            )
             assert stats.records == 0
         finally:
             log.close()
 
 
 def test_with_cooperative_assignment_a_member_keeps_its_partitions_while_another_joins_and_leaves(
-        kafka_bootstrap: str) -> None:  # fmt: skip
+    kafka_bootstrap: str,
+) -> None:
     """``consumer.partition.assignment.strategy=cooperative-sticky`` (RUNSTATE_KAFKA_CONFIG):
     a rebalance moves only the partitions that change hands (incremental assignment), so a
     member's own partitions are never revoked when another joins or dies; only what moves
@@ -207,8 +239,10 @@ def test_with_cooperative_assignment_a_member_keeps_its_partitions_while_another
 
     def member(name: str) -> Any:
         c = log.consumer("coop", topics.events, client_id=name)
-        c.subscribe(lambda ps: (seen[name].append(("assign", sorted(ps))), {})[1],
-                    lambda ps: seen[name].append(("revoke", sorted(ps))))  # fmt: skip
+        c.subscribe(
+            lambda ps: (seen[name].append(("assign", sorted(ps))), {})[1],
+            lambda ps: seen[name].append(("revoke", sorted(ps))),
+        )
         return c
 
     def until(cond: Callable[[], bool], *members: Any) -> None:

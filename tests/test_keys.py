@@ -37,21 +37,27 @@ def publish_all(settings: Settings, run_id: str, patches: list[dict[str, Any]]) 
 
 
 def settings(tmp_path: Path, key: str, **kw: Any) -> Settings:
-    return Settings(log=str(tmp_path / "log.db"), state_dir=str(tmp_path / "state"), master_key=key, partitions=4,
-                    **kw)  # fmt: skip
+    return Settings(log=str(tmp_path / "log.db"), state_dir=str(tmp_path / "state"), master_key=key, partitions=4, **kw)
 
 
 def env_for(s: Settings, key: str) -> dict[str, str]:
-    return {"RUNSTATE_LOG": s.log, "RUNSTATE_STATE_DIR": s.state_dir, "RUNSTATE_MASTER_KEY": key,
-            "RUNSTATE_PARTITIONS": "4"}  # fmt: skip
+    return {
+        "RUNSTATE_LOG": s.log,
+        "RUNSTATE_STATE_DIR": s.state_dir,
+        "RUNSTATE_MASTER_KEY": key,
+        "RUNSTATE_PARTITIONS": "4",
+    }
 
 
 def keys_rows(path: str) -> list[tuple[int, int, bytes, bytes]]:
     raw = EmbeddedLog(path, create=False)
     try:
         t = raw.topics.keys
-        return [(p, r.offset, r.key or b"", r.value) for p in range(raw.partitions(t))
-                for r in raw.scan(t, p, 0, raw.end_offsets(t)[p])]  # fmt: skip
+        return [
+            (p, r.offset, r.key or b"", r.value)
+            for p in range(raw.partitions(t))
+            for r in raw.scan(t, p, 0, raw.end_offsets(t)[p])
+        ]
     finally:
         raw.close()
 
@@ -79,8 +85,12 @@ LAGGARD = textwrap.dedent("""
 
 def start_laggard(s: Settings, key: str) -> subprocess.Popen[str]:
     plain = s.model_dump(mode="json", exclude={"master_key"})
-    return subprocess.Popen([sys.executable, "-c", LAGGARD, json.dumps(plain), key], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", LAGGARD, json.dumps(plain), key],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_a_writer_still_holding_the_old_key_during_a_rotation_loses_no_acknowledged_append(tmp_path: Path) -> None:
@@ -104,8 +114,9 @@ def test_a_writer_still_holding_the_old_key_during_a_rotation_loses_no_acknowled
 
         for i in range(4):  # before the rotation: its keys land before the rotation's records
             assert ask(f"lag-before-{i}")["acked"]
-        r = CliRunner().invoke(main, ["keys", "rotate", "--new-key-file", str(tmp_path / "new.key")],
-                               env=env_for(s_old, old))  # fmt: skip
+        r = CliRunner().invoke(
+            main, ["keys", "rotate", "--new-key-file", str(tmp_path / "new.key")], env=env_for(s_old, old)
+        )
         assert r.exit_code == 0, r.output
         for i in range(12):  # after it: refused (not acknowledged), or readable with the new key
             got = ask(f"lag-after-{i}")
@@ -133,7 +144,8 @@ def test_a_writer_still_holding_the_old_key_during_a_rotation_loses_no_acknowled
 
 
 def test_a_rotation_cut_short_and_run_again_with_another_new_key_changes_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     old, new1, new2 = MasterKey.generate(), MasterKey.generate(), MasterKey.generate()
     s_old = settings(tmp_path, old)
     for i in range(20):
@@ -180,8 +192,9 @@ def test_a_rotation_whose_keys_do_not_all_open_changes_nothing_and_names_them(tm
     raw = EmbeddedLog(s.log, create=False)
     (p, _o, key, value) = next(r for r in keys_rows(s.log) if r[2].startswith(b"hurt\0"))
     v = orjson.loads(value)
-    raw.producer().append(raw.topics.keys, key.decode(), orjson.dumps({**v, "wrapped": "AAAA" + v["wrapped"][4:]}),
-                          partition=p)  # fmt: skip
+    raw.producer().append(
+        raw.topics.keys, key.decode(), orjson.dumps({**v, "wrapped": "AAAA" + v["wrapped"][4:]}), partition=p
+    )
     raw.close()
     before = keys_rows(s.log)
     with pytest.raises(KeyStoreError, match=r"nothing rotated: 1 run key.*hurt/.*damaged"):
@@ -224,8 +237,11 @@ def test_a_flipped_run_id_in_a_sealed_envelope_is_a_dead_letter_not_a_vanished_p
     value[at] ^= 0x01  # 'victim' -> 'wictim'
     db = __import__("sqlite3").connect(s.log)
     from runstate.eventlog.embedded import _crc
-    db.execute("UPDATE records SET value=?, crc=? WHERE topic=? AND partition=? AND offset=?",
-               (bytes(value), _crc(b"victim", bytes(value)), log.topics.events, p, second.offset))  # fmt: skip
+
+    db.execute(
+        "UPDATE records SET value=?, crc=? WHERE topic=? AND partition=? AND offset=?",
+        (bytes(value), _crc(b"victim", bytes(value)), log.topics.events, p, second.offset),
+    )
     db.commit()
     db.close()
     publish_all(s, "victim", [{"expected_revision": 1, "events": [fact("f2")]}])
@@ -283,15 +299,23 @@ def test_rotation_killed_at_random_points_then_resumed_loses_nothing(tmp_path: P
         publish_all(s, f"r{i}", two_patches("x"))
     env = {**os.environ, **env_for(s, old)}
     for delay in (0.05, 0.15, 0.3):
-        proc = subprocess.Popen([sys.executable, "-m", "runstate.cli", "keys", "rotate", "--new-key-file",
-                                 str(tmp_path / "new.key")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "runstate.cli", "keys", "rotate", "--new-key-file", str(tmp_path / "new.key")],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             proc.wait(delay)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-    r = subprocess.run([sys.executable, "-m", "runstate.cli", "keys", "rotate", "--new-key-file",
-                        str(tmp_path / "new.key")], env=env, capture_output=True, text=True)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "runstate.cli", "keys", "rotate", "--new-key-file", str(tmp_path / "new.key")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     final = settings(tmp_path, new)
     app.project(final, until_caught_up=True)
@@ -320,8 +344,9 @@ def test_checkpoints_are_signed_with_a_key_of_the_key_store_forgeries_refused_ro
     log = app.open_settings_log(rotated)
     try:
         t = log.topics.checkpoints
-        (newest,) = [r for p in range(log.partitions(t)) for r in log.scan(t, p, 0, log.end_offsets(t)[p])
-                     if r.key == b"r"][-1:]  # fmt: skip
+        (newest,) = [
+            r for p in range(log.partitions(t)) for r in log.scan(t, p, 0, log.end_offsets(t)[p]) if r.key == b"r"
+        ][-1:]
         doc = pieces.head_document(newest.value)
         assert ":" in doc["signature"]  # kid:hmac
         doc["covers_offset"] = 10**9
@@ -344,22 +369,33 @@ def test_checkpoints_are_signed_with_a_key_of_the_key_store_forgeries_refused_ro
 @pytest.mark.kafka
 @pytest.mark.slow
 def test_on_kafka_a_rotation_killed_at_random_points_beside_a_laggard_writer_loses_nothing(
-        kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path) -> None:  # fmt: skip
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path
+) -> None:
     """The drill on a real broker: a writer holding only the old key keeps starting runs
     while ``keys rotate`` is SIGKILLed at several points and then finished; every run whose
     start was acknowledged reads with the new key alone, nothing is dead-lettered."""
     old, new = MasterKey.generate(), MasterKey.generate()
     (tmp_path / "new.key").write_text(new)
     prefix = kafka_topics.events.rsplit(".", 1)[0]
-    s = Settings(log=f"kafka://{kafka_bootstrap}", topic_prefix=prefix, state_dir=str(tmp_path / "state"),
-                 master_key=old, partitions=3)  # fmt: skip
+    s = Settings(
+        log=f"kafka://{kafka_bootstrap}",
+        topic_prefix=prefix,
+        state_dir=str(tmp_path / "state"),
+        master_key=old,
+        partitions=3,
+    )
     app.create_topics(s)
     for i in range(8):
         publish_all(s, f"k{i}", two_patches("x"))
     laggard = start_laggard(s, old)
     answers: list[dict[str, Any]] = []
-    env = {**os.environ, "RUNSTATE_LOG": s.log, "RUNSTATE_TOPIC_PREFIX": prefix, "RUNSTATE_MASTER_KEY": old,
-           "RUNSTATE_STATE_DIR": s.state_dir}  # fmt: skip
+    env = {
+        **os.environ,
+        "RUNSTATE_LOG": s.log,
+        "RUNSTATE_TOPIC_PREFIX": prefix,
+        "RUNSTATE_MASTER_KEY": old,
+        "RUNSTATE_STATE_DIR": s.state_dir,
+    }
     rotate = [sys.executable, "-m", "runstate.cli", "keys", "rotate", "--new-key-file", str(tmp_path / "new.key")]
     try:
         assert laggard.stdout is not None and laggard.stdin is not None

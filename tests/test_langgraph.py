@@ -86,8 +86,9 @@ def test_langgraph_conformance_sync_saver_on_the_embedded_log(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_langgraph_conformance_through_a_serve(tmp_path: Path) -> None:
-    serve = ServeProcess({"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")},
-                         tmp_path)  # fmt: skip
+    serve = ServeProcess(
+        {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}, tmp_path
+    )
     try:
         serve.wait_ready()
         report = _validate("AsyncRunstateSaver (serve)", lambda: AsyncRunstateSaver.from_conn_string(serve.url))
@@ -102,8 +103,11 @@ def test_langgraph_conformance_on_the_kafka_broker(kafka_bootstrap: str, kafka_t
     from runstate.eventlog.kafka import KafkaLog
 
     KafkaLog(kafka_bootstrap, topics=kafka_topics).create_topics(3)
-    env = {"RUNSTATE_LOG": f"kafka://{kafka_bootstrap}", "RUNSTATE_TOPIC_PREFIX": kafka_topics.events.rsplit(".", 1)[0],
-           "RUNSTATE_STATE_DIR": str(tmp_path / "state")}  # fmt: skip
+    env = {
+        "RUNSTATE_LOG": f"kafka://{kafka_bootstrap}",
+        "RUNSTATE_TOPIC_PREFIX": kafka_topics.events.rsplit(".", 1)[0],
+        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+    }
     serve = ServeProcess(env, tmp_path)
     try:
         serve.wait_ready(timeout_s=120)
@@ -114,16 +118,25 @@ def test_langgraph_conformance_on_the_kafka_broker(kafka_bootstrap: str, kafka_t
 
 
 def _example(where: Path | str, thread: str, *args: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, str(EXAMPLE), str(where), thread, *args], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLE), str(where), thread, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     return dict(json.loads(out.stdout))
 
 
 def _cli(where: Path, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "runstate.cli", *args], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "RUNSTATE_LOG": str(where / "log.db"),
-                              "RUNSTATE_STATE_DIR": str(where / "state")})  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "runstate.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "RUNSTATE_LOG": str(where / "log.db"), "RUNSTATE_STATE_DIR": str(where / "state")},
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -197,8 +210,9 @@ def test_mistakes_are_typed_errors_and_a_deleted_thread_stays_deleted(tmp_path: 
         saver.delete_thread("never-existed")  # no error, as LangGraph's savers
 
 
-def test_with_a_master_key_the_suite_passes_and_delete_thread_erases(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_with_a_master_key_the_suite_passes_and_delete_thread_erases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
     from runstate.eventlog.keystore import MasterKey
@@ -212,8 +226,7 @@ def test_with_a_master_key_the_suite_passes_and_delete_thread_erases(tmp_path: P
     forms = [marker.encode()] + [base64.b64encode(b"..."[:k] + marker.encode())[4:20] for k in range(3)]
 
     def holding() -> list[Path]:
-        return [p for p in (tmp_path / "erase").rglob("*")
-                if p.is_file() and any(f in p.read_bytes() for f in forms)]  # fmt: skip
+        return [p for p in (tmp_path / "erase").rglob("*") if p.is_file() and any(f in p.read_bytes() for f in forms)]
 
     with RunstateSaver.from_conn_string(tmp_path / "erase") as saver:
         cfg = generate_config("t1")
@@ -234,12 +247,13 @@ def test_the_docs_example_runs_as_written(tmp_path: Path) -> None:
 
     [block] = doc_blocks("python", "docs/langgraph.md")
     for turn in (1, 2):  # twice, as a reader trying it does: the same thread goes on
-        script = block + ("\nassert snapshot.values == {'steps': ['looked at the failing test']}, snapshot\n"
-                          f"assert len(history) == 3 * {turn}, history\n")  # input, the node's step, and the start
+        script = block + (
+            "\nassert snapshot.values == {'steps': ['looked at the failing test']}, snapshot\n"
+            f"assert len(history) == 3 * {turn}, history\n"
+        )  # input, the node's step, and the start
         out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
     assert "RunStarted,GraphCheckpointSaved" in _cli(tmp_path / ".runstate", "history", "thread-1")
-
 
 
 def _concat(state: list[str], writes: Any) -> list[str]:
@@ -268,18 +282,22 @@ def _delta_graph(saver: Any) -> Any:
     g.add_edge(START, "b")
     return g.compile(checkpointer=saver)
 
+
 def test_pending_writes_come_back_in_langgraphs_order_and_a_delta_channel_rebuilds_what_ran(tmp_path: Path) -> None:
     """get_tuple returns a step's writes sorted by (task_path, task_id, idx), LangGraph's
     writes_sort_key, as InMemorySaver does: a DeltaChannel rebuilt from them is the value
     the run produced, whichever parallel task finished first."""
     from langgraph.checkpoint.memory import InMemorySaver
 
-    serve = ServeProcess({"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")},
-                         tmp_path)  # fmt: skip
+    serve = ServeProcess(
+        {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}, tmp_path
+    )
     try:
         serve.wait_ready()
-        with RunstateSaver.from_conn_string(tmp_path / "rs") as embedded, \
-                RunstateSaver.from_conn_string(serve.url) as served:  # fmt: skip
+        with (
+            RunstateSaver.from_conn_string(tmp_path / "rs") as embedded,
+            RunstateSaver.from_conn_string(serve.url) as served,
+        ):
             for name, cp in (("memory", InMemorySaver()), ("embedded", embedded), ("serve", served)):
                 graph = _delta_graph(cp)
                 cfg = {"configurable": {"thread_id": f"delta {name}"}}
@@ -351,20 +369,29 @@ def test_a_channel_value_is_stored_once_per_version(tmp_path: Path) -> None:
 
     def puts(saver: RunstateSaver, log: Path) -> None:
         cfg: Any = generate_config("t")
-        cfg = saver.put(cfg, generate_checkpoint(channel_values={"big": big, "n": 1},
-                                                 channel_versions={"big": "1", "n": "1"}),
-                        generate_metadata(), {"big": "1", "n": "1"})  # fmt: skip
+        cfg = saver.put(
+            cfg,
+            generate_checkpoint(channel_values={"big": big, "n": 1}, channel_versions={"big": "1", "n": "1"}),
+            generate_metadata(),
+            {"big": "1", "n": "1"},
+        )
+
         def size() -> int:  # the log's file and its write-ahead log
             return sum(f.stat().st_size for f in log.parent.glob(log.name + "*"))
 
         before = size()
         for i in range(2, 7):
-            cfg = saver.put(cfg, generate_checkpoint(channel_values={"big": big, "n": i},
-                                                     channel_versions={"big": "1", "n": str(i)}),
-                            generate_metadata(), {"n": str(i)})  # fmt: skip
+            cfg = saver.put(
+                cfg,
+                generate_checkpoint(channel_values={"big": big, "n": i}, channel_versions={"big": "1", "n": str(i)}),
+                generate_metadata(),
+                {"n": str(i)},
+            )
         assert size() - before < 200_000  # five checkpoints, not one with the 200 kB value again
         listed = list(saver.list(generate_config("t")))
-        assert len(listed) == 6 and all(t.checkpoint["channel_values"] == {"big": big, "n": 6 - i} for i, t in enumerate(listed))
+        assert len(listed) == 6 and all(
+            t.checkpoint["channel_values"] == {"big": big, "n": 6 - i} for i, t in enumerate(listed)
+        )
         saver.copy_thread("t", "t copy")
         assert [t.checkpoint for t in saver.list(generate_config("t copy"))] == [t.checkpoint for t in listed]
         saver.prune(["t"], strategy="keep_latest")
@@ -379,8 +406,9 @@ def test_a_channel_value_is_stored_once_per_version(tmp_path: Path) -> None:
     with Projection(tmp_path / "rs" / "state") as proj:
         assert [(v.channel, v.version) for v in proj.state("t").graph_values] == [("big", "1")]  # n: in its checkpoints
         assert proj.state("t copy").graph_values == []
-    serve = ServeProcess({"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")},
-                         tmp_path)  # fmt: skip
+    serve = ServeProcess(
+        {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}, tmp_path
+    )
     try:
         serve.wait_ready()
         with RunstateSaver.from_conn_string(serve.url) as served:
@@ -409,11 +437,18 @@ def test_a_thread_saved_whole_with_numbered_versions_goes_on(tmp_path: Path) -> 
 
         def _saved(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
             thread_id, ns, parent_id = _where(config)
-            spec = events.GraphCheckpointSpec(ns=ns, id=checkpoint["id"], parent_id=parent_id,
-                                              checkpoint=_typed_blob(self.serde.dumps_typed(checkpoint)),
-                                              metadata=_typed_blob(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))))  # fmt: skip
-            return thread_id, events.GraphCheckpointSaved(checkpoint=spec), {
-                "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+            spec = events.GraphCheckpointSpec(
+                ns=ns,
+                id=checkpoint["id"],
+                parent_id=parent_id,
+                checkpoint=_typed_blob(self.serde.dumps_typed(checkpoint)),
+                metadata=_typed_blob(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
+            )
+            return (
+                thread_id,
+                events.GraphCheckpointSaved(checkpoint=spec),
+                {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}},
+            )
 
     class Notes(TypedDict):
         notes: Annotated[list[str], lambda a, b: a + b]
@@ -452,7 +487,10 @@ def test_two_savers_on_one_directory_both_write_at_full_speed(tmp_path: Path) ->
     first one's projector: a put is answered at once, not after a 30 s wait."""
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
-    with RunstateSaver.from_conn_string(tmp_path / "rs") as first, RunstateSaver.from_conn_string(tmp_path / "rs") as second:
+    with (
+        RunstateSaver.from_conn_string(tmp_path / "rs") as first,
+        RunstateSaver.from_conn_string(tmp_path / "rs") as second,
+    ):
         started = time.monotonic()
         for saver, thread in ((second, "t-second"), (first, "t-first"), (second, "t-second-2")):
             stored = saver.put(generate_config(thread), generate_checkpoint(), generate_metadata(), {})
@@ -462,7 +500,8 @@ def test_two_savers_on_one_directory_both_write_at_full_speed(tmp_path: Path) ->
 
 
 def test_the_patch_limit_is_the_setting_on_every_path_and_too_large_is_patch_too_large(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The embedded saver honours RUNSTATE_MAX_PATCH_BYTES (it named the setting and ignored
     it), and through serve a checkpoint over the limit is PatchTooLarge, as embedded."""
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
@@ -473,12 +512,15 @@ def test_the_patch_limit_is_the_setting_on_every_path_and_too_large_is_patch_too
         saver.put(generate_config("big"), big, generate_metadata(), {})
         assert saver.get_tuple(generate_config("big")) is not None
     monkeypatch.delenv("RUNSTATE_MAX_PATCH_BYTES")
-    serve = ServeProcess({"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")},
-                         tmp_path)  # fmt: skip
+    serve = ServeProcess(
+        {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}, tmp_path
+    )
     try:
         serve.wait_ready()
-        with RunstateSaver.from_conn_string(serve.url) as served, \
-                pytest.raises(PatchTooLarge, match="RUNSTATE_MAX_PATCH_BYTES"):  # fmt: skip
+        with (
+            RunstateSaver.from_conn_string(serve.url) as served,
+            pytest.raises(PatchTooLarge, match="RUNSTATE_MAX_PATCH_BYTES"),
+        ):
             served.put(generate_config("big"), big, generate_metadata(), {})
     finally:
         assert serve.stop() == 0, serve.log()

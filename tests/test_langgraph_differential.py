@@ -181,8 +181,13 @@ def _plain(v: Any) -> Any:
 def _snapshot(s: Any) -> Any:
     meta = {k: v for k, v in (s.metadata or {}).items() if k in ("source", "step")}
     tasks = [(t.name, _plain(list(t.interrupts)), _plain(t.result) if t.result is not None else None) for t in s.tasks]
-    return {"values": _plain(s.values), "next": sorted(s.next), "meta": meta, "tasks": sorted(tasks, key=repr),
-            "parent": s.parent_config is not None}  # fmt: skip
+    return {
+        "values": _plain(s.values),
+        "next": sorted(s.next),
+        "meta": meta,
+        "tasks": sorted(tasks, key=repr),
+        "parent": s.parent_config is not None,
+    }
 
 
 def _seen(graph: Any, cfg: dict[str, Any]) -> Any:
@@ -218,8 +223,12 @@ def script(saver: Saver, thread: str) -> dict[str, Any]:
     g = with_subgraph(saver)
     g.invoke({"notes": ["start"]}, cfg)
     seen["sub"] = _seen(g, cfg)
-    seen["sub ns"] = sorted({t.config["configurable"]["checkpoint_ns"].split(":")[0]
-                             for t in saver.list({"configurable": {"thread_id": f"{thread}/sub"}})})  # fmt: skip
+    seen["sub ns"] = sorted(
+        {
+            t.config["configurable"]["checkpoint_ns"].split(":")[0]
+            for t in saver.list({"configurable": {"thread_id": f"{thread}/sub"}})
+        }
+    )
 
     cfg = {"configurable": {"thread_id": f"{thread}/approval"}}
     g = approvals(saver)
@@ -267,18 +276,23 @@ def test_real_graphs_on_the_embedded_log_match_langgraphs_in_memory_saver(tmp_pa
 
 
 def test_real_graphs_through_a_serve_match_langgraphs_in_memory_saver(tmp_path: Path) -> None:
-    with _serve({"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")},
-                tmp_path) as url:  # fmt: skip
+    with _serve(
+        {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}, tmp_path
+    ) as url:
         _compare(lambda: RunstateSaver.from_conn_string(url))
 
 
 @pytest.mark.kafka
 def test_real_graphs_through_a_serve_on_kafka_match_langgraphs_in_memory_saver(
-        kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path) -> None:  # fmt: skip
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path
+) -> None:
     from runstate.eventlog.kafka import KafkaLog
 
     KafkaLog(kafka_bootstrap, topics=kafka_topics).create_topics(3)
-    env = {"RUNSTATE_LOG": f"kafka://{kafka_bootstrap}", "RUNSTATE_TOPIC_PREFIX": kafka_topics.events.rsplit(".", 1)[0],
-           "RUNSTATE_STATE_DIR": str(tmp_path / "state")}  # fmt: skip
+    env = {
+        "RUNSTATE_LOG": f"kafka://{kafka_bootstrap}",
+        "RUNSTATE_TOPIC_PREFIX": kafka_topics.events.rsplit(".", 1)[0],
+        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+    }
     with _serve(env, tmp_path) as url:
         _compare(lambda: RunstateSaver.from_conn_string(url))

@@ -25,10 +25,15 @@ pytestmark = pytest.mark.slow
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProcess, dict[str, str]]]:
     work = tmp_path_factory.mktemp("mcp")
     tf = str(work / "tokens.json")
-    tokens = {"writer": add_token(tf, "writer"), "reader": add_token(tf, "auditor", "read"),
-              "team": add_token(tf, "team-bot", runs=["team-*"])}  # fmt: skip
-    proc = ServeProcess({"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"),
-                         "RUNSTATE_TOKENS_FILE": tf}, work)  # fmt: skip
+    tokens = {
+        "writer": add_token(tf, "writer"),
+        "reader": add_token(tf, "auditor", "read"),
+        "team": add_token(tf, "team-bot", runs=["team-*"]),
+    }
+    proc = ServeProcess(
+        {"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"), "RUNSTATE_TOKENS_FILE": tf},
+        work,
+    )
     try:
         proc.wait_ready()
         yield proc, tokens
@@ -44,8 +49,10 @@ def _session(url: str, token: str | None, calls: Any) -> Any:
 
     async def main() -> Any:
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        async with (httpx2.AsyncClient(headers=headers, timeout=30) as http,
-                    streamable_http_client(url + "/mcp", http_client=http) as (read, write)):  # fmt: skip
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=30) as http,
+            streamable_http_client(url + "/mcp", http_client=http) as (read, write),
+        ):
             async with ClientSession(read, write) as session:
                 init = await session.initialize()
                 return await calls(session, init)
@@ -66,25 +73,37 @@ def test_tool_errors_carry_runstate_s_code_and_message_as_http_does_without_a_tr
     h = {"authorization": f"Bearer {tokens['writer']}"}
 
     async def calls(s: Any, _init: Any) -> dict[str, Any]:
-        ok = await s.call_tool("propose_patch", {"run_id": "team-1", "patch": {"expected_revision": 0, "events": [start()]}})
+        ok = await s.call_tool(
+            "propose_patch", {"run_id": "team-1", "patch": {"expected_revision": 0, "events": [start()]}}
+        )
         assert not ok.is_error, ok
         return {
             "missing": await s.call_tool("run_state", {"run_id": "nope"}),
             "missing_ctx": await s.call_tool("run_context", {"run_id": "nope"}),
             "missing_hist": await s.call_tool("run_history", {"run_id": "nope"}),
-            "bad_field": await s.call_tool("propose_patch", {"run_id": "team-1", "patch": {
-                "expected_revision": 1, "events": [{"type": "FactConfirmed", "fact": {"statement": 3}}]}}),
-            "bad_type": await s.call_tool("propose_patch", {"run_id": "team-1", "patch": {
-                "expected_revision": 1, "events": [{"type": "FactGuessed"}]}}),
+            "bad_field": await s.call_tool(
+                "propose_patch",
+                {
+                    "run_id": "team-1",
+                    "patch": {"expected_revision": 1, "events": [{"type": "FactConfirmed", "fact": {"statement": 3}}]},
+                },
+            ),
+            "bad_type": await s.call_tool(
+                "propose_patch",
+                {"run_id": "team-1", "patch": {"expected_revision": 1, "events": [{"type": "FactGuessed"}]}},
+            ),
             "bounded": await s.call_tool("run_context", {"run_id": "team-1", "max_tokens": 60}),
             "too_small": await s.call_tool("run_context", {"run_id": "team-1", "max_tokens": 5}),
             # Argument shapes a model gets wrong: runstate's error body, not pydantic's text.
-            "flat": await s.call_tool("propose_patch", {"run_id": "team-1", "expected_revision": 1,
-                                                        "events": [start()]}),
+            "flat": await s.call_tool(
+                "propose_patch", {"run_id": "team-1", "expected_revision": 1, "events": [start()]}
+            ),
             "no_run": await s.call_tool("run_state", {}),
-            "bad_wait": await s.call_tool("propose_patch", {"run_id": "team-1", "wait_s": "soon", "patch": {
-                "expected_revision": 1, "events": [start()]}}),
-        }  # fmt: skip
+            "bad_wait": await s.call_tool(
+                "propose_patch",
+                {"run_id": "team-1", "wait_s": "soon", "patch": {"expected_revision": 1, "events": [start()]}},
+            ),
+        }
 
     got = _session(proc.url, tokens["writer"], calls)
     missing = _error(got["missing"])
@@ -93,15 +112,24 @@ def test_tool_errors_carry_runstate_s_code_and_message_as_http_does_without_a_tr
     assert _error(got["missing_ctx"]) == httpx.get(proc.url + "/runs/nope/context", headers=h).json()["error"]
     assert _error(got["missing_hist"])["code"] == "not_found"
     bad = _error(got["bad_field"])
-    http_bad = httpx.post(proc.url + "/runs/team-1/patches", headers=h, json={
-        "expected_revision": 1, "events": [{"type": "FactConfirmed", "fact": {"statement": 3}}]}).json()["error"]  # fmt: skip
+    http_bad = httpx.post(
+        proc.url + "/runs/team-1/patches",
+        headers=h,
+        json={"expected_revision": 1, "events": [{"type": "FactConfirmed", "fact": {"statement": 3}}]},
+    ).json()["error"]
     assert bad == http_bad and bad["code"] == "invalid" and bad["field"].startswith("events.0.FactConfirmed.fact")
     bad_type = _error(got["bad_type"])
-    assert bad_type["code"] == "invalid" and "FactGuessed" in bad_type["message"] and "FactConfirmed" in bad_type["message"]
+    assert (
+        bad_type["code"] == "invalid"
+        and "FactGuessed" in bad_type["message"]
+        and "FactConfirmed" in bad_type["message"]
+    )
     # A bounded context, as over HTTP (the same words); a bound too small is runstate's error.
     bounded = got["bounded"].content[0].text
     assert bounded.rstrip().splitlines()[-1].startswith("CONTEXT: about") and "of 60 tokens" in bounded
-    assert bounded == httpx.get(proc.url + "/runs/team-1/context", params={"max_tokens": 60}, headers=h).json()["context"]
+    assert (
+        bounded == httpx.get(proc.url + "/runs/team-1/context", params={"max_tokens": 60}, headers=h).json()["context"]
+    )
     assert _error(got["too_small"])["field"] == "max_tokens"
     flat = _error(got["flat"])
     assert flat["code"] == "invalid" and flat["field"] == "patch" and '"patch": {' in flat["message"], flat
@@ -115,14 +143,19 @@ def test_authority_errors_reach_the_model_and_a_resource_error_carries_its_messa
     proc, tokens = served
 
     async def reader(s: Any, _init: Any) -> Any:
-        return await s.call_tool("propose_patch", {"run_id": "team-2", "patch": {"expected_revision": 0, "events": [start()]}})
+        return await s.call_tool(
+            "propose_patch", {"run_id": "team-2", "patch": {"expected_revision": 0, "events": [start()]}}
+        )
 
     async def team(s: Any, _init: Any) -> Any:
         return await s.call_tool("run_state", {"run_id": "other-1"})
 
     assert _error(_session(proc.url, tokens["reader"], reader))["code"] == "forbidden"
     assert _error(_session(proc.url, tokens["team"], team)) == {
-        "code": "forbidden", "message": "agent 'team-bot' may not access run 'other-1'", "field": None}
+        "code": "forbidden",
+        "message": "agent 'team-bot' may not access run 'other-1'",
+        "field": None,
+    }
 
     async def resource(s: Any, _init: Any) -> Any:
         from mcp.shared.exceptions import MCPError
@@ -168,8 +201,10 @@ def test_the_tool_list_is_small_and_propose_patch_still_names_every_event_type(s
     assert OPERATOR_EVENT_TYPES and not any(f'"{name}"' in schema for name in OPERATOR_EVENT_TYPES)
 
     async def calls(s: Any, _init: Any) -> Any:
-        return (await s.call_tool("event_schema", {"event_type": "FactConfirmed"}),
-                await s.call_tool("event_schema", {"event_type": "Nope"}))
+        return (
+            await s.call_tool("event_schema", {"event_type": "FactConfirmed"}),
+            await s.call_tool("event_schema", {"event_type": "Nope"}),
+        )
 
     fact, unknown = _session(proc.url, tokens["writer"], calls)
     assert not fact.is_error
@@ -196,8 +231,13 @@ def test_patches_without_a_token_are_recorded_as_anonymous_with_their_channel(op
     assert r.status_code == 200 and r.json()["decision"]["outcome"] == "accepted", r.text
 
     async def calls(s: Any, _init: Any) -> Any:
-        res = await s.call_tool("propose_patch", {"run_id": "anon-1", "patch": {
-            "expected_revision": 1, "events": [{"type": "PhaseChanged", "phase": "fix"}]}})  # fmt: skip
+        res = await s.call_tool(
+            "propose_patch",
+            {
+                "run_id": "anon-1",
+                "patch": {"expected_revision": 1, "events": [{"type": "PhaseChanged", "phase": "fix"}]},
+            },
+        )
         assert not res.is_error, res
         missing = await s.read_resource("runstate://runs/anon-1/context")
         return missing
@@ -207,27 +247,51 @@ def test_patches_without_a_token_are_recorded_as_anonymous_with_their_channel(op
     hist = httpx.get(url + "/runs/anon-1/history").json()
     assert [(d["agent_id"], d["agent_version"]) for d in hist] == [("anonymous", "http"), ("anonymous", "mcp")]
     # a patch that names its author keeps it (a server without tokens trusts its callers)
-    named = {"expected_revision": 2, "events": [{"type": "PhaseChanged", "phase": "verify"}],
-             "author": {"agent_id": "planner", "agent_version": "2.1"}}  # fmt: skip
+    named = {
+        "expected_revision": 2,
+        "events": [{"type": "PhaseChanged", "phase": "verify"}],
+        "author": {"agent_id": "planner", "agent_version": "2.1"},
+    }
     r = httpx.post(url + "/runs/anon-1/patches?wait=5", json=named)
     assert r.json()["decision"]["agent_id"] == "planner" and r.json()["decision"]["agent_version"] == "2.1"
 
 
 #: Scenarios that apply to runstate serve and must pass (the rest: mcp_conformance_not_applicable.yml).
-APPLICABLE = ("server-initialize", "ping", "tools-list", "tools-call-error", "resources-list", "prompts-list",
-              "dns-rebinding-protection")  # fmt: skip
+APPLICABLE = (
+    "server-initialize",
+    "ping",
+    "tools-list",
+    "tools-call-error",
+    "resources-list",
+    "prompts-list",
+    "dns-rebinding-protection",
+)
 
 
-def test_the_official_mcp_conformance_suite_passes_where_it_applies(open_server: ServeProcess, mcp_conformance: list[str],
-                                                                    tmp_path: Path) -> None:  # fmt: skip
+def test_the_official_mcp_conformance_suite_passes_where_it_applies(
+    open_server: ServeProcess, mcp_conformance: list[str], tmp_path: Path
+) -> None:
     """@modelcontextprotocol/conformance's server scenarios against a real serve: those that
     apply pass; the others are listed, with why, in one file that the run itself keeps true
     (a listed scenario that passes fails the run)."""
     import subprocess
 
     baseline = Path(__file__).parent / "mcp_conformance_not_applicable.yml"
-    out = subprocess.run([*mcp_conformance, "server", "--url", open_server.url + "/mcp", "--expected-failures",
-                          str(baseline), "-o", str(tmp_path)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [
+            *mcp_conformance,
+            "server",
+            "--url",
+            open_server.url + "/mcp",
+            "--expected-failures",
+            str(baseline),
+            "-o",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     results: dict[str, list[str]] = {}
     for checks in tmp_path.glob("server-*/checks.json"):

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.slow
 
 def _python(code: str, cwd: Path, **env: str) -> str:
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, env={**clean, **env}, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env={**clean, **env}, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -28,11 +29,21 @@ def _python(code: str, cwd: Path, **env: str) -> str:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A wheel built from a copy of the checkout (the working tree is left untouched)."""
     src = tmp_path_factory.mktemp("src") / "runstate"
-    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
-                                                             ".runstate", ".hypothesis", ".pytest_cache"))  # fmt: skip
+    shutil.copytree(
+        ROOT,
+        src,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "build", "*.egg-info", "__pycache__", ".runstate", ".hypothesis", ".pytest_cache"
+        ),
+    )
     out = tmp_path_factory.mktemp("wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                        str(src)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     [whl] = out.glob("runstate-*.whl")
     return whl
@@ -46,14 +57,21 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
         assert f"runstate/{layer}/__init__.py" in names
     assert "runstate/schemas/avro/patch.v1.avsc" in names and "runstate/compose/docker-compose.yml" in names
     # The audit pages are served from the wheel itself (no CDN, no build step).
-    assert {"runstate/service/static/index.html", "runstate/service/static/app.js",
-            "runstate/service/static/app.css"} <= set(names)  # fmt: skip
+    assert {
+        "runstate/service/static/index.html",
+        "runstate/service/static/app.js",
+        "runstate/service/static/app.css",
+    } <= set(names)
 
 
 def test_an_installed_wheel_imports_only_runstate_from_anywhere(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -62,8 +80,9 @@ def test_an_installed_wheel_imports_only_runstate_from_anywhere(wheel: Path, tmp
         "from runstate import RunProducer, Projection, open_log, Author, RunstateError\n"
         "print(runstate.__file__); print(runstate.schemas.__file__)\n"
         f"print([m for m in {LAYERS!r} if importlib.util.find_spec(m) is not None])\n",
-        elsewhere, PYTHONPATH=str(target),
-    )  # fmt: skip
+        elsewhere,
+        PYTHONPATH=str(target),
+    )
     pkg, schemas, leaked = out.splitlines()
     assert pkg == str(target / "runstate" / "__init__.py")
     assert schemas == str(target / "runstate" / "schemas" / "__init__.py")
@@ -73,19 +92,30 @@ def test_an_installed_wheel_imports_only_runstate_from_anywhere(wheel: Path, tmp
 @pytest.mark.parametrize("where", ["root", "elsewhere"])
 def test_the_checkout_imports_its_own_folders_from_its_root_and_from_elsewhere(where: str, tmp_path: Path) -> None:
     cwd = ROOT if where == "root" else tmp_path
-    out = _python("import runstate.schemas, runstate.projector.store.partition as s, runstate.compose\n"
-                  "print(runstate.schemas.__file__); print(s.__file__); print(runstate.compose.__file__)", cwd)  # fmt: skip
+    out = _python(
+        "import runstate.schemas, runstate.projector.store.partition as s, runstate.compose\n"
+        "print(runstate.schemas.__file__); print(s.__file__); print(runstate.compose.__file__)",
+        cwd,
+    )
     # runstate/<layer> links to the layer's folder: the same files, by either path
     assert [str(Path(f).resolve()) for f in out.splitlines()] == [
-        str(ROOT / "schemas" / "__init__.py"), str(ROOT / "projector" / "store" / "partition.py"), str(ROOT / "compose" / "__init__.py")]
+        str(ROOT / "schemas" / "__init__.py"),
+        str(ROOT / "projector" / "store" / "partition.py"),
+        str(ROOT / "compose" / "__init__.py"),
+    ]
 
 
 def test_the_checkout_imports_without_being_installed(tmp_path: Path) -> None:
     """A plain checkout on PYTHONPATH, no install: runstate/<layer> are links to the folders."""
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-S", "-c", "import runstate.projector.store.partition as s; print(s.__file__)"],
-                         cwd=tmp_path, env={**clean, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", "import runstate.projector.store.partition as s; print(s.__file__)"],
+        cwd=tmp_path,
+        env={**clean, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     # -S: without site-packages the third-party imports fail after the layers resolved
     assert "No module named 'runstate.projector'" not in out.stderr, out.stderr
     assert "No module named 'runstate" not in out.stderr, out.stderr

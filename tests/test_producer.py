@@ -35,8 +35,15 @@ def two_steps(run_id: str, data: Any) -> Patch:
     if d.run_id is not None and d.run_id != run_id:
         raise ContractError("run mismatch", field="run_id")
     try:
-        return Patch(patch_id=d.patch_id or "p_fixed", run_id=run_id, expected_revision=d.expected_revision,
-                     events=d.events, author=d.author or AUTHOR, created_at=d.created_at or NOW, rebase=d.rebase)  # fmt: skip
+        return Patch(
+            patch_id=d.patch_id or "p_fixed",
+            run_id=run_id,
+            expected_revision=d.expected_revision,
+            events=d.events,
+            author=d.author or AUTHOR,
+            created_at=d.created_at or NOW,
+            rebase=d.rebase,
+        )
     except Exception as e:  # noqa: BLE001 - the reference reports any failure as the test compares
         raise ContractError(str(e)) from e
 
@@ -159,15 +166,18 @@ def test_parse_draft_checks_the_shape_only_of_a_failure_and_decides_the_same(dat
     assert verdict(lambda: parse_draft(copy.deepcopy(data))) == verdict(reference)
 
 
-EVENT_LISTS: list[Any] = [d["events"] for d in GOOD + BAD if isinstance(d, dict) and isinstance(d.get("events"), list)] + [
-    [], [{"type": "NoteAdded"}], [None], [{"type": "BudgetConsumed", "tokens": "many"}]]
+EVENT_LISTS: list[Any] = [
+    d["events"] for d in GOOD + BAD if isinstance(d, dict) and isinstance(d.get("events"), list)
+] + [[], [{"type": "NoteAdded"}], [None], [{"type": "BudgetConsumed", "tokens": "many"}]]
 
 
 @pytest.mark.parametrize("evs", EVENT_LISTS, ids=range(len(EVENT_LISTS)))
 @pytest.mark.parametrize("rev", [0, 7, -1])
 def test_events_decides_as_build_of_the_same_draft(producer: RunProducer, evs: Any, rev: int) -> None:
     new = outcome(lambda: producer.events("r1", rev, copy.deepcopy(evs)))
-    ref = outcome(lambda: producer.build("r1", {"expected_revision": rev, "events": copy.deepcopy(evs), "rebase": False}))
+    ref = outcome(
+        lambda: producer.build("r1", {"expected_revision": rev, "events": copy.deepcopy(evs), "rebase": False})
+    )
     assert new[:2] == ref[:2]
 
 

@@ -63,7 +63,8 @@ def test_projection_equals_pure_replay_and_keeps_every_decision(tmp_path: Path, 
             # what a rebuild reads of them: where each is, up to a revision
             for up_to in (None, after, after + 1, after + 3):
                 assert proj.accepted_positions("a", after, up_to) == [
-                    (d.revision, d.partition, d.offset) for d in want if up_to is None or d.revision <= up_to]
+                    (d.revision, d.partition, d.offset) for d in want if up_to is None or d.revision <= up_to
+                ]
         assert proj.accepted_since("ghost", 0) == []
         assert proj.accepted_positions("ghost", 0) == []
         assert proj.history("ghost")[0].reason == "unknown_run"
@@ -73,7 +74,8 @@ def test_projection_equals_pure_replay_and_keeps_every_decision(tmp_path: Path, 
 
 
 def test_a_run_holding_more_items_than_the_cache_allows_leaves_it_and_is_decided_from_the_store(
-        tmp_path: Path, embedded_log: EmbeddedLog) -> None:  # fmt: skip
+    tmp_path: Path, embedded_log: EmbeddedLog
+) -> None:
     """The working-state cache is bounded in items per run too (``cache_items_per_run``): a
     long run never holds more than the bound after a batch (its facts would otherwise all
     stay in memory), and what left the cache is read from the store when a patch needs it:
@@ -81,10 +83,13 @@ def test_a_run_holding_more_items_than_the_cache_allows_leaves_it_and_is_decided
     again, and the decisions and the state are the pure replay's."""
     patches = [patch("long", 0, start())]
     patches += [patch("long", r, fact(f"f{r}")) for r in range(1, 25)]
-    patches += [patch("long", 25, fact("f2")),  # a duplicate of a fact that left the cache
-                patch("long", 25, ev("FactRetracted", fact_id="f3", reason="wrong")),
-                patch("long", 26, fact("f3")),  # confirmed again after its retraction
-                patch("other", 0, start()), patch("other", 1, fact("o1"))]  # fmt: skip
+    patches += [
+        patch("long", 25, fact("f2")),  # a duplicate of a fact that left the cache
+        patch("long", 25, ev("FactRetracted", fact_id="f3", reason="wrong")),
+        patch("long", 26, fact("f3")),  # confirmed again after its retraction
+        patch("other", 0, start()),
+        patch("other", 1, fact("o1")),
+    ]
     append_all(embedded_log, patches)
     pr = Projector(embedded_log, str(tmp_path / "state"), batch_size=4, cache_items_per_run=5)
     topic = embedded_log.topics.events
@@ -104,8 +109,9 @@ def test_a_run_holding_more_items_than_the_cache_allows_leaves_it_and_is_decided
         reasons = [(d.reason, d.rule) for d in proj.history("long")]
         assert reasons[25] == ("invalid", "fact.duplicate_id") and reasons[27] == (None, None)
         for r in ("long", "other"):
-            assert proj.history(r) == sorted((structs.to_model(d) for (run, _), d in book.decided.items() if run == r),
-                                             key=lambda d: d.offset)  # fmt: skip
+            assert proj.history(r) == sorted(
+                (structs.to_model(d) for (run, _), d in book.decided.items() if run == r), key=lambda d: d.offset
+            )
             expected = book.docs[r]
             assert expected is not None and proj.state(r) == expected.to_state()
 
@@ -134,11 +140,19 @@ def test_undecodable_records_are_dead_lettered_and_the_rest_applied(tmp_path: Pa
     pr = project(embedded_log, tmp_path / "s")
     assert pr.stats.dead_letters == 3 and pr.stats.accepted == 1
     with Projection(tmp_path / "s") as proj:
-        assert sorted(d.reason for d in proj.dead_letters()) == ["corrupt_record", "key_mismatch", "not_avro_single_object"]
+        assert sorted(d.reason for d in proj.dead_letters()) == [
+            "corrupt_record",
+            "key_mismatch",
+            "not_avro_single_object",
+        ]
         assert proj.state("a").revision == 1
     dlq = embedded_log.topics.deadletter
     recs = [r for p in range(4) for r in embedded_log.scan(dlq, p, 0, embedded_log.end_offsets(dlq)[p])]
-    assert sorted(dict(r.headers)["reason"] for r in recs) == [b"corrupt_record", b"key_mismatch", b"not_avro_single_object"]
+    assert sorted(dict(r.headers)["reason"] for r in recs) == [
+        b"corrupt_record",
+        b"key_mismatch",
+        b"not_avro_single_object",
+    ]
     assert b"not avro at all" in [r.value for r in recs]
 
 
@@ -248,15 +262,17 @@ def test_a_reopened_store_keeps_its_bloom_filters_and_block_cache(tmp_path: Path
 def test_progress_figures_count_from_the_first_batch(tmp_path: Path, embedded_log: EmbeddedLog) -> None:
     append_all(embedded_log, story("a") + story("b"))
     seen: list[tuple[int, int]] = []
-    pr = Projector(embedded_log, str(tmp_path / "s"), batch_size=3,
-                   on_progress=lambda st, lag: seen.append((st.records, lag)))  # fmt: skip
+    pr = Projector(
+        embedded_log, str(tmp_path / "s"), batch_size=3, on_progress=lambda st, lag: seen.append((st.records, lag))
+    )
     pr.run(until_caught_up=True, poll_timeout_s=0.01)
     assert pr.stats.batches >= 6 and pr.stats.rate() > 0
     assert seen and seen[-1] == (18, 0)  # the last progress line says: all read, lag 0
 
 
-def test_positions_are_mirrored_rarely_while_busy_and_always_on_stop(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_positions_are_mirrored_rarely_while_busy_and_always_on_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On the embedded log the mirror (what `runstate status` shows as committed) is
     written at most every ``MIRROR_EVERY_S`` while busy, but a stop in the middle of a busy
     stretch still leaves it at the position the stores reached."""
@@ -278,8 +294,7 @@ def test_positions_are_mirrored_rarely_while_busy_and_always_on_stop(tmp_path: P
             if len(batches) == 2:
                 stop.set()
 
-    pr = Projector(log, str(tmp_path / "s"), batch_size=3, hooks=StopAfterTwo(),
-                   publish_dead_letters=False)  # fmt: skip
+    pr = Projector(log, str(tmp_path / "s"), batch_size=3, hooks=StopAfterTwo(), publish_dead_letters=False)
     pr.run(stop=stop, poll_timeout_s=0.01)
     assert pr.stats.records == 6  # two busy batches of 3, no idle poll in between
     assert log.committed(pr.group_id, log.topics.events) == {0: 6}
@@ -301,8 +316,9 @@ def test_explain_lists_every_patch_that_changed_a_field(tmp_path: Path, embedded
         assert explain(embedded_log, proj, "a", "no.such.field") == []
 
 
-def test_a_record_that_breaks_the_core_is_dead_lettered_not_fatal(tmp_path: Path, embedded_log: EmbeddedLog,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_record_that_breaks_the_core_is_dead_lettered_not_fatal(
+    tmp_path: Path, embedded_log: EmbeddedLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A reducer bug must not make one record a poison pill: the projector goes on."""
     from runstate.projector.core import reducer
 
@@ -310,8 +326,9 @@ def test_a_record_that_breaks_the_core_is_dead_lettered_not_fatal(tmp_path: Path
         raise ZeroDivisionError("reducer bug")
 
     monkeypatch.setitem(reducer.REDUCERS, "PhaseChanged", broken)
-    append_all(embedded_log, [patch("a", 0, start()), patch("a", 1, ev("PhaseChanged", phase="x")),
-                              patch("a", 1, fact("f1"))])  # fmt: skip
+    append_all(
+        embedded_log, [patch("a", 0, start()), patch("a", 1, ev("PhaseChanged", phase="x")), patch("a", 1, fact("f1"))]
+    )
     pr = project(embedded_log, tmp_path / "s")
     assert (pr.stats.accepted, pr.stats.dead_letters) == (2, 1)
     with Projection(tmp_path / "s") as proj:
@@ -323,8 +340,9 @@ def test_a_record_that_breaks_the_core_is_dead_lettered_not_fatal(tmp_path: Path
         strict.run(until_caught_up=True, poll_timeout_s=0.01)
 
 
-def test_explain_never_assembles_the_whole_state(tmp_path: Path, embedded_log: EmbeddedLog,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_explain_never_assembles_the_whole_state(
+    tmp_path: Path, embedded_log: EmbeddedLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """explain reads the explained field per revision, not the run's state (which would cost
     revisions x state size)."""
     from runstate.projector.read.replay import explain
@@ -418,10 +436,14 @@ print("turned off by the process, after a batch:", gc.isenabled())
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
-        "before settle, on in a batch: True", "in a batch: False", "after a batch: True",
-        "after ordinary collection: True", "after a batch that raised: True", "after an overdue batch: False",
+        "before settle, on in a batch: True",
+        "in a batch: False",
+        "after a batch: True",
+        "after ordinary collection: True",
+        "after a batch that raised: True",
+        "after an overdue batch: False",
         "turned off by the process, after a batch: False",
-    ]  # fmt: skip
+    ]
 
 
 def test_updated_is_model_copy_with_update() -> None:
@@ -455,9 +477,18 @@ def test_a_drafts_item_counts_follow_every_put_and_delete() -> None:
         reads.append((kind, id_))
         return stored.get((kind, id_))  # type: ignore[return-value]
 
-    header = header_from_model(RunHeader.model_validate({
-        "run_id": "r", "revision": 3, "goal": {"statement": "g"}, "agent_version": "1", "next_seq": 1,
-        "sizes": {"confirmed_facts": 1}}))  # fmt: skip
+    header = header_from_model(
+        RunHeader.model_validate(
+            {
+                "run_id": "r",
+                "revision": 3,
+                "goal": {"statement": "g"},
+                "agent_version": "1",
+                "next_seq": 1,
+                "sizes": {"confirmed_facts": 1},
+            }
+        )
+    )
     doc = RunDoc(header, load_one=load_one)  # type: ignore[arg-type]
     item = Fact.model_construct(id="x")
     d = Draft(doc, doc.header)
@@ -487,6 +518,7 @@ def test_a_store_written_before_item_counts_still_projects_correctly(tmp_path: P
     Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
     db = Rdict(str(tmp_path / "s" / "p000"), Options(raw_mode=True))
     import json as _json
+
     h = _json.loads(db[b"h:r1"])
     assert h.pop("sizes") == {"confirmed_facts": 1}
     db[b"h:r1"] = _json.dumps(h).encode()
@@ -513,11 +545,15 @@ def _header_with_a_string_revision(raw: bytes) -> bytes:
     return orjson.dumps(h)
 
 
-@pytest.mark.parametrize(("damage", "error"), [
-    (_header_of_another_version, "schema_version 99"),
-    (_header_with_a_string_revision, "stored header of run 'r1'.*cannot be read"),
-    (lambda raw: raw[:-7], "stored header of run 'r1'.*cannot be read"),  # not JSON
-], ids=["another schema version", "a value of the wrong type", "not JSON"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("damage", "error"),
+    [
+        (_header_of_another_version, "schema_version 99"),
+        (_header_with_a_string_revision, "stored header of run 'r1'.*cannot be read"),
+        (lambda raw: raw[:-7], "stored header of run 'r1'.*cannot be read"),  # not JSON
+    ],
+    ids=["another schema version", "a value of the wrong type", "not JSON"],
+)
 def test_a_run_the_store_cannot_read_stops_the_projector_and_its_record_waits(
     tmp_path: Path, damage: Callable[[bytes], bytes], error: str
 ) -> None:
@@ -549,11 +585,15 @@ def test_a_run_the_store_cannot_read_stops_the_projector_and_its_record_waits(
     log.close()
 
 
-@pytest.mark.parametrize(("damage", "error", "data_too"), [
-    (_header_of_another_version, "schema_version 99", True),
-    (lambda raw: raw[:-7], "stored header of run 'r1'.*cannot be read", True),  # not JSON
-    (_header_with_a_string_revision, "stored state of run 'r1'.*cannot be read", False),
-], ids=["another schema version", "not JSON", "a value of the wrong type"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("damage", "error", "data_too"),
+    [
+        (_header_of_another_version, "schema_version 99", True),
+        (lambda raw: raw[:-7], "stored header of run 'r1'.*cannot be read", True),  # not JSON
+        (_header_with_a_string_revision, "stored state of run 'r1'.*cannot be read", False),
+    ],
+    ids=["another schema version", "not JSON", "a value of the wrong type"],
+)
 def test_a_query_of_a_run_the_store_cannot_read_is_a_store_error(
     tmp_path: Path, damage: Callable[[bytes], bytes], error: str, data_too: bool
 ) -> None:
@@ -633,9 +673,17 @@ def test_a_page_of_runs_by_latest_activity(tmp_path: Path) -> None:
     from runstate.schemas.errors import ContractError
 
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
-    append_all(log, [patch("a", 0, start(), minute=1), patch("b", 0, start(), minute=5), patch("c", 0, start(), minute=3),
-                     patch("d", 0, start(), minute=5), patch("a", 1, fact("f1"), minute=9),
-                     patch("c", 0, start(), minute=20)])  # fmt: skip  (the last one is rejected: no activity)
+    append_all(
+        log,
+        [
+            patch("a", 0, start(), minute=1),
+            patch("b", 0, start(), minute=5),
+            patch("c", 0, start(), minute=3),
+            patch("d", 0, start(), minute=5),
+            patch("a", 1, fact("f1"), minute=9),
+            patch("c", 0, start(), minute=20),
+        ],
+    )  # the last one is rejected: no activity
     Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
     log.close()
     with ProjectionStore(tmp_path / "s" / "p000", read_only=True) as st:
@@ -660,8 +708,14 @@ def test_listing_gives_each_header_as_the_model_writes_it(tmp_path: Path) -> Non
     from runstate.schemas.errors import StoreError
 
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
-    append_all(log, [patch("r2", 0, start(), fact("f1")), patch("r1", 0, start()),
-                     patch("r3", 0, start(), ev("RunCompleted", summary="done"))])  # fmt: skip
+    append_all(
+        log,
+        [
+            patch("r2", 0, start(), fact("f1")),
+            patch("r1", 0, start()),
+            patch("r3", 0, start(), ev("RunCompleted", summary="done")),
+        ],
+    )
     Projector(log, str(tmp_path / "s")).run(until_caught_up=True, poll_timeout_s=0.01)
     log.close()
     path = tmp_path / "s" / "p000"
@@ -683,8 +737,10 @@ def test_listing_gives_each_header_as_the_model_writes_it(tmp_path: Path) -> Non
         assert st.runs_page(None, None, "r1", 1) == (3, [("r2", whole["r2"])])
         assert st.runs_page("running", None, None, 5) == (2, [("r1", whole["r1"]), ("r2", whole["r2"])])
         assert st.runs_page(None, lambda r: r != "r2", "r1", 5) == (2, [("r3", whole["r3"])])
-    for damage, error in ((_header_of_another_version, "run 'r1'.*schema_version 99"),
-                          (lambda raw: raw[:-7], "stored header of run 'r1'.*cannot be read")):  # fmt: skip
+    for damage, error in (
+        (_header_of_another_version, "run 'r1'.*schema_version 99"),
+        (lambda raw: raw[:-7], "stored header of run 'r1'.*cannot be read"),
+    ):
         db = Rdict(str(path), Options(raw_mode=True))
         good = db[b"h:r1"]
         db[b"h:r1"] = damage(good)
@@ -743,10 +799,20 @@ _HINTED_EVENTS = [
     ev("ToolFailed", call_id="c1", error="x"),
     ev("ArtifactRecorded", artifact={"id": "artifact://diff/7", "kind": "patch", "digest": "sha256:ab"}),
     ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "it is RS256"}),
-    ev("ObservationRecorded", observation={"subject": "svc", "observed_state": "up", "observed_at": "2026-01-01T00:00:00Z"}),
+    ev(
+        "ObservationRecorded",
+        observation={"subject": "svc", "observed_state": "up", "observed_at": "2026-01-01T00:00:00Z"},
+    ),
     ev("EffectRecorded", effect={"id": "e9", "status": "started", "target": "prod"}),
-    ev("GraphCheckpointSaved", checkpoint={"ns": "child:1", "id": "1ef-9", "checkpoint": {"type": "msgpack", "data": ""},
-                                           "metadata": {"type": "msgpack", "data": ""}}),
+    ev(
+        "GraphCheckpointSaved",
+        checkpoint={
+            "ns": "child:1",
+            "id": "1ef-9",
+            "checkpoint": {"type": "msgpack", "data": ""},
+            "metadata": {"type": "msgpack", "data": ""},
+        },
+    ),
     ev("GraphWritesSaved", ns="", checkpoint_id="1ef-1", writes=[]),
 ]
 

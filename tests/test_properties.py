@@ -90,26 +90,37 @@ def test_projection_equals_replay_for_any_interleaving(ops: list[tuple[str, str,
                 # The header's item counts are the state's (a lookup trusts an empty count).
                 header = proj.header(run)
                 assert header is not None and header.sizes == {
-                    k: len(v) for k in COLLECTIONS if (v := state.goal.constraints if k == "constraints" else getattr(state, k))}
-                assert list(header.sizes) == [k for k in COLLECTIONS if k in header.sizes]  # one form: stored bytes agree
+                    k: len(v)
+                    for k in COLLECTIONS
+                    if (v := state.goal.constraints if k == "constraints" else getattr(state, k))
+                }
+                assert list(header.sizes) == [
+                    k for k in COLLECTIONS if k in header.sizes
+                ]  # one form: stored bytes agree
             # Read from the log, the core gets each patch as its struct (codec.read_patch);
             # folded as the validated models it was appended as, the same runs result.
             models = fold(placed)
             assert {r: d_ and d_.to_state().model_dump_json() for r, d_ in book.docs.items()} == {
-                r: d_ and d_.to_state().model_dump_json() for r, d_ in models.docs.items()}
-            assert {k: structs.updated(d_, {"content_digest": None}) for k, d_ in book.decided.items()} == models.decided
+                r: d_ and d_.to_state().model_dump_json() for r, d_ in models.docs.items()
+            }
+            assert {
+                k: structs.updated(d_, {"content_digest": None}) for k, d_ in book.decided.items()
+            } == models.decided
             for run in RUNS:
                 decided = [d_ for (r, _), d_ in book.decided.items() if r == run]
                 assert proj.history(run) == sorted((structs.to_model(d_) for d_ in decided), key=lambda x: x.offset)
                 for d_ in decided:  # the core's struct, not validated when built: as a validated model
-                    assert Decision.model_validate(msgspec.to_builtins(d_, builtin_types=(datetime,))) == structs.to_model(d_)
+                    assert Decision.model_validate(
+                        msgspec.to_builtins(d_, builtin_types=(datetime,))
+                    ) == structs.to_model(d_)
         log.close()
 
 
 @settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(op, min_size=5, max_size=80), st.data())
 def test_a_run_continued_from_its_state_as_data_is_the_run_folded_from_the_start(
-        ops: list[tuple[str, str, int, bool, int]], data: st.DataObject) -> None:  # fmt: skip
+    ops: list[tuple[str, str, int, bool, int]], data: st.DataObject
+) -> None:
     """What a rebuild from a checkpoint does in ``state_data_at``: the state at revision c as
     plain data, its working form (items validated only when touched), then the accepted
     patches after c. At every n >= c the plain document is the folded state's, key for
@@ -121,8 +132,13 @@ def test_a_run_continued_from_its_state_as_data_is_the_run_folded_from_the_start
     for i, p in enumerate(patches):
         applied = full.apply(p, 0, i)
         doc = full.docs.get("r0")
-        if (p.run_id == "r0" and not applied.duplicate and applied.decision is not None
-                and applied.decision.outcome == "accepted" and doc is not None):
+        if (
+            p.run_id == "r0"
+            and not applied.duplicate
+            and applied.decision is not None
+            and applied.decision.outcome == "accepted"
+            and doc is not None
+        ):
             accepted[doc.header.revision] = p
             states[doc.header.revision] = doc.to_state().model_dump(mode="json")
     head = max(states)

@@ -26,8 +26,14 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
         for line in tour.splitlines():
             assert line.startswith("$ runstate "), line
             args = shlex.split(line[2:])
-            out = subprocess.run([sys.executable, "-m", "runstate.cli", *args[1:]], cwd=cwd, env=env,
-                                 capture_output=True, text=True, timeout=120)  # fmt: skip
+            out = subprocess.run(
+                [sys.executable, "-m", "runstate.cli", *args[1:]],
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert out.returncode == 0, f"{line}\n{out.stdout}\n{out.stderr}"
             outputs[line[2:]] = out.stdout
 
@@ -51,12 +57,20 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
     # The README's agent handle, on the tour's log (the projector runs in its process).
     [agent] = [b for b in doc_blocks("python") if "runstate.agent" in b]
     shutil.copytree(tmp_path, tmp_path.parent / f"{tmp_path.name}-agent")
-    script = agent + ("\nassert decision.outcome == 'accepted', decision\n"
-                      "assert any(f.evidence == output for f in state.confirmed_facts)\n"
-                      "assert state.pending_tool_calls == []\n")  # fmt: skip
+    script = agent + (
+        "\nassert decision.outcome == 'accepted', decision\n"
+        "assert any(f.evidence == output for f in state.confirmed_facts)\n"
+        "assert state.pending_tool_calls == []\n"
+    )
     for _second in (False, True):  # run again, as a reader trying it twice does: it works again
-        out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path.parent / f"{tmp_path.name}-agent", env=env,
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=tmp_path.parent / f"{tmp_path.name}-agent",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
     examples = [b for b in doc_blocks("python") if "RunProducer" in b]
     assert len(examples) == 1, "docs/python.md's"
@@ -66,15 +80,23 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
         # answered with a rejection saying so (the example reads it), not an error.
         for expect in ("d.outcome == 'accepted'", "d.reason == 'revision_conflict'"):
             # A projector must be running for submit() to get its decision, as the example says.
-            script = ("import threading\nfrom runstate import Projector, open_log\n"
-                      "stop = threading.Event()\nt = threading.Thread(target=Projector(open_log('.runstate/log.db'), "
-                      "'.runstate/state').run, kwargs={'stop': stop, 'poll_timeout_s': 0.02})\nt.start()\ntry:\n"
-                      + "".join(f"    {line}\n" for line in api.splitlines())
-                      + f"    d = decision\n    assert {expect}, decision\n    assert state.phase == 'fix'\n"
-                      "    assert data == state.model_dump(mode='json')\n"
-                      "finally:\n    stop.set()\n    t.join()\n")  # fmt: skip
-            out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path.parent / f"{tmp_path.name}-{i}", env=env,
-                                 capture_output=True, text=True, timeout=120)  # fmt: skip
+            script = (
+                "import threading\nfrom runstate import Projector, open_log\n"
+                "stop = threading.Event()\nt = threading.Thread(target=Projector(open_log('.runstate/log.db'), "
+                "'.runstate/state').run, kwargs={'stop': stop, 'poll_timeout_s': 0.02})\nt.start()\ntry:\n"
+                + "".join(f"    {line}\n" for line in api.splitlines())
+                + f"    d = decision\n    assert {expect}, decision\n    assert state.phase == 'fix'\n"
+                "    assert data == state.model_dump(mode='json')\n"
+                "finally:\n    stop.set()\n    t.join()\n"
+            )
+            out = subprocess.run(
+                [sys.executable, "-c", script],
+                cwd=tmp_path.parent / f"{tmp_path.name}-{i}",
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert out.returncode == 0, out.stderr
 
 
@@ -92,9 +114,14 @@ def test_every_example_in_the_readme_and_the_docs_is_run_by_a_test() -> None:
 
 
 def test_the_docs_build_as_a_site_in_strict_mode(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert (tmp_path / "site" / "rules" / "index.html").exists()
 

@@ -33,8 +33,9 @@ from runstate.snapshotter.loop import CheckpointWriter, Snapshotter
 
 
 def _restore(log: EmbeddedLog, state: Path, key: bytes | None = None) -> Projector:
-    pr = Projector(log, str(state), publish_dead_letters=False,
-                   restore=lambda p, s: restore_partition(log, p, s, key=key))  # fmt: skip
+    pr = Projector(
+        log, str(state), publish_dead_letters=False, restore=lambda p, s: restore_partition(log, p, s, key=key)
+    )
     pr.run(until_caught_up=True, poll_timeout_s=0.01)
     return pr
 
@@ -47,16 +48,21 @@ def _digests(state: Path) -> dict[str, str]:
 def _checkpoint_keys(log: EmbeddedLog) -> list[bytes]:
     """The run keys on the checkpoints topic (not the coverage records)."""
     ck = log.topics.checkpoints
-    return [r.key for p in range(log.partitions(ck)) for r in log.scan(ck, p, 0, log.end_offsets(ck)[p])
-            if r.key and not is_coverage_key(r.key)]  # fmt: skip
+    return [
+        r.key
+        for p in range(log.partitions(ck))
+        for r in log.scan(ck, p, 0, log.end_offsets(ck)[p])
+        if r.key and not is_coverage_key(r.key)
+    ]
 
 
 class _Died(BaseException):
     """Stands for the process dying (not an Exception: nothing may catch it)."""
 
 
-def test_checkpoints_stored_but_not_published_are_published_on_restart(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_checkpoints_stored_but_not_published_are_published_on_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     append_all(log, [patch("a", 0, start()), patch("b", 0, start())])
     state = tmp_path / "state"
@@ -78,14 +84,25 @@ def test_a_run_without_a_checkpoint_is_replayed_not_dropped(tmp_path: Path) -> N
     """Run b's records come first and b has no checkpoint in the topic (its checkpoint was
     never delivered); a has one covering a later offset. The tail must not start after a's."""
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
-    placed = append_all(log, [patch("b", 0, start()), patch("b", 1, fact("fb")), patch("a", 0, start()),
-                              patch("a", 1, fact("fa")), patch("a", 2, fact("fa2"))])  # fmt: skip
+    placed = append_all(
+        log,
+        [
+            patch("b", 0, start()),
+            patch("b", 1, fact("fb")),
+            patch("a", 0, start()),
+            patch("a", 1, fact("fa")),
+            patch("a", 2, fact("fa2")),
+        ],
+    )
     book = fold(placed[:4])
     doc = book.docs["a"]
     assert doc is not None
     prod = log.producer()
-    prod.append(log.topics.checkpoints, "a", encode_cp(make_checkpoint(doc.to_state(), partition=0, covers_offset=3,
-                                                                        triggers=["test"], recent=[])))  # fmt: skip
+    prod.append(
+        log.topics.checkpoints,
+        "a",
+        encode_cp(make_checkpoint(doc.to_state(), partition=0, covers_offset=3, triggers=["test"], recent=[])),
+    )
     prod.close()
     state = tmp_path / "state"
     _restore(log, state)
@@ -130,16 +147,28 @@ def _a_checkpoint(key: bytes | None = None) -> bytes:
     doc = book.docs["r"]
     assert doc is not None
     decided = sorted(book.decided.values(), key=lambda d: d.offset)
-    return encode_cp(make_checkpoint(doc.to_state(), partition=0, covers_offset=1, triggers=["t"], recent=decided,
-                                     patch_ids=[d.patch_id for d in decided], key=key))  # fmt: skip
+    return encode_cp(
+        make_checkpoint(
+            doc.to_state(),
+            partition=0,
+            covers_offset=1,
+            triggers=["t"],
+            recent=decided,
+            patch_ids=[d.patch_id for d in decided],
+            key=key,
+        )
+    )
 
 
-@pytest.mark.parametrize("edit", [
-    lambda d: d.__setitem__("covers_offset", 0),
-    lambda d: d["recent_decisions"][0].__setitem__("outcome", "rejected"),
-    lambda d: d.__setitem__("patch_ids", ""),
-    lambda d: d.__setitem__("verdict", "needs_reconciliation"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d.__setitem__("covers_offset", 0),
+        lambda d: d["recent_decisions"][0].__setitem__("outcome", "rejected"),
+        lambda d: d.__setitem__("patch_ids", ""),
+        lambda d: d.__setitem__("verdict", "needs_reconciliation"),
+    ],
+)
 def test_the_digest_covers_the_whole_checkpoint(edit: object) -> None:
     doc = orjson.loads(_a_checkpoint())
     edit(doc)  # type: ignore[operator]
@@ -194,7 +223,9 @@ def test_a_checkpoint_missing_from_the_topic_is_noticed_and_its_run_replayed_not
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     runs = [f"run-{i:02d}" for i in range(20)]
     append_all(log, [patch(r, 0, start()) for r in runs] + [patch(r, 1, fact("f1")) for r in runs])
-    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1)).run(until_caught_up=True, poll_timeout_s=0.01)
+    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1)).run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
     assert "run-07" in {k.decode() for k in _checkpoint_keys(log)}
     db = sqlite3.connect(tmp_path / "log.db")
     db.execute("DELETE FROM records WHERE topic=? AND key=?", (log.topics.checkpoints, b"run-07"))
@@ -222,8 +253,19 @@ def test_a_digest_or_signature_with_non_ascii_characters_is_an_invalid_checkpoin
     from runstate.snapshotter.checkpoint import validate_coverage
 
     with pytest.raises(CheckpointInvalid):
-        validate_coverage(orjson.dumps({"kind": "coverage", "format_version": 2, "partition": 0, "covers_below": 4,
-                                        "digest": "9d82ce33fb˙Ϝ", "signature": None}), 0)  # fmt: skip
+        validate_coverage(
+            orjson.dumps(
+                {
+                    "kind": "coverage",
+                    "format_version": 2,
+                    "partition": 0,
+                    "covers_below": 4,
+                    "digest": "9d82ce33fb˙Ϝ",
+                    "signature": None,
+                }
+            ),
+            0,
+        )
 
 
 def test_a_restore_writes_pieces_in_bounded_chunks_and_a_crash_midway_is_started_over(
@@ -240,7 +282,9 @@ def test_a_restore_writes_pieces_in_bounded_chunks_and_a_crash_midway_is_started
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     runs = [f"run-{i:02d}" for i in range(10)]
     append_all(log, [patch(r, 0, start()) for r in runs] + [patch(r, 1, fact("f1")) for r in runs])
-    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1, bytes_ratio=None)).run(until_caught_up=True, poll_timeout_s=0.01)
+    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1, bytes_ratio=None)).run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
     append_all(log, [patch(r, 2, fact("f2")) for r in runs])
     Projector(log, str(tmp_path / "full"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
     want = _digests(tmp_path / "full")
@@ -277,10 +321,16 @@ def test_a_restore_writes_pieces_in_bounded_chunks_and_a_crash_midway_is_started
 
 
 @settings(max_examples=examples(20), deadline=None)
-@given(st.lists(st.integers(0, 4), min_size=1, max_size=60), st.integers(1, 6), st.integers(3, 40),
-       st.integers(1, 8), st.lists(st.integers(0, 4), max_size=12))  # fmt: skip
-def test_a_restore_from_the_dense_coverage_equals_a_full_replay(order: list[int], every: int, max_age: int,
-                                                                batch: int, after: list[int]) -> None:  # fmt: skip
+@given(
+    st.lists(st.integers(0, 4), min_size=1, max_size=60),
+    st.integers(1, 6),
+    st.integers(3, 40),
+    st.integers(1, 8),
+    st.lists(st.integers(0, 4), max_size=12),
+)
+def test_a_restore_from_the_dense_coverage_equals_a_full_replay(
+    order: list[int], every: int, max_age: int, batch: int, after: list[int]
+) -> None:
     """Any interleaving of runs (some patches refused for a stale revision), any checkpoint
     cadence, age and batch size: the coverage record never promises past a record some
     run's newest checkpoint lacks, so a restore (checkpoints + tail, with patches appended
@@ -304,8 +354,12 @@ def test_a_restore_from_the_dense_coverage_equals_a_full_replay(order: list[int]
             return patch(run, rev, fact(f"f{i}"), patch_id=f"p{i}")
 
         append_all(log, [next_patch(i, n) for i, n in enumerate(order)])
-        Snapshotter(log, str(root / "snap"), policy=CheckpointPolicy(every=every, max_age=max_age, bytes_ratio=None),
-                    batch_size=batch).run(until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+        Snapshotter(
+            log,
+            str(root / "snap"),
+            policy=CheckpointPolicy(every=every, max_age=max_age, bytes_ratio=None),
+            batch_size=batch,
+        ).run(until_caught_up=True, poll_timeout_s=0.01)
         append_all(log, [next_patch(1000 + i, n) for i, n in enumerate(after)])
         Projector(log, str(root / "full"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
         _restore(log, root / "restored")

@@ -33,7 +33,11 @@ def _others() -> list[tuple[list[dict[str, Any]], int, bool]]:
     graph = {"ns": "", "id": "c1", "checkpoint": BLOB, "metadata": BLOB}
     return [
         ([ev("PhaseChanged", phase="investigate")], 0, False),
-        ([ev("HypothesisProposed", hypothesis={"id": "h1", "statement": "s", "confidence": 0.4, "falsifier": "f"})], 0, False),
+        (
+            [ev("HypothesisProposed", hypothesis={"id": "h1", "statement": "s", "confidence": 0.4, "falsifier": "f"})],
+            0,
+            False,
+        ),
         ([ev("HypothesisRevised", hypothesis_id="h1", confidence=0.7)], 0, False),
         ([task("t1"), task("t2"), task("t3"), task("t4")], 0, False),
         ([ev("TaskStarted", task_id="t1")], 0, False),
@@ -59,29 +63,103 @@ def _others() -> list[tuple[list[dict[str, Any]], int, bool]]:
         ([ev("ArtifactRecorded", artifact={"id": "artifact://a/1", "kind": "log"})], 0, False),  # duplicate id
         ([ev("ArtifactRecorded", artifact={"id": "artifact://a/2", "kind": "log"})], 1, True),  # stale: commutes
         ([ev("InputRecorded", input={"id": "i1", "origin": "user", "text": "go"})], 0, False),  # not the user's channel
-        ([ev("EffectRecorded", effect={"id": "e1", "status": "started", "kind": "deploy", "target": "prod",
-                                       "idempotency_key": "k1"})], 0, False),  # fmt: skip
-        ([ev("EffectRecorded", effect={"id": "e1", "status": "committed", "kind": "deploy", "target": "prod",
-                                       "idempotency_key": "k1"})], 0, False),  # fmt: skip
-        ([ev("WorkspaceUpdated", workspace_ref={"workspace_id": "w", "base_commit": "a1", "current_commit": "b2"})], 0,
-         False),  # fmt: skip
+        (
+            [
+                ev(
+                    "EffectRecorded",
+                    effect={
+                        "id": "e1",
+                        "status": "started",
+                        "kind": "deploy",
+                        "target": "prod",
+                        "idempotency_key": "k1",
+                    },
+                )
+            ],
+            0,
+            False,
+        ),
+        (
+            [
+                ev(
+                    "EffectRecorded",
+                    effect={
+                        "id": "e1",
+                        "status": "committed",
+                        "kind": "deploy",
+                        "target": "prod",
+                        "idempotency_key": "k1",
+                    },
+                )
+            ],
+            0,
+            False,
+        ),
+        (
+            [ev("WorkspaceUpdated", workspace_ref={"workspace_id": "w", "base_commit": "a1", "current_commit": "b2"})],
+            0,
+            False,
+        ),
         ([ev("BudgetSet", tokens_remaining=100)], 0, False),
         ([ev("BudgetConsumed", tokens=150)], 1, True),  # stale, rebased: it commutes
         ([ev("LeaseReleased", worker_id="worker-1", lease_id="l1")], 0, False),
         ([ev("GraphCheckpointSaved", checkpoint=graph)], 2, True),
-        ([ev("GraphWritesSaved", checkpoint_id="c1", writes=[{"task_id": "x", "idx": 0, "channel": "c",
-                                                              "value": BLOB, "task_path": "a"}])], 0, True),  # fmt: skip
+        (
+            [
+                ev(
+                    "GraphWritesSaved",
+                    checkpoint_id="c1",
+                    writes=[{"task_id": "x", "idx": 0, "channel": "c", "value": BLOB, "task_path": "a"}],
+                )
+            ],
+            0,
+            True,
+        ),
         ([ev("GraphCheckpointSaved", checkpoint={**graph, "id": "c2", "parent_id": "c1"})], 0, False),
         # Values kept once per version: c4 refers to m@1 that c3 saved.
-        ([ev("GraphCheckpointSaved", checkpoint={**graph, "id": "c3", "parent_id": "c2",
-                                                 "versions": [{"channel": "m", "version": "1"}, {"channel": "k", "version": "1"}],
-                                                 "values": [{"channel": "m", "version": "1", "value": BLOB},
-                                                            {"channel": "k", "version": "1"}]})], 0, False),  # fmt: skip
-        ([ev("GraphCheckpointSaved", checkpoint={**graph, "id": "c4", "parent_id": "c3",
-                                                 "versions": [{"channel": "m", "version": "1"}, {"channel": "k", "version": "2"}],
-                                                 "values": [{"channel": "k", "version": "2", "value": BLOB}]})], 0, False),  # fmt: skip
-        ([ev("GraphCheckpointsRemoved", checkpoints=[{"ns": "", "id": "c1"}, {"ns": "", "id": "gone"}],
-             reason="prune keep_latest")], 1, True),  # stale, rebased: it commutes; one not there  # fmt: skip
+        (
+            [
+                ev(
+                    "GraphCheckpointSaved",
+                    checkpoint={
+                        **graph,
+                        "id": "c3",
+                        "parent_id": "c2",
+                        "versions": [{"channel": "m", "version": "1"}, {"channel": "k", "version": "1"}],
+                        "values": [{"channel": "m", "version": "1", "value": BLOB}, {"channel": "k", "version": "1"}],
+                    },
+                )
+            ],
+            0,
+            False,
+        ),
+        (
+            [
+                ev(
+                    "GraphCheckpointSaved",
+                    checkpoint={
+                        **graph,
+                        "id": "c4",
+                        "parent_id": "c3",
+                        "versions": [{"channel": "m", "version": "1"}, {"channel": "k", "version": "2"}],
+                        "values": [{"channel": "k", "version": "2", "value": BLOB}],
+                    },
+                )
+            ],
+            0,
+            False,
+        ),
+        (
+            [
+                ev(
+                    "GraphCheckpointsRemoved",
+                    checkpoints=[{"ns": "", "id": "c1"}, {"ns": "", "id": "gone"}],
+                    reason="prune keep_latest",
+                )
+            ],
+            1,
+            True,
+        ),  # stale, rebased: it commutes; one not there
         # c3 goes, and k@1 with it (no checkpoint refers to it); m@1 stays for c4.
         ([ev("GraphCheckpointsRemoved", checkpoints=[{"ns": "", "id": "c3"}], reason="prune")], 0, False),
         ([ev("PermissionRevoked", agent_id="agent-2", reason="compromised")], 0, False),
@@ -94,11 +172,14 @@ def corpus() -> list[Patch]:
     book = RunBook()
     out: list[Patch] = []
 
-    def add(run: str, events: list[dict[str, Any]], behind: int = 0, rebase: bool = False, agent: str = "agent-1") -> None:
+    def add(
+        run: str, events: list[dict[str, Any]], behind: int = 0, rebase: bool = False, agent: str = "agent-1"
+    ) -> None:
         doc = book.docs.get(run)
         rev = 0 if doc is None else doc.header.revision
-        p = patch(run, max(0, rev - behind), *events, rebase=rebase, patch_id=f"g{len(out)}", minute=len(out),
-                  agent=agent)  # fmt: skip
+        p = patch(
+            run, max(0, rev - behind), *events, rebase=rebase, patch_id=f"g{len(out)}", minute=len(out), agent=agent
+        )
         book.apply(p, 0, len(out))
         out.append(p)
 
@@ -159,14 +240,21 @@ def test_the_reducer_s_decisions_change_only_with_its_version() -> None:
     digest, outcomes, _accepted = decided()
     assert decided()[0] == digest  # deterministic
     if os.environ.get("RUNSTATE_WRITE_GOLDEN"):
-        GOLDEN.write_text(json.dumps({"reducer_version": REDUCER_VERSION, "digest": digest, "outcomes": outcomes},
-                                     indent=1, sort_keys=True) + "\n")  # fmt: skip
+        GOLDEN.write_text(
+            json.dumps(
+                {"reducer_version": REDUCER_VERSION, "digest": digest, "outcomes": outcomes}, indent=1, sort_keys=True
+            )
+            + "\n"
+        )
     golden = json.loads(GOLDEN.read_text())
     if golden["reducer_version"] == REDUCER_VERSION:
         assert golden["digest"] == digest, (
             f"the corpus is decided differently (outcomes now {outcomes}, recorded {golden['outcomes']}) "
             f"while REDUCER_VERSION is still {REDUCER_VERSION}: bump it in projector/core/reducer.py, then "
-            "write the file again (RUNSTATE_WRITE_GOLDEN=1)")  # fmt: skip
+            "write the file again (RUNSTATE_WRITE_GOLDEN=1)"
+        )
     else:
-        raise AssertionError(f"REDUCER_VERSION is {REDUCER_VERSION}, {GOLDEN.name} records "
-                             f"{golden['reducer_version']}: write it again (RUNSTATE_WRITE_GOLDEN=1)")  # fmt: skip
+        raise AssertionError(
+            f"REDUCER_VERSION is {REDUCER_VERSION}, {GOLDEN.name} records "
+            f"{golden['reducer_version']}: write it again (RUNSTATE_WRITE_GOLDEN=1)"
+        )

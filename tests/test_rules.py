@@ -110,7 +110,9 @@ def test_fact_time_defaults_to_patch_time_and_keeps_scope(run: Run) -> None:
 def test_hypothesis_needs_confidence_in_range_and_falsifier(run: Run) -> None:
     h = {"id": "h1", "statement": "maybe", "confidence": 1.5, "falsifier": "run test"}
     run.bad("hypothesis.confidence_range", ev("HypothesisProposed", hypothesis=h))
-    run.bad("hypothesis.falsifier_required", ev("HypothesisProposed", hypothesis={**h, "confidence": 0.5, "falsifier": " "}))
+    run.bad(
+        "hypothesis.falsifier_required", ev("HypothesisProposed", hypothesis={**h, "confidence": 0.5, "falsifier": " "})
+    )
     run.ok(ev("HypothesisProposed", hypothesis={**h, "confidence": 0.5}))
     run.bad("hypothesis.confidence_range", ev("HypothesisRevised", hypothesis_id="h1", confidence=-0.1))
 
@@ -189,7 +191,11 @@ def test_correction_supersedes_and_records_what_it_replaced(run: Run) -> None:
     assert len(constraints) == 1
     c = constraints[0]
     assert c.value == "15 min" and c.supersedes is not None
-    assert (c.supersedes.value, c.supersedes.source, c.supersedes.set_at_revision) == ("30 min", "user://m1", r1.revision)
+    assert (c.supersedes.value, c.supersedes.source, c.supersedes.set_at_revision) == (
+        "30 min",
+        "user://m1",
+        r1.revision,
+    )
 
 
 def test_waiting_and_budgets(run: Run) -> None:
@@ -207,11 +213,15 @@ def test_waiting_and_budgets(run: Run) -> None:
 
 def test_tool_calls_and_effect_ledger(run: Run) -> None:
     run.bad("tool.unknown_call", ev("ToolSucceeded", call_id="c1"))
-    run.ok(ev("ToolCallStarted", call_id="c1", tool="deploy", side_effect=True),
-           ev("EffectRecorded", effect={"id": "e1", "status": "started", "target": "prod"}))
+    run.ok(
+        ev("ToolCallStarted", call_id="c1", tool="deploy", side_effect=True),
+        ev("EffectRecorded", effect={"id": "e1", "status": "started", "target": "prod"}),
+    )
     run.bad("tool.duplicate_call", ev("ToolCallStarted", call_id="c1", tool="deploy"))
-    run.ok(ev("ToolSucceeded", call_id="c1", result_ref="artifact://d/1"),
-           ev("EffectRecorded", effect={"id": "e1", "status": "committed"}))
+    run.ok(
+        ev("ToolSucceeded", call_id="c1", result_ref="artifact://d/1"),
+        ev("EffectRecorded", effect={"id": "e1", "status": "committed"}),
+    )
     run.bad("effect.transition", ev("EffectRecorded", effect={"id": "e1", "status": "failed"}))
     st = run.doc.to_state()
     assert st.pending_tool_calls == [] and st.effect_ledger[0].status == "committed"
@@ -257,7 +267,9 @@ def test_artifacts_and_inputs_commute_re_validated_on_the_current_state(run: Run
     assert d.outcome == "accepted" and d.rebased, d
     d = run.send(base, ev("ArtifactRecorded", artifact={"id": "artifact://x/1", "kind": "log"}), rebase=True)
     assert (d.reason, d.rule) == ("invalid", "artifact.duplicate_id")
-    d = run.send(base, ev("InputRecorded", input={"id": "i1", "origin": "user", "text": "go"}), rebase=True, agent="user")
+    d = run.send(
+        base, ev("InputRecorded", input={"id": "i1", "origin": "user", "text": "go"}), rebase=True, agent="user"
+    )
     assert d.outcome == "accepted" and d.rebased, d
 
 
@@ -344,8 +356,18 @@ def test_task_completion_needs_evidence(run: Run) -> None:
 
 
 def test_a_late_older_observation_does_not_replace_a_newer_one(run: Run) -> None:
-    new = {"subject": "file://cfg", "observed_state": "RS256", "observed_version": "v2", "observed_at": "2026-08-11T10:00:00Z"}
-    old = {"subject": "file://cfg", "observed_state": "HS256", "observed_version": "v1", "observed_at": "2026-08-11T09:00:00Z"}
+    new = {
+        "subject": "file://cfg",
+        "observed_state": "RS256",
+        "observed_version": "v2",
+        "observed_at": "2026-08-11T10:00:00Z",
+    }
+    old = {
+        "subject": "file://cfg",
+        "observed_state": "HS256",
+        "observed_version": "v1",
+        "observed_at": "2026-08-11T09:00:00Z",
+    }
     run.ok(ev("ObservationRecorded", observation=new))
     run.ok(ev("ObservationRecorded", observation=old))  # accepted (the log keeps it) ...
     [kept] = run.doc.to_state().environment_observations
@@ -374,8 +396,12 @@ def test_context_flags_exhausted_budgets_and_overdue_waits() -> None:
     r.ok(start())
     r.ok(ev("BudgetSet", tokens_remaining=10))
     r.ok(ev("BudgetConsumed", tokens=10))
-    r.ok(ev("WaitingStarted", waiting={"wait_id": "w", "kind": "timer", "reason": "cool down",
-                                       "until": "2026-08-11T09:00:00Z"}))  # fmt: skip
+    r.ok(
+        ev(
+            "WaitingStarted",
+            waiting={"wait_id": "w", "kind": "timer", "reason": "cool down", "until": "2026-08-11T09:00:00Z"},
+        )
+    )
     text = _context(r.doc.to_state(), now=datetime(2026, 8, 11, 10, 0, tzinfo=UTC))
     assert "tokens remaining 0 (EXHAUSTED)" in text and "(OVERDUE)" in text
 
@@ -390,9 +416,13 @@ def test_completing_a_run_needs_its_loose_ends_closed(run: Run) -> None:
 
 
 def test_cancelling_a_run_closes_its_loose_ends(run: Run) -> None:
-    run.ok(task("t1"), task("t2"), ev("TaskStarted", task_id="t1"),
-           ev("ToolCallStarted", call_id="read", tool="ls"),
-           ev("ToolCallStarted", call_id="pay", tool="charge_card", side_effect=True))  # fmt: skip
+    run.ok(
+        task("t1"),
+        task("t2"),
+        ev("TaskStarted", task_id="t1"),
+        ev("ToolCallStarted", call_id="read", tool="ls"),
+        ev("ToolCallStarted", call_id="pay", tool="charge_card", side_effect=True),
+    )
     run.ok(ev("RunCancelled", reason="user stopped it"))
     st = run.doc.to_state()
     assert {t.id: t.status for t in st.tasks} == {"t1": "cancelled", "t2": "cancelled"}
@@ -470,8 +500,11 @@ def test_the_agent_that_starts_a_task_owns_it(run: Run) -> None:
     assert run.doc.to_state().tasks[0].owner == "agent-a"
     d = run.send(None, ev("TaskStarted", task_id="t1"), agent="agent-b")  # a second claim: arbitration
     assert (d.reason, d.rule) == ("invalid", "task.not_owner") and "agent-a" in (d.message or "")
-    for other in (ev("TaskCompleted", task_id="t1", evidence="artifact://x/1"), ev("TaskFailed", task_id="t1", reason="x"),
-                  ev("TaskBlocked", task_id="t1", reason="x")):  # fmt: skip
+    for other in (
+        ev("TaskCompleted", task_id="t1", evidence="artifact://x/1"),
+        ev("TaskFailed", task_id="t1", reason="x"),
+        ev("TaskBlocked", task_id="t1", reason="x"),
+    ):
         d = run.send(None, other, agent="agent-b")
         assert d.rule == "task.not_owner", d
     d = run.send(None, ev("TaskHandedOver", task_id="t1", to_agent_id="agent-b"), agent="agent-b")
@@ -493,15 +526,27 @@ def test_a_run_can_declare_who_may_write_it() -> None:
 def test_a_risky_write_needs_the_observation_it_relies_on_to_be_current() -> None:
     r = Run("obs")
     r.ok(start(policy={"observation_max_age_s": 600, "require_observations_for_side_effects": True}))
-    r.ok(ev("ObservationRecorded", observation={"subject": "file://cfg", "observed_state": "RS256",
-                                                "observed_version": "sha:2", "observed_at": "2026-08-11T07:55:00Z"}))  # fmt: skip
+    r.ok(
+        ev(
+            "ObservationRecorded",
+            observation={
+                "subject": "file://cfg",
+                "observed_state": "RS256",
+                "observed_version": "sha:2",
+                "observed_at": "2026-08-11T07:55:00Z",
+            },
+        )
+    )
     write = {"type": "ToolCallStarted", "call_id": "w1", "tool": "write_file", "side_effect": True}
     r.bad("observation.required", write)  # the policy asks every side-effecting call to name them
     r.bad("observation.stale", {**write, "relies_on": [{"subject": "file://cfg", "observed_version": "sha:1"}]})
     r.bad("observation.stale", {**write, "relies_on": [{"subject": "file://other", "observed_version": "sha:2"}]})
     r.ok({**write, "relies_on": [{"subject": "file://cfg", "observed_version": "sha:2"}]})  # 5 min old: fresh
-    d = r.send(None, {**write, "call_id": "w2", "relies_on": [{"subject": "file://cfg", "observed_version": "sha:2"}]},
-               minute=30)  # fmt: skip
+    d = r.send(
+        None,
+        {**write, "call_id": "w2", "relies_on": [{"subject": "file://cfg", "observed_version": "sha:2"}]},
+        minute=30,
+    )
     assert (d.reason, d.rule) == ("invalid", "observation.stale")  # 35 min old by the patch's clock
 
 
@@ -519,8 +564,10 @@ def test_a_fact_needs_evidence_the_run_knows() -> None:
     r = _strict_run()
     r.bad("fact.evidence_unknown", fact("f1", evidence="plan://next"))  # no tool returned it
     r.bad("fact.evidence_unknown", fact("f1", evidence="artifact://test-output/48"))
-    r.ok(ev("ToolCallStarted", call_id="c1", tool="run_test"),
-         ev("ToolSucceeded", call_id="c1", result_ref="artifact://test-output/48"))  # fmt: skip
+    r.ok(
+        ev("ToolCallStarted", call_id="c1", tool="run_test"),
+        ev("ToolSucceeded", call_id="c1", result_ref="artifact://test-output/48"),
+    )
     [a] = r.doc.to_state().artifacts
     assert (a.id, a.kind, a.call_id, a.tool) == ("artifact://test-output/48", "tool_result", "c1", "run_test")
     assert a.provenance is not None and a.provenance.created_at_revision == r.revision
@@ -533,7 +580,10 @@ def test_authority_is_an_inputs_origin_not_a_free_text_field() -> None:
     r = _strict_run()
     r.bad("fact.source_not_authoritative", fact("f1", evidence=None, source="my own reasoning (guess)"))
     r.bad("fact.source_not_authoritative", fact("f1", evidence=None, source="user://msg_3"))  # never recorded
-    r.ok(ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "the timeout is 15 min"}), agent="user")
+    r.ok(
+        ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "the timeout is 15 min"}),
+        agent="user",
+    )
     r.ok(fact("f1", evidence=None, source="user://msg_3"))
     r.ok(fact("f2", evidence="user://msg_3"))  # a recorded input is citable evidence too
     [i] = r.doc.to_state().inputs
@@ -572,9 +622,18 @@ def test_an_agent_cannot_make_its_own_guess_an_authoritative_input_where_the_pol
     is rejected, so it cannot confirm a fact with its guess as the source. Where the policy
     also asks for it, artifacts come from tool results, not an agent's own declaration."""
     r = Run("authority")
-    r.ok(start(policy={"input_recorders": [{"origin": "user", "agents": ["user-channel"]},
-                                           {"origin": "approval", "agents": ["approver"]}],
-                       "artifacts_from_tools": True}), agent="lead")  # fmt: skip
+    r.ok(
+        start(
+            policy={
+                "input_recorders": [
+                    {"origin": "user", "agents": ["user-channel"]},
+                    {"origin": "approval", "agents": ["approver"]},
+                ],
+                "artifacts_from_tools": True,
+            }
+        ),
+        agent="lead",
+    )
     guess = ev("InputRecorded", input={"id": "user://guess", "origin": "user", "text": "it is surely RS256"})
     r.bad("input.not_authorized", guess, agent="lead")
     r.bad("input.not_authorized", ev("InputRecorded", input={"id": "approval://1", "origin": "approval"}), agent="lead")
@@ -582,7 +641,9 @@ def test_an_agent_cannot_make_its_own_guess_an_authoritative_input_where_the_pol
     go = ev("InputRecorded", input={"id": "operator://1", "origin": "operator", "text": "go"})
     r.bad("input.not_authorized", go, agent="lead")  # not named: the operator channel only
     r.ok(go, agent="operator")
-    r.bad("artifact.not_from_tool", ev("ArtifactRecorded", artifact={"id": "plan://next", "kind": "plan"}), agent="lead")
+    r.bad(
+        "artifact.not_from_tool", ev("ArtifactRecorded", artifact={"id": "plan://next", "kind": "plan"}), agent="lead"
+    )
     r.ok(ev("ToolCallStarted", call_id="c1", tool="read"), agent="lead")
     r.ok(ev("ToolSucceeded", call_id="c1", result_ref="artifact://out/1"), agent="lead")
     r.ok(fact("f1", evidence="artifact://out/1"), agent="lead")
@@ -656,29 +717,66 @@ def test_every_section_of_the_context_reads_the_same_from_the_states_struct() ->
 
     r = Run("every")
     r.ok(start(include=["src"], exclude=["public_api"]))
-    r.ok(ev("ConstraintSet", constraint={"key": "timeout", "value": "30 min", "source": "user://m1"}),
-         ev("ConstraintSet", constraint={"key": "timeout", "value": "15 min", "source": "user://m2"}))
+    r.ok(
+        ev("ConstraintSet", constraint={"key": "timeout", "value": "30 min", "source": "user://m1"}),
+        ev("ConstraintSet", constraint={"key": "timeout", "value": "15 min", "source": "user://m2"}),
+    )
     r.ok(ev("InputRecorded", input={"id": "user://msg_3", "origin": "user", "text": "it is RS256"}), agent="user")
     r.ok(ev("ArtifactRecorded", artifact={"id": "artifact://diff/7", "kind": "patch", "digest": "sha256:ab"}))
-    r.ok(fact("f1", scope="src/auth"), fact("f2", evidence=None, source="user://msg_3"),
-         ev("HypothesisProposed", hypothesis={"id": "h1", "statement": "maybe", "confidence": 0.66, "falsifier": "a test"}),
-         ev("QuestionOpened", question={"id": "q1", "text": "HS256 still pinned?"}))
+    r.ok(
+        fact("f1", scope="src/auth"),
+        fact("f2", evidence=None, source="user://msg_3"),
+        ev(
+            "HypothesisProposed",
+            hypothesis={"id": "h1", "statement": "maybe", "confidence": 0.66, "falsifier": "a test"},
+        ),
+        ev("QuestionOpened", question={"id": "q1", "text": "HS256 still pinned?"}),
+    )
     r.ok(task("t1", scope=["src/auth"]), task("t2", deps=["t1"], scope=["src"]), task("t3"), task("t4", scope=["src"]))
     r.ok(ev("TaskStarted", task_id="t1"), ev("TaskStarted", task_id="t4"))
     r.ok(ev("TaskBlocked", task_id="t4", reason="needs a review"))
-    r.ok(ev("ObservationRecorded", observation={"subject": "svc", "observed_state": "up",
-                                                "observed_at": "2026-08-11T09:00:00Z", "evidence": "artifact://r/1"}),
-         ev("ObservationRecorded", observation={"subject": "db", "observed_state": "migrated", "evidence": "artifact://r/2"}))
-    r.ok(ev("ToolCallStarted", call_id="c1", tool="deploy", side_effect=True),
-         ev("EffectRecorded", effect={"id": "e1", "status": "started", "target": "prod"}))
+    r.ok(
+        ev(
+            "ObservationRecorded",
+            observation={
+                "subject": "svc",
+                "observed_state": "up",
+                "observed_at": "2026-08-11T09:00:00Z",
+                "evidence": "artifact://r/1",
+            },
+        ),
+        ev(
+            "ObservationRecorded",
+            observation={"subject": "db", "observed_state": "migrated", "evidence": "artifact://r/2"},
+        ),
+    )
+    r.ok(
+        ev("ToolCallStarted", call_id="c1", tool="deploy", side_effect=True),
+        ev("EffectRecorded", effect={"id": "e1", "status": "started", "target": "prod"}),
+    )
     r.ok(ev("BudgetSet", tokens_remaining=100), ev("BudgetConsumed", tokens=130))
-    r.ok(ev("WaitingStarted", waiting={"wait_id": "w1", "kind": "approval", "reason": "deploy",
-                                       "until": "2026-08-11T09:30:00Z"}))
+    r.ok(
+        ev(
+            "WaitingStarted",
+            waiting={"wait_id": "w1", "kind": "approval", "reason": "deploy", "until": "2026-08-11T09:30:00Z"},
+        )
+    )
     text = _context(r.doc.to_state(), now=datetime(2026, 8, 11, 10, 0, tzinfo=UTC))
-    for part in ("constraint timeout = 15 min (corrects '30 min'", "[f2] statement f2 (source: input user://msg_3",
-                 "confidence 0.66", "OPEN QUESTIONS", "running  [t1]", "blocked  [t4]", "(after t1)",
-                 "STALE", "(OVERDUE)", "ARTIFACTS: 1 known; INPUTS: 1 recorded", "c1: deploy (side effect)",
-                 "1 with unknown outcome", "(OVER BUDGET)"):  # fmt: skip
+    for part in (
+        "constraint timeout = 15 min (corrects '30 min'",
+        "[f2] statement f2 (source: input user://msg_3",
+        "confidence 0.66",
+        "OPEN QUESTIONS",
+        "running  [t1]",
+        "blocked  [t4]",
+        "(after t1)",
+        "STALE",
+        "(OVERDUE)",
+        "ARTIFACTS: 1 known; INPUTS: 1 recorded",
+        "c1: deploy (side effect)",
+        "1 with unknown outcome",
+        "(OVER BUDGET)",
+    ):
         assert part in text, part
 
 
@@ -720,11 +818,21 @@ def test_graph_values_are_kept_once_per_version_while_a_checkpoint_refers_to_the
     of the namespace refers to, and deleting the thread drops them all."""
     blob = {"type": "json", "data": "e30="}
 
-    def saved(cid: str, parent: str | None, versions: dict[str, str], values: dict[str, str], ns: str = "") -> dict[str, Any]:
-        return ev("GraphCheckpointSaved", checkpoint={
-            "ns": ns, "id": cid, "parent_id": parent, "checkpoint": blob, "metadata": blob,
-            "versions": [{"channel": c, "version": v} for c, v in versions.items()],
-            "values": [{"channel": c, "version": v, "value": blob} for c, v in values.items()]})  # fmt: skip
+    def saved(
+        cid: str, parent: str | None, versions: dict[str, str], values: dict[str, str], ns: str = ""
+    ) -> dict[str, Any]:
+        return ev(
+            "GraphCheckpointSaved",
+            checkpoint={
+                "ns": ns,
+                "id": cid,
+                "parent_id": parent,
+                "checkpoint": blob,
+                "metadata": blob,
+                "versions": [{"channel": c, "version": v} for c, v in versions.items()],
+                "values": [{"channel": c, "version": v, "value": blob} for c, v in values.items()],
+            },
+        )
 
     def kept(run: Run) -> list[str]:
         return sorted(k for k, v in run.doc.entries("graph_values").items() if v is not None)
@@ -750,8 +858,15 @@ def test_graph_checkpoints_removed_by_name_take_their_writes_and_leave_the_other
     run = Run()
     run.ok(start())
     for cid, parent in (("c1", None), ("c2", "c1"), ("c3", "c2")):
-        run.ok(ev("GraphCheckpointSaved", checkpoint={"id": cid, "parent_id": parent, "checkpoint": blob, "metadata": blob}))
-    run.ok(ev("GraphWritesSaved", checkpoint_id="c1", writes=[{"task_id": "t", "idx": 0, "channel": "c", "value": blob}]))
+        run.ok(
+            ev(
+                "GraphCheckpointSaved",
+                checkpoint={"id": cid, "parent_id": parent, "checkpoint": blob, "metadata": blob},
+            )
+        )
+    run.ok(
+        ev("GraphWritesSaved", checkpoint_id="c1", writes=[{"task_id": "t", "idx": 0, "channel": "c", "value": blob}])
+    )
     removal = ev("GraphCheckpointsRemoved", checkpoints=[{"id": "c1"}, {"id": "c2"}, {"id": "never"}], reason="prune")
     d = run.send(run.revision - 2, removal, rebase=True)
     assert d.outcome == "accepted", d

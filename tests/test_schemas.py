@@ -62,9 +62,22 @@ def test_decision_models_match_the_published_schema_and_round_trip() -> None:
     garbage is a DecodeError, not a crash of the waiter."""
     assert codec._fp(codec.derive_decision_schema()) == codec._decision_current().fingerprint
     p = patch("run_1", 0, json.loads(CLIENT_EXAMPLE)["events"][0])
-    d = Decision(patch_id=p.patch_id, run_id="run_1", outcome="rejected", revision=3, expected_revision=0,
-                 reason="revision_conflict", message="at 3", partition=2, offset=41, agent_id="a", agent_version="1",
-                 event_types=["FactConfirmed"], created_at=p.created_at, content_digest="ab" * 16)  # fmt: skip
+    d = Decision(
+        patch_id=p.patch_id,
+        run_id="run_1",
+        outcome="rejected",
+        revision=3,
+        expected_revision=0,
+        reason="revision_conflict",
+        message="at 3",
+        partition=2,
+        offset=41,
+        agent_id="a",
+        agent_version="1",
+        event_types=["FactConfirmed"],
+        created_at=p.created_at,
+        content_digest="ab" * 16,
+    )
     assert codec.decode_decision(codec.encode_decision(d)) == d
     for junk in (b"", b"\xc3\x01" + b"\0" * 8, codec.encode_decision(d)[:-3]):
         with pytest.raises(DecodeError):
@@ -133,11 +146,14 @@ def test_newer_document_is_refused_unchanged() -> None:
     assert "MIGRATION_REQUIRED" in str(e.value) and e.value.found_version == CURRENT_SCHEMA_VERSION + 1
 
 
-@pytest.mark.parametrize("mutate, why", [
-    (lambda d: d.__setitem__("workspace_ref", "s3://bucket/x"), "workspace_ref"),
-    (lambda d: d["confirmed_facts"][0].pop("observed_at"), "observed_at"),
-    (lambda d: d.__setitem__("notes", ["free text"]), "unknown v3 fields"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "mutate, why",
+    [
+        (lambda d: d.__setitem__("workspace_ref", "s3://bucket/x"), "workspace_ref"),
+        (lambda d: d["confirmed_facts"][0].pop("observed_at"), "observed_at"),
+        (lambda d: d.__setitem__("notes", ["free text"]), "unknown v3 fields"),
+    ],
+)
 def test_v1_document_that_cannot_migrate_safely_is_refused(mutate, why: str) -> None:  # type: ignore[no-untyped-def]
     raw = copy.deepcopy(V1_DOC)
     mutate(raw)
@@ -202,8 +218,13 @@ def _strategy(t: Any, named: dict[str, Any], ns: str | None, depth: int = 0) -> 
     """Any datum of an Avro type (the types our schemas use), unions in fastavro's
     named-branch form where a union holds several records (as the codec writes them)."""
     if isinstance(t, str):
-        prim = {"null": st.none(), "boolean": st.booleans(), "long": st.integers(-(2**63), 2**63 - 1),
-                "double": st.floats(allow_nan=False), "string": st.text(max_size=6)}  # fmt: skip
+        prim = {
+            "null": st.none(),
+            "boolean": st.booleans(),
+            "long": st.integers(-(2**63), 2**63 - 1),
+            "double": st.floats(allow_nan=False),
+            "string": st.text(max_size=6),
+        }
         if t in prim:
             return prim[t]
         full = _full(t, ns)
@@ -211,13 +232,15 @@ def _strategy(t: Any, named: dict[str, Any], ns: str | None, depth: int = 0) -> 
     if isinstance(t, list):
         recs = [x for x in t if isinstance(x, dict) and x["type"] == "record"]
         if len(recs) > 1:
-            return st.one_of([_strategy(r, named, ns, depth).map(lambda d, r=r: (_full(r["name"], ns), d))
-                              for r in recs])  # fmt: skip
+            return st.one_of(
+                [_strategy(r, named, ns, depth).map(lambda d, r=r: (_full(r["name"], ns), d)) for r in recs]
+            )
         return st.one_of([_strategy(x, named, ns, depth) for x in t])
     kind = t["type"]
     if kind == "record":
-        return st.fixed_dictionaries({f["name"]: _strategy(f["type"], named, t.get("namespace", ns), depth)
-                                      for f in t["fields"]})  # fmt: skip
+        return st.fixed_dictionaries(
+            {f["name"]: _strategy(f["type"], named, t.get("namespace", ns), depth) for f in t["fields"]}
+        )
     if kind == "array":
         return st.lists(_strategy(t["items"], named, ns, depth), max_size=0 if depth > 2 else 2)
     return _strategy(kind, named, ns, depth)
@@ -241,7 +264,9 @@ def _collect_named(t: Any, ns: str | None, named: dict[str, Any]) -> None:
             _collect_named(t["items"], ns, named)
 
 
-_PATCH_SCHEMA = json.loads(max(codec.AVRO_DIR.glob("patch.v*.avsc"), key=lambda p: int(p.stem.split(".v")[1])).read_text())
+_PATCH_SCHEMA = json.loads(
+    max(codec.AVRO_DIR.glob("patch.v*.avsc"), key=lambda p: int(p.stem.split(".v")[1])).read_text()
+)
 _NAMED: dict[str, Any] = {}
 _collect_named(_PATCH_SCHEMA, _PATCH_SCHEMA.get("namespace"), _NAMED)
 PATCH_DATUMS = _strategy(_PATCH_SCHEMA, _NAMED, _PATCH_SCHEMA.get("namespace"))
@@ -297,27 +322,38 @@ def test_the_generated_codec_is_used_for_the_current_schema() -> None:
     assert w.read is not None and w.write is not None
 
 
-@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(datum=PATCH_DATUMS)
 def test_generated_writer_and_reader_match_fastavro_on_any_datum(datum: Any) -> None:
     w = codec.current_writer()
     ours = codec.encode_datum(datum, w)
-    assert ours[codec.HEADER_LEN:] == _fastavro_body(datum)  # the same bytes
+    assert ours[codec.HEADER_LEN :] == _fastavro_body(datum)  # the same bytes
     back, end = w.read(ours, codec.HEADER_LEN)  # type: ignore[misc]
     assert end == len(ours)
     assert back == _fastavro_read(ours) == _named_branches_to_plain(datum)
 
 
-@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(datum=PATCH_DATUMS, cut=st.integers(0, 10_000), pos=st.integers(0, 10_000), byte=st.integers(0, 255),
-       how=st.sampled_from(["truncate", "flip", "append"]))  # fmt: skip
-def test_a_damaged_record_is_refused_whenever_fastavro_refuses_it(datum: Any, cut: int, pos: int, byte: int, how: str) -> None:
+@settings(
+    max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(
+    datum=PATCH_DATUMS,
+    cut=st.integers(0, 10_000),
+    pos=st.integers(0, 10_000),
+    byte=st.integers(0, 255),
+    how=st.sampled_from(["truncate", "flip", "append"]),
+)
+def test_a_damaged_record_is_refused_whenever_fastavro_refuses_it(
+    datum: Any, cut: int, pos: int, byte: int, how: str
+) -> None:
     """decode_raw with the generated reader against the fastavro reference on damaged
     bytes: what fastavro refuses is refused (a typed DecodeError); what both read is equal."""
     data = bytearray(codec.encode_datum(datum, codec.current_writer()))
     body = len(data) - codec.HEADER_LEN
     if how == "truncate":
-        del data[codec.HEADER_LEN + cut % (body + 1):]
+        del data[codec.HEADER_LEN + cut % (body + 1) :]
     elif how == "flip" and body:
         data[codec.HEADER_LEN + pos % body] = byte
     else:
@@ -409,11 +445,15 @@ def _model(model: type[pydantic.BaseModel], depth: int = 0) -> st.SearchStrategy
 
 
 PATCHES = st.builds(
-    Patch, patch_id=_values(str), run_id=_values(str), expected_revision=st.integers(0, 2**63 - 1),
+    Patch,
+    patch_id=_values(str),
+    run_id=_values(str),
+    expected_revision=st.integers(0, 2**63 - 1),
     events=st.lists(st.one_of([_model(t) for t in EVENT_TYPES]), min_size=1, max_size=3),
     author=_model(Author_ := __import__("runstate.schemas.patch", fromlist=["Author"]).Author),
-    created_at=_values(datetime), rebase=st.booleans(),
-)  # fmt: skip
+    created_at=_values(datetime),
+    rebase=st.booleans(),
+)
 
 
 def test_the_object_writer_is_used_for_the_models_own_schemas() -> None:
@@ -421,7 +461,9 @@ def test_the_object_writer_is_used_for_the_models_own_schemas() -> None:
     assert codec._object_writer(codec._decision_current(), "decision") is not None
 
 
-@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(
+    max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
 @given(p=PATCHES)
 def test_models_written_directly_are_the_bytes_of_their_dump(p: Patch) -> None:
     """encode() writes the model's attributes; the reference dumps it to the JSON form and
@@ -465,13 +507,20 @@ def test_a_record_that_holds_itself_and_long_strings_read_as_fastavro_reads_them
 
     from runstate.schemas import avrofast
 
-    schema = {"type": "record", "name": "Node", "fields": [
-        {"name": "label", "type": "string"},
-        {"name": "next", "type": ["null", "Node"]},
-        {"name": "tags", "type": {"type": "array", "items": "string"}},
-    ]}  # fmt: skip
-    datum = {"label": "é" * length, "next": {"label": "x", "next": {"label": "y" * length, "next": None, "tags": []},
-                                             "tags": ["t" * length]}, "tags": ["a", "b" * 70]}  # fmt: skip
+    schema = {
+        "type": "record",
+        "name": "Node",
+        "fields": [
+            {"name": "label", "type": "string"},
+            {"name": "next", "type": ["null", "Node"]},
+            {"name": "tags", "type": {"type": "array", "items": "string"}},
+        ],
+    }
+    datum = {
+        "label": "é" * length,
+        "next": {"label": "x", "next": {"label": "y" * length, "next": None, "tags": []}, "tags": ["t" * length]},
+        "tags": ["a", "b" * 70],
+    }
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), datum)
     read, write = avrofast.compile_schema(schema)

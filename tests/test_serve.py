@@ -51,9 +51,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "user": add_token(tf, "user", channel="user"),
         "ops": add_token(tf, "ops", policy=True),
     }
-    env = {"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"),
-           "RUNSTATE_TOKENS_FILE": tf, "RUNSTATE_CHECKPOINT_EVERY": "2",
-           "RUNSTATE_CHECKPOINT_BYTES_RATIO": "0"}  # fmt: skip
+    env = {
+        "RUNSTATE_LOG": str(work / "log.db"),
+        "RUNSTATE_STATE_DIR": str(work / "state"),
+        "RUNSTATE_TOKENS_FILE": tf,
+        "RUNSTATE_CHECKPOINT_EVERY": "2",
+        "RUNSTATE_CHECKPOINT_BYTES_RATIO": "0",
+    }
     proc = ServeProcess(env, work)
     try:
         proc.wait_ready()
@@ -136,8 +140,11 @@ def test_only_the_user_channels_token_records_user_input_and_it_records_nothing_
         started(rs, "chan-1", writers=["planner"])
         d = rs.submit("chan-1", {"expected_revision": 1, "events": [user_said]})
         assert (d.outcome, d.rule) == ("rejected", "input.not_authorized"), d
-        for events in ([fact("f1")], [user_said, fact("f1")],
-                       [{**user_said, "input": {**user_said["input"], "origin": "operator"}}]):
+        for events in (
+            [fact("f1")],
+            [user_said, fact("f1")],
+            [{**user_said, "input": {**user_said["input"], "origin": "operator"}}],
+        ):
             with pytest.raises(ServiceError, match="records only user inputs") as e:
                 channel.submit("chan-1", {"expected_revision": 1, "events": events})
             assert e.value.status == 403
@@ -154,8 +161,10 @@ def test_an_agent_cannot_switch_off_the_input_authority_that_constrains_it(serve
     an operator's token (``token add --policy``) may start such a run."""
     user_said = {"type": "InputRecorded", "input": {"id": "user://m1", "origin": "user", "text": "ship it"}}
     with served.client() as rs, served.client("ops") as ops:
-        for policy in ({"input_authority": "writers"},
-                       {"input_recorders": [{"origin": "user", "agents": ["planner"]}]}):  # fmt: skip
+        for policy in (
+            {"input_authority": "writers"},
+            {"input_recorders": [{"origin": "user", "agents": ["planner"]}]},
+        ):
             with pytest.raises(ServiceError, match="weakens who records authoritative inputs") as e:
                 rs.submit("weak-1", {"expected_revision": 0, "events": [start(policy=policy)]})
             assert e.value.status == 403
@@ -195,7 +204,9 @@ def test_bad_patches_are_422_with_the_field_and_oversize_is_413(served: Served) 
         assert err["code"] == "invalid" and err["message"]
         if field is not None:
             assert err["field"] is not None and err["field"].startswith(field), err
-    huge = json.dumps({"expected_revision": 0, "events": [{"type": "RunStarted", "goal": {"statement": "x" * 3_000_000}}]})
+    huge = json.dumps(
+        {"expected_revision": 0, "events": [{"type": "RunStarted", "goal": {"statement": "x" * 3_000_000}}]}
+    )
     r = httpx.post(served.url + "/runs/bad-1/patches", content=huge, headers=h)
     assert r.status_code == 413 and r.json()["error"]["code"] == "patch_too_large"
     with served.client() as rs, pytest.raises(RunNotFound):
@@ -212,12 +223,20 @@ def test_tokens_decide_who_writes(served: Served) -> None:
     with served.client("coder") as coder:
         # a body cannot claim another author
         with pytest.raises(ServiceError) as e:
-            coder.append("auth-1", {"expected_revision": 1, "events": [fact("f1")],
-                                    "author": {"agent_id": "planner", "agent_version": "9"}})  # fmt: skip
+            coder.append(
+                "auth-1",
+                {
+                    "expected_revision": 1,
+                    "events": [fact("f1")],
+                    "author": {"agent_id": "planner", "agent_version": "9"},
+                },
+            )
         assert e.value.status == 403
         # as itself it may append, and the run's writer rule rejects it
-        d = coder.submit("auth-1", {"expected_revision": 1, "events": [fact("f1")],
-                                    "author": {"agent_id": "coder", "agent_version": "2.1"}})  # fmt: skip
+        d = coder.submit(
+            "auth-1",
+            {"expected_revision": 1, "events": [fact("f1")], "author": {"agent_id": "coder", "agent_version": "2.1"}},
+        )
         assert (d.outcome, d.reason, d.agent_id, d.agent_version) == ("rejected", "unauthorized", "coder", "2.1")
     with served.client("reader") as reader:
         assert reader.state("auth-1").revision == 1
@@ -312,16 +331,19 @@ def test_mcp_session_lists_tools_proposes_a_patch_and_reads_the_decision(served:
 
     async def main() -> None:
         headers = {"authorization": f"Bearer {served.tokens['planner']}"}
-        async with (httpx2.AsyncClient(headers=headers, timeout=30) as http,
-                    streamable_http_client(served.url + "/mcp", http_client=http) as (read, write)):  # fmt: skip
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=30) as http,
+            streamable_http_client(served.url + "/mcp", http_client=http) as (read, write),
+        ):
             async with ClientSession(read, write) as session:
                 await session.initialize()
                 tools = {t.name: t for t in (await session.list_tools()).tools}
                 assert {"run_context", "run_state", "propose_patch", "run_history"} <= set(tools)
                 # the patch's input schema is the pydantic model's: the event union is there
                 assert "FactConfirmed" in json.dumps(tools["propose_patch"].input_schema)
-                res = await session.call_tool("propose_patch", {"run_id": "mcp-1", "patch": {
-                    "expected_revision": 0, "events": [start()]}})  # fmt: skip
+                res = await session.call_tool(
+                    "propose_patch", {"run_id": "mcp-1", "patch": {"expected_revision": 0, "events": [start()]}}
+                )
                 assert not res.is_error, res
                 out = res.structured_content or json.loads(res.content[0].text)
                 assert out["status"] == "decided" and out["decision"]["outcome"] == "accepted"
@@ -329,8 +351,16 @@ def test_mcp_session_lists_tools_proposes_a_patch_and_reads_the_decision(served:
                 ctx = await session.call_tool("run_context", {"run_id": "mcp-1"})
                 assert "revision 1" in ctx.content[0].text
                 # a malformed call is refused by the schema: nothing is appended
-                bad = await session.call_tool("propose_patch", {"run_id": "mcp-1", "patch": {
-                    "expected_revision": 1, "events": [{"type": "FactConfirmed", "fact": {"statement": 3}}]}})  # fmt: skip
+                bad = await session.call_tool(
+                    "propose_patch",
+                    {
+                        "run_id": "mcp-1",
+                        "patch": {
+                            "expected_revision": 1,
+                            "events": [{"type": "FactConfirmed", "fact": {"statement": 3}}],
+                        },
+                    },
+                )
                 assert bad.is_error
                 hist = await session.call_tool("run_history", {"run_id": "mcp-1"})
                 assert not hist.is_error
@@ -349,13 +379,35 @@ def test_openapi_fuzz_no_5xx_and_documented_errors(served: Served) -> None:
     """schemathesis from /openapi.json: no server error, every response (errors included)
     matches its documented schema and status. The SSE stream never ends: excluded."""
     out = subprocess.run(
-        [sys.executable, "-m", "schemathesis.cli", "run", served.url + "/openapi.json",
-         "--checks", "not_a_server_error,response_schema_conformance,status_code_conformance",
-         "--exclude-path-regex", "/events$", "--max-examples", str(examples(25, floor=5)), "--seed", "7", "--no-color",
-         "--phases", "examples,coverage,fuzzing", "--request-timeout", "20", "--max-failures", "5",
-         "-H", f"Authorization: Bearer {served.tokens['planner']}"],
-        capture_output=True, text=True, timeout=600, cwd=served.workdir,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "schemathesis.cli",
+            "run",
+            served.url + "/openapi.json",
+            "--checks",
+            "not_a_server_error,response_schema_conformance,status_code_conformance",
+            "--exclude-path-regex",
+            "/events$",
+            "--max-examples",
+            str(examples(25, floor=5)),
+            "--seed",
+            "7",
+            "--no-color",
+            "--phases",
+            "examples,coverage,fuzzing",
+            "--request-timeout",
+            "20",
+            "--max-failures",
+            "5",
+            "-H",
+            f"Authorization: Bearer {served.tokens['planner']}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=served.workdir,
+    )
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
 
 
@@ -370,21 +422,32 @@ def test_the_runs_page_by_latest_activity_pages_with_the_cursor_it_gives(served:
         seen: list[str] = []
         params: dict[str, Any] = {"order": "recent", "q": "act-", "limit": 2}
         while True:
-            page = httpx.get(served.url + "/runs", params=params, headers={"authorization": f"Bearer {served.tokens['planner']}"})
+            page = httpx.get(
+                served.url + "/runs", params=params, headers={"authorization": f"Bearer {served.tokens['planner']}"}
+            )
             assert page.status_code == 200 and page.headers["x-total-count"] == "5", page.text
             seen += [h["run_id"] for h in page.json()]
             if "x-next-after" not in page.headers:
                 break
             params["after"] = page.headers["x-next-after"]
         assert seen == ["act-1", "act-4", "act-3", "act-2", "act-0"]  # the last page (one run) offers no next
-        whole = httpx.get(served.url + "/runs", params={"order": "recent", "q": "act-", "limit": 5},
-                          headers={"authorization": f"Bearer {served.tokens['planner']}"})  # fmt: skip
+        whole = httpx.get(
+            served.url + "/runs",
+            params={"order": "recent", "q": "act-", "limit": 5},
+            headers={"authorization": f"Bearer {served.tokens['planner']}"},
+        )
         assert len(whole.json()) == 5 and "x-next-after" not in whole.headers  # full, and nothing after it
-        by_id = httpx.get(served.url + "/runs", params={"q": "act-", "limit": 2},
-                          headers={"authorization": f"Bearer {served.tokens['planner']}"})  # fmt: skip
+        by_id = httpx.get(
+            served.url + "/runs",
+            params={"q": "act-", "limit": 2},
+            headers={"authorization": f"Bearer {served.tokens['planner']}"},
+        )
         assert [h["run_id"] for h in by_id.json()] == ["act-0", "act-1"] and by_id.headers["x-next-after"] == "act-1"
-        bad = httpx.get(served.url + "/runs", params={"order": "recent", "after": "act-1"},
-                        headers={"authorization": f"Bearer {served.tokens['planner']}"})  # fmt: skip
+        bad = httpx.get(
+            served.url + "/runs",
+            params={"order": "recent", "after": "act-1"},
+            headers={"authorization": f"Bearer {served.tokens['planner']}"},
+        )
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "after", bad.text
 
 
@@ -396,7 +459,9 @@ def test_readme_client_example_runs_as_written(served: Served) -> None:
     with served.client() as rs:
         started(rs, "run_128")
         assert rs.submit("run_128", {"expected_revision": 1, "events": [fact("f1")]}).revision == 2
-    code = block.replace('"http://127.0.0.1:8750"', repr(served.url)).replace("token=None", f"token={served.tokens['planner']!r}")
+    code = block.replace('"http://127.0.0.1:8750"', repr(served.url)).replace(
+        "token=None", f"token={served.tokens['planner']!r}"
+    )
     assert code != block
     scope: dict[str, Any] = {}
     exec(code, scope)  # noqa: S102 - the README's own example
@@ -441,8 +506,12 @@ def test_metrics_are_public_only_by_choice_where_tokens_are_needed(tmp_path: Pat
 
     tokens = str(tmp_path / "tokens.json")
     add_token(tokens, "agent")
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
-           "RUNSTATE_TOKENS_FILE": tokens, "RUNSTATE_METRICS_PUBLIC": "true"}  # fmt: skip
+    env = {
+        "RUNSTATE_LOG": str(tmp_path / "log.db"),
+        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        "RUNSTATE_TOKENS_FILE": tokens,
+        "RUNSTATE_METRICS_PUBLIC": "true",
+    }
     proc = ServeProcess(env, tmp_path)
     try:
         proc.wait_ready()
@@ -465,8 +534,13 @@ def test_an_overloaded_instance_sheds_at_once_fairly_and_health_and_metrics_stil
 
     tokens = tmp_path / "tokens.json"
     a, b, c = (add_token(str(tokens), name, "write") for name in ("a", "b", "c"))
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
-           "RUNSTATE_TOKENS_FILE": str(tokens), "RUNSTATE_MAX_IN_FLIGHT": "4", "RUNSTATE_METRICS_PUBLIC": "true"}
+    env = {
+        "RUNSTATE_LOG": str(tmp_path / "log.db"),
+        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        "RUNSTATE_TOKENS_FILE": str(tokens),
+        "RUNSTATE_MAX_IN_FLIGHT": "4",
+        "RUNSTATE_METRICS_PUBLIC": "true",
+    }
     proc = ServeProcess(env, tmp_path)
     try:
         proc.wait_ready()
@@ -477,8 +551,10 @@ def test_an_overloaded_instance_sheds_at_once_fairly_and_health_and_metrics_stil
             import socket
 
             with socket.create_connection(("127.0.0.1", proc.port)) as sock:
-                sock.sendall(f"POST /runs/busy/patches HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
-                             "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode())  # fmt: skip
+                sock.sendall(
+                    f"POST /runs/busy/patches HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                    "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode()
+                )
                 time.sleep(3)
 
         holders = [threading.Thread(target=hold, args=(a,)) for _ in range(3)]

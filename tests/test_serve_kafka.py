@@ -27,9 +27,13 @@ INSTANCE_SECRET = "7" * 64
 
 
 def kenv(bootstrap: str, topics: TopicNames, state: Path) -> dict[str, str]:
-    return {"RUNSTATE_LOG": f"kafka://{bootstrap}", "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
-            "RUNSTATE_STATE_DIR": str(state), "RUNSTATE_CHECKPOINT_EVERY": "5",
-            "RUNSTATE_INSTANCE_SECRET": INSTANCE_SECRET}  # fmt: skip
+    return {
+        "RUNSTATE_LOG": f"kafka://{bootstrap}",
+        "RUNSTATE_TOPIC_PREFIX": topics.events.rsplit(".", 1)[0],
+        "RUNSTATE_STATE_DIR": str(state),
+        "RUNSTATE_CHECKPOINT_EVERY": "5",
+        "RUNSTATE_INSTANCE_SECRET": INSTANCE_SECRET,
+    }
 
 
 def owned(url: str) -> list[int]:
@@ -46,8 +50,9 @@ def submit(rs: Client, run_id: str, draft: dict[str, object]) -> Decision:
         return rs.wait(run_id, e.patch_id, 60)
 
 
-def test_any_instance_answers_and_the_survivor_takes_over(kafka_bootstrap: str, kafka_topics: TopicNames,
-                                                         tmp_path: Path) -> None:
+def test_any_instance_answers_and_the_survivor_takes_over(
+    kafka_bootstrap: str, kafka_topics: TopicNames, tmp_path: Path
+) -> None:
     log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
     log.create_topics(6)
     a = ServeProcess(kenv(kafka_bootstrap, kafka_topics, tmp_path / "a"), tmp_path)
@@ -92,8 +97,11 @@ def test_any_instance_answers_and_the_survivor_takes_over(kafka_bootstrap: str, 
             # by latest activity (the runs were last written run_0 … run_11), merged from both
             recent = httpx.get(url + "/runs", params={"order": "recent", "limit": 3}, timeout=30)
             assert [h["run_id"] for h in recent.json()] == ["run_11", "run_10", "run_9"]
-            later = httpx.get(url + "/runs", params={"order": "recent", "limit": 3, "after": recent.headers["x-next-after"]},
-                              timeout=30)  # fmt: skip
+            later = httpx.get(
+                url + "/runs",
+                params={"order": "recent", "limit": 3, "after": recent.headers["x-next-after"]},
+                timeout=30,
+            )
             assert [h["run_id"] for h in later.json()] == ["run_8", "run_7", "run_6"]
             hist = httpx.get(url + "/runs/run_3/history", params={"start": 1, "limit": 1}, timeout=30)
             assert [d["revision"] for d in hist.json()] == [2] and hist.headers["x-total-count"] == "3"

@@ -67,14 +67,26 @@ def test_checkpoint_plus_tail_equals_full_replay(ops: list[Any], data: st.DataOb
         if doc is None:
             continue
         decided = sorted((d for (r, _), d in head.decided.items() if r == run), key=lambda d: d.offset)
-        cp = validate(encode_cp(make_checkpoint(doc.to_state(), partition=0, covers_offset=cut - 1, triggers=["test"],
-                                                recent=decided, patch_ids=[d.patch_id for d in decided])))  # fmt: skip
+        cp = validate(
+            encode_cp(
+                make_checkpoint(
+                    doc.to_state(),
+                    partition=0,
+                    covers_offset=cut - 1,
+                    triggers=["test"],
+                    recent=decided,
+                    patch_ids=[d.patch_id for d in decided],
+                )
+            )
+        )
         restored[run] = RunDoc.from_state(cp.state)
         recent[run] = cp.recent_decisions
         seen[run] = set(split_patch_ids(decode_patch_ids(cp.patch_ids)))
-    book = RunBook(load_doc=lambda r: restored.get(r),
-                   load_decision=lambda r, p: next((d for d in recent.get(r, []) if d.patch_id == p), None),
-                   decided_before_restore=lambda r, p: patch_id_digest(p) in seen.get(r, set()))  # fmt: skip
+    book = RunBook(
+        load_doc=lambda r: restored.get(r),
+        load_decision=lambda r, p: next((d for d in recent.get(r, []) if d.patch_id == p), None),
+        decided_before_restore=lambda r, p: patch_id_digest(p) in seen.get(r, set()),
+    )
     for i, p in enumerate(patches[cut:], start=cut):
         applied = book.apply(p, 0, i)
         before_cut = (p.run_id, p.patch_id) in head.decided
@@ -94,8 +106,12 @@ def test_checkpoint_plus_tail_equals_full_replay(ops: list[Any], data: st.DataOb
 
 
 def side_effect_ops() -> st.SearchStrategy[list[tuple[str, int]]]:
-    return st.lists(st.tuples(st.sampled_from(["start_eff", "commit_eff", "fail_eff", "call", "call_fx", "done"]),
-                              st.integers(0, 3)), max_size=25)  # fmt: skip
+    return st.lists(
+        st.tuples(
+            st.sampled_from(["start_eff", "commit_eff", "fail_eff", "call", "call_fx", "done"]), st.integers(0, 3)
+        ),
+        max_size=25,
+    )
 
 
 @settings(max_examples=examples(80), deadline=None)
@@ -145,13 +161,16 @@ def a_checkpoint() -> bytes:
     return encode_cp(make_checkpoint(doc.to_state(), partition=0, covers_offset=1, triggers=["t"], recent=[]))
 
 
-@pytest.mark.parametrize("mutate, reseal, reason", [
-    (lambda d: d["state"]["confirmed_facts"][0].__setitem__("statement", "edited"), False, "digest does not match"),
-    (lambda d: d.__setitem__("reducer_version", 0), True, "reducer_version"),
-    (lambda d: d.__setitem__("format_version", 99), True, "format_version"),
-    (lambda d: d["state"].__setitem__("schema_version", 99), True, "MIGRATION_REQUIRED"),
-    (lambda d: d["state"].__setitem__("revision", 7), True, "does not belong"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "mutate, reseal, reason",
+    [
+        (lambda d: d["state"]["confirmed_facts"][0].__setitem__("statement", "edited"), False, "digest does not match"),
+        (lambda d: d.__setitem__("reducer_version", 0), True, "reducer_version"),
+        (lambda d: d.__setitem__("format_version", 99), True, "format_version"),
+        (lambda d: d["state"].__setitem__("schema_version", 99), True, "MIGRATION_REQUIRED"),
+        (lambda d: d["state"].__setitem__("revision", 7), True, "does not belong"),
+    ],
+)
 def test_untrustworthy_checkpoints_are_rejected(mutate: Any, reseal: bool, reason: str) -> None:
     """Refused for what they say (resealed: the digest is right), or for being edited."""
     doc = orjson.loads(a_checkpoint())
@@ -172,14 +191,20 @@ def test_checkpoint_with_an_older_state_schema_is_migrated() -> None:
     doc["state"] = v1
     doc["revision"] = 2
     cp = validate(seal(doc, None))
-    assert cp.state.schema_version == CURRENT_SCHEMA_VERSION and cp.state.open_questions[0].text == V1_DOC["open_questions"][0]
+    assert (
+        cp.state.schema_version == CURRENT_SCHEMA_VERSION
+        and cp.state.open_questions[0].text == V1_DOC["open_questions"][0]
+    )
 
 
-@pytest.mark.parametrize("drop", [
-    lambda st: [st.pop(name) for name in ("revoked_agents", "artifacts", "inputs")],  # the document's
-    lambda st: st["policy"].pop("external_evidence_schemes"),  # a model's it holds
-    lambda st: st["confirmed_facts"][0].pop("scope"),  # an item's
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "drop",
+    [
+        lambda st: [st.pop(name) for name in ("revoked_agents", "artifacts", "inputs")],  # the document's
+        lambda st: st["policy"].pop("external_evidence_schemes"),  # a model's it holds
+        lambda st: st["confirmed_facts"][0].pop("scope"),  # an item's
+    ],
+)
 def test_a_checkpoint_written_before_fields_existed_reads_as_data_with_their_defaults(drop: Any) -> None:
     """Fields were added to the current schema version with defaults (a run's revoked agents,
     artifacts and inputs; its policy's trusted evidence schemes), and may be again, at any
@@ -209,11 +234,16 @@ def test_triggers_at_safe_boundaries() -> None:
         (patch("r", 2, ev("TaskCompleted", task_id="t1", evidence="artifact://done/1")), []),  # t2 still running
         (patch("r", 3, ev("TaskCompleted", task_id="t2", evidence="artifact://done/1")), ["every_4", "tasks_done"]),
         (patch("r", 4, ev("ToolCallStarted", call_id="c", tool="pay", costly=True)), ["before_side_effect"]),
-        (patch("r", 5, ev("ToolSucceeded", call_id="c"), ev("WorkspaceUpdated", workspace_ref={"workspace_id": "w"})), ["workspace"]),
+        (
+            patch(
+                "r", 5, ev("ToolSucceeded", call_id="c"), ev("WorkspaceUpdated", workspace_ref={"workspace_id": "w"})
+            ),
+            ["workspace"],
+        ),
         (patch("r", 6, ev("WaitingStarted", waiting={"wait_id": "w", "kind": "user", "reason": "?"})), ["waiting"]),
         (patch("r", 7, ev("LeaseReleased", worker_id="worker-3")), ["every_4", "lease_released"]),
         (patch("r", 8, ev("RunCancelled", reason="stop")), ["terminal"]),
-    ]  # fmt: skip
+    ]
     book = RunBook()
     for i, (p, want) in enumerate(history):
         d = book.apply(p, 0, i).decision
@@ -231,8 +261,14 @@ def workload(runs: int = 6, per_run: int = 30) -> list[Patch]:
     out = [patch(f"run_{r}", 0, start()) for r in range(runs)]
     for i in range(per_run):
         for r in range(runs):
-            evs = [fact(f"f{i}")] if i % 3 else [ev("BudgetConsumed", tokens=1), ev("ObservationRecorded",
-                   observation={"subject": "file://x", "observed_state": str(i)})]  # fmt: skip
+            evs = (
+                [fact(f"f{i}")]
+                if i % 3
+                else [
+                    ev("BudgetConsumed", tokens=1),
+                    ev("ObservationRecorded", observation={"subject": "file://x", "observed_state": str(i)}),
+                ]
+            )
             if i == 10 and r == 0:
                 evs = [ev("ToolCallStarted", call_id="deploy", tool="deploy", side_effect=True)]
             out.append(patch(f"run_{r}", i + 1, *evs))
@@ -243,12 +279,18 @@ def test_lost_projection_recovers_from_checkpoints_plus_tail(tmp_path: Path) -> 
     log = EmbeddedLog(tmp_path / "log.db", partitions=2)
     patches = workload()
     # A control patch that a checkpoint covers ("workspace" trigger); resent after the restore.
-    covered = patch("run_5", 31, ev("WorkspaceUpdated", workspace_ref={"workspace_id": "w1"}),
-                    ev("GoalChanged", goal={"statement": "narrower"}))  # fmt: skip
+    covered = patch(
+        "run_5",
+        31,
+        ev("WorkspaceUpdated", workspace_ref={"workspace_id": "w1"}),
+        ev("GoalChanged", goal={"statement": "narrower"}),
+    )
     append_all(log, [*patches, covered])
     state = tmp_path / "state"
     Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
-    Snapshotter(log, str(state), policy=CheckpointPolicy(every=7, bytes_ratio=None)).run(until_caught_up=True, poll_timeout_s=0.01)
+    Snapshotter(log, str(state), policy=CheckpointPolicy(every=7, bytes_ratio=None)).run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
     with Projection(state) as proj:
         before = {h.run_id: state_digest(proj.state(h.run_id)) for h in proj.runs()}
     total = sum(log.end_offsets(log.topics.events).values())
@@ -287,8 +329,11 @@ def test_a_damaged_piece_or_head_is_never_restored_the_run_is_replayed(tmp_path:
     Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
     Snapshotter(log, str(state), policy=CheckpointPolicy(every=5)).run(until_caught_up=True, poll_timeout_s=0.01)
     ck = log.topics.checkpoints
-    newest = [r for r in log.scan(ck, 0, 0, log.end_offsets(ck)[0]) if r.key.startswith(b"run_0\0")
-              and (got := pieces.unpack(r.value)) is not None and pieces.is_item(got[1])][-1]  # fmt: skip
+    newest = [
+        r
+        for r in log.scan(ck, 0, 0, log.end_offsets(ck)[0])
+        if r.key.startswith(b"run_0\0") and (got := pieces.unpack(r.value)) is not None and pieces.is_item(got[1])
+    ][-1]
     epoch, name, body = pieces.unpack(newest.value)  # type: ignore[misc]
     flipped = pieces.piece_value(epoch, name, body[:-2] + bytes([body[-2] ^ 1]) + body[-1:])  # a bit flip, say
     assert flipped != newest.value
@@ -297,7 +342,8 @@ def test_a_damaged_piece_or_head_is_never_restored_the_run_is_replayed(tmp_path:
     shutil.rmtree(state / "p000")
     reports = []
     Projector(log, str(state), restore=lambda p, s: reports.append(restore_partition(log, p, s))).run(
-        until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+        until_caught_up=True, poll_timeout_s=0.01
+    )
     [rep] = reports
     reasons = sorted(reason.split(" (")[0].split(":")[0] for _, reason in rep.rejected)
     assert reasons == ["its pieces do not match its head", "not JSON"], reasons
@@ -332,7 +378,8 @@ def test_format_2_checkpoints_are_still_restored_an_invalid_newest_for_an_older_
     shutil.rmtree(state / "p000")
     reports = []
     Projector(log, str(state), restore=lambda p, s: reports.append(restore_partition(log, p, s))).run(
-        until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+        until_caught_up=True, poll_timeout_s=0.01
+    )
     [rep] = reports
     assert [reason.split(" (")[0] for _, reason in rep.rejected] == ["digest does not match the checkpoint"]
     assert rep.runs == 2 and 0 < rep.start_offset <= end
@@ -372,7 +419,9 @@ def test_time_travel_starts_from_the_nearest_checkpoint(tmp_path: Path) -> None:
     append_all(log, patches)
     state = tmp_path / "state"
     Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
-    Snapshotter(log, str(state), policy=CheckpointPolicy(every=10, bytes_ratio=None)).run(until_caught_up=True, poll_timeout_s=0.01)
+    Snapshotter(log, str(state), policy=CheckpointPolicy(every=10, bytes_ratio=None)).run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
     with CheckpointHistory(snapshotter_dir(state)) as hist:
         revs = [cp.revision for cp in hist.of("run_0")]
         assert {1, 10, 20} <= set(revs)
@@ -396,7 +445,9 @@ def test_time_travel_starts_from_the_nearest_checkpoint(tmp_path: Path) -> None:
                 got_state = state_at(log, proj, "run_0", n, nearest=hist.nearest_state_data)
                 assert state_digest(got_state) == state_digest(want)
                 # The plain form, from the checkpoint's data (items validated only when touched).
-                assert state_data_at(log, proj, "run_0", n, nearest=hist.nearest_state_data) == want.model_dump(mode="json")
+                assert state_data_at(log, proj, "run_0", n, nearest=hist.nearest_state_data) == want.model_dump(
+                    mode="json"
+                )
                 assert state_data_at(log, proj, "run_0", n) == want.model_dump(mode="json")  # from the start
     log.close()
 
@@ -412,14 +463,16 @@ def test_an_idle_run_is_not_checkpointed_again_and_recovery_does_not_read_back_t
     append_all(log, [patch("idle", 0, start()), *busy])
     state = tmp_path / "state"
     Snapshotter(log, str(state), policy=CheckpointPolicy(every=1000, max_age=50), batch_size=10).run(
-        until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+        until_caught_up=True, poll_timeout_s=0.01
+    )
     with CheckpointHistory(snapshotter_dir(state)) as hist:
         assert [(cp.revision, cp.triggers) for cp in hist.of("idle")] == [(1, ["run_started"])]
         aged = [cp for cp in hist.of("busy") if cp.triggers == ["age"]]
     assert len(aged) >= 2 and aged[-1].covers_offset >= 201 - 50 - 10
     reports = []
     Projector(log, str(tmp_path / "new"), restore=lambda p, s: reports.append(restore_partition(log, p, s))).run(
-        until_caught_up=True, poll_timeout_s=0.01)  # fmt: skip
+        until_caught_up=True, poll_timeout_s=0.01
+    )
     assert reports[0].start_offset > 100  # not back at the idle run's start
     assert verify(log, str(tmp_path / "new")).ok
     log.close()

@@ -33,15 +33,55 @@ from runstate.schemas.state import RunHeader, RunState
 #: Values of every JSON type and the edges the contract's types have: one is put in place
 #: of a generated value now and then, wherever it may land.
 ODD: list[Any] = [
-    None, True, False, 0, -1, 1, 1.0, 1.5, -(2**63), 2**63 - 1, 2**63, -(2**63) - 1, 2**64, 10**30,
-    "", "x", "1", "true", "x\n", "\x01", "a" * 201, "running", "user",
-    "2026-01-01T00:00:00Z", "2026-01-01T00:00:00+02:00", "2026-01-01T00:00:00.123456Z",
-    "2026-01-01T00:00:00", "2026-01-01", "2026-13-01T00:00:00Z", "2026-01-01T00:00:00.1234567Z",
-    "2026-01-01 00:00:00Z", "2026-01-01t00:00:00z", "2026-01-01T00:00Z", "2026-01-01T23:59:60Z",
-    "2026-01-01T00:00:00.Z", "2026-01-01T00:00:00,5Z", "2026-01-01T00:00:00+24:00", "2026-02-30T00:00:00Z",
-    "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59.999999-01:00", "2026-01-01T00:00:00.999999999Z",
-    1767225600, [], ["x"], [1], {}, {"x": 1}, {"confirmed_facts": 1},
-]  # fmt: skip
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    1.0,
+    1.5,
+    -(2**63),
+    2**63 - 1,
+    2**63,
+    -(2**63) - 1,
+    2**64,
+    10**30,
+    "",
+    "x",
+    "1",
+    "true",
+    "x\n",
+    "\x01",
+    "a" * 201,
+    "running",
+    "user",
+    "2026-01-01T00:00:00Z",
+    "2026-01-01T00:00:00+02:00",
+    "2026-01-01T00:00:00.123456Z",
+    "2026-01-01T00:00:00",
+    "2026-01-01",
+    "2026-13-01T00:00:00Z",
+    "2026-01-01T00:00:00.1234567Z",
+    "2026-01-01 00:00:00Z",
+    "2026-01-01t00:00:00z",
+    "2026-01-01T00:00Z",
+    "2026-01-01T23:59:60Z",
+    "2026-01-01T00:00:00.Z",
+    "2026-01-01T00:00:00,5Z",
+    "2026-01-01T00:00:00+24:00",
+    "2026-02-30T00:00:00Z",
+    "0001-01-01T00:00:00+01:00",
+    "9999-12-31T23:59:59.999999-01:00",
+    "2026-01-01T00:00:00.999999999Z",
+    1767225600,
+    [],
+    ["x"],
+    [1],
+    {},
+    {"x": 1},
+    {"confirmed_facts": 1},
+]
 
 _ZONES = st.sampled_from([dt.UTC, dt.timezone(dt.timedelta(hours=2)), dt.timezone(dt.timedelta(hours=-5, minutes=-30))])
 
@@ -191,7 +231,9 @@ DECODED = MODELS + [m for m in _models_in(RunState) if m not in MODELS]
 
 
 @pytest.mark.parametrize("model", DECODED, ids=lambda m: m.__name__)
-@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(data=st.data())
 def test_the_struct_accepts_and_rejects_what_the_model_does(model: type[BaseModel], data: st.DataObject) -> None:
     doc = data.draw(documents(model))
@@ -215,7 +257,9 @@ def test_the_struct_accepts_and_rejects_what_the_model_does(model: type[BaseMode
 
 
 @pytest.mark.parametrize("model", DECODED, ids=lambda m: m.__name__)
-@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(data=st.data())
 def test_what_msgspec_accepts_alone_the_model_accepts(model: type[BaseModel], data: st.DataObject) -> None:
     raw = json.dumps(data.draw(documents(model))).encode()
@@ -232,8 +276,12 @@ def test_the_generated_documents_are_mostly_accepted(model: type[BaseModel]) -> 
     accepted = 0
     n = 200  # the bounds below are for this many; fewer made them flaky
 
-    @settings(max_examples=n, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+    @settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(documents(model))
     def count(doc: dict[str, Any]) -> None:
         nonlocal accepted
@@ -246,22 +294,50 @@ def test_the_generated_documents_are_mostly_accepted(model: type[BaseModel]) -> 
 #: A header with every optional object present (a wait, a transition, a deadline, a
 #: workspace, a migration, writers): each of its values is changed in turn below.
 FULL_HEADER: dict[str, Any] = {
-    "schema_version": 4, "run_id": "run_1", "revision": 7,
-    "goal": {"statement": "ship", "scope": {"include": ["src/"], "exclude": ["src/gen/"]}, "acceptance": ["tests pass"]},
-    "phase": "build", "status": "waiting", "active_task_id": "t1",
-    "last_transition": {"action": "complete t0", "result_ref": "artifact://a/1", "revision": 6,
-                        "at": "2026-01-01T00:00:00.5Z"},
-    "waiting": {"wait_id": "w1", "kind": "approval", "reason": "deploy", "until": "2026-01-02T00:00:00+02:00",
-                "since": "2026-01-01T00:00:01Z", "since_revision": 7},
+    "schema_version": 4,
+    "run_id": "run_1",
+    "revision": 7,
+    "goal": {
+        "statement": "ship",
+        "scope": {"include": ["src/"], "exclude": ["src/gen/"]},
+        "acceptance": ["tests pass"],
+    },
+    "phase": "build",
+    "status": "waiting",
+    "active_task_id": "t1",
+    "last_transition": {
+        "action": "complete t0",
+        "result_ref": "artifact://a/1",
+        "revision": 6,
+        "at": "2026-01-01T00:00:00.5Z",
+    },
+    "waiting": {
+        "wait_id": "w1",
+        "kind": "approval",
+        "reason": "deploy",
+        "until": "2026-01-02T00:00:00+02:00",
+        "since": "2026-01-01T00:00:01Z",
+        "since_revision": 7,
+    },
     "budgets": {"tokens_remaining": 10, "tokens_used": 5, "deadline": "2026-01-03T00:00:00Z"},
     "workspace_ref": {"workspace_id": "ws", "base_commit": "abc", "current_commit": "def", "uncommitted_changes": None},
-    "agent_version": "1", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:01.000001Z",
-    "last_control_revision": 2, "next_seq": 3, "running_task_ids": ["t1"], "sizes": {"tasks": 2, "confirmed_facts": 1},
+    "agent_version": "1",
+    "created_at": "2026-01-01T00:00:00Z",
+    "updated_at": "2026-01-01T00:00:01.000001Z",
+    "last_control_revision": 2,
+    "next_seq": 3,
+    "running_task_ids": ["t1"],
+    "sizes": {"tasks": 2, "confirmed_facts": 1},
     "effect_ledger_ref": None,
-    "policy": {"writers": ["a1"], "observation_max_age_s": 60, "require_observations_for_side_effects": True,
-               "external_evidence_schemes": ["jira"]},
-    "revoked_agents": ["a9"], "migrated_from": {"version": 3, "path": [3, 4]},
-}  # fmt: skip
+    "policy": {
+        "writers": ["a1"],
+        "observation_max_age_s": 60,
+        "require_observations_for_side_effects": True,
+        "external_evidence_schemes": ["jira"],
+    },
+    "revoked_agents": ["a9"],
+    "migrated_from": {"version": 3, "path": [3, 4]},
+}
 
 
 def _mutations(doc: Any) -> list[Any]:
@@ -396,7 +472,9 @@ def _same_patch(fast: Any, by_model: Patch) -> bool:
     return back.model_dump_json() == by_model.model_dump_json()
 
 
-@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(doc=documents(Patch))
 def test_what_msgspec_accepts_of_a_patch_the_model_accepts_with_the_same_values(doc: dict[str, Any]) -> None:
     """Patch documents of every shape the models allow (30 event types, valid or damaged
@@ -411,20 +489,41 @@ def test_what_msgspec_accepts_of_a_patch_the_model_accepts_with_the_same_values(
 #: A patch with an event of each kind of field: times, a float, optional values, lists,
 #: nested models and defaults.
 FULL_PATCH: dict[str, Any] = {
-    "patch_id": "p1", "run_id": "run_1", "expected_revision": 3, "rebase": True,
-    "author": {"agent_id": "a1", "agent_version": "v1"}, "created_at": "2026-01-01T00:00:00.5+02:00",
+    "patch_id": "p1",
+    "run_id": "run_1",
+    "expected_revision": 3,
+    "rebase": True,
+    "author": {"agent_id": "a1", "agent_version": "v1"},
+    "created_at": "2026-01-01T00:00:00.5+02:00",
     "events": [
-        {"type": "RunStarted", "goal": {"statement": "ship", "scope": {"include": ["src/"]}, "acceptance": ["ok"]},
-         "phase": "plan", "policy": {"writers": ["a1"], "external_evidence_schemes": ["jira"]}},
-        {"type": "FactConfirmed", "fact": {"id": "f1", "statement": "s", "evidence": "artifact://x",
-                                           "observed_at": "2026-01-01T00:00:00Z", "scope": "src"},
-         "replaces_hypothesis_id": None},
-        {"type": "HypothesisProposed", "hypothesis": {"id": "h1", "statement": "s", "confidence": 0.5, "falsifier": "f"}},
+        {
+            "type": "RunStarted",
+            "goal": {"statement": "ship", "scope": {"include": ["src/"]}, "acceptance": ["ok"]},
+            "phase": "plan",
+            "policy": {"writers": ["a1"], "external_evidence_schemes": ["jira"]},
+        },
+        {
+            "type": "FactConfirmed",
+            "fact": {
+                "id": "f1",
+                "statement": "s",
+                "evidence": "artifact://x",
+                "observed_at": "2026-01-01T00:00:00Z",
+                "scope": "src",
+            },
+            "replaces_hypothesis_id": None,
+        },
+        {
+            "type": "HypothesisProposed",
+            "hypothesis": {"id": "h1", "statement": "s", "confidence": 0.5, "falsifier": "f"},
+        },
         {"type": "BudgetConsumed", "tokens": 5},
-        {"type": "WaitingStarted", "waiting": {"wait_id": "w1", "kind": "approval", "reason": "r",
-                                               "until": "2026-01-02T00:00:00-05:30"}},
+        {
+            "type": "WaitingStarted",
+            "waiting": {"wait_id": "w1", "kind": "approval", "reason": "r", "until": "2026-01-02T00:00:00-05:30"},
+        },
     ],
-}  # fmt: skip
+}
 
 
 def test_every_single_change_to_a_full_patch_is_judged_as_the_model_judges_it() -> None:
@@ -446,7 +545,9 @@ def _avro_datums() -> st.SearchStrategy[dict[str, Any]]:
     return PATCH_DATUMS
 
 
-@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(datum=_avro_datums())
 def test_read_patch_accepts_and_refuses_every_record_as_decode_does(datum: dict[str, Any]) -> None:
     """On log records (any datum of the published schema): read_patch refuses what decode
@@ -476,7 +577,9 @@ STORED = [Decision, *COLLECTIONS.values()]
 
 
 @pytest.mark.parametrize("model", STORED, ids=lambda m: m.__name__)
-@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(data=st.data())
 def test_a_stored_value_is_written_as_the_model_writes_it(model: type[BaseModel], data: st.DataObject) -> None:
     """A decision or an item is stored as the bytes of its ``model_dump_json``, whichever
@@ -525,6 +628,7 @@ def test_a_stale_generated_module_is_found(monkeypatch: pytest.MonkeyPatch) -> N
 
     before = structs.render()
     monkeypatch.setitem(Budgets.model_fields, "tokens_reserved", pydantic.fields.FieldInfo(annotation=int, default=0))
+
     def forget() -> None:
         structs._reference_struct_of.cache_clear()
         structs._reference_tagged.cache_clear()
@@ -549,6 +653,8 @@ def test_a_patch_only_pydantic_reads_becomes_the_struct_not_a_crash() -> None:
     from runstate.projector.core.runbook import read_record
     from runstate.schemas.generated.structs import Patch as PatchStruct
 
-    found = base64.b64decode("wwFkRvPYyFtAMARwMQJpAAIAFFJ1blN0YXJ0ZWQCcwAAAAAAAAAAAAAAAAJhAjEoMjAyNi0wMS0wMV8wMDowMDowMFoA")
+    found = base64.b64decode(
+        "wwFkRvPYyFtAMARwMQJpAAIAFFJ1blN0YXJ0ZWQCcwAAAAAAAAAAAAAAAAJhAjEoMjAyNi0wMS0wMV8wMDowMDowMFoA"
+    )
     got = read_record(Record("runstate.events", 0, 7, b"r", found, 0, (), checksum_ok=True))
     assert isinstance(got, PatchStruct) or type(got).__name__ == "DeadLetter", got

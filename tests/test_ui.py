@@ -29,13 +29,16 @@ def browser() -> Iterator[Any]:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
         if os.environ.get("CI"):
-            pytest.fail("the browser tests need Debian's chromium (apt-get install -y chromium); run-tests.sh installs it")
+            pytest.fail(
+                "the browser tests need Debian's chromium (apt-get install -y chromium); run-tests.sh installs it"
+            )
         pytest.skip("no chromium on PATH (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-background-networking",
-                                                         "--disable-component-update"])  # fmt: skip
+        b = p.chromium.launch(
+            executable_path=exe, args=["--no-sandbox", "--disable-background-networking", "--disable-component-update"]
+        )
         yield b
         b.close()
 
@@ -48,8 +51,15 @@ def _submit(rs: Client, run_id: str, expected: int, *events: dict[str, Any]) -> 
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProcess, Client]]:
     work = tmp_path_factory.mktemp("ui")
     # Content sealed (a master key), as a deployment that must be able to erase runs runs.
-    serve = ServeProcess({"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"),
-                          "RUNSTATE_CHECKPOINT_EVERY": "3", "RUNSTATE_MASTER_KEY": "ab" * 32}, work)  # fmt: skip
+    serve = ServeProcess(
+        {
+            "RUNSTATE_LOG": str(work / "log.db"),
+            "RUNSTATE_STATE_DIR": str(work / "state"),
+            "RUNSTATE_CHECKPOINT_EVERY": "3",
+            "RUNSTATE_MASTER_KEY": "ab" * 32,
+        },
+        work,
+    )
     serve.wait_ready()
     rs = Client(serve.url)
     trust = {"external_evidence_schemes": ["artifact"]}
@@ -74,23 +84,64 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProc
 def _incident(rs: Client) -> None:
     """A run with most of what a Run State holds, for the docs' picture of a run page."""
     steps = [
-        [{**start("restore checkout for EU customers", include=["services/checkout"]),
-          "policy": {"external_evidence_schemes": ["artifact"], "observation_max_age_s": 600}}],
+        [
+            {
+                **start("restore checkout for EU customers", include=["services/checkout"]),
+                "policy": {"external_evidence_schemes": ["artifact"], "observation_max_age_s": 600},
+            }
+        ],
         [ev("ConstraintSet", constraint={"key": "max_rollout", "value": "10%", "source": "operator"})],
-        [ev("TaskCreated", task={"id": "t1", "title": "find why eu-1 payments time out"}),
-         ev("TaskCreated", task={"id": "t2", "title": "roll back the TLS proxy in eu-1", "depends_on": ["t1"]})],
+        [
+            ev("TaskCreated", task={"id": "t1", "title": "find why eu-1 payments time out"}),
+            ev("TaskCreated", task={"id": "t2", "title": "roll back the TLS proxy in eu-1", "depends_on": ["t1"]}),
+        ],
         [ev("TaskStarted", task_id="t1")],
         [ev("ToolCallStarted", call_id="c1", tool="read_logs")],
         [ev("ToolSucceeded", call_id="c1", result_ref="artifact://logs/eu-1")],
-        [fact("f1", evidence="artifact://logs/eu-1") | {"fact": {"id": "f1", "evidence": "artifact://logs/eu-1",
-                                                                  "statement": "payments time out after 30 s in eu-1"}}],
-        [ev("HypothesisProposed", hypothesis={"id": "h1", "statement": "the new TLS proxy drops idle connections",
-                                              "confidence": 0.6, "falsifier": "timeouts continue with the proxy bypassed"})],
-        [ev("ObservationRecorded", observation={"subject": "deploy/checkout", "observed_state": "v2.3.1 on 40% of pods",
-                                                "observed_version": "rev-118"})],
+        [
+            fact("f1", evidence="artifact://logs/eu-1")
+            | {
+                "fact": {
+                    "id": "f1",
+                    "evidence": "artifact://logs/eu-1",
+                    "statement": "payments time out after 30 s in eu-1",
+                }
+            }
+        ],
+        [
+            ev(
+                "HypothesisProposed",
+                hypothesis={
+                    "id": "h1",
+                    "statement": "the new TLS proxy drops idle connections",
+                    "confidence": 0.6,
+                    "falsifier": "timeouts continue with the proxy bypassed",
+                },
+            )
+        ],
+        [
+            ev(
+                "ObservationRecorded",
+                observation={
+                    "subject": "deploy/checkout",
+                    "observed_state": "v2.3.1 on 40% of pods",
+                    "observed_version": "rev-118",
+                },
+            )
+        ],
         [ev("ConstraintSet", constraint={"key": "max_rollout", "value": "5%", "source": "operator"})],
-        [ev("EffectRecorded", effect={"id": "e1", "status": "started", "kind": "rollback", "target": "checkout eu-1",
-                                      "idempotency_key": "rb-118"})],
+        [
+            ev(
+                "EffectRecorded",
+                effect={
+                    "id": "e1",
+                    "status": "started",
+                    "kind": "rollback",
+                    "target": "checkout eu-1",
+                    "idempotency_key": "rb-118",
+                },
+            )
+        ],
         [ev("QuestionOpened", question={"id": "q1", "text": "does eu-2 use the same proxy?"})],
     ]
     for i, events in enumerate(steps):
@@ -112,8 +163,9 @@ def _shot(page: Any, name: str, tmp: Path) -> None:
         shutil.copy(tmp / name, Path(SHOTS) / name)
 
 
-def test_the_runs_list_shows_runs_searches_and_pages(browser: Any, served: tuple[ServeProcess, Client],
-                                                    tmp_path: Path) -> None:  # fmt: skip
+def test_the_runs_list_shows_runs_searches_and_pages(
+    browser: Any, served: tuple[ServeProcess, Client], tmp_path: Path
+) -> None:
     serve, _ = served
     page = _page(browser)
     page.goto(serve.url + "/ui")
@@ -131,7 +183,10 @@ def test_the_runs_list_shows_runs_searches_and_pages(browser: Any, served: tuple
     page.goto(serve.url + "/ui")
     page.wait_for_selector("#runs tbody tr")
     # Each run beside what it is for; 15 runs fit one page: no "Next page" on it.
-    assert "restore checkout for EU customers" in page.locator("#runs tr:has(a:text-is('incident-42')) td.goal").inner_text()
+    assert (
+        "restore checkout for EU customers"
+        in page.locator("#runs tr:has(a:text-is('incident-42')) td.goal").inner_text()
+    )
     assert page.locator("a[rel=next]").count() == 0
     _shot(page, "ui-runs.png", tmp_path)
     page.fill("#q", "other-1")
@@ -145,8 +200,9 @@ def test_the_runs_list_shows_runs_searches_and_pages(browser: Any, served: tuple
     page.close()
 
 
-def test_a_run_page_shows_the_timeline_the_state_then_and_why(browser: Any, served: tuple[ServeProcess, Client],
-                                                             tmp_path: Path) -> None:  # fmt: skip
+def test_a_run_page_shows_the_timeline_the_state_then_and_why(
+    browser: Any, served: tuple[ServeProcess, Client], tmp_path: Path
+) -> None:
     serve, rs = served
     page = _page(browser)
     page.goto(serve.url + "/ui/runs/run-ui")
@@ -168,8 +224,9 @@ def test_a_run_page_shows_the_timeline_the_state_then_and_why(browser: Any, serv
     assert "tasks.t1" in page.locator("#changes").inner_text()
     # What a person calls the change (the new task), not what every patch changes.
     listed = page.locator("#changes").inner_text().split(": ", 1)[1].split(", ")
-    assert "tasks.t1" in listed and not any(p in ("revision", "updated_at", "tasks") or "provenance" in p
-                                            or p.startswith("last_transition") for p in listed), listed
+    assert "tasks.t1" in listed and not any(
+        p in ("revision", "updated_at", "tasks") or "provenance" in p or p.startswith("last_transition") for p in listed
+    ), listed
     assert "revision=2" in page.url
 
     # Keyboard: the timeline is walked with the arrow keys.
@@ -205,8 +262,9 @@ def test_a_run_page_shows_the_timeline_the_state_then_and_why(browser: Any, serv
     page.close()
 
 
-def test_unknown_runs_dead_letters_and_a_page_that_needs_a_token(browser: Any, served: tuple[ServeProcess, Client],
-                                                                 tmp_path: Path) -> None:  # fmt: skip
+def test_unknown_runs_dead_letters_and_a_page_that_needs_a_token(
+    browser: Any, served: tuple[ServeProcess, Client], tmp_path: Path
+) -> None:
     from runstate.eventlog.embedded import EmbeddedLog
     from runstate.service.auth import add_token
 
@@ -246,8 +304,14 @@ def test_unknown_runs_dead_letters_and_a_page_that_needs_a_token(browser: Any, s
     reader = add_token(tokens, "auditor", role="read", runs=["team-a-*"])
     work = tmp_path / "w"
     work.mkdir()
-    guarded = ServeProcess({"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"),
-                            "RUNSTATE_TOKENS_FILE": tokens}, work)  # fmt: skip
+    guarded = ServeProcess(
+        {
+            "RUNSTATE_LOG": str(work / "log.db"),
+            "RUNSTATE_STATE_DIR": str(work / "state"),
+            "RUNSTATE_TOKENS_FILE": tokens,
+        },
+        work,
+    )
     writer = add_token(tokens, "agent")
     try:
         guarded.wait_ready()
@@ -282,7 +346,7 @@ def test_the_pages_colours_are_readable() -> None:
         def channel(c: float) -> float:
             return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
 
-        r, g, b = (int(hex_[i:i + 2], 16) / 255 for i in (1, 3, 5))
+        r, g, b = (int(hex_[i : i + 2], 16) / 255 for i in (1, 3, 5))
         return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
 
     def ratio(a: str, b: str) -> float:

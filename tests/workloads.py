@@ -37,7 +37,12 @@ def _events(kind: str, n: int, doc: RunDoc | None) -> list[dict[str, Any]]:
         "task_dep": [task(f"d{n}", deps=[t])],
         "start_task": [ev("TaskStarted", task_id=t)],
         "complete_task": [ev("TaskCompleted", task_id=t, evidence="artifact://done/1")],
-        "hyp": [ev("HypothesisProposed", hypothesis={"id": f"h{n}", "statement": "s", "confidence": (n % 12) / 10, "falsifier": "f"})],
+        "hyp": [
+            ev(
+                "HypothesisProposed",
+                hypothesis={"id": f"h{n}", "statement": "s", "confidence": (n % 12) / 10, "falsifier": "f"},
+            )
+        ],
         "confirm_hyp": [{**fact(f"c{n}"), "replaces_hypothesis_id": hyp}],
         "reject_hyp": [ev("HypothesisRejected", hypothesis_id=hyp, reason="no")],
         "question": [ev("QuestionOpened", question={"id": f"q{n}", "text": "?"})],
@@ -49,15 +54,40 @@ def _events(kind: str, n: int, doc: RunDoc | None) -> list[dict[str, Any]]:
         "budget": [ev("BudgetConsumed", tokens=1 + n % 5)],
         "goal": [ev("GoalChanged", goal={"statement": f"g{n}", "scope": {"include": ["src"]}})],
         "wait": [ev("WaitingStarted", waiting={"wait_id": f"w{n}", "kind": "user", "reason": "?"})],
-        "unwait": [ev("WaitingResolved", wait_id=doc.header.waiting.wait_id if doc and doc.header.waiting else "w_none")],
+        "unwait": [
+            ev("WaitingResolved", wait_id=doc.header.waiting.wait_id if doc and doc.header.waiting else "w_none")
+        ],
         "mixed": [fact(f"m{n}"), ev("TaskStarted", task_id="nope")],
         "complete": [ev("RunCompleted")],
     }[kind]
 
 
-KINDS = ["fact", "fact", "fact_dup", "fact_noevidence", "retract", "task", "task_dep", "start_task", "complete_task",
-         "hyp", "hyp", "confirm_hyp", "reject_hyp", "question", "resolve", "call", "call_done", "constraint", "obs",
-         "budget", "goal", "wait", "unwait", "mixed"] * 3 + ["complete"]  # fmt: skip
+KINDS = [
+    "fact",
+    "fact",
+    "fact_dup",
+    "fact_noevidence",
+    "retract",
+    "task",
+    "task_dep",
+    "start_task",
+    "complete_task",
+    "hyp",
+    "hyp",
+    "confirm_hyp",
+    "reject_hyp",
+    "question",
+    "resolve",
+    "call",
+    "call_done",
+    "constraint",
+    "obs",
+    "budget",
+    "goal",
+    "wait",
+    "unwait",
+    "mixed",
+] * 3 + ["complete"]
 
 op = st.tuples(
     st.sampled_from(["r0", "r0", "r1", "r1", "r2"]),  # r2 is never started: unknown_run

@@ -58,18 +58,40 @@ def commutes(event: Item) -> bool:
     return getattr(event, "type") in COMMUTING
 
 
-def _decision(patch: PatchStruct, partition: int, offset: int, revision: int, *, reason: RejectReason | None = None,
-              rule: str | None = None, message: str | None = None, event_index: int | None = None,
-              rebased: bool = False, digest: str | None = None) -> DecisionStruct:
+def _decision(
+    patch: PatchStruct,
+    partition: int,
+    offset: int,
+    revision: int,
+    *,
+    reason: RejectReason | None = None,
+    rule: str | None = None,
+    message: str | None = None,
+    event_index: int | None = None,
+    rebased: bool = False,
+    digest: str | None = None,
+) -> DecisionStruct:
     # Every field, from the validated patch and the core's own values: not validated again
     # (tests hold each decision equal to its validated round trip, with every field set).
     return DecisionStruct(
-        patch_id=patch.patch_id, run_id=patch.run_id, outcome="rejected" if reason else "accepted",
-        revision=revision, expected_revision=patch.expected_revision, reason=reason, rule=rule, message=message,
-        event_index=event_index, rebased=rebased, partition=partition, offset=offset,
-        agent_id=patch.author.agent_id, agent_version=patch.author.agent_version,
-        event_types=[e.type for e in patch.events], created_at=patch.created_at, content_digest=digest,
-    )  # fmt: skip
+        patch_id=patch.patch_id,
+        run_id=patch.run_id,
+        outcome="rejected" if reason else "accepted",
+        revision=revision,
+        expected_revision=patch.expected_revision,
+        reason=reason,
+        rule=rule,
+        message=message,
+        event_index=event_index,
+        rebased=rebased,
+        partition=partition,
+        offset=offset,
+        agent_id=patch.author.agent_id,
+        agent_version=patch.author.agent_version,
+        event_types=[e.type for e in patch.events],
+        created_at=patch.created_at,
+        content_digest=digest,
+    )
 
 
 def _erased_message(run_id: str, header: object) -> str:
@@ -79,17 +101,30 @@ def _erased_message(run_id: str, header: object) -> str:
     return f"run {run_id!r} was erased at {erasure.at.isoformat()} by {erasure.by}; nothing is accepted for it"
 
 
-def erased_envelope_decision(run_id: str, env: PatchEnvelope, doc: RunDoc | None, partition: int,
-                             offset: int) -> DecisionStruct:  # fmt: skip
+def erased_envelope_decision(
+    run_id: str, env: PatchEnvelope, doc: RunDoc | None, partition: int, offset: int
+) -> DecisionStruct:
     """The decision on a patch whose content cannot be read any more because its run was
     erased (its key is destroyed): ``run_erased``, from its readable envelope."""
     return DecisionStruct(
-        patch_id=env.patch_id, run_id=run_id, outcome="rejected", revision=0 if doc is None else doc.header.revision,
-        expected_revision=env.expected_revision, reason="run_erased", rule=None,
-        message=_erased_message(run_id, None if doc is None else doc.header), event_index=None, rebased=False,
-        partition=partition, offset=offset, agent_id=env.agent_id, agent_version=env.agent_version,
-        event_types=list(env.event_types), created_at=datetime.fromisoformat(env.created_at), content_digest=None,
-    )  # fmt: skip
+        patch_id=env.patch_id,
+        run_id=run_id,
+        outcome="rejected",
+        revision=0 if doc is None else doc.header.revision,
+        expected_revision=env.expected_revision,
+        reason="run_erased",
+        rule=None,
+        message=_erased_message(run_id, None if doc is None else doc.header),
+        event_index=None,
+        rebased=False,
+        partition=partition,
+        offset=offset,
+        agent_id=env.agent_id,
+        agent_version=env.agent_version,
+        event_types=list(env.event_types),
+        created_at=datetime.fromisoformat(env.created_at),
+        content_digest=None,
+    )
 
 
 def _erase(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, digest: str | None) -> Decided:
@@ -99,10 +134,18 @@ def _erase(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
     e = patch.events[0]
     assert isinstance(e, RunErasedStruct)  # decide() calls this for a patch of one RunErased
     erasure = Erasure(at=patch.created_at, by=e.erased_by, reason=e.reason, revision=patch.expected_revision)
-    header = header_from_model(RunHeader(
-        run_id=patch.run_id, revision=patch.expected_revision, goal=GoalSpec(statement="(erased)"), status="erased",
-        agent_version=patch.author.agent_version, updated_at=patch.created_at,
-        last_control_revision=patch.expected_revision, erasure=erasure))  # fmt: skip
+    header = header_from_model(
+        RunHeader(
+            run_id=patch.run_id,
+            revision=patch.expected_revision,
+            goal=GoalSpec(statement="(erased)"),
+            status="erased",
+            agent_version=patch.author.agent_version,
+            updated_at=patch.created_at,
+            last_control_revision=patch.expected_revision,
+            erasure=erasure,
+        )
+    )
     decision = _decision(patch, partition, offset, digest=digest, revision=patch.expected_revision)
     return Decided(decision, RunDoc(header), Changes(header, wipe=True))
 
@@ -111,12 +154,19 @@ def _channel_inputs(policy: RunPolicy, patch: PatchStruct) -> bool:
     """Whether ``patch`` is only inputs its author may record: a channel (the user's, an
     approver's) writes those to a run whose writers do not name it."""
     agent = patch.author.agent_id
-    return all(e.type == "InputRecorded" and agent in (input_recorders(policy, e.input.origin) or ())
-               for e in patch.events)  # fmt: skip
+    return all(
+        e.type == "InputRecorded" and agent in (input_recorders(policy, e.input.origin) or ()) for e in patch.events
+    )
 
 
-def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, digest: str | None = None,
-           log_time_ms: int | None = None) -> Decided:
+def decide(
+    doc: RunDoc | None,
+    patch: PatchStruct,
+    partition: int,
+    offset: int,
+    digest: str | None = None,
+    log_time_ms: int | None = None,
+) -> Decided:
     """Decide ``patch`` against the run's current working state ``doc`` (None: no state).
 
     Deterministic (no clock, randomness or I/O: the same ``doc`` and ``patch`` give the
@@ -127,14 +177,32 @@ def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
     """
     types = [e.type for e in patch.events]
     if doc is not None and doc.header.status == "erased":
-        return Decided(_decision(patch, partition, offset, digest=digest, revision=doc.header.revision,
-                                 reason="run_erased", message=_erased_message(patch.run_id, doc.header)))  # fmt: skip
+        return Decided(
+            _decision(
+                patch,
+                partition,
+                offset,
+                digest=digest,
+                revision=doc.header.revision,
+                reason="run_erased",
+                message=_erased_message(patch.run_id, doc.header),
+            )
+        )
     if types == ["RunErased"]:
         return _erase(doc, patch, partition, offset, digest)
     if doc is None:
         if types[0] != "RunStarted" or patch.expected_revision != 0:
-            return Decided(_decision(patch, partition, offset, digest=digest, revision=0, reason="unknown_run",
-                                     message=f"run {patch.run_id!r} was never started (first event must be RunStarted at revision 0)"))  # fmt: skip
+            return Decided(
+                _decision(
+                    patch,
+                    partition,
+                    offset,
+                    digest=digest,
+                    revision=0,
+                    reason="unknown_run",
+                    message=f"run {patch.run_id!r} was never started (first event must be RunStarted at revision 0)",
+                )
+            )
         header = None
         current = 0
     else:
@@ -143,27 +211,66 @@ def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
         # Deleting a LangGraph thread or some of its checkpoints is accepted in any status
         # (what LangGraph deletes must go).
         if header.status in ("completed", "failed", "cancelled") and not set(types) <= ev.ANY_STATUS_EVENT_TYPES:
-            return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="run_terminal",
-                                     message=f"run {patch.run_id!r} is {header.status}; nothing is accepted after a terminal status"))  # fmt: skip
+            return Decided(
+                _decision(
+                    patch,
+                    partition,
+                    offset,
+                    digest=digest,
+                    revision=current,
+                    reason="run_terminal",
+                    message=f"run {patch.run_id!r} is {header.status}; nothing is accepted after a terminal status",
+                )
+            )
 
     if header is not None and patch.author.agent_id in header.revoked_agents:
-        return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="unauthorized",
-                                 message=f"agent {patch.author.agent_id!r}'s permission to write run "
-                                         f"{patch.run_id!r} was revoked"))  # fmt: skip
-    if header is not None and header.policy.writers and patch.author.agent_id not in header.policy.writers \
-            and not _channel_inputs(header.policy, patch):
-        return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="unauthorized",
-                                 message=f"agent {patch.author.agent_id!r} may not write run {patch.run_id!r} "
-                                         f"(its writers: {', '.join(header.policy.writers)})"))  # fmt: skip
+        return Decided(
+            _decision(
+                patch,
+                partition,
+                offset,
+                digest=digest,
+                revision=current,
+                reason="unauthorized",
+                message=f"agent {patch.author.agent_id!r}'s permission to write run {patch.run_id!r} was revoked",
+            )
+        )
+    if (
+        header is not None
+        and header.policy.writers
+        and patch.author.agent_id not in header.policy.writers
+        and not _channel_inputs(header.policy, patch)
+    ):
+        return Decided(
+            _decision(
+                patch,
+                partition,
+                offset,
+                digest=digest,
+                revision=current,
+                reason="unauthorized",
+                message=f"agent {patch.author.agent_id!r} may not write run {patch.run_id!r} "
+                f"(its writers: {', '.join(header.policy.writers)})",
+            )
+        )
 
     if header is not None and "PermissionRevoked" in types:
         # Revocation is an administrator's act: the policy's revokers, else the run's creator
         # (a run whose creator was not recorded keeps the earlier rule: any writer).
         revokers = header.policy.revokers or ([header.created_by] if header.created_by else [])
         if revokers and patch.author.agent_id not in revokers:
-            return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="unauthorized",
-                                     message=f"agent {patch.author.agent_id!r} may not revoke permissions on run "
-                                             f"{patch.run_id!r} (its revokers: {', '.join(revokers)})"))  # fmt: skip
+            return Decided(
+                _decision(
+                    patch,
+                    partition,
+                    offset,
+                    digest=digest,
+                    revision=current,
+                    reason="unauthorized",
+                    message=f"agent {patch.author.agent_id!r} may not revoke permissions on run "
+                    f"{patch.run_id!r} (its revokers: {', '.join(revokers)})",
+                )
+            )
 
     rebased = False
     if patch.expected_revision != current:
@@ -172,38 +279,88 @@ def decide(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
         # based before the last control event would silently undo it. A cancel always applies.
         wins = control_only and "GoalChanged" not in types
         if header is not None and patch.expected_revision < header.last_control_revision and not wins:
-            return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="superseded",
-                                     message=f"based on revision {patch.expected_revision}, before the control event at revision {header.last_control_revision}"))  # fmt: skip
+            return Decided(
+                _decision(
+                    patch,
+                    partition,
+                    offset,
+                    digest=digest,
+                    revision=current,
+                    reason="superseded",
+                    message=f"based on revision {patch.expected_revision}, before the control event at revision {header.last_control_revision}",
+                )
+            )
         if control_only:
             pass  # control events win over the revision check
         elif patch.rebase and patch.expected_revision < current and all(commutes(e) for e in patch.events):
             rebased = True
         else:
-            return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="revision_conflict",
-                                     message=f"expected revision {patch.expected_revision}, run is at {current}"))  # fmt: skip
+            return Decided(
+                _decision(
+                    patch,
+                    partition,
+                    offset,
+                    digest=digest,
+                    revision=current,
+                    reason="revision_conflict",
+                    message=f"expected revision {patch.expected_revision}, run is at {current}",
+                )
+            )
 
     new_revision = current + 1
-    ctx = Ctx(new_revision, patch.created_at, patch.patch_id, patch.author.agent_id, patch.author.agent_version,
-              patch.expected_revision, log_time_ms)
+    ctx = Ctx(
+        new_revision,
+        patch.created_at,
+        patch.patch_id,
+        patch.author.agent_id,
+        patch.author.agent_version,
+        patch.expected_revision,
+        log_time_ms,
+    )
     draft = Draft(doc, header)
     for i, event in enumerate(patch.events):
         if i > 0 and draft.hget("status") in ("completed", "failed", "cancelled"):
-            return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="invalid", rule="run.terminal",
-                                     message=f"event {i} ({event.type}) comes after the run became {draft.hget('status')}",
-                                     event_index=i))  # fmt: skip
+            return Decided(
+                _decision(
+                    patch,
+                    partition,
+                    offset,
+                    digest=digest,
+                    revision=current,
+                    reason="invalid",
+                    rule="run.terminal",
+                    message=f"event {i} ({event.type}) comes after the run became {draft.hget('status')}",
+                    event_index=i,
+                )
+            )
         try:
             apply_event(draft, event, ctx)
         except RuleViolation as v:
-            return Decided(_decision(patch, partition, offset, digest=digest, revision=current, reason="invalid", rule=v.rule,
-                                     message=v.message, event_index=i))  # fmt: skip
+            return Decided(
+                _decision(
+                    patch,
+                    partition,
+                    offset,
+                    digest=digest,
+                    revision=current,
+                    reason="invalid",
+                    rule=v.rule,
+                    message=v.message,
+                    event_index=i,
+                )
+            )
         if i == 0 and types[0] == "RunStarted":
             draft.hset(run_id=patch.run_id)
 
     update: dict[str, object] = {
-        "revision": new_revision, "updated_at": patch.created_at, "agent_version": patch.author.agent_version,
-    }  # fmt: skip
+        "revision": new_revision,
+        "updated_at": patch.created_at,
+        "agent_version": patch.author.agent_version,
+    }
     if any(t in ev.CONTROL_EVENT_TYPES for t in types):
         update["last_control_revision"] = new_revision
     draft.hset(**update)
     new_doc, changes = draft.commit()
-    return Decided(_decision(patch, partition, offset, digest=digest, revision=new_revision, rebased=rebased), new_doc, changes)
+    return Decided(
+        _decision(patch, partition, offset, digest=digest, revision=new_revision, rebased=rebased), new_doc, changes
+    )

@@ -24,7 +24,6 @@ class Decided(NamedTuple):
     changes: Changes | None = None
 
 
-
 class Applied(NamedTuple):
     """The outcome of one patch: its decision, and what changed (None unless accepted now).
     (A named tuple, immutable as a frozen dataclass, made in half the time: one per patch.)"""

@@ -30,9 +30,22 @@ from runstate.schemas import state, structs
 # struct's constructor validates nothing: every value is the validated patch's or the core's
 # own (tests/test_properties.py holds each item equal to its validated round trip).
 from runstate.schemas.generated.structs import (  # noqa: E402
-    Artifact, Constraint, Effect, Fact, GraphCheckpoint, GraphValueItem, Hypothesis, Input, Observation, PriorValue, Provenance,
-    Question, Task, ToolCall, Writer,
-)  # fmt: skip
+    Artifact,
+    Constraint,
+    Effect,
+    Fact,
+    GraphCheckpoint,
+    GraphValueItem,
+    Hypothesis,
+    Input,
+    Observation,
+    PriorValue,
+    Provenance,
+    Question,
+    Task,
+    ToolCall,
+    Writer,
+)
 
 _REFERENCE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$")
 
@@ -61,6 +74,7 @@ class Ctx:
     #: the log's time for the patch in ms (when the log appended it), which rules that depend
     #: on time use (``at`` is the client's claim); None: decided without its record, ``at`` then
     log_ms: int | None = None
+
     @property
     def now(self) -> datetime:
         """The time the rules that depend on time measure against (made when one asks: most
@@ -76,16 +90,21 @@ class Ctx:
         new = self._new
         if new is None:
             w = _writer(self.agent_id, self.agent_version)
-            new = self._new = Provenance(created_by=w, created_at_revision=self.revision, updated_by=w,
-                                         updated_at_revision=self.revision)  # fmt: skip
+            new = self._new = Provenance(
+                created_by=w, created_at_revision=self.revision, updated_by=w, updated_at_revision=self.revision
+            )
         return new
 
     def touched(self, prior: Provenance | None) -> Provenance:
         """The provenance of an item this patch changes (created as before, updated now)."""
         if prior is None:  # an item migrated from a document that did not record it
             return self.created()
-        return Provenance(created_by=prior.created_by, created_at_revision=prior.created_at_revision,
-                          updated_by=self.created().updated_by, updated_at_revision=self.revision)  # fmt: skip
+        return Provenance(
+            created_by=prior.created_by,
+            created_at_revision=prior.created_at_revision,
+            updated_by=self.created().updated_by,
+            updated_at_revision=self.revision,
+        )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -114,8 +133,10 @@ READS: dict[str, Callable[[Any], tuple[str, str]]] = {}
 REDUCER_VERSION = 6
 
 
-def reducer(event_type: type[E], reads: Callable[[E], tuple[str, str]] | None = None,
-            ) -> Callable[[Callable[[Draft, E, Ctx], None]], Callable[[Draft, E, Ctx], None]]:  # fmt: skip
+def reducer(
+    event_type: type[E],
+    reads: Callable[[E], tuple[str, str]] | None = None,
+) -> Callable[[Callable[[Draft, E, Ctx], None]], Callable[[Draft, E, Ctx], None]]:
     def register(fn: Callable[[Draft, E, Ctx], None]) -> Callable[[Draft, E, Ctx], None]:
         REDUCERS[event_type.__name__] = fn
         if reads is not None:
@@ -192,8 +213,12 @@ def _goal_changed(d: Draft, e: gen.GoalChanged, ctx: Ctx) -> None:
             assert isinstance(task, Task)
             lost = sorted(set(task.depends_on) & cancelled)
             if task.status in ("pending", "running", "blocked") and lost:
-                _cancel_task(d, task, f"depends on {', '.join(lost)}, cancelled by the goal change at revision "
-                                      f"{ctx.revision}", ctx)  # fmt: skip
+                _cancel_task(
+                    d,
+                    task,
+                    f"depends on {', '.join(lost)}, cancelled by the goal change at revision {ctx.revision}",
+                    ctx,
+                )
                 newly.add(task.id)
         cancelled = newly
 
@@ -207,10 +232,18 @@ def _constraint_set(d: Draft, e: gen.ConstraintSet, ctx: Ctx) -> None:
         supersedes = PriorValue(
             value=prior.value, source=prior.source, set_at_revision=prior.set_at_revision, patch_id=prior.patch_id
         )
-    d.put("constraints", c.key, Constraint(
-        key=c.key, value=c.value, source=c.source, set_at_revision=ctx.revision,
-        patch_id=ctx.patch_id, supersedes=supersedes,
-    ))  # fmt: skip
+    d.put(
+        "constraints",
+        c.key,
+        Constraint(
+            key=c.key,
+            value=c.value,
+            source=c.source,
+            set_at_revision=ctx.revision,
+            patch_id=ctx.patch_id,
+            supersedes=supersedes,
+        ),
+    )
 
 
 @reducer(gen.PhaseChanged)
@@ -222,20 +255,34 @@ def _phase_changed(d: Draft, e: gen.PhaseChanged, ctx: Ctx) -> None:
 def _run_completed(d: Draft, e: gen.RunCompleted, ctx: Ctx) -> None:
     _reference(e.evidence, "run.evidence_reference", "evidence")
     running = d.hget("running_task_ids")
-    _require(not running, "run.tasks_running",
-             f"the run cannot complete while tasks run: {', '.join(running)} (complete, fail or cancel them)")  # fmt: skip
+    _require(
+        not running,
+        "run.tasks_running",
+        f"the run cannot complete while tasks run: {', '.join(running)} (complete, fail or cancel them)",
+    )
     calls = [c.call_id for c in d.values("pending_tool_calls")]  # type: ignore[attr-defined]
-    _require(not calls, "run.calls_in_flight",
-             f"the run cannot complete with tool calls in flight: {', '.join(calls)}")  # fmt: skip
-    _set(d, status="completed", active_task_id=None, waiting=None,
-         last_transition=HeaderTransition(action="run completed", result_ref=e.evidence, revision=ctx.revision, at=ctx.at))  # fmt: skip
+    _require(not calls, "run.calls_in_flight", f"the run cannot complete with tool calls in flight: {', '.join(calls)}")
+    _set(
+        d,
+        status="completed",
+        active_task_id=None,
+        waiting=None,
+        last_transition=HeaderTransition(
+            action="run completed", result_ref=e.evidence, revision=ctx.revision, at=ctx.at
+        ),
+    )
 
 
 @reducer(gen.RunFailed)
 def _run_failed(d: Draft, e: gen.RunFailed, ctx: Ctx) -> None:
     _close_loose_ends(d, f"run failed: {e.reason}", ctx)
-    _set(d, status="failed", active_task_id=None, waiting=None,
-         last_transition=HeaderTransition(action=f"run failed: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
+    _set(
+        d,
+        status="failed",
+        active_task_id=None,
+        waiting=None,
+        last_transition=HeaderTransition(action=f"run failed: {e.reason}", revision=ctx.revision, at=ctx.at),
+    )
 
 
 @reducer(gen.PermissionRevoked)
@@ -263,8 +310,13 @@ def _permission_revoked(d: Draft, e: gen.PermissionRevoked, ctx: Ctx) -> None:
 @reducer(gen.RunCancelled)
 def _run_cancelled(d: Draft, e: gen.RunCancelled, ctx: Ctx) -> None:
     _close_loose_ends(d, f"run cancelled: {e.reason}", ctx)
-    _set(d, status="cancelled", active_task_id=None, waiting=None,
-         last_transition=HeaderTransition(action=f"run cancelled: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
+    _set(
+        d,
+        status="cancelled",
+        active_task_id=None,
+        waiting=None,
+        last_transition=HeaderTransition(action=f"run cancelled: {e.reason}", revision=ctx.revision, at=ctx.at),
+    )
 
 
 @reducer(gen.RunErased)
@@ -280,31 +332,56 @@ def _run_erased(d: Draft, e: gen.RunErased, ctx: Ctx) -> None:
 def _fact_confirmed(d: Draft, e: gen.FactConfirmed, ctx: Ctx) -> None:
     f = e.fact
     _require(d.get("confirmed_facts", f.id) is None, "fact.duplicate_id", f"fact {f.id!r} already exists")
-    _require(bool(f.evidence or f.source), "fact.evidence_required",
-             f"fact {f.id!r} needs evidence (a reference) or an authoritative source")  # fmt: skip
+    _require(
+        bool(f.evidence or f.source),
+        "fact.evidence_required",
+        f"fact {f.id!r} needs evidence (a reference) or an authoritative source",
+    )
     _reference(f.evidence, "fact.evidence_reference", f"evidence of fact {f.id!r}")
     if f.evidence is not None:
         # Citable evidence is what the run knows (a tool's result, a declared artifact, a
         # recorded input) or a scheme its policy trusts; a well-formed string is not enough.
         scheme = f.evidence.split("://", 1)[0]
-        known = (d.get("artifacts", f.evidence) is not None or d.get("inputs", f.evidence) is not None
-                 or scheme in d.hget("policy").external_evidence_schemes)  # fmt: skip
-        _require(known, "fact.evidence_unknown",
-                 f"evidence {f.evidence!r} of fact {f.id!r} is no artifact or input of this run (record it first: "
-                 "a tool result, ArtifactRecorded, InputRecorded) and its scheme is not trusted by the run's policy")  # fmt: skip
+        known = (
+            d.get("artifacts", f.evidence) is not None
+            or d.get("inputs", f.evidence) is not None
+            or scheme in d.hget("policy").external_evidence_schemes
+        )
+        _require(
+            known,
+            "fact.evidence_unknown",
+            f"evidence {f.evidence!r} of fact {f.id!r} is no artifact or input of this run (record it first: "
+            "a tool result, ArtifactRecorded, InputRecorded) and its scheme is not trusted by the run's policy",
+        )
     if f.source is not None:
-        _require(isinstance(d.get("inputs", f.source), Input), "fact.source_not_authoritative",
-                 f"source {f.source!r} of fact {f.id!r} is no recorded input: authority comes from an input's "
-                 "origin (user, operator, approval, system of record), recorded with InputRecorded")  # fmt: skip
+        _require(
+            isinstance(d.get("inputs", f.source), Input),
+            "fact.source_not_authoritative",
+            f"source {f.source!r} of fact {f.id!r} is no recorded input: authority comes from an input's "
+            "origin (user, operator, approval, system of record), recorded with InputRecorded",
+        )
     if e.replaces_hypothesis_id is not None:
-        _require(d.get("hypotheses", e.replaces_hypothesis_id) is not None, "fact.unknown_hypothesis",
-                 f"hypothesis {e.replaces_hypothesis_id!r} does not exist")  # fmt: skip
+        _require(
+            d.get("hypotheses", e.replaces_hypothesis_id) is not None,
+            "fact.unknown_hypothesis",
+            f"hypothesis {e.replaces_hypothesis_id!r} does not exist",
+        )
         d.delete("hypotheses", e.replaces_hypothesis_id)
-    d.put("confirmed_facts", f.id, Fact(
-        id=f.id, statement=f.statement, evidence=f.evidence, source=f.source, observed_at=f.observed_at or ctx.at,
-        scope=f.scope, confirmed_at_revision=ctx.revision, replaces_hypothesis_id=e.replaces_hypothesis_id,
-        provenance=ctx.created(),
-    ))  # fmt: skip
+    d.put(
+        "confirmed_facts",
+        f.id,
+        Fact(
+            id=f.id,
+            statement=f.statement,
+            evidence=f.evidence,
+            source=f.source,
+            observed_at=f.observed_at or ctx.at,
+            scope=f.scope,
+            confirmed_at_revision=ctx.revision,
+            replaces_hypothesis_id=e.replaces_hypothesis_id,
+            provenance=ctx.created(),
+        ),
+    )
 
 
 @reducer(gen.FactRetracted, reads=lambda e: ("confirmed_facts", e.fact_id))
@@ -322,12 +399,23 @@ def _hypothesis_proposed(d: Draft, e: gen.HypothesisProposed, ctx: Ctx) -> None:
     h = e.hypothesis
     _require(d.get("hypotheses", h.id) is None, "hypothesis.duplicate_id", f"hypothesis {h.id!r} already exists")
     _check_confidence(h.confidence)
-    _require(bool(h.falsifier.strip()), "hypothesis.falsifier_required",
-             f"hypothesis {h.id!r} needs a falsifier (how it would be proven wrong)")  # fmt: skip
-    d.put("hypotheses", h.id, Hypothesis(
-        id=h.id, statement=h.statement, confidence=h.confidence, falsifier=h.falsifier,
-        proposed_at_revision=ctx.revision, provenance=ctx.created(),
-    ))  # fmt: skip
+    _require(
+        bool(h.falsifier.strip()),
+        "hypothesis.falsifier_required",
+        f"hypothesis {h.id!r} needs a falsifier (how it would be proven wrong)",
+    )
+    d.put(
+        "hypotheses",
+        h.id,
+        Hypothesis(
+            id=h.id,
+            statement=h.statement,
+            confidence=h.confidence,
+            falsifier=h.falsifier,
+            proposed_at_revision=ctx.revision,
+            provenance=ctx.created(),
+        ),
+    )
 
 
 @reducer(gen.HypothesisRevised, reads=lambda e: ("hypotheses", e.hypothesis_id))
@@ -349,8 +437,11 @@ def _hypothesis_revised(d: Draft, e: gen.HypothesisRevised, ctx: Ctx) -> None:
 
 @reducer(gen.HypothesisRejected, reads=lambda e: ("hypotheses", e.hypothesis_id))
 def _hypothesis_rejected(d: Draft, e: gen.HypothesisRejected, ctx: Ctx) -> None:
-    _require(d.get("hypotheses", e.hypothesis_id) is not None, "hypothesis.unknown",
-             f"hypothesis {e.hypothesis_id!r} does not exist")  # fmt: skip
+    _require(
+        d.get("hypotheses", e.hypothesis_id) is not None,
+        "hypothesis.unknown",
+        f"hypothesis {e.hypothesis_id!r} does not exist",
+    )
     d.delete("hypotheses", e.hypothesis_id)
 
 
@@ -363,8 +454,11 @@ def _question_opened(d: Draft, e: gen.QuestionOpened, ctx: Ctx) -> None:
 
 @reducer(gen.QuestionResolved, reads=lambda e: ("open_questions", e.question_id))
 def _question_resolved(d: Draft, e: gen.QuestionResolved, ctx: Ctx) -> None:
-    _require(d.get("open_questions", e.question_id) is not None, "question.unknown",
-             f"question {e.question_id!r} is not open")  # fmt: skip
+    _require(
+        d.get("open_questions", e.question_id) is not None,
+        "question.unknown",
+        f"question {e.question_id!r} is not open",
+    )
     d.delete("open_questions", e.question_id)
 
 
@@ -388,10 +482,14 @@ def _task(d: Draft, task_id: str) -> Task:
 
 
 def _move(d: Draft, t: Task, to: str, ctx: Ctx, **update: Any) -> None:
-    _require(to in TASK_TRANSITIONS[t.status], "task.transition",
-             f"task {t.id!r} cannot go from {t.status} to {to}")  # fmt: skip
-    d.put("tasks", t.id, updated(t, {"status": to, "updated_at_revision": ctx.revision,
-                                     "provenance": ctx.touched(t.provenance), **update}))  # fmt: skip
+    _require(to in TASK_TRANSITIONS[t.status], "task.transition", f"task {t.id!r} cannot go from {t.status} to {to}")
+    d.put(
+        "tasks",
+        t.id,
+        updated(
+            t, {"status": to, "updated_at_revision": ctx.revision, "provenance": ctx.touched(t.provenance), **update}
+        ),
+    )
     running = set(d.hget("running_task_ids"))
     if to == "running":
         _set(d, active_task_id=t.id, running_task_ids=sorted(running | {t.id}))
@@ -434,8 +532,11 @@ def _task_created(d: Draft, e: gen.TaskCreated, ctx: Ctx) -> None:
     _require(d.get("tasks", t.id) is None, "task.duplicate_id", f"task {t.id!r} already exists")
     for dep in t.depends_on:
         _require(dep != t.id, "task.dependency_cycle", f"task {t.id!r} depends on itself")
-        _require(d.get("tasks", dep) is not None, "task.unknown_dependency",
-                 f"task {t.id!r} depends on {dep!r}, which does not exist")  # fmt: skip
+        _require(
+            d.get("tasks", dep) is not None,
+            "task.unknown_dependency",
+            f"task {t.id!r} depends on {dep!r}, which does not exist",
+        )
     # Dependencies must already exist, so a new task cannot close a cycle; the walk below
     # keeps that true even for documents that were migrated or restored.
     seen: set[str] = set()
@@ -449,8 +550,18 @@ def _task_created(d: Draft, e: gen.TaskCreated, ctx: Ctx) -> None:
         dep_task = d.get("tasks", cur)
         if isinstance(dep_task, Task):
             stack.extend(dep_task.depends_on)
-    d.put("tasks", t.id, Task(id=t.id, title=t.title, depends_on=t.depends_on, scope=t.scope,
-                              updated_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
+    d.put(
+        "tasks",
+        t.id,
+        Task(
+            id=t.id,
+            title=t.title,
+            depends_on=t.depends_on,
+            scope=t.scope,
+            updated_at_revision=ctx.revision,
+            provenance=ctx.created(),
+        ),
+    )
 
 
 def _budget_allows_new_work(d: Draft, what: str, ctx: Ctx) -> None:
@@ -458,21 +569,30 @@ def _budget_allows_new_work(d: Draft, what: str, ctx: Ctx) -> None:
     measured against the log's time for the patch (not the time the client claims), which a
     replay reads from the same record: it decides the same way."""
     b = d.hget("budgets")
-    _require(b.tokens_remaining is None or b.tokens_remaining > 0, "budget.exhausted",
-             f"cannot start {what}: the token budget is exhausted ({b.tokens_remaining} remaining); "
-             "a BudgetSet can extend it")  # fmt: skip
+    _require(
+        b.tokens_remaining is None or b.tokens_remaining > 0,
+        "budget.exhausted",
+        f"cannot start {what}: the token budget is exhausted ({b.tokens_remaining} remaining); "
+        "a BudgetSet can extend it",
+    )
     now = ctx.now
-    _require(b.deadline is None or now <= b.deadline, "deadline.passed",
-             f"cannot start {what}: the deadline {b.deadline.isoformat() if b.deadline else ''} has passed "
-             f"(the log's time {now.isoformat()}); a BudgetSet can move it")  # fmt: skip
+    _require(
+        b.deadline is None or now <= b.deadline,
+        "deadline.passed",
+        f"cannot start {what}: the deadline {b.deadline.isoformat() if b.deadline else ''} has passed "
+        f"(the log's time {now.isoformat()}); a BudgetSet can move it",
+    )
 
 
 def _owned_by_writer(t: Task, ctx: Ctx, doing: str) -> None:
     """Owned work is the owner's: another agent's claim or result is refused naming the
     owner (arbitration in log order, never last-write-wins)."""
-    _require(t.owner is None or t.owner == ctx.agent_id, "task.not_owner",
-             f"task {t.id!r} is owned by {t.owner!r}; {ctx.agent_id!r} cannot {doing} it "
-             "(the owner hands it over with TaskHandedOver)")  # fmt: skip
+    _require(
+        t.owner is None or t.owner == ctx.agent_id,
+        "task.not_owner",
+        f"task {t.id!r} is owned by {t.owner!r}; {ctx.agent_id!r} cannot {doing} it "
+        "(the owner hands it over with TaskHandedOver)",
+    )
 
 
 @reducer(gen.TaskStarted, reads=lambda e: ("tasks", e.task_id))
@@ -482,8 +602,11 @@ def _task_started(d: Draft, e: gen.TaskStarted, ctx: Ctx) -> None:
     _budget_allows_new_work(d, f"task {t.id!r}", ctx)
     if t.status == "pending":
         pending = [x for x in t.depends_on if getattr(d.get("tasks", x), "status", None) != "completed"]
-        _require(not pending, "task.dependencies_incomplete",
-                 f"task {t.id!r} cannot start before {', '.join(pending)} complete(s)")  # fmt: skip
+        _require(
+            not pending,
+            "task.dependencies_incomplete",
+            f"task {t.id!r} cannot start before {', '.join(pending)} complete(s)",
+        )
     _move(d, t, "running", ctx, blocked_by=None, owner=ctx.agent_id)
 
 
@@ -496,14 +619,21 @@ def _task_blocked(d: Draft, e: gen.TaskBlocked, ctx: Ctx) -> None:
 
 @reducer(gen.TaskCompleted, reads=lambda e: ("tasks", e.task_id))
 def _task_completed(d: Draft, e: gen.TaskCompleted, ctx: Ctx) -> None:
-    _require(e.evidence is not None, "task.evidence_required",
-             f"completing task {e.task_id!r} needs evidence (a reference to what shows it is done)")  # fmt: skip
+    _require(
+        e.evidence is not None,
+        "task.evidence_required",
+        f"completing task {e.task_id!r} needs evidence (a reference to what shows it is done)",
+    )
     _reference(e.evidence, "task.evidence_reference", "evidence")
     t = _task(d, e.task_id)
     _owned_by_writer(t, ctx, "complete")
     _move(d, t, "completed", ctx, evidence=e.evidence, blocked_by=None)
-    _set(d, last_transition=HeaderTransition(action=f"complete {e.task_id}", result_ref=e.evidence,
-                                       revision=ctx.revision, at=ctx.at))  # fmt: skip
+    _set(
+        d,
+        last_transition=HeaderTransition(
+            action=f"complete {e.task_id}", result_ref=e.evidence, revision=ctx.revision, at=ctx.at
+        ),
+    )
 
 
 @reducer(gen.TaskFailed, reads=lambda e: ("tasks", e.task_id))
@@ -519,8 +649,13 @@ def _task_handed_over(d: Draft, e: gen.TaskHandedOver, ctx: Ctx) -> None:
     t = _task(d, e.task_id)
     _require(t.owner is not None, "task.not_owned", f"task {t.id!r} has no owner to hand it over (start it first)")
     _owned_by_writer(t, ctx, "hand over")
-    d.put("tasks", t.id, updated(t, {"owner": e.to_agent_id, "updated_at_revision": ctx.revision,
-                                     "provenance": ctx.touched(t.provenance)}))  # fmt: skip
+    d.put(
+        "tasks",
+        t.id,
+        updated(
+            t, {"owner": e.to_agent_id, "updated_at_revision": ctx.revision, "provenance": ctx.touched(t.provenance)}
+        ),
+    )
 
 
 @reducer(gen.TaskCancelled, reads=lambda e: ("tasks", e.task_id))
@@ -533,35 +668,61 @@ def _task_cancelled(d: Draft, e: gen.TaskCancelled, ctx: Ctx) -> None:
 
 @reducer(gen.ToolCallStarted, reads=lambda e: ("pending_tool_calls", e.call_id))
 def _tool_call_started(d: Draft, e: gen.ToolCallStarted, ctx: Ctx) -> None:
-    _require(d.get("pending_tool_calls", e.call_id) is None, "tool.duplicate_call",
-             f"tool call {e.call_id!r} is already in flight")  # fmt: skip
+    _require(
+        d.get("pending_tool_calls", e.call_id) is None,
+        "tool.duplicate_call",
+        f"tool call {e.call_id!r} is already in flight",
+    )
     waiting = d.hget("waiting")
-    _require(not (e.side_effect and waiting is not None and waiting.kind == "approval"), "run.waiting",
-             f"side-effecting call {e.call_id!r} ({e.tool}) while the run waits for approval "
-             f"({waiting.wait_id if waiting else ''!r}): resolve the wait first")  # fmt: skip
+    _require(
+        not (e.side_effect and waiting is not None and waiting.kind == "approval"),
+        "run.waiting",
+        f"side-effecting call {e.call_id!r} ({e.tool}) while the run waits for approval "
+        f"({waiting.wait_id if waiting else ''!r}): resolve the wait first",
+    )
     if e.costly:
         _budget_allows_new_work(d, f"costly call {e.call_id!r} ({e.tool})", ctx)
     policy = d.hget("policy")
-    _require(not (e.side_effect and policy.require_observations_for_side_effects and not e.relies_on),
-             "observation.required", f"side-effecting call {e.call_id!r} must name the observations it relies on "
-             "(the run's policy)")  # fmt: skip
+    _require(
+        not (e.side_effect and policy.require_observations_for_side_effects and not e.relies_on),
+        "observation.required",
+        f"side-effecting call {e.call_id!r} must name the observations it relies on (the run's policy)",
+    )
     for seen in e.relies_on:
         # The document: before a high-risk write, re-read and compare the version.
         current = d.get("environment_observations", seen.subject)
-        _require(isinstance(current, Observation), "observation.stale",
-                 f"call {e.call_id!r} relies on {seen.subject!r}, which the run has not observed")  # fmt: skip
+        _require(
+            isinstance(current, Observation),
+            "observation.stale",
+            f"call {e.call_id!r} relies on {seen.subject!r}, which the run has not observed",
+        )
         assert isinstance(current, Observation)
-        _require(current.observed_version == seen.observed_version, "observation.stale",
-                 f"call {e.call_id!r} relies on {seen.subject!r} at {seen.observed_version!r}, but the run last saw "
-                 f"{current.observed_version!r}: re-read it")  # fmt: skip
+        _require(
+            current.observed_version == seen.observed_version,
+            "observation.stale",
+            f"call {e.call_id!r} relies on {seen.subject!r} at {seen.observed_version!r}, but the run last saw "
+            f"{current.observed_version!r}: re-read it",
+        )
         age = (ctx.now - current.observed_at).total_seconds()
-        _require(policy.observation_max_age_s is None or age <= policy.observation_max_age_s, "observation.stale",
-                 f"call {e.call_id!r} relies on {seen.subject!r} observed {age:.0f}s before the patch, more than the "
-                 f"run's {policy.observation_max_age_s}s: re-read it")  # fmt: skip
-    d.put("pending_tool_calls", e.call_id, ToolCall(
-        call_id=e.call_id, tool=e.tool, side_effect=e.side_effect, costly=e.costly, input_ref=e.input_ref,
-        started_at=ctx.at, started_at_revision=ctx.revision,
-    ))  # fmt: skip
+        _require(
+            policy.observation_max_age_s is None or age <= policy.observation_max_age_s,
+            "observation.stale",
+            f"call {e.call_id!r} relies on {seen.subject!r} observed {age:.0f}s before the patch, more than the "
+            f"run's {policy.observation_max_age_s}s: re-read it",
+        )
+    d.put(
+        "pending_tool_calls",
+        e.call_id,
+        ToolCall(
+            call_id=e.call_id,
+            tool=e.tool,
+            side_effect=e.side_effect,
+            costly=e.costly,
+            input_ref=e.input_ref,
+            started_at=ctx.at,
+            started_at_revision=ctx.revision,
+        ),
+    )
 
 
 def _finish_call(d: Draft, call_id: str) -> ToolCall:
@@ -575,19 +736,42 @@ def _finish_call(d: Draft, call_id: str) -> ToolCall:
 def _register_result(d: Draft, ref: str | None, call: ToolCall, ctx: Ctx) -> None:
     """A tool's result is an artifact the run knows (what facts may cite)."""
     if ref is not None and d.get("artifacts", ref) is None:
-        d.put("artifacts", ref, Artifact(id=ref, kind="tool_result", call_id=call.call_id, tool=call.tool,
-                                         registered_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
+        d.put(
+            "artifacts",
+            ref,
+            Artifact(
+                id=ref,
+                kind="tool_result",
+                call_id=call.call_id,
+                tool=call.tool,
+                registered_at_revision=ctx.revision,
+                provenance=ctx.created(),
+            ),
+        )
 
 
 @reducer(gen.ArtifactRecorded, reads=lambda e: ("artifacts", e.artifact.id))
 def _artifact_recorded(d: Draft, e: gen.ArtifactRecorded, ctx: Ctx) -> None:
     a = e.artifact
-    _require(not d.hget("policy").artifacts_from_tools, "artifact.not_from_tool",
-             f"artifact {a.id!r}: this run takes artifacts only from tool results (its policy's artifacts_from_tools)")  # fmt: skip
+    _require(
+        not d.hget("policy").artifacts_from_tools,
+        "artifact.not_from_tool",
+        f"artifact {a.id!r}: this run takes artifacts only from tool results (its policy's artifacts_from_tools)",
+    )
     _reference(a.id, "artifact.reference", "artifact id")
     _require(d.get("artifacts", a.id) is None, "artifact.duplicate_id", f"artifact {a.id!r} is already known")
-    d.put("artifacts", a.id, Artifact(id=a.id, kind=a.kind, digest=a.digest, call_id=a.call_id,
-                                      registered_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
+    d.put(
+        "artifacts",
+        a.id,
+        Artifact(
+            id=a.id,
+            kind=a.kind,
+            digest=a.digest,
+            call_id=a.call_id,
+            registered_at_revision=ctx.revision,
+            provenance=ctx.created(),
+        ),
+    )
 
 
 def input_recorders(policy: gen.RunPolicy, origin: str) -> list[str] | None:
@@ -605,27 +789,46 @@ def _input_recorded(d: Draft, e: gen.InputRecorded, ctx: Ctx) -> None:
     i = e.input
     _require(d.get("inputs", i.id) is None, "input.duplicate_id", f"input {i.id!r} is already recorded")
     named = input_recorders(d.hget("policy"), i.origin)
-    _require(named is None or ctx.agent_id in named, "input.not_authorized",
-             f"agent {ctx.agent_id!r} may not record a {i.origin} input on this run (who may: "
-             f"{', '.join(named or []) or 'nobody'}): an input's authority is its origin, which the agent cannot "
-             f"claim for itself; the {i.origin} channel records it")  # fmt: skip
-    d.put("inputs", i.id, Input(id=i.id, origin=i.origin, text=i.text, received_at=ctx.at,
-                                recorded_at_revision=ctx.revision, provenance=ctx.created()))  # fmt: skip
+    _require(
+        named is None or ctx.agent_id in named,
+        "input.not_authorized",
+        f"agent {ctx.agent_id!r} may not record a {i.origin} input on this run (who may: "
+        f"{', '.join(named or []) or 'nobody'}): an input's authority is its origin, which the agent cannot "
+        f"claim for itself; the {i.origin} channel records it",
+    )
+    d.put(
+        "inputs",
+        i.id,
+        Input(
+            id=i.id,
+            origin=i.origin,
+            text=i.text,
+            received_at=ctx.at,
+            recorded_at_revision=ctx.revision,
+            provenance=ctx.created(),
+        ),
+    )
 
 
 @reducer(gen.ToolSucceeded, reads=lambda e: ("pending_tool_calls", e.call_id))
 def _tool_succeeded(d: Draft, e: gen.ToolSucceeded, ctx: Ctx) -> None:
     call = _finish_call(d, e.call_id)
     _register_result(d, e.result_ref, call, ctx)
-    _set(d, last_transition=HeaderTransition(action=call.tool, result_ref=e.result_ref, revision=ctx.revision, at=ctx.at))
+    _set(
+        d, last_transition=HeaderTransition(action=call.tool, result_ref=e.result_ref, revision=ctx.revision, at=ctx.at)
+    )
 
 
 @reducer(gen.ToolFailed, reads=lambda e: ("pending_tool_calls", e.call_id))
 def _tool_failed(d: Draft, e: gen.ToolFailed, ctx: Ctx) -> None:
     call = _finish_call(d, e.call_id)
     _register_result(d, e.result_ref, call, ctx)
-    _set(d, last_transition=HeaderTransition(action=f"{call.tool} failed: {e.error}", result_ref=e.result_ref,
-                                       revision=ctx.revision, at=ctx.at))  # fmt: skip
+    _set(
+        d,
+        last_transition=HeaderTransition(
+            action=f"{call.tool} failed: {e.error}", result_ref=e.result_ref, revision=ctx.revision, at=ctx.at
+        ),
+    )
 
 
 @reducer(gen.ObservationRecorded, reads=lambda e: ("environment_observations", e.observation.subject))
@@ -637,11 +840,15 @@ def _observation_recorded(d: Draft, e: gen.ObservationRecorded, ctx: Ctx) -> Non
     current = d.get("environment_observations", o.subject)
     if isinstance(current, Observation) and (o.observed_at or ctx.at) < current.observed_at:
         return
-    d.put("environment_observations", o.subject, Observation(
-        **{**structs.fields_of(o), "observed_at": o.observed_at or ctx.at},
-        recorded_at_revision=ctx.revision,
-        provenance=ctx.created() if not isinstance(current, Observation) else ctx.touched(current.provenance),
-    ))  # fmt: skip
+    d.put(
+        "environment_observations",
+        o.subject,
+        Observation(
+            **{**structs.fields_of(o), "observed_at": o.observed_at or ctx.at},
+            recorded_at_revision=ctx.revision,
+            provenance=ctx.created() if not isinstance(current, Observation) else ctx.touched(current.provenance),
+        ),
+    )
 
 
 EFFECT_TRANSITIONS: dict[str, frozenset[str]] = {
@@ -656,14 +863,23 @@ def _effect_recorded(d: Draft, e: gen.EffectRecorded, ctx: Ctx) -> None:
     new = e.effect
     old = d.get("effect_ledger", new.id)
     if isinstance(old, Effect):
-        _require(new.status in EFFECT_TRANSITIONS[old.status], "effect.transition",
-                 f"effect {new.id!r} cannot go from {old.status} to {new.status}")  # fmt: skip
+        _require(
+            new.status in EFFECT_TRANSITIONS[old.status],
+            "effect.transition",
+            f"effect {new.id!r} cannot go from {old.status} to {new.status}",
+        )
         merged = {k: v for k, v in structs.fields_of(new).items() if v is not None}
-        d.put("effect_ledger", new.id, updated(old, {**merged, "updated_at_revision": ctx.revision,
-                                                      "provenance": ctx.touched(old.provenance)}))  # fmt: skip
+        d.put(
+            "effect_ledger",
+            new.id,
+            updated(old, {**merged, "updated_at_revision": ctx.revision, "provenance": ctx.touched(old.provenance)}),
+        )
     else:
-        d.put("effect_ledger", new.id, Effect(**structs.fields_of(new), updated_at_revision=ctx.revision,
-                                              provenance=ctx.created()))  # fmt: skip
+        d.put(
+            "effect_ledger",
+            new.id,
+            Effect(**structs.fields_of(new), updated_at_revision=ctx.revision, provenance=ctx.created()),
+        )
 
 
 @reducer(gen.WorkspaceUpdated)
@@ -677,35 +893,46 @@ def _workspace_updated(d: Draft, e: gen.WorkspaceUpdated, ctx: Ctx) -> None:
 @reducer(gen.WaitingStarted)
 def _waiting_started(d: Draft, e: gen.WaitingStarted, ctx: Ctx) -> None:
     current = d.hget("waiting")
-    _require(current is None, "waiting.already_waiting",
-             f"the run already waits for {current.wait_id if current else ''!r}")  # fmt: skip
-    _set(d, status="waiting",
-         waiting=HeaderWaiting(**structs.fields_of(e.waiting), since=ctx.at, since_revision=ctx.revision))  # fmt: skip
+    _require(
+        current is None, "waiting.already_waiting", f"the run already waits for {current.wait_id if current else ''!r}"
+    )
+    _set(
+        d,
+        status="waiting",
+        waiting=HeaderWaiting(**structs.fields_of(e.waiting), since=ctx.at, since_revision=ctx.revision),
+    )
 
 
 @reducer(gen.WaitingResolved)
 def _waiting_resolved(d: Draft, e: gen.WaitingResolved, ctx: Ctx) -> None:
     w = d.hget("waiting")
-    _require(w is not None and w.wait_id == e.wait_id, "waiting.unknown",
-             f"the run does not wait for {e.wait_id!r}")  # fmt: skip
+    _require(w is not None and w.wait_id == e.wait_id, "waiting.unknown", f"the run does not wait for {e.wait_id!r}")
     _set(d, status="running", waiting=None)
 
 
 @reducer(gen.LeaseReleased)
 def _lease_released(d: Draft, e: gen.LeaseReleased, ctx: Ctx) -> None:
-    _set(d, last_transition=HeaderTransition(action=f"lease released by {e.worker_id}", revision=ctx.revision, at=ctx.at))
+    _set(
+        d, last_transition=HeaderTransition(action=f"lease released by {e.worker_id}", revision=ctx.revision, at=ctx.at)
+    )
 
 
 @reducer(gen.BudgetSet)
 def _budget_set(d: Draft, e: gen.BudgetSet, ctx: Ctx) -> None:
-    _require(e.tokens_remaining is None or e.tokens_remaining >= 0, "budget.non_negative",
-             "tokens_remaining cannot be negative")  # fmt: skip
+    _require(
+        e.tokens_remaining is None or e.tokens_remaining >= 0,
+        "budget.non_negative",
+        "tokens_remaining cannot be negative",
+    )
     b = d.hget("budgets")
-    _set(d, budgets=HeaderBudgets(
-        tokens_remaining=e.tokens_remaining if e.tokens_remaining is not None else b.tokens_remaining,
-        tokens_used=b.tokens_used,
-        deadline=e.deadline if e.deadline is not None else b.deadline,
-    ))  # fmt: skip
+    _set(
+        d,
+        budgets=HeaderBudgets(
+            tokens_remaining=e.tokens_remaining if e.tokens_remaining is not None else b.tokens_remaining,
+            tokens_used=b.tokens_used,
+            deadline=e.deadline if e.deadline is not None else b.deadline,
+        ),
+    )
 
 
 @reducer(gen.BudgetConsumed)
@@ -714,9 +941,12 @@ def _budget_consumed(d: Draft, e: gen.BudgetConsumed, ctx: Ctx) -> None:
     b = d.hget("budgets")
     used = b.tokens_used + e.tokens
     remaining = None if b.tokens_remaining is None else b.tokens_remaining - e.tokens
-    _require(used <= ev.MAX_LONG and (remaining is None or remaining >= ev.MIN_LONG), "budget.overflow",
-             f"consuming {e.tokens} tokens would take the budget past what can be stored "
-             f"(used {b.tokens_used}, remaining {b.tokens_remaining})")  # fmt: skip
+    _require(
+        used <= ev.MAX_LONG and (remaining is None or remaining >= ev.MIN_LONG),
+        "budget.overflow",
+        f"consuming {e.tokens} tokens would take the budget past what can be stored "
+        f"(used {b.tokens_used}, remaining {b.tokens_remaining})",
+    )
     # Consumption already happened: it is recorded even past the budget (remaining < 0).
     _set(d, budgets=updated(b, {"tokens_used": used, "tokens_remaining": remaining}))
 
@@ -724,7 +954,9 @@ def _budget_consumed(d: Draft, e: gen.BudgetConsumed, ctx: Ctx) -> None:
 # --- LangGraph's checkpoints (runstate.integrations.langgraph) ------------------------------
 
 
-@reducer(gen.GraphCheckpointSaved, reads=lambda e: ("graph_checkpoints", state.graph_key(e.checkpoint.ns, e.checkpoint.id)))
+@reducer(
+    gen.GraphCheckpointSaved, reads=lambda e: ("graph_checkpoints", state.graph_key(e.checkpoint.ns, e.checkpoint.id))
+)
 def _graph_checkpoint_saved(d: Draft, e: gen.GraphCheckpointSaved, ctx: Ctx) -> None:
     c = e.checkpoint
     key = state.graph_key(c.ns, c.id)
@@ -732,14 +964,30 @@ def _graph_checkpoint_saved(d: Draft, e: gen.GraphCheckpointSaved, ctx: Ctx) -> 
     assert prior is None or isinstance(prior, GraphCheckpoint)
     # LangGraph saves a checkpoint id once; saved again (a retried step), the new one
     # replaces it and the writes saved against it stay.
-    d.put("graph_checkpoints", key, GraphCheckpoint(
-        key=key, ns=c.ns, id=c.id, parent_id=c.parent_id, checkpoint=c.checkpoint, metadata=c.metadata,
-        versions=c.versions, saved_at_revision=ctx.revision, writes=prior.writes if prior is not None else [],
-    ))  # fmt: skip
+    d.put(
+        "graph_checkpoints",
+        key,
+        GraphCheckpoint(
+            key=key,
+            ns=c.ns,
+            id=c.id,
+            parent_id=c.parent_id,
+            checkpoint=c.checkpoint,
+            metadata=c.metadata,
+            versions=c.versions,
+            saved_at_revision=ctx.revision,
+            writes=prior.writes if prior is not None else [],
+        ),
+    )
     for v in c.values:  # once per version: a version saved again (a retried step) replaces it
         vkey = state.graph_value_key(c.ns, v.channel, v.version)
-        d.put("graph_values", vkey, GraphValueItem(key=vkey, ns=c.ns, channel=v.channel, version=v.version,
-                                                   value=v.value, saved_at_revision=ctx.revision))  # fmt: skip
+        d.put(
+            "graph_values",
+            vkey,
+            GraphValueItem(
+                key=vkey, ns=c.ns, channel=v.channel, version=v.version, value=v.value, saved_at_revision=ctx.revision
+            ),
+        )
 
 
 def _drop_unreferenced_values(d: Draft) -> None:
@@ -796,8 +1044,13 @@ def _graph_thread_deleted(d: Draft, e: gen.GraphThreadDeleted, ctx: Ctx) -> None
         d.delete("graph_values", v.key)
     if d.hget("status") not in state.TERMINAL_STATUSES:
         _close_loose_ends(d, f"thread deleted: {e.reason}", ctx)
-        _set(d, status="cancelled", active_task_id=None, waiting=None,
-             last_transition=HeaderTransition(action=f"thread deleted: {e.reason}", revision=ctx.revision, at=ctx.at))  # fmt: skip
+        _set(
+            d,
+            status="cancelled",
+            active_task_id=None,
+            waiting=None,
+            last_transition=HeaderTransition(action=f"thread deleted: {e.reason}", revision=ctx.revision, at=ctx.at),
+        )
 
 
 missing = set(ev.EVENT_TYPE_NAMES) - set(REDUCERS)

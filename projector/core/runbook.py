@@ -33,7 +33,6 @@ from runstate.schemas.structs import from_model, updated
 log = logging.getLogger("runstate.projector")
 
 
-
 #: What to do when deciding a well-formed patch raises (a bug in the core, not bad input):
 #: dead-letter the record and go on (decisions are all-or-nothing, so no state is
 #: half-applied, and a replay dead-letters it the same way), or raise.
@@ -64,11 +63,18 @@ def _unopened(rec: Record) -> Erased | DeadLetter:
     if why == b"erased" and s.envelope is not None:
         return Erased(s.run_id, s.envelope)
     if why is None:
-        return _dead(rec, "sealed_no_key", f"run {s.run_id!r}: the record is sealed and no master key is configured "
-                                           "(RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE)")  # fmt: skip
-    reason = {b"erased": "key_destroyed", b"destroyed": "key_destroyed", b"missing": "key_missing"}.get(why, "key_damaged")
-    return _dead(rec, reason, f"run {s.run_id!r}: the record's key {s.kid} is {why.decode()}; its content is "
-                              "unreadable")  # fmt: skip
+        return _dead(
+            rec,
+            "sealed_no_key",
+            f"run {s.run_id!r}: the record is sealed and no master key is configured "
+            "(RUNSTATE_MASTER_KEY or RUNSTATE_MASTER_KEY_FILE)",
+        )
+    reason = {b"erased": "key_destroyed", b"destroyed": "key_destroyed", b"missing": "key_missing"}.get(
+        why, "key_damaged"
+    )
+    return _dead(
+        rec, reason, f"run {s.run_id!r}: the record's key {s.kid} is {why.decode()}; its content is unreadable"
+    )
 
 
 def read_record(rec: Record) -> Patch | DeadLetter | Erased:
@@ -97,9 +103,15 @@ def read_record(rec: Record) -> Patch | DeadLetter | Erased:
 def _envelope_patch(got: Erased) -> Patch:
     """A patch struct standing for an unreadable one: its envelope, no events."""
     env = got.envelope
-    return Patch(patch_id=env.patch_id, run_id=got.run_id, expected_revision=env.expected_revision, events=[],
-                 author=Author(agent_id=env.agent_id, agent_version=env.agent_version),
-                 created_at=datetime.fromisoformat(env.created_at), rebase=env.rebase)  # fmt: skip
+    return Patch(
+        patch_id=env.patch_id,
+        run_id=got.run_id,
+        expected_revision=env.expected_revision,
+        events=[],
+        author=Author(agent_id=env.agent_id, agent_version=env.agent_version),
+        created_at=datetime.fromisoformat(env.created_at),
+        rebase=env.rebase,
+    )
 
 
 def _struct(decision: Decision | DecisionModel | None) -> Decision | None:
@@ -111,8 +123,9 @@ def _struct(decision: Decision | DecisionModel | None) -> Decision | None:
 
 
 def _dead(rec: Record, reason: str, detail: str) -> DeadLetter:
-    return DeadLetter(rec.partition, rec.offset, reason, detail, rec.key.decode(errors="replace") if rec.key else None,
-                      len(rec.value))  # fmt: skip
+    return DeadLetter(
+        rec.partition, rec.offset, reason, detail, rec.key.decode(errors="replace") if rec.key else None, len(rec.value)
+    )
 
 
 class RunBook:
@@ -151,13 +164,15 @@ class RunBook:
         self._load_doc = load_doc
         self._load_docs = load_docs
         # A stored decision enters the core as its struct (the one form the core holds).
-        self._load_decisions = None if load_decisions is None else (
-            lambda wanted: [_struct(d) for d in load_decisions(wanted)])  # fmt: skip
+        self._load_decisions = (
+            None if load_decisions is None else (lambda wanted: [_struct(d) for d in load_decisions(wanted)])
+        )
         #: stored decisions (or None: none) of patch ids read ahead by :meth:`prefetch`;
         #: each is used once, by the patch it was read for
         self._read_ahead: dict[tuple[str, str], Decision | None] = {}
-        self._load_decision: Callable[[str, str], Decision | None] = (
-            lambda run_id, patch_id: _struct(load_decision(run_id, patch_id)))  # fmt: skip
+        self._load_decision: Callable[[str, str], Decision | None] = lambda run_id, patch_id: _struct(
+            load_decision(run_id, patch_id)
+        )
         self._decided_before_restore = decided_before_restore
         self._max = max_cached
         self.docs: OrderedDict[str, RunDoc | None] = OrderedDict()
@@ -201,13 +216,22 @@ class RunBook:
                 for key, entry in zip(wanted, self._load_items(wanted)):
                     items[key].read_ahead(key[1], key[2], entry)
         if self._load_decisions is not None:
-            keys = [k for k in dict.fromkeys((p.run_id, p.patch_id) for p in patches)
-                    if k not in self._unsettled and k not in self.decided]  # fmt: skip
+            keys = [
+                k
+                for k in dict.fromkeys((p.run_id, p.patch_id) for p in patches)
+                if k not in self._unsettled and k not in self.decided
+            ]
             if keys:
                 self._read_ahead.update(zip(keys, self._load_decisions(keys)))
 
-    def apply(self, patch: Patch | PatchModel, partition: int, offset: int, digest: str | None = None,
-              log_time_ms: int | None = None) -> Applied:
+    def apply(
+        self,
+        patch: Patch | PatchModel,
+        partition: int,
+        offset: int,
+        digest: str | None = None,
+        log_time_ms: int | None = None,
+    ) -> Applied:
         """Decide one patch; a ``patch_id`` already decided returns the earlier decision
         (``duplicate``), unless both have a content ``digest`` and they differ: then the
         patch is rejected as ``patch_id_reused`` and the id keeps its first decision. A
@@ -226,14 +250,26 @@ class RunBook:
                 return Applied(patch, prior, None, duplicate=True)
             doc = self.doc(patch.run_id)
             current = 0 if doc is None else doc.header.revision
-            reused = updated(prior, {
-                "outcome": "rejected", "revision": current, "expected_revision": patch.expected_revision,
-                "reason": "patch_id_reused", "rule": None, "event_index": None, "rebased": False,
-                "message": f"patch_id {patch.patch_id!r} was decided at offset {prior.offset} for other content",
-                "partition": partition, "offset": offset, "agent_id": patch.author.agent_id,
-                "agent_version": patch.author.agent_version, "event_types": [e.type for e in patch.events],
-                "created_at": patch.created_at, "content_digest": digest,
-            })  # fmt: skip
+            reused = updated(
+                prior,
+                {
+                    "outcome": "rejected",
+                    "revision": current,
+                    "expected_revision": patch.expected_revision,
+                    "reason": "patch_id_reused",
+                    "rule": None,
+                    "event_index": None,
+                    "rebased": False,
+                    "message": f"patch_id {patch.patch_id!r} was decided at offset {prior.offset} for other content",
+                    "partition": partition,
+                    "offset": offset,
+                    "agent_id": patch.author.agent_id,
+                    "agent_version": patch.author.agent_version,
+                    "event_types": [e.type for e in patch.events],
+                    "created_at": patch.created_at,
+                    "content_digest": digest,
+                },
+            )
             return Applied(patch, reused, None)
         decided = decide(self.doc(patch.run_id), patch, partition, offset, digest, log_time_ms)
         if decided.doc is not None:
@@ -246,8 +282,12 @@ class RunBook:
             self._unsettled[key] = decided.decision
         return Applied(patch, decided.decision, decided.changes)
 
-    def apply_record(self, rec: Record, on_internal_error: InternalErrorPolicy = "dead_letter",
-                     read: Patch | DeadLetter | Erased | None = None) -> Applied | DeadLetter:  # fmt: skip
+    def apply_record(
+        self,
+        rec: Record,
+        on_internal_error: InternalErrorPolicy = "dead_letter",
+        read: Patch | DeadLetter | Erased | None = None,
+    ) -> Applied | DeadLetter:
         """Decide one log record. A record that is not a patch of the run it is keyed by is
         a :class:`DeadLetter` with the reason (see :func:`read_record`); so is a patch whose
         decision raised, unless ``on_internal_error`` is ``"fail"`` (then the error
@@ -268,9 +308,12 @@ class RunBook:
         except Exception as e:  # a bug in the pure core, not bad input: see InternalErrorPolicy
             if on_internal_error == "fail":
                 raise
-            log.exception("internal error deciding p%d@%d (run %r); dead-lettered", rec.partition, rec.offset, patch.run_id)
-            return DeadLetter(rec.partition, rec.offset, "internal_error", f"{type(e).__name__}: {e}",
-                              patch.run_id, len(rec.value))  # fmt: skip
+            log.exception(
+                "internal error deciding p%d@%d (run %r); dead-lettered", rec.partition, rec.offset, patch.run_id
+            )
+            return DeadLetter(
+                rec.partition, rec.offset, "internal_error", f"{type(e).__name__}: {e}", patch.run_id, len(rec.value)
+            )
 
     def _erased(self, got: Erased, rec: Record) -> Applied:
         """An erased run's unreadable patch: rejected ``run_erased`` from its envelope."""

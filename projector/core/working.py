@@ -110,8 +110,13 @@ class RunDoc:
 
     __slots__ = ("header", "items", "_load_one", "_load_all", "_complete", "_data")
 
-    def __init__(self, header: Header, items: dict[str, dict[str, Entry | None]] | None = None,
-                 load_one: LoadOne | None = None, load_all: LoadAll | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        header: Header,
+        items: dict[str, dict[str, Entry | None]] | None = None,
+        load_one: LoadOne | None = None,
+        load_all: LoadAll | None = None,
+    ) -> None:
         self.header = header
         # A bucket per collection as it is first touched: most runs touch one or two of
         # the ten, and a projector's first touch of a run builds a doc (ten empty dicts
@@ -141,8 +146,12 @@ class RunDoc:
 
     def unread(self, kind: str, id_: str) -> bool:
         """Whether :meth:`entry` of the item would read the store now."""
-        return (id_ not in self.items[kind] and kind not in self._complete and self._load_one is not None
-                and not self._counted_empty(kind))  # fmt: skip
+        return (
+            id_ not in self.items[kind]
+            and kind not in self._complete
+            and self._load_one is not None
+            and not self._counted_empty(kind)
+        )
 
     def read_ahead(self, kind: str, id_: str, e: Entry | None) -> None:
         """Keep the item's stored entry (None: absent), read ahead of :meth:`entry`; only
@@ -248,12 +257,19 @@ class RunDoc:
                 items[kind][item_id(kind, item)] = (seq, item)
                 seq += 1
         header_data = state.model_dump(include=set(_HEADER_FIELDS) - _HEADER_ONLY)
-        header = header_from_model(RunHeader.model_validate(
-            {**header_data, "goal": GoalSpec(statement=state.goal.statement, scope=state.goal.scope,
-                                             acceptance=state.goal.acceptance), "next_seq": seq,
-             "running_task_ids": sorted(t.id for t in state.tasks if t.status == "running"),
-             "sizes": {k: len(items[k]) for k in COLLECTIONS if items[k]}}
-        ))  # fmt: skip
+        header = header_from_model(
+            RunHeader.model_validate(
+                {
+                    **header_data,
+                    "goal": GoalSpec(
+                        statement=state.goal.statement, scope=state.goal.scope, acceptance=state.goal.acceptance
+                    ),
+                    "next_seq": seq,
+                    "running_task_ids": sorted(t.id for t in state.tasks if t.status == "running"),
+                    "sizes": {k: len(items[k]) for k in COLLECTIONS if items[k]},
+                }
+            )
+        )
         return cls(header, items)
 
     @classmethod

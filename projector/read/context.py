@@ -39,8 +39,13 @@ class _Line(NamedTuple):
     group: str | None = None
 
 
-def render_context(state: RunState | msgspec.Struct, *, now: datetime | None = None,
-                   stale_after: timedelta = timedelta(minutes=15), max_tokens: int | None = None) -> str:
+def render_context(
+    state: RunState | msgspec.Struct,
+    *,
+    now: datetime | None = None,
+    stale_after: timedelta = timedelta(minutes=15),
+    max_tokens: int | None = None,
+) -> str:
     """Render ``state`` as compact text. ``now`` (the caller's clock) enables stale flags.
 
     ``state`` is the :class:`RunState` or its msgspec struct (``structs.struct_of``: the
@@ -71,7 +76,9 @@ def _lines(state: Any, now: datetime | None, stale_after: timedelta, add: Callab
     whole context keeps only the text: no tuple per line where nothing is bounded)."""
     s: Any = state
 
-    add(f"RUN {s.run_id} | status: {s.status} | phase: {s.phase or '-'} | revision {s.revision} | agent version {s.agent_version}")
+    add(
+        f"RUN {s.run_id} | status: {s.status} | phase: {s.phase or '-'} | revision {s.revision} | agent version {s.agent_version}"
+    )
     add(f"GOAL: {s.goal.statement}")
     if s.goal.scope.include or s.goal.scope.exclude:
         add(f"  scope: include [{', '.join(s.goal.scope.include)}] exclude [{', '.join(s.goal.scope.exclude)}]")
@@ -90,7 +97,11 @@ def _lines(state: Any, now: datetime | None, stale_after: timedelta, add: Callab
 
     add("HYPOTHESES (unconfirmed, do not treat as facts):" if s.hypotheses else "HYPOTHESES: none")
     for k, h in enumerate(s.hypotheses):
-        add(f"  - [{h.id}] {h.statement} (confidence {h.confidence:.2f}; falsify by: {h.falsifier})", (3, k), "hypotheses")
+        add(
+            f"  - [{h.id}] {h.statement} (confidence {h.confidence:.2f}; falsify by: {h.falsifier})",
+            (3, k),
+            "hypotheses",
+        )
 
     if s.open_questions:
         add("OPEN QUESTIONS:")
@@ -109,7 +120,11 @@ def _lines(state: Any, now: datetime | None, stale_after: timedelta, add: Callab
             deps = f" (after {', '.join(t.depends_on)})" if t.depends_on and status == "pending" else ""
             mark = (f" (owner {t.owner})" if t.owner else "") + (" <- active" if t.id == s.active_task_id else "")
             rank = _REQUIRED if status != "pending" or t.id == s.active_task_id else (4, k)
-            add(f"  {status:8} [{t.id}] {t.title}{deps}{extra}{mark}", rank, None if rank == _REQUIRED else "pending tasks")
+            add(
+                f"  {status:8} [{t.id}] {t.title}{deps}{extra}{mark}",
+                rank,
+                None if rank == _REQUIRED else "pending tasks",
+            )
     done = {k: len(v) for k, v in by_status.items() if k in ("completed", "failed", "cancelled")}
     if done:
         add("  finished: " + ", ".join(f"{n} {k}" for k, n in sorted(done.items())), (6, 0), "finished-task summaries")
@@ -127,12 +142,18 @@ def _lines(state: Any, now: datetime | None, stale_after: timedelta, add: Callab
             if now is not None and now - o.observed_at > stale_after:
                 stale = " STALE"
             ver = f" @ {o.observed_version}" if o.observed_version else ""
-            add(f"  - {o.subject}{ver}: {o.observed_state} (seen {_when(o.observed_at)}){stale}", (5, 0 if stale else 1),
-                "observations")  # fmt: skip
+            add(
+                f"  - {o.subject}{ver}: {o.observed_state} (seen {_when(o.observed_at)}){stale}",
+                (5, 0 if stale else 1),
+                "observations",
+            )
 
     if s.artifacts or s.inputs:
-        add(f"ARTIFACTS: {len(s.artifacts)} known" + (f"; INPUTS: {len(s.inputs)} recorded" if s.inputs else "")
-            + " (what facts may cite)")  # fmt: skip
+        add(
+            f"ARTIFACTS: {len(s.artifacts)} known"
+            + (f"; INPUTS: {len(s.inputs)} recorded" if s.inputs else "")
+            + " (what facts may cite)"
+        )
         for k, a in enumerate(s.artifacts[-5:]):
             by = f" from {a.tool} ({a.call_id})" if a.tool else ""
             add(f"  - {a.id} [{a.kind}]{by} r{a.registered_at_revision}", (6, 1 + k), "artifacts")
@@ -168,8 +189,10 @@ def _lines(state: Any, now: datetime | None, stale_after: timedelta, add: Callab
         add(f"LAST TRANSITION: {lt.action}" + (f" -> {lt.result_ref}" if lt.result_ref else ""))
     if s.workspace_ref:
         ws = s.workspace_ref
-        add(f"WORKSPACE: {ws.workspace_id} base {ws.base_commit or '?'} current {ws.current_commit or '?'}"
-            + (f" uncommitted {ws.uncommitted_changes}" if ws.uncommitted_changes else ""))  # fmt: skip
+        add(
+            f"WORKSPACE: {ws.workspace_id} base {ws.base_commit or '?'} current {ws.current_commit or '?'}"
+            + (f" uncommitted {ws.uncommitted_changes}" if ws.uncommitted_changes else "")
+        )
 
 
 _SINGULAR = {"hypotheses": "hypothesis", "finished-task summaries": "finished-task summary"}
@@ -229,8 +252,14 @@ def _render_kept(lines: list[_Line], keep: set[int], max_tokens: int) -> str:
     what = ", ".join(_counted(n, g) for g, n in left.items()) or "nothing"
 
     def footer(tokens: int) -> str:
-        over = (f"; OVER the budget by {tokens - max_tokens}: the goal, the active task and what blocks the run are "
-                "always kept") if tokens > max_tokens else ""  # fmt: skip
+        over = (
+            (
+                f"; OVER the budget by {tokens - max_tokens}: the goal, the active task and what blocks the run are "
+                "always kept"
+            )
+            if tokens > max_tokens
+            else ""
+        )
         return f"CONTEXT: about {tokens} of {max_tokens} tokens (characters / 4), this line included; left out: {what}{over}\n"
 
     # The count in the last line is of the whole text, the line itself included.

@@ -74,8 +74,9 @@ class Projection:
         state; ``now`` enables the stale flags), rendered from :meth:`state_json` decoded
         into the state's msgspec struct, with no model built. Raises :class:`RunNotFound`,
         and :class:`StoreError` where :meth:`state` would."""
-        return render_context(self._state(run_id, lambda st: st.read_state(run_id, "struct")), now=now,
-                              max_tokens=max_tokens)  # fmt: skip
+        return render_context(
+            self._state(run_id, lambda st: st.read_state(run_id, "struct")), now=now, max_tokens=max_tokens
+        )
 
     def _state(self, run_id: str, read: Callable[[ProjectionStore], T | None]) -> T:
         """``read`` on the run's partition store; :class:`RunNotFound` where it gives None."""
@@ -85,8 +86,15 @@ class Projection:
             raise RunNotFound(run_id)
         return got
 
-    def graph_checkpoints(self, run_id: str, ns: str | None, *, checkpoint_id: str | None = None,
-                          before: str | None = None, limit: int | None = None) -> list[bytes]:
+    def graph_checkpoints(
+        self,
+        run_id: str,
+        ns: str | None,
+        *,
+        checkpoint_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[bytes]:
         """The run's LangGraph checkpoints as stored JSON, newest first
         (:meth:`ProjectionStore.graph_checkpoints`); an unknown run has none, and so has
         every run before the projector made its state directory."""
@@ -117,8 +125,9 @@ class Projection:
         st = self._store(self.layout.partition_of(run_id))
         return [] if st is None else st.accepted_since(run_id, after_revision)
 
-    def accepted_positions(self, run_id: str, after_revision: int,
-                           up_to_revision: int | None = None) -> list[tuple[int, int, int]]:  # fmt: skip
+    def accepted_positions(
+        self, run_id: str, after_revision: int, up_to_revision: int | None = None
+    ) -> list[tuple[int, int, int]]:
         """``(revision, partition, offset)`` of those decisions, up to ``up_to_revision`` (see
         :meth:`ProjectionStore.accepted_positions`)."""
         st = self._store(self.layout.partition_of(run_id))

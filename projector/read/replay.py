@@ -63,12 +63,14 @@ class RunRecords(Protocol):
 
     def history(self, run_id: str) -> list[Decision]: ...
 
-    def accepted_positions(self, run_id: str, after_revision: int,
-                           up_to_revision: int | None = None) -> list[tuple[int, int, int]]: ...
+    def accepted_positions(
+        self, run_id: str, after_revision: int, up_to_revision: int | None = None
+    ) -> list[tuple[int, int, int]]: ...
 
 
-def state_at(log: EventLog, projection: RunRecords, run_id: str, revision: int,
-             nearest: NearestCheckpoint | None = None) -> RunState:  # fmt: skip
+def state_at(
+    log: EventLog, projection: RunRecords, run_id: str, revision: int, nearest: NearestCheckpoint | None = None
+) -> RunState:
     """The run's state as it was at ``revision``, rebuilt from the log (see
     :func:`state_data_at`), validated. Raises :class:`RunNotFound` / :class:`RevisionNotFound`."""
     got = _rebuilt(log, projection, run_id, revision, nearest)
@@ -77,8 +79,9 @@ def state_at(log: EventLog, projection: RunRecords, run_id: str, revision: int,
     return got.to_state() if isinstance(got, RunDoc) else RunState.model_validate(got)
 
 
-def state_data_at(log: EventLog, projection: RunRecords, run_id: str, revision: int,
-                  nearest: NearestCheckpoint | None = None) -> dict[str, Any]:  # fmt: skip
+def state_data_at(
+    log: EventLog, projection: RunRecords, run_id: str, revision: int, nearest: NearestCheckpoint | None = None
+) -> dict[str, Any]:
     """The run's state as it was at ``revision``, rebuilt from the log, as plain JSON data
     (equal to :func:`state_at`'s ``model_dump(mode="json")``, without building the state).
 
@@ -102,8 +105,9 @@ def _live_header(projection: RunRecords, run_id: str) -> RunHeader:
     return header
 
 
-def _rebuilt(log: EventLog, projection: RunRecords, run_id: str, revision: int,
-             nearest: NearestCheckpoint | None) -> RunDoc | dict[str, Any]:  # fmt: skip
+def _rebuilt(
+    log: EventLog, projection: RunRecords, run_id: str, revision: int, nearest: NearestCheckpoint | None
+) -> RunDoc | dict[str, Any]:
     """The checkpoint's state as plain data when one is at ``revision``, else the run's
     working form at ``revision`` (from the nearest checkpoint below it, or from nothing)."""
     header = _live_header(projection, run_id)
@@ -125,8 +129,13 @@ def _rebuilt(log: EventLog, projection: RunRecords, run_id: str, revision: int,
     return doc
 
 
-def accepted_after(log: EventLog, state: RunState, partition: int, covers_offset: int,
-                   decided: Callable[[str], bool] = lambda _p: False) -> list[Decision]:
+def accepted_after(
+    log: EventLog,
+    state: RunState,
+    partition: int,
+    covers_offset: int,
+    decided: Callable[[str], bool] = lambda _p: False,
+) -> list[Decision]:
     """The run's patches the log accepts after a checkpoint: the log read from
     ``covers_offset + 1`` (not the projection, which may lag) and decided from ``state``
     with the pure core. ``decided(patch_id)`` names the ids decided before the checkpoint
@@ -134,8 +143,10 @@ def accepted_after(log: EventLog, state: RunState, partition: int, covers_offset
     run_id = state.run_id
     key = run_id.encode()
     start = RunDoc.from_state(state)
-    book = RunBook(load_doc=lambda r: start if r == run_id else None,
-                   decided_before_restore=lambda r, p: r == run_id and decided(p))  # fmt: skip
+    book = RunBook(
+        load_doc=lambda r: start if r == run_id else None,
+        decided_before_restore=lambda r, p: r == run_id and decided(p),
+    )
     end = log.end_offsets(log.topics.events).get(partition, 0)
     replay((r for r in log.scan(log.topics.events, partition, covers_offset + 1, end) if r.key == key), book)
     accepted = sorted((d for d in book.decided.values() if d.outcome == "accepted"), key=lambda d: d.offset)
@@ -165,8 +176,14 @@ def _walk(value: Any, parts: list[str]) -> Any:
         if isinstance(cur, dict):
             cur = cur.get(part, _ABSENT)
         elif isinstance(cur, list):
-            cur = next((x for x in cur if isinstance(x, dict) and part in
-                        (x.get("id"), x.get("key"), x.get("subject"), x.get("call_id"))), _ABSENT)  # fmt: skip
+            cur = next(
+                (
+                    x
+                    for x in cur
+                    if isinstance(x, dict) and part in (x.get("id"), x.get("key"), x.get("subject"), x.get("call_id"))
+                ),
+                _ABSENT,
+            )
         else:
             cur = _ABSENT
         if cur is _ABSENT:
@@ -191,8 +208,9 @@ def field_value(doc: RunDoc, path: str) -> Any:
         # The struct's JSON values are the model's (schemas/structs.py).
         return None if entry is None else _walk(msgspec.to_builtins(entry[1]), rest[1:])
     if head == "goal" and not rest:
-        return Goal.model_validate({**msgspec.to_builtins(doc.header.goal),
-                                    "constraints": doc.sorted_items("constraints")}).model_dump(mode="json")  # fmt: skip
+        return Goal.model_validate(
+            {**msgspec.to_builtins(doc.header.goal), "constraints": doc.sorted_items("constraints")}
+        ).model_dump(mode="json")
     if head not in RunHeader.model_fields:
         return None
     # The struct's JSON values are the model's (schemas/structs.py).
@@ -218,8 +236,11 @@ def explain(log: EventLog, projection: RunRecords, run_id: str, path: str) -> li
         after = None if doc is None else field_value(doc, path)
         if after != before[0]:
             dec = by_offset[rec.offset]
-            changes.append(FieldChange(dec.revision, dec.offset, dec.agent_id, dec.agent_version, dec.event_types,
-                                       before[0], after))  # fmt: skip
+            changes.append(
+                FieldChange(
+                    dec.revision, dec.offset, dec.agent_id, dec.agent_version, dec.event_types, before[0], after
+                )
+            )
         before[0] = after
 
     replay(_accepted_records(log, [(d.revision, d.partition, d.offset) for d in history]), on_record=look)
@@ -269,8 +290,14 @@ def _first_difference(a: list[Decision], b: list[Decision]) -> int | None:
 DeepCheck = Callable[[EventLog], list[str]]
 
 
-def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
-           on_progress: Callable[[int, int], None] | None = None, deep: DeepCheck | None = None) -> VerifyReport:
+def verify(
+    log: EventLog,
+    state_dir: str,
+    *,
+    scratch_dir: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    deep: DeepCheck | None = None,
+) -> VerifyReport:
     """Replay the log from offset 0 into a scratch store, up to the positions the live
     projection has reached, and compare every run: state digest and decision history.
     Records that fail their checksum are reported as damaged. With ``deep``, also the
@@ -298,8 +325,11 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
         report.records = replayer.replay(positions, on_progress=on_progress)
         rebuilt = Projection(str(scratch))
         report.damaged = sorted((d.partition, d.offset) for d in rebuilt.dead_letters() if d.reason == "checksum")
-        report.problems += [f"p{d.partition}@{d.offset} (run {d.key!r}) is unreadable: {d.reason}: {d.detail}"
-                            for d in live.dead_letters() if d.reason in UNREADABLE]  # fmt: skip
+        report.problems += [
+            f"p{d.partition}@{d.offset} (run {d.key!r}) is unreadable: {d.reason}: {d.detail}"
+            for d in live.dead_letters()
+            if d.reason in UNREADABLE
+        ]
         live_digests, replay_digests = live.digests(), rebuilt.digests()
         restored = live.restored()
         report.runs = len(set(live_digests) | set(replay_digests))
@@ -311,13 +341,15 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
             if live_digests.get(run_id) == replay_digests.get(run_id) and lh == rh:
                 continue
             lhead, rhead = live.header(run_id), rebuilt.header(run_id)
-            report.mismatches.append(Mismatch(
-                run_id,
-                None if lhead is None else lhead.revision,
-                None if rhead is None else rhead.revision,
-                _first_difference(lh, rh),
-                "decision histories differ" if lh != rh else "state differs with equal histories",
-            ))  # fmt: skip
+            report.mismatches.append(
+                Mismatch(
+                    run_id,
+                    None if lhead is None else lhead.revision,
+                    None if rhead is None else rhead.revision,
+                    _first_difference(lh, rh),
+                    "decision histories differ" if lh != rh else "state differs with equal histories",
+                )
+            )
         rebuilt.close()
     finally:
         live.close()
@@ -326,4 +358,15 @@ def verify(log: EventLog, state_dir: str, *, scratch_dir: str | None = None,
     return report
 
 
-__all__ = ["FieldChange", "Mismatch", "VerifyReport", "explain", "field_value", "replay", "state_at", "state_data_at", "state_digest", "verify"]
+__all__ = [
+    "FieldChange",
+    "Mismatch",
+    "VerifyReport",
+    "explain",
+    "field_value",
+    "replay",
+    "state_at",
+    "state_data_at",
+    "state_digest",
+    "verify",
+]

@@ -92,9 +92,16 @@ class _Partition:
         def decided_before_restore(run_id: str, patch_id: str) -> bool:
             return run_id in restored and store.decided_before_restore(run_id, patch_id_digest(patch_id))
 
-        self.book = RunBook(store.load_doc, store.decision, max_cached=cache_runs, max_items=cache_items_per_run,
-                            decided_before_restore=decided_before_restore, load_docs=store.load_docs,
-                            load_decisions=store.decisions, load_items=store.load_items)  # fmt: skip
+        self.book = RunBook(
+            store.load_doc,
+            store.decision,
+            max_cached=cache_runs,
+            max_items=cache_items_per_run,
+            decided_before_restore=decided_before_restore,
+            load_docs=store.load_docs,
+            load_decisions=store.decisions,
+            load_items=store.load_items,
+        )
         self.next_offset = store.next_offset()
         # Runs restored from checkpoints: their records up to this offset are already in
         # the restored state and are skipped (by key, without decoding).
@@ -211,8 +218,9 @@ class Projector:
                 part = _Partition(store, self.cache_runs, self.cache_items_per_run)
                 if part.next_offset > ends.get(p, 0):
                     store.close()
-                    raise LostRecords(p, ends.get(p, 0), part.next_offset,
-                                      f"the projection ({self.layout.store_path(p)})")
+                    raise LostRecords(
+                        p, ends.get(p, 0), part.next_offset, f"the projection ({self.layout.store_path(p)})"
+                    )
                 with self.lock:
                     self.parts[p] = part
                 self._finish_erasures(p, store)  # what a crash left half done
@@ -237,8 +245,11 @@ class Projector:
             for run_id in runs:
                 header = store.header(run_id)
                 erasure = None if header is None else header.erasure
-                record = ({"at": "", "by": "unknown", "reason": "erasure finished after a restart"} if erasure is None
-                          else {"at": erasure.at.isoformat(), "by": erasure.by, "reason": erasure.reason})  # fmt: skip
+                record = (
+                    {"at": "", "by": "unknown", "reason": "erasure finished after a restart"}
+                    if erasure is None
+                    else {"at": erasure.at.isoformat(), "by": erasure.by, "reason": erasure.reason}
+                )
                 try:
                     self.log.keyring.erase(run_id, record)
                 except LogError as e:
@@ -281,7 +292,9 @@ class Projector:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def run(self, *, until_caught_up: bool = False, stop: Event | None = None, poll_timeout_s: float = 0.2) -> ProjectorStats:
+    def run(
+        self, *, until_caught_up: bool = False, stop: Event | None = None, poll_timeout_s: float = 0.2
+    ) -> ProjectorStats:
         """Consume until ``stop`` is set or, with ``until_caught_up``, until every assigned
         partition has reached the end of the log as seen after an empty poll."""
         topic = self.log.topics.events
@@ -370,11 +383,16 @@ class Projector:
 
     def _stalled(self, lag: int) -> None:
         ends = dict(self.log.end_offsets(self.log.topics.events))
-        behind = [(p, part.next_offset, ends.get(p)) for p, part in sorted(self.parts.items())
-                  if ends.get(p) is not None and ends[p] > part.next_offset]  # fmt: skip
+        behind = [
+            (p, part.next_offset, ends.get(p))
+            for p, part in sorted(self.parts.items())
+            if ends.get(p) is not None and ends[p] > part.next_offset
+        ]
         where = ", ".join(f"cannot read offset {o} of partition {p} (the log's end is {e})" for p, o, e in behind)
-        raise LogError(f"no record read for {self.stall_timeout_s:g}s while {lag} are behind: {where}. "
-                       "The log may be damaged: run `runstate verify --deep`.")
+        raise LogError(
+            f"no record read for {self.stall_timeout_s:g}s while {lag} are behind: {where}. "
+            "The log may be damaged: run `runstate verify --deep`."
+        )
 
     def lag(self) -> int | None:
         """Records behind the log end over the owned partitions (the consumer's view; None
@@ -536,9 +554,11 @@ class Projector:
         original = next((r for r in records if r.partition == dl.partition and r.offset == dl.offset), None)
         value = original.value if original is not None else b""
         headers = (
-            ("reason", dl.reason.encode()), ("detail", dl.detail.encode()[:1000]),
-            ("source_partition", str(dl.partition).encode()), ("source_offset", str(dl.offset).encode()),
-        )  # fmt: skip
+            ("reason", dl.reason.encode()),
+            ("detail", dl.detail.encode()[:1000]),
+            ("source_partition", str(dl.partition).encode()),
+            ("source_offset", str(dl.offset).encode()),
+        )
         log.warning("dead letter p%d@%d: %s %s", dl.partition, dl.offset, dl.reason, dl.detail)
 
         def delivered(_where: object, err: Exception | None) -> None:

@@ -80,7 +80,9 @@ def join(header: bytes, items: Mapping[bytes, list[bytes]]) -> bytes:
 
 #: The stored header's top-level values as their JSON, unparsed (msgspec.Raw), UNSET for a
 #: field it lacks (stored before the field existed).
-_HeaderSpans = msgspec.defstruct("_HeaderSpans", [(name, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET) for name in RunHeader.model_fields])
+_HeaderSpans = msgspec.defstruct(
+    "_HeaderSpans", [(name, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET) for name in RunHeader.model_fields]
+)
 #: ``header_spans(raw)``: a stored header's top-level values, each as its stored JSON
 #: (``msgspec.Raw``; ``msgspec.UNSET`` for a field the header lacks). Checks only that
 #: ``raw`` is one JSON object (else ``msgspec.DecodeError``).

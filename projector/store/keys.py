@@ -59,8 +59,6 @@ TALLIES = b"a:"
 ERASING = b"e:"
 
 
-
-
 def _run(run_id: str) -> bytes:
     return run_id.encode()
 
@@ -117,7 +115,7 @@ def outbox_key(run_id: str, revision: int) -> bytes:
 
 def run_and_revision(key: bytes, prefix: bytes) -> tuple[str, int]:
     """``(run_id, revision)`` of a ``c:``/``o:`` key."""
-    run, rev = key[len(prefix):].rsplit(b"\0", 1)
+    run, rev = key[len(prefix) :].rsplit(b"\0", 1)
     return run.decode(), int(rev, 16)
 
 
@@ -139,7 +137,7 @@ def piece_version_key(run_id: str, piece: str, revision: int) -> bytes:
 
 def piece_and_revision(key: bytes, run_id: str) -> tuple[str, int]:
     """``(piece, revision)`` of a ``v:`` key of ``run_id``."""
-    piece, rev = key[len(pieces_prefix(run_id)):].rsplit(b"\0", 1)
+    piece, rev = key[len(pieces_prefix(run_id)) :].rsplit(b"\0", 1)
     return piece.decode(), int(rev, 16)
 
 
@@ -165,7 +163,7 @@ def run_ranges(run_id: str) -> list[tuple[bytes, bytes]]:
 
 def run_of(key: bytes, prefix: bytes) -> str:
     """The run id of a ``h:``/``k:``/``c:`` key."""
-    return key[len(prefix):].split(b"\0", 1)[0].decode()
+    return key[len(prefix) :].split(b"\0", 1)[0].decode()
 
 
 # --- values -------------------------------------------------------------------------------
@@ -236,4 +234,3 @@ def encode_header(header: Header) -> bytes:
 
 def decode_decision(raw: bytes) -> Decision:
     return Decision.model_validate_json(raw)
-

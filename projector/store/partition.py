@@ -110,7 +110,6 @@ class PendingBatch:
             self.puts.pop(k, None)
             self.deletes.add(k)
 
-
     def _wipe(self, run_id: str) -> None:
         self.erased.add(run_id)
         prefix = keys.run_items_prefix(run_id)
@@ -130,8 +129,10 @@ def _saved(item: bytes) -> bool:
 def _write_error(path: Path, e: Exception) -> StoreError:
     text = str(e)
     if "No space left" in text or "ENOSPC" in text:
-        return StoreError(f"no space left on the device of {path}: free space there, then start again. "
-                          f"Nothing is lost: what was not stored is read again from the log. ({text})")  # fmt: skip
+        return StoreError(
+            f"no space left on the device of {path}: free space there, then start again. "
+            f"Nothing is lost: what was not stored is read again from the log. ({text})"
+        )
     return StoreError(f"write to {path} failed: {text}")
 
 
@@ -185,8 +186,10 @@ def check_store_files(path: Path) -> None:
     # Data: a table file, or a write-ahead log with something in it. A manifest alone is a
     # store whose creation was cut short (a SIGKILL before RocksDB wrote CURRENT): nothing lost.
     if any(f.suffix == ".sst" or (f.suffix == ".log" and f.stat().st_size > 0) for f in path.iterdir()):
-        raise StoreError(f"projection store {path} lost its CURRENT file (RocksDB's pointer to its data): it cannot be "
-                         f"opened as it was. Delete {path} (or the whole state directory) to rebuild it from the log.")
+        raise StoreError(
+            f"projection store {path} lost its CURRENT file (RocksDB's pointer to its data): it cannot be "
+            f"opened as it was. Delete {path} (or the whole state directory) to rebuild it from the log."
+        )
 
 
 class ProjectionStore:
@@ -210,8 +213,10 @@ class ProjectionStore:
             if _is_lock_error(e):
                 raise StoreLocked(str(self.path), str(e)) from e
             why = " ".join(str(e).split())  # RocksDB's status text, on one line
-            raise StoreError(f"cannot open projection store {self.path}: {why}. If it is damaged, delete {self.path} "
-                             "(or the whole state directory) to rebuild it from the log.") from e
+            raise StoreError(
+                f"cannot open projection store {self.path}: {why}. If it is damaged, delete {self.path} "
+                "(or the whole state directory) to rebuild it from the log."
+            ) from e
         fmt = self._get(keys.FORMAT)
         if fmt is None and not read_only:
             self._db[keys.FORMAT] = keys.STORE_FORMAT
@@ -364,8 +369,9 @@ class ProjectionStore:
             run, kind, id_ = k[2:].split(b"\0", 2)
             yield run.decode(), kind.decode(), id_.decode(), v
 
-    def mark_restored(self, run_id: str, covers_offset: int, patch_ids: bytes,
-                      decisions: Iterable[tuple[int, str, bool, bytes]]) -> None:  # fmt: skip
+    def mark_restored(
+        self, run_id: str, covers_offset: int, patch_ids: bytes, decisions: Iterable[tuple[int, str, bool, bytes]]
+    ) -> None:
         """A run whose pieces :meth:`restore_pieces` wrote is restored up to ``covers_offset``,
         having decided ``patch_ids`` (digests); ``decisions``: its last ones as
         ``(offset, patch_id, reused, decision JSON)``."""
@@ -458,7 +464,7 @@ class ProjectionStore:
         def load_all(kind: str) -> Iterator[tuple[str, Entry]]:
             prefix = keys.items_prefix(run_id, kind)
             for key, value in self._prefix(prefix):
-                yield key[len(prefix):].decode(), keys.decode_item(kind, value)
+                yield key[len(prefix) :].decode(), keys.decode_item(kind, value)
 
         return RunDoc(header, load_one=load_one, load_all=load_all)
 
@@ -541,14 +547,18 @@ class ProjectionStore:
         checkpoint decodes its tail, not the run's whole history."""
         return [keys.decode_decision(raw) for raw, _ in self._accepted_from_newest(run_id, after_revision)][::-1]
 
-    def accepted_positions(self, run_id: str, after_revision: int,
-                           up_to_revision: int | None = None) -> list[tuple[int, int, int]]:  # fmt: skip
+    def accepted_positions(
+        self, run_id: str, after_revision: int, up_to_revision: int | None = None
+    ) -> list[tuple[int, int, int]]:
         """``(revision, partition, offset)`` of :meth:`accepted_since`'s decisions (those
         above ``up_to_revision`` left out), in log order, without building the decisions:
         where a rebuild's patches are is all it reads of them (pydantic's validation of
         each decision was 8 % of a full replay)."""
-        out = [(d["revision"], d["partition"], d["offset"]) for _, d in self._accepted_from_newest(run_id, after_revision)
-               if up_to_revision is None or d["revision"] <= up_to_revision]  # fmt: skip
+        out = [
+            (d["revision"], d["partition"], d["offset"])
+            for _, d in self._accepted_from_newest(run_id, after_revision)
+            if up_to_revision is None or d["revision"] <= up_to_revision
+        ]
         return out[::-1]
 
     def _accepted_from_newest(self, run_id: str, after_revision: int) -> Iterator[tuple[bytes, dict[str, Any]]]:
@@ -566,7 +576,7 @@ class ProjectionStore:
         """The log offset of the run's first decision after ``offset``, or None."""
         prefix = keys.history_prefix(run_id)
         for k, _ in self._prefix_from(prefix, keys.history_key(run_id, offset + 1)):
-            return int(k[len(prefix):], 16)
+            return int(k[len(prefix) :], 16)
         return None
 
     def recent_history(self, run_id: str, n: int) -> list[Decision]:
@@ -599,8 +609,14 @@ class ProjectionStore:
             if got is not None:
                 yield run_id, got
 
-    def runs_page(self, status: str | None, keep: Callable[[str], bool] | None, after: str | None,
-                  limit: int | None, order: RunOrder = "id") -> tuple[int, list[tuple[str, bytes]]]:
+    def runs_page(
+        self,
+        status: str | None,
+        keep: Callable[[str], bool] | None,
+        after: str | None,
+        limit: int | None,
+        order: RunOrder = "id",
+    ) -> tuple[int, list[tuple[str, bytes]]]:
         """How many runs match (``status``, ``keep(run_id)``) and one page of them, at most
         ``limit``, as :meth:`headers_json` gives them. ``order="id"``: by run id, after the
         run id ``after``; ``"recent"``: the run whose last accepted patch is newest first
@@ -671,7 +687,7 @@ class ProjectionStore:
     def patch_ids(self, run_id: str) -> list[str]:
         """Every patch id decided for the run in this store (not those before a restore)."""
         prefix = keys.dedupe_prefix(run_id)
-        return [k[len(prefix):].decode() for k, _ in self._prefix(prefix)]
+        return [k[len(prefix) :].decode() for k, _ in self._prefix(prefix)]
 
     def restored_patch_ids(self, run_id: str) -> bytes:
         """The digests of the patch ids decided before the run was restored (empty if it
@@ -687,7 +703,9 @@ class ProjectionStore:
 
     def checkpoints(self, run_id: str) -> list[tuple[int, bytes]]:
         """The run's stored checkpoints as ``(revision, encoded)``, oldest first."""
-        return [(keys.run_and_revision(k, keys.CHECKPOINTS)[1], v) for k, v in self._prefix(keys.checkpoints_prefix(run_id))]
+        return [
+            (keys.run_and_revision(k, keys.CHECKPOINTS)[1], v) for k, v in self._prefix(keys.checkpoints_prefix(run_id))
+        ]
 
     def checkpoints_at_or_below(self, run_id: str, revision: int) -> Iterator[tuple[int, bytes]]:
         """The run's stored checkpoints at or below ``revision``, newest first, read one at
@@ -721,8 +739,15 @@ class ProjectionStore:
         for k, v in self._prefix(keys.CHECKPOINTS):
             yield keys.run_of(k, keys.CHECKPOINTS), v
 
-    def graph_checkpoints(self, run_id: str, ns: str | None, *, checkpoint_id: str | None = None,
-                          before: str | None = None, limit: int | None = None) -> list[bytes]:
+    def graph_checkpoints(
+        self,
+        run_id: str,
+        ns: str | None,
+        *,
+        checkpoint_id: str | None = None,
+        before: str | None = None,
+        limit: int | None = None,
+    ) -> list[bytes]:
         """The run's LangGraph checkpoints (each its stored JSON, a ``GraphCheckpoint``),
         newest first: of namespace ``ns`` (None: every namespace), only ``checkpoint_id``
         when given, only those older than ``before``, at most ``limit``. One namespace is one
@@ -733,9 +758,13 @@ class ProjectionStore:
             return self._with_values(run_id, [raw[8:]]) if raw is not None and _saved(raw) else []
         if ns is None:
             found = [(orjson.loads(v[8:]), v[8:]) for _, v in self._prefix(base)]
-            found = [f for f in found if f[0]["checkpoint"] is not None
-                     and (checkpoint_id is None or f[0]["id"] == checkpoint_id)
-                     and (before is None or f[0]["id"] < before)]  # fmt: skip
+            found = [
+                f
+                for f in found
+                if f[0]["checkpoint"] is not None
+                and (checkpoint_id is None or f[0]["id"] == checkpoint_id)
+                and (before is None or f[0]["id"] < before)
+            ]
             found.sort(key=lambda f: str(f[0]["id"]), reverse=True)
             return self._with_values(run_id, [v for _, v in found[:limit]])
         prefix = base + graph_key(ns).encode()
@@ -767,9 +796,13 @@ class ProjectionStore:
         for (i, _), got in zip(wanted, self._multi_get([k for _, k in wanted])):
             if got is not None:
                 item = orjson.loads(got[8:])
-                values.setdefault(i, []).append({"channel": item["channel"], "version": item["version"], "value": item["value"]})
-        return [raw[:-1] + b',"values":' + orjson.dumps(values.get(i, [])) + b"}" if b'"versions":[' in raw else raw
-                for i, raw in enumerate(docs)]  # fmt: skip
+                values.setdefault(i, []).append(
+                    {"channel": item["channel"], "version": item["version"], "value": item["value"]}
+                )
+        return [
+            raw[:-1] + b',"values":' + orjson.dumps(values.get(i, [])) + b"}" if b'"versions":[' in raw else raw
+            for i, raw in enumerate(docs)
+        ]
 
     def dead_letters(self) -> list[DeadLetter]:
         return [DeadLetter(**orjson.loads(v)) for _, v in self._prefix(keys.DEAD_LETTERS)]
@@ -787,8 +820,10 @@ class ProjectionStore:
             raise self._read_error(e) from e
 
     def _read_error(self, e: Exception) -> StoreError:
-        return StoreError(f"projection store {self.path} cannot be read: {e}. If it is corrupt, delete "
-                          f"{self.path} (or the whole state directory) to rebuild it from the log.")
+        return StoreError(
+            f"projection store {self.path} cannot be read: {e}. If it is corrupt, delete "
+            f"{self.path} (or the whole state directory) to rebuild it from the log."
+        )
 
     def _prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return self._prefix_from(prefix, prefix)
@@ -850,8 +885,10 @@ class ProjectionStore:
         try:
             it.status()  # type: ignore[attr-defined]
         except Exception as e:
-            raise StoreError(f"projection store {self.path} is corrupt: {e}. Delete {self.path} "
-                             "(or the whole state directory) to rebuild it from the log.") from e
+            raise StoreError(
+                f"projection store {self.path} is corrupt: {e}. Delete {self.path} "
+                "(or the whole state directory) to rebuild it from the log."
+            ) from e
 
     def close(self) -> None:
         """Raises :class:`StoreError` when RocksDB cannot close cleanly (after a failed
@@ -905,8 +942,11 @@ def cursor_rank(after: str) -> tuple[int, str]:
             raise ValueError(after)
         return -int(micros), run_id
     except ValueError:
-        raise ContractError(f"after: {after!r} is not a cursor of a page by latest activity "
-                            "(<microseconds>.<run id>, as the previous page gave it)", field="after") from None
+        raise ContractError(
+            f"after: {after!r} is not a cursor of a page by latest activity "
+            "(<microseconds>.<run id>, as the previous page gave it)",
+            field="after",
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)

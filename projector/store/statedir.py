@@ -41,8 +41,10 @@ def check_state_dir(state_dir: str | os.PathLike[str]) -> None:
     (it is created when missing)."""
     path = Path(state_dir)
     if path.exists() and not path.is_dir():
-        raise StoreError(f"the state directory {str(path)!r} is a file, not a directory: point --state-dir "
-                         "(RUNSTATE_STATE_DIR) at a directory; it is created if missing")  # fmt: skip
+        raise StoreError(
+            f"the state directory {str(path)!r} is a file, not a directory: point --state-dir "
+            "(RUNSTATE_STATE_DIR) at a directory; it is created if missing"
+        )
 
 
 class Layout:
@@ -106,8 +108,10 @@ class Layout:
         return have
 
     def _damaged(self, why: str) -> StoreError:
-        return StoreError(f"{self.file} is not a layout file ({why}): restore it, or delete {self.root} to rebuild "
-                          "the projections from the log")
+        return StoreError(
+            f"{self.file} is not a layout file ({why}): restore it, or delete {self.root} to rebuild "
+            "the projections from the log"
+        )
 
     def store_path(self, partition: int) -> Path:
         return self.root / f"p{partition:03d}"

@@ -109,37 +109,62 @@ class _Graph:
     serde: SerializerProtocol
     timeout_s: float
 
-    def _saved(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
-               new_versions: ChannelVersions) -> tuple[str, events.GraphCheckpointSaved, RunnableConfig]:  # fmt: skip
+    def _saved(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> tuple[str, events.GraphCheckpointSaved, RunnableConfig]:
         """The event that saves ``checkpoint`` as LangGraph's own savers store one: primitive
         values in the checkpoint, the others once per version, written only for the
         channels in ``new_versions`` (a channel that kept its version is read from the value
         saved with it; a value given for one that did not change is not written again)."""
         thread_id, ns, parent_id = _where(config)
         inline = {k: v for k, v in checkpoint["channel_values"].items() if _primitive(v)}
-        values = [events.GraphValue(channel=k, version=str(version),
-                                    value=_blob(self.serde.dumps_typed(checkpoint["channel_values"][k]))
-                                    if k in checkpoint["channel_values"] else None)
-                  for k, version in new_versions.items() if k not in inline]  # fmt: skip
+        values = [
+            events.GraphValue(
+                channel=k,
+                version=str(version),
+                value=_blob(self.serde.dumps_typed(checkpoint["channel_values"][k]))
+                if k in checkpoint["channel_values"]
+                else None,
+            )
+            for k, version in new_versions.items()
+            if k not in inline
+        ]
         spec = events.GraphCheckpointSpec(
-            ns=ns, id=checkpoint["id"], parent_id=parent_id,
+            ns=ns,
+            id=checkpoint["id"],
+            parent_id=parent_id,
             checkpoint=_blob(self.serde.dumps_typed({**checkpoint, "channel_values": inline})),
             metadata=_blob(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
-            versions=[events.ChannelVersion(channel=k, version=str(v)) for k, v in checkpoint["channel_versions"].items()],
+            versions=[
+                events.ChannelVersion(channel=k, version=str(v)) for k, v in checkpoint["channel_versions"].items()
+            ],
             values=values,
-        )  # fmt: skip
-        out: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
-                                                "checkpoint_id": checkpoint["id"]}}  # fmt: skip
+        )
+        out: RunnableConfig = {
+            "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}
+        }
         return thread_id, events.GraphCheckpointSaved(checkpoint=spec), out
 
-    def _writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
-                task_path: str) -> tuple[str, events.GraphWritesSaved]:  # fmt: skip
+    def _writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+    ) -> tuple[str, events.GraphWritesSaved]:
         thread_id, ns, checkpoint_id = _where(config)
         if checkpoint_id is None:
             raise ValueError("put_writes needs configurable.checkpoint_id (the checkpoint the writes belong to)")
-        saved = [events.GraphWrite(task_id=task_id, idx=WRITES_IDX_MAP.get(channel, i), channel=channel,
-                                   value=_blob(self.serde.dumps_typed(value)), task_path=task_path)
-                 for i, (channel, value) in enumerate(writes)]  # fmt: skip
+        saved = [
+            events.GraphWrite(
+                task_id=task_id,
+                idx=WRITES_IDX_MAP.get(channel, i),
+                channel=channel,
+                value=_blob(self.serde.dumps_typed(value)),
+                task_path=task_path,
+            )
+            for i, (channel, value) in enumerate(writes)
+        ]
         return thread_id, events.GraphWritesSaved(ns=ns, checkpoint_id=checkpoint_id, writes=saved)
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:  # type: ignore[override]
@@ -158,10 +183,14 @@ class _Graph:
         cp: Checkpoint = self.serde.loads_typed(_unblob(doc["checkpoint"]))
         if doc.get("versions") is None:
             cp["channel_versions"] = {k: _as_text(v) for k, v in cp.get("channel_versions", {}).items()}
-            cp["versions_seen"] = {node: {k: _as_text(v) for k, v in seen.items()}
-                                   for node, seen in cp.get("versions_seen", {}).items()}  # fmt: skip
-        kept = {v["channel"]: self.serde.loads_typed(_unblob(v["value"])) for v in doc.get("values") or ()
-                if v.get("value") is not None}  # fmt: skip
+            cp["versions_seen"] = {
+                node: {k: _as_text(v) for k, v in seen.items()} for node, seen in cp.get("versions_seen", {}).items()
+            }
+        kept = {
+            v["channel"]: self.serde.loads_typed(_unblob(v["value"]))
+            for v in doc.get("values") or ()
+            if v.get("value") is not None
+        }
         if kept:
             cp["channel_values"] = {**cp["channel_values"], **kept}
         return cp
@@ -173,24 +202,35 @@ class _Graph:
             config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": doc["id"]}},
             checkpoint=self._checkpoint(doc),
             metadata=self.serde.loads_typed(_unblob(doc["metadata"])),
-            parent_config=({"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
-                           if parent else None),  # fmt: skip
+            parent_config=(
+                {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
+                if parent
+                else None
+            ),
             # In LangGraph's order (its writes_sort_key), not the order the tasks finished:
             # a DeltaChannel replays them through an order-sensitive reducer.
-            pending_writes=[(w["task_id"], w["channel"], self.serde.loads_typed(_unblob(w["value"])))
-                            for w in sorted(doc.get("writes", []), key=_write_order)],  # fmt: skip
+            pending_writes=[
+                (w["task_id"], w["channel"], self.serde.loads_typed(_unblob(w["value"])))
+                for w in sorted(doc.get("writes", []), key=_write_order)
+            ],
         )
 
     @staticmethod
-    def _query(config: RunnableConfig | None, filter: dict[str, Any] | None, before: RunnableConfig | None,
-               limit: int | None) -> tuple[str, str | None, str | None, str | None, int | None]:  # fmt: skip
+    def _query(
+        config: RunnableConfig | None, filter: dict[str, Any] | None, before: RunnableConfig | None, limit: int | None
+    ) -> tuple[str, str | None, str | None, str | None, int | None]:
         """(thread, namespace or None for all, checkpoint id, before, limit to ask the store)."""
         if config is None:
             raise ValueError("runstate's checkpointer lists one thread at a time: give configurable.thread_id")
         thread_id, ns, checkpoint_id = _where(config)
         conf = config.get("configurable") or {}
-        return (thread_id, ns if "checkpoint_ns" in conf else None, checkpoint_id,
-                get_checkpoint_id(before) if before else None, None if filter else limit)  # fmt: skip
+        return (
+            thread_id,
+            ns if "checkpoint_ns" in conf else None,
+            checkpoint_id,
+            get_checkpoint_id(before) if before else None,
+            None if filter else limit,
+        )
 
     @staticmethod
     def _copies(source: list[dict[str, Any]]) -> list[list[events.Model]]:
@@ -205,15 +245,33 @@ class _Graph:
             ns = doc.get("ns", "")
             values = [v for v in doc.get("values") or () if (ns, v["channel"], v["version"]) not in copied]
             copied.update((ns, v["channel"], v["version"]) for v in values)
-            evs: list[events.Model] = [events.GraphCheckpointSaved(checkpoint=events.GraphCheckpointSpec.model_validate(
-                {"ns": ns, "id": doc["id"], "parent_id": doc.get("parent_id"), "checkpoint": doc["checkpoint"],
-                 "metadata": doc["metadata"], "versions": doc.get("versions"), "values": values}))]  # fmt: skip
+            evs: list[events.Model] = [
+                events.GraphCheckpointSaved(
+                    checkpoint=events.GraphCheckpointSpec.model_validate(
+                        {
+                            "ns": ns,
+                            "id": doc["id"],
+                            "parent_id": doc.get("parent_id"),
+                            "checkpoint": doc["checkpoint"],
+                            "metadata": doc["metadata"],
+                            "versions": doc.get("versions"),
+                            "values": values,
+                        }
+                    )
+                )
+            ]
             if doc.get("writes"):
-                evs.append(events.GraphWritesSaved.model_validate({"ns": ns, "checkpoint_id": doc["id"],
-                                                                   "writes": doc["writes"]}))  # fmt: skip
-            n = (len(doc["checkpoint"]["data"]) + len(doc["metadata"]["data"])
-                 + sum(len(w["value"]["data"]) for w in doc.get("writes", []))
-                 + sum(len(v["value"]["data"]) for v in values if v.get("value")))  # fmt: skip
+                evs.append(
+                    events.GraphWritesSaved.model_validate(
+                        {"ns": ns, "checkpoint_id": doc["id"], "writes": doc["writes"]}
+                    )
+                )
+            n = (
+                len(doc["checkpoint"]["data"])
+                + len(doc["metadata"]["data"])
+                + sum(len(w["value"]["data"]) for w in doc.get("writes", []))
+                + sum(len(v["value"]["data"]) for v in values if v.get("value"))
+            )
             if batch and size + n > COPY_BYTES:
                 out.append(batch)
                 batch, size = [], 0
@@ -229,7 +287,9 @@ class _Graph:
         no value of (a ``DeltaChannel`` between snapshots), every ancestor back to one that
         holds it, with their writes: LangGraph rebuilds such a channel from them."""
         if strategy not in PRUNE_STRATEGIES:
-            raise ValueError(f"prune strategy {strategy!r}: runstate's checkpointer knows {', '.join(PRUNE_STRATEGIES)}")
+            raise ValueError(
+                f"prune strategy {strategy!r}: runstate's checkpointer knows {', '.join(PRUNE_STRATEGIES)}"
+            )
         if strategy == "delete":
             return [events.GraphCheckpointRef(ns=d.get("ns", ""), id=d["id"]) for d in docs]
         by_id = {(d.get("ns", ""), d["id"]): d for d in docs}
@@ -249,16 +309,22 @@ class _Graph:
 
     def _of_runs(self, docs: list[dict[str, Any]], run_ids: set[str]) -> list[events.GraphCheckpointRef]:
         """The checkpoints of a thread whose metadata names one of LangGraph's ``run_ids``."""
-        return [events.GraphCheckpointRef(ns=d.get("ns", ""), id=d["id"]) for d in docs
-                if str(self.serde.loads_typed(_unblob(d["metadata"])).get("run_id")) in run_ids]  # fmt: skip
+        return [
+            events.GraphCheckpointRef(ns=d.get("ns", ""), id=d["id"])
+            for d in docs
+            if str(self.serde.loads_typed(_unblob(d["metadata"])).get("run_id")) in run_ids
+        ]
 
     @staticmethod
     def _removals(refs: list[events.GraphCheckpointRef], reason: str) -> list[events.GraphCheckpointsRemoved]:
         n = events.MAX_GRAPH_REMOVALS
-        return [events.GraphCheckpointsRemoved(checkpoints=refs[i:i + n], reason=reason) for i in range(0, len(refs), n)]
+        return [
+            events.GraphCheckpointsRemoved(checkpoints=refs[i : i + n], reason=reason) for i in range(0, len(refs), n)
+        ]
 
-    def _listed(self, thread_id: str, docs: list[dict[str, Any]], filter: dict[str, Any] | None,
-                limit: int | None) -> Iterator[CheckpointTuple]:  # fmt: skip
+    def _listed(
+        self, thread_id: str, docs: list[dict[str, Any]], filter: dict[str, Any] | None, limit: int | None
+    ) -> Iterator[CheckpointTuple]:
         n = 0
         for doc in docs:
             if limit is not None and n >= limit:
@@ -270,8 +336,9 @@ class _Graph:
             yield tup
 
 
-def _attempts(thread_id: str, evs: list[events.Model], start: bool,
-              new: bool) -> Generator[dict[str, Any], Decision, Decision | None]:  # fmt: skip
+def _attempts(
+    thread_id: str, evs: list[events.Model], start: bool, new: bool
+) -> Generator[dict[str, Any], Decision, Decision | None]:
     """The drafts that write ``evs`` to the thread's run, each sent after the decision on
     the one before (the sync and async savers drive it alike); returns the last decision, or
     None where the run does not exist and ``start`` is off. ``new``: try starting the run
@@ -309,8 +376,14 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
 
     @classmethod
     @contextmanager
-    def from_conn_string(cls, conn: str | Path, *, token: str | None = None, author: Author = DEFAULT_AUTHOR,
-                         serde: SerializerProtocol | None = None) -> Iterator[RunstateSaver]:  # fmt: skip
+    def from_conn_string(
+        cls,
+        conn: str | Path,
+        *,
+        token: str | None = None,
+        author: Author = DEFAULT_AUTHOR,
+        serde: SerializerProtocol | None = None,
+    ) -> Iterator[RunstateSaver]:
         """A saver on ``conn``: a directory (embedded log and projections, the projector in
         this process while the saver is open) or a ``runstate serve`` URL."""
         saver = cls(backend(conn, author, token=token), serde=serde)
@@ -341,14 +414,20 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 
-    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
-            new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
         thread_id, event, out = self._saved(config, checkpoint, metadata, new_versions)
         self._submit(thread_id, event, new=event.checkpoint.parent_id is None)
         return out
 
-    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
-                   task_path: str = "") -> None:  # fmt: skip
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
         thread_id, event = self._writes(config, writes, task_id, task_path)
         self._submit(thread_id, event)
 
@@ -357,11 +436,18 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
         docs = self.backend.graph_checkpoints(thread_id, ns, checkpoint_id, None, 1)
         return self._tuple(thread_id, docs[0]) if docs else None
 
-    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
-             before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:  # fmt: skip
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
         thread_id, ns, checkpoint_id, before_id, ask = self._query(config, filter, before, limit)
-        yield from self._listed(thread_id, self.backend.graph_checkpoints(thread_id, ns, checkpoint_id, before_id, ask),
-                                filter, limit)  # fmt: skip
+        yield from self._listed(
+            thread_id, self.backend.graph_checkpoints(thread_id, ns, checkpoint_id, before_id, ask), filter, limit
+        )
 
     def delete_thread(self, thread_id: str) -> None:
         """Erase the thread's run where content is sealed (a master key; through serve, a
@@ -400,19 +486,31 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
             for removal in self._removals(self._pruned(docs, strategy), f"LangGraph prune {strategy}"):
                 self._submit(thread_id, removal, start=False)
 
-    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
-                   new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
         return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
 
-    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
-                          task_path: str = "") -> None:  # fmt: skip
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
         await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await asyncio.to_thread(self.get_tuple, config)
 
-    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
-                    before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:  # fmt: skip
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
         for tup in await asyncio.to_thread(lambda: list(self.list(config, filter=filter, before=before, limit=limit))):
             yield tup
 
@@ -434,7 +532,9 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
     events, sent without a thread per call over a ``runstate serve``. Its synchronous methods
     work from other threads while its event loop runs (as LangGraph's own async savers)."""
 
-    def __init__(self, backend: AsyncBackend, *, serde: SerializerProtocol | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, backend: AsyncBackend, *, serde: SerializerProtocol | None = None, timeout_s: float = 30.0
+    ) -> None:
         super().__init__(serde=serde)
         self.backend = backend
         self.timeout_s = timeout_s
@@ -444,8 +544,14 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
 
     @classmethod
     @asynccontextmanager
-    async def from_conn_string(cls, conn: str | Path, *, token: str | None = None, author: Author = DEFAULT_AUTHOR,
-                               serde: SerializerProtocol | None = None) -> AsyncIterator[AsyncRunstateSaver]:  # fmt: skip
+    async def from_conn_string(
+        cls,
+        conn: str | Path,
+        *,
+        token: str | None = None,
+        author: Author = DEFAULT_AUTHOR,
+        serde: SerializerProtocol | None = None,
+    ) -> AsyncIterator[AsyncRunstateSaver]:
         """As :meth:`RunstateSaver.from_conn_string`."""
         saver = cls(await async_backend(conn, author, token=token), serde=serde)
         try:
@@ -453,8 +559,9 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
         finally:
             await saver.backend.close()
 
-    async def _submit(self, thread_id: str, *evs: events.Model, start: bool = True,
-                      new: bool = False) -> Decision | None:  # fmt: skip
+    async def _submit(
+        self, thread_id: str, *evs: events.Model, start: bool = True, new: bool = False
+    ) -> Decision | None:
         """As :meth:`RunstateSaver._submit`."""
         if thread_id in self._started:
             return _outcome(await self._write(thread_id, list(evs), start, new))
@@ -472,14 +579,20 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 
-    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
-                   new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
         thread_id, event, out = self._saved(config, checkpoint, metadata, new_versions)
         await self._submit(thread_id, event, new=event.checkpoint.parent_id is None)
         return out
 
-    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
-                          task_path: str = "") -> None:  # fmt: skip
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
         thread_id, event = self._writes(config, writes, task_id, task_path)
         await self._submit(thread_id, event)
 
@@ -488,11 +601,18 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
         docs = await self.backend.graph_checkpoints(thread_id, ns, checkpoint_id, None, 1)
         return self._tuple(thread_id, docs[0]) if docs else None
 
-    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
-                    before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:  # fmt: skip
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
         thread_id, ns, checkpoint_id, before_id, ask = self._query(config, filter, before, limit)
-        for tup in self._listed(thread_id, await self.backend.graph_checkpoints(thread_id, ns, checkpoint_id,
-                                                                                before_id, ask), filter, limit):  # fmt: skip
+        for tup in self._listed(
+            thread_id, await self.backend.graph_checkpoints(thread_id, ns, checkpoint_id, before_id, ask), filter, limit
+        ):
             yield tup
 
     async def adelete_thread(self, thread_id: str) -> None:
@@ -529,26 +649,40 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
         try:
             if asyncio.get_running_loop() is self.loop:
                 coro.close()
-                raise RuntimeError("AsyncRunstateSaver's synchronous methods cannot run on its own event loop: "
-                                   "await the a* methods (or use RunstateSaver)")  # fmt: skip
+                raise RuntimeError(
+                    "AsyncRunstateSaver's synchronous methods cannot run on its own event loop: "
+                    "await the a* methods (or use RunstateSaver)"
+                )
         except RuntimeError as e:
             if "no running event loop" not in str(e):
                 raise
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
-    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
-            new_versions: ChannelVersions) -> RunnableConfig:  # fmt: skip
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
         return self._on_loop(self.aput(config, checkpoint, metadata, new_versions))  # type: ignore[no-any-return]
 
-    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
-                   task_path: str = "") -> None:  # fmt: skip
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
         self._on_loop(self.aput_writes(config, writes, task_id, task_path))
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return self._on_loop(self.aget_tuple(config))  # type: ignore[no-any-return]
 
-    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
-             before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:  # fmt: skip
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
         async def collect() -> list[CheckpointTuple]:
             return [t async for t in self.alist(config, filter=filter, before=before, limit=limit)]
 

@@ -41,8 +41,10 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
-            raise ListenError(f"port {port} on {host} is in use (another runstate serve?): "
-                              "choose another with --port, or 0 for a free one") from e  # fmt: skip
+            raise ListenError(
+                f"port {port} on {host} is in use (another runstate serve?): "
+                "choose another with --port, or 0 for a free one"
+            ) from e
         raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
     sock.set_inheritable(True)
     return sock
@@ -61,13 +63,23 @@ def _check_group_free(settings: Settings) -> None:
     finally:
         log.close()
     if members:
-        raise LogError(f"{settings.log} is already projected by another process ({members[0].client_id}): the "
-                       "embedded log has one projector; stop it, or send requests to the serve that has it")  # fmt: skip
+        raise LogError(
+            f"{settings.log} is already projected by another process ({members[0].client_id}): the "
+            "embedded log has one projector; stop it, or send requests to the serve that has it"
+        )
 
 
-def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, advertise: str | None = None,
-          snapshotter: bool = True, ssl_keyfile: str | None = None, ssl_certfile: str | None = None,
-          log_level: str = "warning") -> None:
+def serve(
+    settings: Settings,
+    host: str = "127.0.0.1",
+    port: int = 8750,
+    *,
+    advertise: str | None = None,
+    snapshotter: bool = True,
+    ssl_keyfile: str | None = None,
+    ssl_certfile: str | None = None,
+    log_level: str = "warning",
+) -> None:
     """Run the service until SIGTERM/SIGINT (which store the batch in hand and leave the
     groups). Raises :class:`ContractError` for a tokens file that cannot be read, or a
     non-loopback ``host`` without one."""
@@ -84,8 +96,10 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, adve
     tokens = Tokens.load(settings.tokens_file, anonymous)
     if not tokens.enabled:
         if not _loopback(host):
-            raise ContractError(f"without a tokens file (--tokens-file / RUNSTATE_TOKENS_FILE) serve binds to "
-                                f"127.0.0.1 only, not {host!r}: anyone who reaches it could write any run")  # fmt: skip
+            raise ContractError(
+                f"without a tokens file (--tokens-file / RUNSTATE_TOKENS_FILE) serve binds to "
+                f"127.0.0.1 only, not {host!r}: anyone who reaches it could write any run"
+            )
     if not settings.log.startswith("kafka://"):
         _check_group_free(settings)
     sock = bind(host, port)
@@ -107,9 +121,17 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, adve
     router = Router(node.log, settings.group_id, me, settings.instance_keys()) if kafka else None
     app = create_app(node, tokens, router)
     slow = app.state.metrics.slow_clients.labels("headers")
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, ssl_keyfile=ssl_keyfile,
-                            ssl_certfile=ssl_certfile, timeout_graceful_shutdown=5, lifespan="on",
-                            http=deadline_protocol(settings.request_timeout_s, slow.inc))  # fmt: skip
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        ssl_keyfile=ssl_keyfile,
+        ssl_certfile=ssl_certfile,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+        http=deadline_protocol(settings.request_timeout_s, slow.inc),
+    )
     server = uvicorn.Server(config)
     server_box["server"] = server
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
@@ -117,12 +139,17 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8750, *, adve
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     if not tokens.enabled:
-        print(f"runstate serve: no tokens file: anyone on this machine may read and write; bound to {host} only",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"runstate serve: no tokens file: anyone on this machine may read and write; bound to {host} only",
+            file=sys.stderr,
+        )
     if kafka and settings.instance_secret is None:
-        print("runstate serve: RUNSTATE_INSTANCE_SECRET is not set: decisions on the decisions topic are not "
-              "authenticated, and this instance neither forwards to other instances nor accepts their forwards "
-              "(runs of partitions it does not own answer 503)", file=sys.stderr)  # fmt: skip
+        print(
+            "runstate serve: RUNSTATE_INSTANCE_SECRET is not set: decisions on the decisions topic are not "
+            "authenticated, and this instance neither forwards to other instances nor accepts their forwards "
+            "(runs of partitions it does not own answer 503)",
+            file=sys.stderr,
+        )
     print(f"runstate serve: {me} ({node.log.describe()}, {node.partitions} partitions)", file=sys.stderr, flush=True)
     server.run(sockets=[sock])
     if node.health.failed:

@@ -32,10 +32,17 @@ class Admission:
         self.per_caller = per_caller
         self.in_flight = 0
         self._by_caller: defaultdict[str, int] = defaultdict(int)
-        self.shed = Counter("runstate_http_shed", "Requests answered 429 at once: every slot taken (limit) or "
-                            "the caller's share taken (caller)", ["reason"], registry=registry)  # fmt: skip
-        self.gauge = Gauge("runstate_http_in_flight", "Requests for runs being served now (RUNSTATE_MAX_IN_FLIGHT "
-                           "bounds them)", registry=registry)  # fmt: skip
+        self.shed = Counter(
+            "runstate_http_shed",
+            "Requests answered 429 at once: every slot taken (limit) or the caller's share taken (caller)",
+            ["reason"],
+            registry=registry,
+        )
+        self.gauge = Gauge(
+            "runstate_http_in_flight",
+            "Requests for runs being served now (RUNSTATE_MAX_IN_FLIGHT bounds them)",
+            registry=registry,
+        )
         self.gauge.set_function(lambda: self.in_flight)
 
     def enter(self, caller: str) -> str | None:
@@ -77,8 +84,12 @@ class Admit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # An event stream is held open for as long as its reader wants: it is not work in
         # flight (thousands of them must not take every slot).
-        if scope["type"] != "http" or not scope["path"].startswith(ADMITTED_PREFIXES) \
-                or scope["path"].endswith("/events") or any(k == self.forwarded for k, _v in scope["headers"]):
+        if (
+            scope["type"] != "http"
+            or not scope["path"].startswith(ADMITTED_PREFIXES)
+            or scope["path"].endswith("/events")
+            or any(k == self.forwarded for k, _v in scope["headers"])
+        ):
             await self.app(scope, receive, send)
             return
         caller = caller_of(scope)
@@ -96,11 +107,27 @@ class Admit:
 async def _overloaded(why: str, a: Admission, send: Send) -> None:
     import orjson
 
-    what = (f"this instance is serving {a.limit} requests (RUNSTATE_MAX_IN_FLIGHT)" if why == "limit" else
-            f"this caller already has {a.per_caller} requests in flight here")  # fmt: skip
-    content = orjson.dumps(body("overloaded", f"{what}: nothing was done; send it again after Retry-After "
-                                              "(a patch with the same patch_id is decided once)"))  # fmt: skip
-    await send({"type": "http.response.start", "status": 429,
-                "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
-                            (b"content-length", str(len(content)).encode())]})  # fmt: skip
+    what = (
+        f"this instance is serving {a.limit} requests (RUNSTATE_MAX_IN_FLIGHT)"
+        if why == "limit"
+        else f"this caller already has {a.per_caller} requests in flight here"
+    )
+    content = orjson.dumps(
+        body(
+            "overloaded",
+            f"{what}: nothing was done; send it again after Retry-After "
+            "(a patch with the same patch_id is decided once)",
+        )
+    )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 429,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"retry-after", b"1"),
+                (b"content-length", str(len(content)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": content})

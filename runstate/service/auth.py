@@ -99,15 +99,21 @@ class Identity:
             for e in events:
                 why = weakened_authority(e.policy) if e.type == "RunStarted" else None
                 if why is not None:
-                    raise AuthError(f"agent {self.agent_id!r}'s token may not start a run whose policy {why}: that "
-                                    "weakens who records authoritative inputs, an operator's act (runstate token "
-                                    "add NAME --policy)", 403)  # fmt: skip
+                    raise AuthError(
+                        f"agent {self.agent_id!r}'s token may not start a run whose policy {why}: that "
+                        "weakens who records authoritative inputs, an operator's act (runstate token "
+                        "add NAME --policy)",
+                        403,
+                    )
         if self.channel is None:
             return
         for i, e in enumerate(events):
             if e.type != "InputRecorded" or e.input.origin != self.channel:
-                raise AuthError(f"agent {self.agent_id!r} holds the {self.channel} channel's token, which records only "
-                                f"{self.channel} inputs (InputRecorded); event {i} is {e.type}", 403)  # fmt: skip
+                raise AuthError(
+                    f"agent {self.agent_id!r} holds the {self.channel} channel's token, which records only "
+                    f"{self.channel} inputs (InputRecorded); event {i} is {e.type}",
+                    403,
+                )
 
 
 def weakened_authority(policy: Any) -> str | None:
@@ -160,20 +166,36 @@ class Tokens:
         digest = _digest(authorization[7:].strip())
         for e in self.entries:
             if hmac.compare_digest(e.sha256, digest):
-                return Identity(e.agent_id, e.role, None if e.runs is None else tuple(e.runs), erase=e.erase,
-                                channel=e.channel, policy=e.policy)  # fmt: skip
+                return Identity(
+                    e.agent_id,
+                    e.role,
+                    None if e.runs is None else tuple(e.runs),
+                    erase=e.erase,
+                    channel=e.channel,
+                    policy=e.policy,
+                )
         raise AuthError("unknown token", 401)
 
 
-def add_token(path: str, agent_id: str, role: Role = "write", runs: list[str] | None = None,
-              erase: bool = False, channel: InputOrigin | None = None, policy: bool = False) -> str:
+def add_token(
+    path: str,
+    agent_id: str,
+    role: Role = "write",
+    runs: list[str] | None = None,
+    erase: bool = False,
+    channel: InputOrigin | None = None,
+    policy: bool = False,
+) -> str:
     """Create a token for ``agent_id``, store its hash in ``path`` (created 0600) and
     return the token (the only time it is seen)."""
     p = Path(path)
     current = TokensFile.model_validate_json(p.read_bytes()) if p.exists() else TokensFile()
     token = "rs_" + secrets.token_urlsafe(32)
-    current.tokens.append(TokenEntry(sha256=_digest(token), agent_id=agent_id, role=role, runs=runs, erase=erase,
-                                     channel=channel, policy=policy))  # fmt: skip
+    current.tokens.append(
+        TokenEntry(
+            sha256=_digest(token), agent_id=agent_id, role=role, runs=runs, erase=erase, channel=channel, policy=policy
+        )
+    )
     tmp = p.with_name(p.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

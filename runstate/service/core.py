@@ -26,7 +26,14 @@ from runstate.projector.read.replay import explain, state_data_at
 from runstate.projector.store import document
 from runstate.projector.store.partition import RunOrder, activity_rank, cursor_rank
 from runstate.client import path_segment
-from runstate.schemas.errors import ContractError, DecisionTimeout, FieldNeverSet, RevisionNotFound, RunNotFound, RunstateError
+from runstate.schemas.errors import (
+    ContractError,
+    DecisionTimeout,
+    FieldNeverSet,
+    RevisionNotFound,
+    RunNotFound,
+    RunstateError,
+)
 from runstate.schemas.patch import Author, Decision, Patch
 from runstate.schemas.state import RunHeader, RunSummary
 from runstate.service.auth import AuthError, Identity
@@ -126,8 +133,9 @@ class _LiveRuns:  # a replay.RunRecords
     def history(self, run_id: str) -> list[Decision]:
         return self.node.read(run_id, lambda st: st.history(run_id))
 
-    def accepted_positions(self, run_id: str, after_revision: int,
-                           up_to_revision: int | None = None) -> list[tuple[int, int, int]]:  # fmt: skip
+    def accepted_positions(
+        self, run_id: str, after_revision: int, up_to_revision: int | None = None
+    ) -> list[tuple[int, int, int]]:
         return self.node.read(run_id, lambda st: st.accepted_positions(run_id, after_revision, up_to_revision))
 
 
@@ -168,8 +176,9 @@ class Service:
 
     # -- local or owner -------------------------------------------------------------------
 
-    async def on_owner(self, run_id: str, fwd: Forward, local: Callable[[], Awaitable[T]],
-                       parse: Callable[[Any], T]) -> T:
+    async def on_owner(
+        self, run_id: str, fwd: Forward, local: Callable[[], Awaitable[T]], parse: Callable[[Any], T]
+    ) -> T:
         """``local()`` if this instance owns the run's partition, else the owner's answer
         to ``fwd`` parsed by ``parse``. Raises :class:`Unavailable` after retrying for
         :data:`OWNER_RETRY_S` while the owner is moving."""
@@ -184,8 +193,9 @@ class Service:
                 partition = e.partition
             try:
                 url = await self.router.owner(partition, refresh)
-                resp = await self.router.forward(url, fwd.method, fwd.path, list(fwd.params), dict(fwd.headers), fwd.body,
-                                                 who=fwd.who)  # fmt: skip
+                resp = await self.router.forward(
+                    url, fwd.method, fwd.path, list(fwd.params), dict(fwd.headers), fwd.body, who=fwd.who
+                )
                 if resp.status_code != 503:
                     return parse(self._json(resp))
                 why = f"the owner of partition {partition} is handing it over"
@@ -205,8 +215,9 @@ class Service:
             raise RemoteError(resp.status_code, body if isinstance(body, dict) else {})
         return body
 
-    async def scatter(self, fwd: Forward, local: Callable[[], T], parse: Callable[[Any], T], *,
-                      raw: bool = False) -> list[T]:
+    async def scatter(
+        self, fwd: Forward, local: Callable[[], T], parse: Callable[[Any], T], *, raw: bool = False
+    ) -> list[T]:
         """``local()`` here and ``fwd`` on every other serving member (one answer each);
         ``parse`` gets each answer's JSON, or (``raw``) the response itself."""
         out = [local()]
@@ -216,7 +227,9 @@ class Service:
         urls = sorted(set(owners.values()) - {self.router.me})
         for url in urls:
             try:
-                resp = await self.router.forward(url, fwd.method, fwd.path, list(fwd.params), dict(fwd.headers), who=fwd.who)
+                resp = await self.router.forward(
+                    url, fwd.method, fwd.path, list(fwd.params), dict(fwd.headers), who=fwd.who
+                )
             except ForwardError as e:
                 raise Unavailable(f"instance {url} does not answer ({e})") from e
             if resp.status_code == 503:
@@ -231,8 +244,9 @@ class Service:
 
     # -- writes ----------------------------------------------------------------------------
 
-    async def submit(self, who: Identity, run_id: str, data: Any, wait_s: float | None, fwd: Forward,
-                     channel: str = "http") -> Submitted:  # fmt: skip
+    async def submit(
+        self, who: Identity, run_id: str, data: Any, wait_s: float | None, fwd: Forward, channel: str = "http"
+    ) -> Submitted:
         """Validate, append and (``wait_s``) await the decision of one patch. The author is
         the caller's identity; a trusted caller (no tokens file) may name one, and is else
         recorded as ``<its identity>@<channel>`` (``anonymous@http``). Raises
@@ -264,12 +278,19 @@ class Service:
         # decision. One hop, where appending here costs a lookup there for the resend check
         # and the decision's way back through the decisions topic.
         body = orjson.dumps({**data, "patch_id": patch.patch_id})
-        ask = Forward("POST", f"/runs/{path_segment(run_id)}/patches", (("wait", repr(wait_s)),) if wait_s else (), fwd.headers, body,
-                      who=who)  # fmt: skip
+        ask = Forward(
+            "POST",
+            f"/runs/{path_segment(run_id)}/patches",
+            (("wait", repr(wait_s)),) if wait_s else (),
+            fwd.headers,
+            body,
+            who=who,
+        )
         return await self.on_owner(run_id, ask, here, Submitted.model_validate)
 
-    async def _submit_here(self, run_id: str, patch: Patch, encoded: bytes, resend_possible: bool,
-                           wait_s: float | None, fwd: Forward) -> Submitted:  # fmt: skip
+    async def _submit_here(
+        self, run_id: str, patch: Patch, encoded: bytes, resend_possible: bool, wait_s: float | None, fwd: Forward
+    ) -> Submitted:
         """Append ``patch`` from this instance and (``wait_s``) await its decision; a patch
         whose id the caller chose may be a resend, answered by its first decision."""
         earlier = None
@@ -279,14 +300,25 @@ class Service:
             # for other content is appended: the projector records it as patch_id_reused.
             earlier = await self.decision_or_none(run_id, patch.patch_id, fwd)
             if earlier is not None and self.node.producer.resend_of(patch, earlier):
-                return Submitted(status="decided", patch_id=patch.patch_id, run_id=run_id,
-                                 partition=earlier.partition, offset=earlier.offset, decision=earlier)  # fmt: skip
+                return Submitted(
+                    status="decided",
+                    patch_id=patch.patch_id,
+                    run_id=run_id,
+                    partition=earlier.partition,
+                    offset=earlier.offset,
+                    decision=earlier,
+                )
         hub = self.node.hub
         waiting = hub.expect(run_id, patch.patch_id) if wait_s else None
         try:
             receipt = await asyncio.wrap_future(self.node.append(patch, encoded))
-            out = Submitted(status="pending", patch_id=patch.patch_id, run_id=run_id,
-                            partition=receipt.partition, offset=receipt.offset)  # fmt: skip
+            out = Submitted(
+                status="pending",
+                patch_id=patch.patch_id,
+                run_id=run_id,
+                partition=receipt.partition,
+                offset=receipt.offset,
+            )
             if waiting is None:
                 return out
             try:
@@ -317,9 +349,17 @@ class Service:
         waiting = hub.expect(run_id, patch_id) if wait_s else None
         author = Author(agent_id=who.agent_id, agent_version="erase")
         try:
-            done = await asyncio.to_thread(app.erase_run, self.node.log, run_id, reason, who.agent_id, author,
-                                           0 if header is None else header.revision, known=header is not None,
-                                           patch_id=patch_id)  # fmt: skip
+            done = await asyncio.to_thread(
+                app.erase_run,
+                self.node.log,
+                run_id,
+                reason,
+                who.agent_id,
+                author,
+                0 if header is None else header.revision,
+                known=header is not None,
+                patch_id=patch_id,
+            )
             out = ErasedOut(run_id=run_id, erasure=done.erasure, first=done.first)
             if waiting is not None and done.first:
                 try:
@@ -344,8 +384,16 @@ class Service:
 
     async def decision_or_none(self, run_id: str, patch_id: str, fwd: Forward) -> Decision | None:
         try:
-            return await self.decision(run_id, patch_id, Forward("GET", f"/runs/{path_segment(run_id)}/decisions/{path_segment(patch_id)}",
-                                                                 headers=fwd.headers, who=fwd.who))  # fmt: skip
+            return await self.decision(
+                run_id,
+                patch_id,
+                Forward(
+                    "GET",
+                    f"/runs/{path_segment(run_id)}/decisions/{path_segment(patch_id)}",
+                    headers=fwd.headers,
+                    who=fwd.who,
+                ),
+            )
         except (DecisionTimeout, Unavailable):
             return None
         except RemoteError as e:
@@ -353,8 +401,15 @@ class Service:
                 return None
             raise
 
-    async def state_json(self, run_id: str, fwd: Forward, *, revision: int | None = None,
-                         min_revision: int | None = None, wait_s: float = 5.0) -> bytes:
+    async def state_json(
+        self,
+        run_id: str,
+        fwd: Forward,
+        *,
+        revision: int | None = None,
+        min_revision: int | None = None,
+        wait_s: float = 5.0,
+    ) -> bytes:
         """The run's state (``revision``: as it was then) as JSON, the bytes
         ``RunState.model_dump_json`` gives (see :meth:`ProjectionStore.read_state`):
         what the HTTP route sends and the MCP tool parses, joined from the stored records,
@@ -416,16 +471,18 @@ class Service:
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise Unavailable(f"run {run_id!r} is at revision {at} here, still catching up to "
-                                      f"{min_revision}", retry_after=1.0)  # fmt: skip
+                    raise Unavailable(
+                        f"run {run_id!r} is at revision {at} here, still catching up to {min_revision}", retry_after=1.0
+                    )
                 with contextlib.suppress(TimeoutError):
                     # woken by the revision, or re-checking the lag now and then
                     await asyncio.wait_for(asyncio.shield(w.future), min(left, 0.1))
         finally:
             self.node.hub.unwatch(run_id, w)
 
-    async def context(self, run_id: str, fwd: Forward, min_revision: int | None = None,
-                      max_tokens: int | None = None) -> str:  # fmt: skip
+    async def context(
+        self, run_id: str, fwd: Forward, min_revision: int | None = None, max_tokens: int | None = None
+    ) -> str:
         async def local() -> str:
             if min_revision is not None:
                 await self._reach(run_id, min_revision, 5.0)
@@ -461,20 +518,37 @@ class Service:
 
         return await self.on_owner(run_id, fwd, local, TypeAdapter(list[FieldChangeOut]).validate_python)
 
-    async def graph_checkpoints(self, run_id: str, fwd: Forward, *, ns: str | None, checkpoint_id: str | None,
-                                before: str | None, limit: int | None) -> bytes:
+    async def graph_checkpoints(
+        self,
+        run_id: str,
+        fwd: Forward,
+        *,
+        ns: str | None,
+        checkpoint_id: str | None,
+        before: str | None,
+        limit: int | None,
+    ) -> bytes:
         """The run's LangGraph checkpoints, newest first, as a JSON array of the stored
         documents (:meth:`ProjectionStore.graph_checkpoints`); none for an unknown run."""
 
         async def local() -> bytes:
-            raw = self.node.read(run_id, lambda st: st.graph_checkpoints(
-                run_id, ns, checkpoint_id=checkpoint_id, before=before, limit=limit))  # fmt: skip
+            raw = self.node.read(
+                run_id,
+                lambda st: st.graph_checkpoints(run_id, ns, checkpoint_id=checkpoint_id, before=before, limit=limit),
+            )
             return b"[" + b",".join(raw) + b"]"
 
         return await self.on_owner(run_id, fwd, local, orjson.dumps)
 
-    async def runs(self, status: str | None, keep: Callable[[str], bool] | None, after: str | None,
-                   limit: int | None, fwd: Forward, order: RunOrder = "id") -> tuple[int, list[tuple[str, bytes]]]:
+    async def runs(
+        self,
+        status: str | None,
+        keep: Callable[[str], bool] | None,
+        after: str | None,
+        limit: int | None,
+        fwd: Forward,
+        order: RunOrder = "id",
+    ) -> tuple[int, list[tuple[str, bytes]]]:
         """How many runs match (``status``, ``keep(run_id)``) on every partition, and the page
         after ``after`` (at most ``limit``, by run id or, ``order="recent"``, the latest
         activity first) as ``(run_id, summary JSON)``: each owner counts and cuts its own
@@ -483,7 +557,9 @@ class Service:
 
         def local() -> tuple[int, list[tuple[str, bytes]]]:
             per = self.node.read_partitions(lambda _p, st: st.runs_page(status, keep, after, limit, order))
-            return sum(t for t, _ in per.values()), [(r, summary_json(doc)) for _, page in per.values() for r, doc in page]
+            return sum(t for t, _ in per.values()), [
+                (r, summary_json(doc)) for _, page in per.values() for r, doc in page
+            ]
 
         def parse(resp: Forwarded) -> tuple[int, list[tuple[str, bytes]]]:
             page = [(h.run_id, h.model_dump_json().encode()) for h in _SUMMARIES.validate_python(self._json(resp))]
@@ -498,6 +574,7 @@ class Service:
 
     async def dead_letters(self, fwd: Forward) -> list[DeadLetterOut]:
         """Every dead letter of every partition (asked of their owners), by partition and offset."""
+
         def local() -> list[DeadLetterOut]:
             per = self.node.read_partitions(lambda _p, st: st.dead_letters())
             return [DeadLetterOut(**vars(d)) for ds in per.values() for d in ds]
@@ -507,6 +584,7 @@ class Service:
 
     async def checkpoints(self, run_id: str, fwd: Forward) -> list[Checkpoint]:
         """The checkpoints this instance's snapshotter wrote of the run, else another's."""
+
         def local() -> list[Checkpoint]:
             try:
                 return app.checkpoints(self.settings, run_id)

@@ -49,7 +49,6 @@ from runstate.service.routing import FORWARDED, HELLO_PATH, SIGNED, PeerGate, Ro
 from runstate.snapshotter.checkpoint import Checkpoint
 
 
-
 def _path_id(segment: str) -> str:
     """An id from its (still percent-encoded) path segment: the raw path is routed (RawPaths),
     so that a ``/`` in an id is never a separator. The same ids as the log takes: 1-200
@@ -111,16 +110,22 @@ class ContextOut(BaseModel):
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    what = {401: "no or unknown token", 403: "the token does not allow this", 404: "no such run",
-            409: "this deployment seals no content: erasure is unavailable (no master key)",
-            410: "the run was erased (the body names who, when and why)", 413: "patch too large",
-            422: "invalid patch or parameter",
-            503: "not available now (owner moving or restoring); see Retry-After"}  # fmt: skip
+    what = {
+        401: "no or unknown token",
+        403: "the token does not allow this",
+        404: "no such run",
+        409: "this deployment seals no content: erasure is unavailable (no master key)",
+        410: "the run was erased (the body names who, when and why)",
+        413: "patch too large",
+        422: "invalid patch or parameter",
+        503: "not available now (owner moving or restoring); see Retry-After",
+    }
     return {c: {"model": ErrorBody, "description": what[c]} for c in codes}
 
 
-def error_response(status: int, code: str, message: str, field: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, code: str, message: str, field: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(body(code, message, field), status, headers=headers)
 
 
@@ -137,29 +142,56 @@ class Metrics:
 
     def __init__(self, node: Node) -> None:
         self.registry = CollectorRegistry()
-        self.decisions = Counter("runstate_decisions", "Decisions made by this instance's projector",
-                                 ["outcome", "reason"], registry=self.registry)  # fmt: skip
+        self.decisions = Counter(
+            "runstate_decisions",
+            "Decisions made by this instance's projector",
+            ["outcome", "reason"],
+            registry=self.registry,
+        )
         self.lag = Gauge("runstate_lag_records", "Records behind the log end", ["partition"], registry=self.registry)
-        self.snapshot_lag = Gauge("runstate_snapshotter_lag_records",
-                                  "Records the in-process snapshotter is behind the log end (a lag lengthens "
-                                  "a restore's tail)", ["partition"], registry=self.registry)  # fmt: skip
-        self.rate = Gauge("runstate_projector_events_per_second", "Events per second since the first batch",
-                          registry=self.registry)  # fmt: skip
+        self.snapshot_lag = Gauge(
+            "runstate_snapshotter_lag_records",
+            "Records the in-process snapshotter is behind the log end (a lag lengthens a restore's tail)",
+            ["partition"],
+            registry=self.registry,
+        )
+        self.rate = Gauge(
+            "runstate_projector_events_per_second", "Events per second since the first batch", registry=self.registry
+        )
         self.records = Gauge("runstate_projector_records", "Records processed since start", registry=self.registry)
-        self.restore = Gauge("runstate_restore_progress_ratio", "Checkpoint restore progress (0..1)", ["partition"],
-                             registry=self.registry)  # fmt: skip
+        self.restore = Gauge(
+            "runstate_restore_progress_ratio",
+            "Checkpoint restore progress (0..1)",
+            ["partition"],
+            registry=self.registry,
+        )
         self.requests = Counter("runstate_http_requests", "HTTP requests", ["route", "status"], registry=self.registry)
-        self.slow_clients = Counter("runstate_http_slow_clients", "Connections cut off for sending their headers or "
-                                    "body too slowly (RUNSTATE_REQUEST_TIMEOUT_S, RUNSTATE_BODY_TIMEOUT_S)", ["phase"],
-                                    registry=self.registry)  # fmt: skip
-        self.retention_due = Gauge("runstate_retention_due_runs", "Runs the retention policy found due at its last "
-                                   "check (RUNSTATE_RETENTION)", ["partition"], registry=self.registry)  # fmt: skip
-        self.retention_erased = Gauge("runstate_retention_erased_runs", "Runs erased by the retention policy since "
-                                      "this instance started", registry=self.registry)  # fmt: skip
-        self.untrusted = Gauge("runstate_untrusted", "Refused since start for want of the instance secret: "
-                               "decisions on the topic no projector signed, peers that did not prove it, "
-                               "requests marked forwarded that no instance signed", ["source"],
-                               registry=self.registry)  # fmt: skip
+        self.slow_clients = Counter(
+            "runstate_http_slow_clients",
+            "Connections cut off for sending their headers or "
+            "body too slowly (RUNSTATE_REQUEST_TIMEOUT_S, RUNSTATE_BODY_TIMEOUT_S)",
+            ["phase"],
+            registry=self.registry,
+        )
+        self.retention_due = Gauge(
+            "runstate_retention_due_runs",
+            "Runs the retention policy found due at its last check (RUNSTATE_RETENTION)",
+            ["partition"],
+            registry=self.registry,
+        )
+        self.retention_erased = Gauge(
+            "runstate_retention_erased_runs",
+            "Runs erased by the retention policy since this instance started",
+            registry=self.registry,
+        )
+        self.untrusted = Gauge(
+            "runstate_untrusted",
+            "Refused since start for want of the instance secret: "
+            "decisions on the topic no projector signed, peers that did not prove it, "
+            "requests marked forwarded that no instance signed",
+            ["source"],
+            registry=self.registry,
+        )
         #: source -> its count (set by create_app: the router and the gate are made there)
         self.untrusted_sources: dict[str, Callable[[], int]] = {"decisions_topic": lambda: node.decisions_ignored}
         self.node = node
@@ -225,8 +257,14 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
 
     # No /docs or /redoc: FastAPI's pages load their scripts from a CDN, blank on a machine
     # without internet. /openapi.json is the API's description.
-    api = FastAPI(title="runstate", version=runstate.__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="Where is this run now? Typed, durable Run State for AI agents.")  # fmt: skip
+    api = FastAPI(
+        title="runstate",
+        version=runstate.__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        description="Where is this run now? Typed, durable Run State for AI agents.",
+    )
 
     @api.exception_handler(RunstateError)
     async def _runstate_error(_req: Request, e: RunstateError) -> JSONResponse:
@@ -247,8 +285,12 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
     @api.exception_handler(_BodyStalled)
     async def _body_stalled(_req: Request, e: _BodyStalled) -> JSONResponse:
         what = f"did not arrive whole within {e.after_s:g} s" if e.whole else f"stopped arriving for {e.after_s:g} s"
-        return error_response(408, "request_timeout", f"the request body {what} ({e.setting}); nothing was appended",
-                              headers={"Connection": "close"})  # fmt: skip
+        return error_response(
+            408,
+            "request_timeout",
+            f"the request body {what} ({e.setting}); nothing was appended",
+            headers={"Connection": "close"},
+        )
 
     @api.exception_handler(StarletteHTTPException)
     async def _http_error(_req: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -268,9 +310,15 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
     def fwd(request: Request, body: bytes | None = None) -> Forward:
         # From the raw ASGI header list: built for every request, forwarded for few.
         raw = request.scope["headers"]
-        return Forward(request.method, request.url.path, tuple(request.query_params.multi_items()),
-                       tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in raw if k in keep), body,
-                       forwarded=any(k == FORWARDED_B for k, _v in raw), who=ident(request))  # fmt: skip
+        return Forward(
+            request.method,
+            request.url.path,
+            tuple(request.query_params.multi_items()),
+            tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in raw if k in keep),
+            body,
+            forwarded=any(k == FORWARDED_B for k, _v in raw),
+            who=ident(request),
+        )
 
     async def read_body(request: Request, run_id: str) -> bytes:
         limit = 2 * node.settings.max_patch_bytes  # JSON text is larger than its Avro encoding
@@ -289,7 +337,9 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
             except TimeoutError:
                 metrics.slow_clients.labels("body").inc()
                 if left <= node.settings.body_timeout_s:
-                    raise _BodyStalled(node.settings.request_timeout_s, "RUNSTATE_REQUEST_TIMEOUT_S", whole=True) from None
+                    raise _BodyStalled(
+                        node.settings.request_timeout_s, "RUNSTATE_REQUEST_TIMEOUT_S", whole=True
+                    ) from None
                 raise _BodyStalled(node.settings.body_timeout_s, "RUNSTATE_BODY_TIMEOUT_S") from None
             except ClientDisconnect:
                 raise _ClientGone from None
@@ -311,13 +361,19 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
     patch_schema = PatchDraft.model_json_schema(ref_template="#/components/schemas/{model}")
     patch_defs = patch_schema.pop("$defs", {})
 
-    @api.post("/runs/{run_id}/patches", response_model=Submitted, status_code=200,
-              responses={202: {"model": Submitted, "description": "appended, not decided within `wait`"},
-                         **_errors(401, 403, 410, 413, 422, 503)},
-              openapi_extra={"requestBody": {"required": True,
-                                             "content": {"application/json": {"schema": patch_schema}}}})  # fmt: skip
-    async def post_patch(request: Request, run_id: RUN_ID,
-                         wait: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None) -> Response:
+    @api.post(
+        "/runs/{run_id}/patches",
+        response_model=Submitted,
+        status_code=200,
+        responses={
+            202: {"model": Submitted, "description": "appended, not decided within `wait`"},
+            **_errors(401, 403, 410, 413, 422, 503),
+        },
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": patch_schema}}}},
+    )
+    async def post_patch(
+        request: Request, run_id: RUN_ID, wait: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None
+    ) -> Response:
         """Append a patch (the CLI's patch JSON). The author is the token's identity. With
         ``wait``: 200 with the decision (accepted or rejected); 202 ``pending`` with the patch id
         when not decided within it, or sent without one."""
@@ -334,8 +390,12 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         return json_out(out, 200 if out.status == "decided" else 202)
 
     @api.delete("/runs/{run_id}", response_model=ErasedOut, responses=_errors(401, 403, 404, 410, 409, 503))
-    async def delete_run(request: Request, run_id: RUN_ID, reason: Annotated[str, Query(min_length=1, max_length=2000)],
-                         wait: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None) -> Response:
+    async def delete_run(
+        request: Request,
+        run_id: RUN_ID,
+        reason: Annotated[str, Query(min_length=1, max_length=2000)],
+        wait: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None,
+    ) -> Response:
         """Erase the run (a token allowed to erase: ``runstate token add --erase``): its keys
         are destroyed and its content leaves every store; what remains is who, when and
         ``reason``. Erasing it again answers the first record (``first`` false). 409 when
@@ -348,13 +408,19 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         ident(request).may_read(run_id)
         return json_out(await service.decision(run_id, patch_id, fwd(request)))
 
-    @api.get("/runs/{run_id}", response_model=RunState, responses={304: {"description": "not modified"},
-                                                                    **_errors(401, 403, 404, 410, 422, 503)})  # fmt: skip
-    async def get_state(request: Request, run_id: RUN_ID,
-                        revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-                        min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-                        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 5.0,
-                        if_none_match: Annotated[str | None, Header()] = None) -> Response:
+    @api.get(
+        "/runs/{run_id}",
+        response_model=RunState,
+        responses={304: {"description": "not modified"}, **_errors(401, 403, 404, 410, 422, 503)},
+    )
+    async def get_state(
+        request: Request,
+        run_id: RUN_ID,
+        revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+        min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 5.0,
+        if_none_match: Annotated[str | None, Header()] = None,
+    ) -> Response:
         """The run's state. ``revision``: as it was then. ``min_revision``: wait (up to
         ``wait`` s) until the projection has reached it, else 503. ``ETag`` is the revision."""
         ident(request).may_read(run_id)
@@ -367,9 +433,12 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         return Response(doc, 200, headers={"ETag": etag}, media_type="application/json")
 
     @api.get("/runs/{run_id}/context", response_model=ContextOut, responses=_errors(401, 403, 404, 410, 503))
-    async def get_context(request: Request, run_id: RUN_ID,
-                          min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-                          max_tokens: Annotated[int | None, Query(ge=50, le=1_000_000)] = None) -> Response:
+    async def get_context(
+        request: Request,
+        run_id: RUN_ID,
+        min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+        max_tokens: Annotated[int | None, Query(ge=50, le=1_000_000)] = None,
+    ) -> Response:
         """The compact context for a prompt. ``max_tokens`` bounds it (characters / 4): the goal,
         the active task and what blocks the run first, then open questions, recent facts,
         hypotheses, pending tasks, observations; what was left out is counted in the text."""
@@ -378,18 +447,26 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         return json_out(ContextOut(run_id=run_id, context=text))
 
     @api.get("/runs/{run_id}/history", response_model=list[Decision], responses=_errors(401, 403, 404, 410, 503))
-    async def get_history(request: Request, run_id: RUN_ID, start: Annotated[int, Query(ge=0, le=2**62)] = 0,
-                          limit: Annotated[int | None, Query(ge=1, le=100_000)] = None) -> Response:  # fmt: skip
+    async def get_history(
+        request: Request,
+        run_id: RUN_ID,
+        start: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+    ) -> Response:
         """Every decision on the run's patches in log order (``start``, ``limit``: one page of
         them; ``X-Total-Count`` says how many there are)."""
         ident(request).may_read(run_id)
         # The owner is asked for the whole history (forwarded without the page): it is cut here.
         history = await service.history(run_id, dataclasses.replace(fwd(request), params=()))
-        page = history[start:None if limit is None else start + limit]
+        page = history[start : None if limit is None else start + limit]
         return json_out(page, headers={"X-Total-Count": str(len(history))})
 
-    @api.get("/runs/{run_id}/explain", response_model=list[FieldChangeOut], responses=_errors(401, 403, 404, 410, 422, 503))
-    async def get_explain(request: Request, run_id: RUN_ID, path: Annotated[str, Query(min_length=1, max_length=512)]) -> Response:
+    @api.get(
+        "/runs/{run_id}/explain", response_model=list[FieldChangeOut], responses=_errors(401, 403, 404, 410, 422, 503)
+    )
+    async def get_explain(
+        request: Request, run_id: RUN_ID, path: Annotated[str, Query(min_length=1, max_length=512)]
+    ) -> Response:
         """Every accepted patch that changed ``path`` (e.g. ``facts.fact_1.statement``)."""
         ident(request).may_read(run_id)
         return json_out(await service.explain(run_id, path, fwd(request)))
@@ -405,26 +482,37 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         ident(request).may_read(run_id)
         return json_out(await service.resume(run_id, fwd(request)))
 
-    @api.get("/runs/{run_id}/graph/checkpoints", response_model=list[GraphCheckpointRead],
-             responses=_errors(401, 403, 422, 503))  # fmt: skip
-    async def get_graph_checkpoints(request: Request, run_id: RUN_ID, ns: Annotated[str | None, Query(max_length=2000)] = None,
-                                    checkpoint_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
-                                    before: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
-                                    limit: Annotated[int | None, Query(ge=1, le=2**31)] = None) -> Response:  # fmt: skip
+    @api.get(
+        "/runs/{run_id}/graph/checkpoints",
+        response_model=list[GraphCheckpointRead],
+        responses=_errors(401, 403, 422, 503),
+    )
+    async def get_graph_checkpoints(
+        request: Request,
+        run_id: RUN_ID,
+        ns: Annotated[str | None, Query(max_length=2000)] = None,
+        checkpoint_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+        before: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+        limit: Annotated[int | None, Query(ge=1, le=2**31)] = None,
+    ) -> Response:
         """The run's LangGraph checkpoints (runstate as LangGraph's checkpointer), newest
         first: of namespace ``ns`` (absent: every namespace), only ``checkpoint_id``, only
         those older than ``before``, at most ``limit``. An unknown run has none."""
         ident(request).may_read(run_id)
-        doc = await service.graph_checkpoints(run_id, fwd(request), ns=ns, checkpoint_id=checkpoint_id,
-                                              before=before, limit=limit)  # fmt: skip
+        doc = await service.graph_checkpoints(
+            run_id, fwd(request), ns=ns, checkpoint_id=checkpoint_id, before=before, limit=limit
+        )
         return Response(doc, 200, media_type="application/json")
 
     @api.get("/runs", response_model=list[RunSummary], responses=_errors(401, 422, 503))
-    async def get_runs(request: Request, status: RunStatus | None = None,
-                       q: Annotated[str | None, Query(max_length=256)] = None,
-                       order: RunOrder = "id",
-                       after: Annotated[str | None, Query(max_length=256)] = None,
-                       limit: Annotated[int | None, Query(ge=1, le=100_000)] = None) -> Response:  # fmt: skip
+    async def get_runs(
+        request: Request,
+        status: RunStatus | None = None,
+        q: Annotated[str | None, Query(max_length=256)] = None,
+        order: RunOrder = "id",
+        after: Annotated[str | None, Query(max_length=256)] = None,
+        limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+    ) -> Response:
         """Every run (every partition, asked of their owners): its summary, the header without
         the projector's bookkeeping. ``order``: by run id (``id``), or the run whose last
         accepted patch is newest first (``recent``). ``q``: only ids containing it;
@@ -433,6 +521,7 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         ``recent``: a cursor, ``<microseconds>.<run id>``)."""
         who = ident(request)
         if who.runs is not None or q:
+
             def keep(run_id: str) -> bool:
                 return (not q or q in run_id) and (who.runs is None or _may(who, run_id))
         else:
@@ -440,14 +529,17 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         # Every owner counts and cuts its partitions with the same filters (the forwarded
         # request carries them, and the token); this instance merges the pages.
         # One more than the page: whether a next page exists, so the last one offers none.
-        total, headers = await service.runs(status, keep, after, None if limit is None else limit + 1, fwd(request), order)
+        total, headers = await service.runs(
+            status, keep, after, None if limit is None else limit + 1, fwd(request), order
+        )
         out = {"X-Total-Count": str(total)}
         if limit is not None and len(headers) > limit:
             headers = headers[:limit]
             last_id, last = headers[-1]
             out["X-Next-After"] = activity_cursor(last_id, last) if order == "recent" else last_id
-        return Response(b"[" + b",".join([doc for _, doc in headers]) + b"]", media_type="application/json",
-                        headers=out)  # fmt: skip
+        return Response(
+            b"[" + b",".join([doc for _, doc in headers]) + b"]", media_type="application/json", headers=out
+        )
 
     @api.get("/deadletters", response_model=list[DeadLetterOut], responses=_errors(401, 503))
     async def get_dead_letters(request: Request) -> Response:
@@ -459,11 +551,16 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
             letters = [d for d in letters if d.key is not None and _may(who, d.key)]
         return json_out(letters)
 
-    @api.get("/runs/{run_id}/events", responses={200: {"content": {"text/event-stream": {}},
-                                                       "description": "decisions as Server-Sent Events"},
-                                                 **_errors(401, 403, 404, 503)})  # fmt: skip
-    async def get_events(request: Request, run_id: RUN_ID,
-                         last_event_id: Annotated[str | None, Header(max_length=32)] = None) -> StreamingResponse:
+    @api.get(
+        "/runs/{run_id}/events",
+        responses={
+            200: {"content": {"text/event-stream": {}}, "description": "decisions as Server-Sent Events"},
+            **_errors(401, 403, 404, 503),
+        },
+    )
+    async def get_events(
+        request: Request, run_id: RUN_ID, last_event_id: Annotated[str | None, Header(max_length=32)] = None
+    ) -> StreamingResponse:
         """Every decision of the run as it happens (``event: decision``, ``id`` = its log
         offset); resumable with ``Last-Event-ID`` (the missed ones are read from history)."""
         ident(request).may_read(run_id)
@@ -496,16 +593,18 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
             finally:
                 node.hub.unsubscribe(run_id, q)
 
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})  # fmt: skip
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        )
 
     def health() -> Health:
         h = node.health
         restoring = {p: (r.done / r.total if r.total else 0.0) for p, r in h.restoring.items()}
         owned = node.owned()
         status = "failed" if h.failed else ("restoring" if restoring else ("serving" if owned else "starting"))
-        return Health(status=status, owned_partitions=owned, partitions=node.partitions, restoring=restoring,
-                      failed=h.failed)  # fmt: skip
+        return Health(
+            status=status, owned_partitions=owned, partitions=node.partitions, restoring=restoring, failed=h.failed
+        )
 
     @api.get("/healthz", response_model=Health, responses={503: {"model": Health, "description": "not healthy"}})
     async def healthz() -> Response:
@@ -546,8 +645,9 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
     api.add_middleware(McpBodies, settings=node.settings, counter=metrics.slow_clients)
     # Outside the body readers: a shed request costs no read of its body.
     limit = node.settings.max_in_flight
-    api.add_middleware(Admit, admission=Admission(limit, max(1, (limit * 3) // 4), metrics.registry),
-                       forwarded_header=FORWARDED_B)  # fmt: skip
+    api.add_middleware(
+        Admit, admission=Admission(limit, max(1, (limit * 3) // 4), metrics.registry), forwarded_header=FORWARDED_B
+    )
     api.add_middleware(CountRequests, counter=metrics.requests)
     api.add_middleware(RawPaths)
 
@@ -640,15 +740,17 @@ class McpBodies:
                 setting = "RUNSTATE_REQUEST_TIMEOUT_S" if whole else "RUNSTATE_BODY_TIMEOUT_S"
                 after = st.request_timeout_s if whole else st.body_timeout_s
                 what = f"did not arrive whole within {after:g} s" if whole else f"stopped arriving for {after:g} s"
-                await error_response(408, "request_timeout", f"the request body {what} ({setting})",
-                                     headers={"Connection": "close"})(scope, receive, send)  # fmt: skip
+                await error_response(
+                    408, "request_timeout", f"the request body {what} ({setting})", headers={"Connection": "close"}
+                )(scope, receive, send)
                 return
             if message["type"] == "http.disconnect":
                 return
             size += len(message.get("body", b""))
             if size > limit:
-                await error_response(413, "too_large", f"an MCP request over {limit} bytes",
-                                     headers={"Connection": "close"})(scope, receive, send)  # fmt: skip
+                await error_response(
+                    413, "too_large", f"an MCP request over {limit} bytes", headers={"Connection": "close"}
+                )(scope, receive, send)
                 return
             chunks.append(message.get("body", b""))
             if not message.get("more_body"):
@@ -673,7 +775,9 @@ class PeerCheck:
         if scope["type"] != "http" or not any(k == FORWARDED_B for k, _v in scope["headers"]):
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k.startswith(b"x-runstate-")}
+        headers = {
+            k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k.startswith(b"x-runstate-")
+        }
         query = urlencode(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
         try:
             who, digest, nonce = self.gate.check(scope["method"], scope["path"], query, headers)

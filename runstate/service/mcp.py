@@ -53,6 +53,7 @@ INSTRUCTIONS = (
 P = ParamSpec("P")
 R = TypeVar("R")
 
+
 class EventInput(BaseModel):
     """One event: its ``type`` and that type's fields (see the event_schema tool). The
     schema lists the types; the server judges them, so an unknown one is runstate's
@@ -60,7 +61,9 @@ class EventInput(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     # What an agent may send: an operator's events (RunErased) have their own route.
-    type: Annotated[str, Field(json_schema_extra={"enum": [n for n in EVENT_TYPE_NAMES if n not in OPERATOR_EVENT_TYPES]})]
+    type: Annotated[
+        str, Field(json_schema_extra={"enum": [n for n in EVENT_TYPE_NAMES if n not in OPERATOR_EVENT_TYPES]})
+    ]
 
 
 class PatchInput(BaseModel):
@@ -81,8 +84,9 @@ def _text(fn: Callable[..., Any]) -> str:
 
 
 def _error_result(got: Answer) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=json.dumps(got.body, ensure_ascii=False))],
-                          is_error=True)  # fmt: skip
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(got.body, ensure_ascii=False))], is_error=True
+    )
 
 
 def _answering(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R | CallToolResult]]:
@@ -117,8 +121,9 @@ def event_json_schema(event_type: str) -> dict[str, Any]:
     """The JSON Schema of one event type, from the contract's model. Raises
     :class:`ContractError` for a type that is not in the catalogue, listing it."""
     if event_type not in EVENT_TYPE_NAMES:
-        raise ContractError(f"unknown event type {event_type!r}; known: {', '.join(EVENT_TYPE_NAMES)}",
-                            field="event_type")  # fmt: skip
+        raise ContractError(
+            f"unknown event type {event_type!r}; known: {', '.join(EVENT_TYPE_NAMES)}", field="event_type"
+        )
     if not _EVENT_SCHEMAS:
         for model in EVENT_TYPES:
             _EVENT_SCHEMAS[model.__name__] = TypeAdapter(model).json_schema()
@@ -131,8 +136,7 @@ class _Server(MCPServer):
     the client as an internal error and leaves a traceback in the log), and arguments that
     do not fit a tool with runstate's error body (the SDK sends pydantic's text)."""
 
-    async def call_tool(self, name: str, arguments: dict[str, Any],
-                        context: Context[Any, Any] | None = None) -> Any:  # fmt: skip
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None) -> Any:
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as e:
@@ -140,12 +144,15 @@ class _Server(MCPServer):
                 raise
             field, message = describe_validation_error(e.__cause__)
             if name == "propose_patch" and field == "patch" and {"events", "expected_revision"} & set(arguments):
-                message = ('patch: the events go inside "patch": {"run_id": "...", "patch": {"expected_revision": N, '
-                           '"events": [...]}, "wait_s": 5}')  # fmt: skip
+                message = (
+                    'patch: the events go inside "patch": {"run_id": "...", "patch": {"expected_revision": N, '
+                    '"events": [...]}, "wait_s": 5}'
+                )
             return _error_result(Answer(422, body("invalid", message, field or None)))
 
-    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None,
-                         context: Context[Any, Any] | None = None) -> Any:  # fmt: skip
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, context: Context[Any, Any] | None = None
+    ) -> Any:
         if name not in {p.name for p in await self.list_prompts()}:
             raise MCPError(INVALID_PARAMS, f"unknown prompt {name!r}: runstate offers no prompts")
         return await super().get_prompt(name, arguments, context)
@@ -163,8 +170,9 @@ def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
         if max_tokens is not None and max_tokens < 50:
             raise ContractError("max_tokens must be at least 50", field="max_tokens")
         params = () if max_tokens is None else (("max_tokens", str(max_tokens)),)
-        return await service.context(run_id, Forward("GET", f"/runs/{path_segment(run_id)}/context", params, who=who), None,
-                                     max_tokens)  # fmt: skip
+        return await service.context(
+            run_id, Forward("GET", f"/runs/{path_segment(run_id)}/context", params, who=who), None, max_tokens
+        )
 
     async def run_state(run_id: str, ctx: Context) -> dict[str, Any]:
         """The run's whole typed state (JSON), with its revision."""
@@ -182,8 +190,14 @@ def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
         data = patch.model_dump(mode="json", exclude_none=True, exclude={"agent_version"})
         if patch.agent_version is not None:
             data["author"] = {"agent_id": who.agent_id, "agent_version": patch.agent_version}
-        out = await service.submit(who, run_id, data, min(max(wait_s, 0.0), 60.0),
-                                   Forward("POST", f"/runs/{path_segment(run_id)}/patches", who=who), channel="mcp")  # fmt: skip
+        out = await service.submit(
+            who,
+            run_id,
+            data,
+            min(max(wait_s, 0.0), 60.0),
+            Forward("POST", f"/runs/{path_segment(run_id)}/patches", who=who),
+            channel="mcp",
+        )
         return out.model_dump(mode="json")
 
     async def run_history(run_id: str, ctx: Context) -> list[dict[str, Any]]:
@@ -198,8 +212,13 @@ def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
         return event_json_schema(event_type)
 
     read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True)
-    for fn, hints in ((run_context, read_only), (run_state, read_only), (propose_patch, None),
-                      (run_history, read_only), (event_schema, read_only)):  # fmt: skip
+    for fn, hints in (
+        (run_context, read_only),
+        (run_state, read_only),
+        (propose_patch, None),
+        (run_history, read_only),
+        (event_schema, read_only),
+    ):
         server.add_tool(_answering(fn), description=_text(fn), annotations=hints)
 
     async def context_resource(run_id: str) -> str:
@@ -215,19 +234,25 @@ def build_mcp(service: Service, tokens: Tokens) -> MCPServer:
             err = got.body["error"]
             if not got.expected:
                 log.error("MCP resource of run %s failed: %s", run_id, err["message"], exc_info=e)
-            raise (ResourceNotFoundError if got.status == 404 else ResourceError)(f"{err['code']}: {err['message']}") from e
+            raise (ResourceNotFoundError if got.status == 404 else ResourceError)(
+                f"{err['code']}: {err['message']}"
+            ) from e
 
-    server.resource("runstate://runs/{run_id}/context", mime_type="text/plain",
-                    description=_text(context_resource))(context_resource)  # fmt: skip
+    server.resource("runstate://runs/{run_id}/context", mime_type="text/plain", description=_text(context_resource))(
+        context_resource
+    )
     return server
 
 
 def mount_mcp(api: FastAPI, server: MCPServer, tokens: Tokens, host: str = "127.0.0.1") -> None:
     """Add the streamable HTTP endpoint at ``/mcp`` (stateless, JSON responses: any instance
     can answer any call). ``host``: the address served, for DNS-rebinding protection."""
-    security = TransportSecuritySettings(enable_dns_rebinding_protection=True,
-                                         allowed_hosts=[f"{host}:*", "127.0.0.1:*", "localhost:*"],
-                                         allowed_origins=[f"http://{host}:*", "http://127.0.0.1:*"])  # fmt: skip
-    sub = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=True, json_response=True,
-                                     transport_security=security, host=host)  # fmt: skip
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{host}:*", "127.0.0.1:*", "localhost:*"],
+        allowed_origins=[f"http://{host}:*", "http://127.0.0.1:*"],
+    )
+    sub = server.streamable_http_app(
+        streamable_http_path="/mcp", stateless_http=True, json_response=True, transport_security=security, host=host
+    )
     api.router.routes.extend(sub.routes)

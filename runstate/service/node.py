@@ -142,8 +142,14 @@ class NodeHealth:
 class Node:
     """See the module docstring. ``advertise`` is the URL other instances forward to."""
 
-    def __init__(self, settings: Settings, advertise: str, *, snapshotter: bool = True,
-                 on_fatal: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        advertise: str,
+        *,
+        snapshotter: bool = True,
+        on_fatal: Callable[[str], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.advertise = advertise
         self.log: EventLog = open_settings_log(settings)
@@ -155,18 +161,32 @@ class Node:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.projector = make_projector(settings, self.log, hooks=self, client_id=CLIENT_ID_PREFIX + advertise,
-                                        on_restore_progress=self._restore_progress, tune_gc=True)  # fmt: skip
+        self.projector = make_projector(
+            settings,
+            self.log,
+            hooks=self,
+            client_id=CLIENT_ID_PREFIX + advertise,
+            on_restore_progress=self._restore_progress,
+            tune_gc=True,
+        )
         self.snapshotter: Snapshotter | None = None
         if snapshotter:
             policy = settings.checkpoint_policy()
             snap_log = open_settings_log(settings)
-            self.snapshotter = Snapshotter(snap_log, settings.state_dir, policy=policy,
-                                           batch_size=settings.batch_size, key=checkpoint_key(settings, snap_log, writer=True),
-                                           retention=settings.retention_policy(),
-                                           retention_every_s=settings.retention_check_s)  # fmt: skip
-        self.producer = RunProducer(self.log, Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
-                                    max_patch_bytes=settings.max_patch_bytes)  # fmt: skip
+            self.snapshotter = Snapshotter(
+                snap_log,
+                settings.state_dir,
+                policy=policy,
+                batch_size=settings.batch_size,
+                key=checkpoint_key(settings, snap_log, writer=True),
+                retention=settings.retention_policy(),
+                retention_every_s=settings.retention_check_s,
+            )
+        self.producer = RunProducer(
+            self.log,
+            Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
+            max_patch_bytes=settings.max_patch_bytes,
+        )
         self._feed: DecisionFeed | None = None
         self._appends: queue.Queue[tuple[Patch, bytes, Future[Receipt]] | None] = queue.Queue()
 
@@ -270,6 +290,7 @@ class Node:
                     break
             live = [i for i in items if i is not None]
             for patch, data, fut in live:
+
                 def done(r: Receipt | None, err: Exception | None, fut: Future[Receipt] = fut) -> None:
                     if err is not None:
                         fut.set_exception(err)

@@ -12,8 +12,11 @@ from fastapi.responses import Response
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".png": "image/png"}
 #: The pages run only their own script; a value shown as text cannot become code either way.
-_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'",
-            "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}  # fmt: skip
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
 
 
 def mount_pages(api: FastAPI) -> None:

@@ -64,8 +64,10 @@ HELLO_PATH = "/peer/hello"
 PROOF_TTL_S = 30.0
 #: How far a forwarded request's clock may be from ours.
 SKEW_S = 60.0
-NO_SECRET = ("set the same RUNSTATE_INSTANCE_SECRET on every serve instance: without it instances "
-             "neither forward nor accept forwarded requests")  # fmt: skip
+NO_SECRET = (
+    "set the same RUNSTATE_INSTANCE_SECRET on every serve instance: without it instances "
+    "neither forward nor accept forwarded requests"
+)
 
 
 def body_digest(body: bytes | None) -> str:
@@ -126,8 +128,11 @@ class PeerGate:
         if not ts.isdigit() or abs(now - int(ts)) > SKEW_S:
             raise AuthError(f"a forwarded request signed at {ts!r}, more than {SKEW_S:g} s from now", 401)
         if not self.keys.verify(sig, "request", self.me, method, path, query, ident, ts, nonce, digest):
-            raise AuthError("a forwarded request not signed by an instance for this address "
-                            "(RUNSTATE_INSTANCE_SECRET differs, or an impostor)", 401)  # fmt: skip
+            raise AuthError(
+                "a forwarded request not signed by an instance for this address "
+                "(RUNSTATE_INSTANCE_SECRET differs, or an impostor)",
+                401,
+            )
         if nonce in self._nonces:
             raise AuthError("a forwarded request seen before (replayed)", 401)
         if len(self._nonces) > 10_000:
@@ -167,8 +172,7 @@ class Unavailable(RunstateError):
 class Router:
     """Caches the group's assignment for ``ttl_s``; refreshed on demand after a miss."""
 
-    def __init__(self, log: EventLog, group_id: str, me: str, keys: InstanceKeys | None,
-                 ttl_s: float = 2.0) -> None:  # fmt: skip
+    def __init__(self, log: EventLog, group_id: str, me: str, keys: InstanceKeys | None, ttl_s: float = 2.0) -> None:
         self.log = log
         self.group_id = group_id
         self.me = me
@@ -197,7 +201,7 @@ class Router:
                 owners = {}
                 for m in members:
                     if m.client_id.startswith(CLIENT_ID_PREFIX):
-                        url = m.client_id[len(CLIENT_ID_PREFIX):]
+                        url = m.client_id[len(CLIENT_ID_PREFIX) :]
                         owners.update({p: url for p in m.partitions})
                 self._owners = owners
                 self._read_at = time.monotonic()
@@ -214,8 +218,11 @@ class Router:
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
             # A long timeout: a forwarded patch waits for its decision (up to 60 s).
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=70.0, sock_connect=2.0),
-                                               connector=aiohttp.TCPConnector(limit=256), auto_decompress=False)  # fmt: skip
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=70.0, sock_connect=2.0),
+                connector=aiohttp.TCPConnector(limit=256),
+                auto_decompress=False,
+            )
         return self._http
 
     def _refuse(self, url: str, why: str) -> ForwardError:
@@ -232,8 +239,9 @@ class Router:
             return
         nonce = secrets.token_hex(16)
         try:
-            async with self._session().post(url + HELLO_PATH, json={"nonce": nonce},
-                                             timeout=aiohttp.ClientTimeout(total=5.0)) as resp:  # fmt: skip
+            async with self._session().post(
+                url + HELLO_PATH, json={"nonce": nonce}, timeout=aiohttp.ClientTimeout(total=5.0)
+            ) as resp:
                 answer = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as e:
             raise ForwardError(f"{type(e).__name__}: {e}") from e
@@ -242,12 +250,22 @@ class Router:
         except (orjson.JSONDecodeError, AttributeError):
             proof = None
         if not isinstance(proof, str) or not self.keys.verify(proof, "hello", url, nonce):
-            raise self._refuse(url, "did not prove the instance secret (an impostor in the group, "
-                                    "or RUNSTATE_INSTANCE_SECRET differs)")  # fmt: skip
+            raise self._refuse(
+                url, "did not prove the instance secret (an impostor in the group, or RUNSTATE_INSTANCE_SECRET differs)"
+            )
         self._proved[url] = time.monotonic() + PROOF_TTL_S
 
-    async def forward(self, url: str, method: str, path: str, params: list[tuple[str, str]],
-                      headers: dict[str, str], body: bytes | None = None, *, who: Identity | None) -> Forwarded:
+    async def forward(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        params: list[tuple[str, str]],
+        headers: dict[str, str],
+        body: bytes | None = None,
+        *,
+        who: Identity | None,
+    ) -> Forwarded:
         """One forwarded request, as ``who``, to an instance that proved the secret; its
         answer only if the owner signed it. Raises :class:`Unavailable` without a secret,
         :class:`ForwardError` on transport errors and unproved peers."""
@@ -258,8 +276,13 @@ class Router:
         await self._prove(url)
         ts, nonce, ident, digest = str(int(time.time())), secrets.token_hex(16), identity_header(who), body_digest(body)
         sig = self.keys.sign("request", url, method, path, urlencode(params), ident, ts, nonce, digest)
-        sent = {**headers, FORWARDED: self.me, IDENTITY: ident, SIGNED: f"{ts};{nonce};{sig}",
-                "x-runstate-body-sha256": digest}  # fmt: skip
+        sent = {
+            **headers,
+            FORWARDED: self.me,
+            IDENTITY: ident,
+            SIGNED: f"{ts};{nonce};{sig}",
+            "x-runstate-body-sha256": digest,
+        }
         # Sent as it is: the path's ids are percent-encoded (a "/" in a run id is %2F), which
         # a re-quoting client would undo or change, and the owner checks the path it signed.
         query = urlencode(params)

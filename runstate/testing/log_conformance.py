@@ -113,7 +113,13 @@ class LogConformance:
         a = prod.append(topic, "run_x", value, (("reason", b"r\x00"), ("n", b"1")))
         prod.close()
         [rec] = log.read(topic, a.partition, [a.offset])
-        assert (rec.key, rec.value, rec.offset, rec.partition, rec.topic) == (b"run_x", value, a.offset, a.partition, topic)
+        assert (rec.key, rec.value, rec.offset, rec.partition, rec.topic) == (
+            b"run_x",
+            value,
+            a.offset,
+            a.partition,
+            topic,
+        )
         assert dict(rec.headers) == {"reason": b"r\x00", "n": b"1"}
         assert rec.timestamp_ms > 0
 
@@ -241,7 +247,8 @@ class LogConformance:
                 if members:
                     break
             assert members is not None and [(m.client_id, m.partitions) for m in members] == [
-                ("member@http://127.0.0.1:1", tuple(range(n)))]
+                ("member@http://127.0.0.1:1", tuple(range(n)))
+            ]
         finally:
             consumer.close()
 
