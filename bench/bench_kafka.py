@@ -24,8 +24,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 from confluent_kafka import Producer
 
 from benchkit import kafka_broker
@@ -37,6 +35,8 @@ from runstate.projector.core.working import RunDoc
 from runstate.projector.runtime.loop import Projector
 from runstate.projector.store.partition import PendingBatch, ProjectionStore
 from runstate.schemas.patch import Author, Decision, Patch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 #: The workload's facts cite artifact:// references it never registers: the runs trust that
 #: scheme (the evidence check still runs: one point read per fact).

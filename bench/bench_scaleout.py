@@ -161,7 +161,8 @@ def main() -> None:
             w1 = statistics.median(w for w, _, _ in res[1])
             w2 = statistics.median(w for w, _, _ in res[2])
             print(
-                f"RESULT speed-up of two processes: {w1 / w2:.2f}x (ideal on this 2-core machine with the broker on it: < 2)"
+                f"RESULT speed-up of two processes: {w1 / w2:.2f}x "
+                "(ideal on this 2-core machine with the broker on it: < 2)"
             )
             proj_us = statistics.median(sum(c) for _, c, _ in res[1]) / records * 1e6
             broker_us = statistics.median(b for _, _, b in res[1]) / records * 1e6

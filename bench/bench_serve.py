@@ -338,7 +338,8 @@ def main() -> None:
     print()
     print(f"{'call':58s} {'p50 / p99 / max (ms)':>28s}   n")
     print(
-        f"{'POST patch ?wait -> decision, HTTP, open loop %d/s' % args.rate:58s} {pct(http_append)}   {sent} ({failed} not accepted, {skipped} slots skipped: run in flight)"
+        f"{'POST patch ?wait -> decision, HTTP, open loop %d/s' % args.rate:58s} {pct(http_append)}   "
+        f"{sent} ({failed} not accepted, {skipped} slots skipped: run in flight)"
     )
     if shed:
         print(f"{'  ... answered 429 at once (RUNSTATE_MAX_IN_FLIGHT)':58s} {pct(shed)}   {len(shed)}")
@@ -362,7 +363,8 @@ def main() -> None:
         f"{statistics.median(http_append) / statistics.median(local_append):.2f}x"
     )
     print(
-        f"goals: append->decision p99 {p99(http_append) * 1e3:.1f} ms (< 50: {'met' if p99(http_append) < 0.05 else 'NOT met'}); "
+        f"goals: append->decision p99 {p99(http_append) * 1e3:.1f} ms "
+        f"(< 50: {'met' if p99(http_append) < 0.05 else 'NOT met'}); "
         f"state p99 {p99(http_get) * 1e3:.2f} ms (< 5: {'met' if p99(http_get) < 0.005 else 'NOT met'})"
     )
 

@@ -433,7 +433,8 @@ def main() -> None:
                 f"  (goal p99 < 10: {'met' if p99(load.get_lat) < 0.01 else 'not met'})"
             )
         print(
-            f"    of them sent to the non-owner (ms)              {pct(load.append_forwarded)}  n={len(load.append_forwarded)}"
+            f"    of them sent to the non-owner (ms)              {pct(load.append_forwarded)}  "
+            f"n={len(load.append_forwarded)}"
         )
         print(f"  send slots skipped with {MAX_IN_FLIGHT:,} patches in flight (saturated): {load.skipped}")
         print(f"  sends again: {load.retries}; errors: {len(load.errors)} {load.errors[:3]}; sends {n}")
@@ -446,13 +447,15 @@ def main() -> None:
                 f"{t.get('served', float('nan')):.1f}s"
             )
             print(
-                f"  longest first send -> decision {load.longest:.1f}s (goal < 8s: {'met' if load.longest < 8 else 'not met'}); "
+                f"  longest first send -> decision {load.longest:.1f}s "
+                f"(goal < 8s: {'met' if load.longest < 8 else 'not met'}); "
                 f"longest stretch with no decision after the kill {silence:.1f}s "
                 f"(goal < 6s: {'met' if silence < 6 else 'not met'})"
             )
         print(
             f"  accepted {res['accepted']:,}: lost {res['lost']}, decided twice {res['twice']}; applied without "
-            f"the client seeing it accepted: {res['unacknowledged']}; verify (restored projection against a full replay): "
+            f"the client seeing it accepted: {res['unacknowledged']}; "
+            "verify (restored projection against a full replay): "
             f"{'passes' if res['verify'] else 'FAILS'}"
         )
 

@@ -756,7 +756,8 @@ def before_after(tree: str, only: set[str], quick: bool, repeats: int) -> None:
             if isinstance(value, (int, float)) and not isinstance(value, bool) and all(y.get(key) for _, y in ps):
                 a, b = [x[key] for x, _ in ps], [y[key] for _, y in ps]
                 print(
-                    f"| {fig}: {key} | {spread(a)} | {spread(b)} | {statistics.median(x / y for x, y in zip(a, b)):.2f} |",
+                    f"| {fig}: {key} | {spread(a)} | {spread(b)} | "
+                    f"{statistics.median(x / y for x, y in zip(a, b)):.2f} |",
                     flush=True,
                 )
 
@@ -841,7 +842,8 @@ def main() -> None:
             ratio = statistics.median(x / y for x, y in zip(a, b))
             rows.append(
                 (
-                    f"lower bound of the validated rebuild {what}: `RunState.model_validate_json` of its result alone (ms)",
+                    f"lower bound of the validated rebuild {what}: "
+                    "`RunState.model_validate_json` of its result alone (ms)",
                     spread(a),
                     "eventsourcing " + spread(b),
                     ratio,
@@ -875,7 +877,8 @@ def main() -> None:
             ratio = statistics.median(x / y for x, y in zip(a, b))
             rows.append(
                 (
-                    f"lower bound of `state`: the floor's get + `RunState.model_validate_json` instead of `orjson.loads`, {q} (ms)",
+                    "lower bound of `state`: the floor's get + `RunState.model_validate_json` "
+                    f"instead of `orjson.loads`, {q} (ms)",
                     spread(a),
                     "get + orjson.loads " + spread(b),
                     ratio,

@@ -59,7 +59,9 @@ INTEROP_ARTIFACTS = (
 
 _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 <Configuration status="WARN">
-  <Appenders><Console name="err" target="SYSTEM_ERR"><PatternLayout pattern="[kafka] %d %p %c: %m%n"/></Console></Appenders>
+  <Appenders>
+    <Console name="err" target="SYSTEM_ERR"><PatternLayout pattern="[kafka] %d %p %c: %m%n"/></Console>
+  </Appenders>
   <Loggers><Root level="WARN"><AppenderRef ref="err"/></Root></Loggers>
 </Configuration>
 """
@@ -376,7 +378,7 @@ class LocalKafkaCluster:
             try:
                 if len(AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=5).brokers) >= n:
                     return
-            except Exception:  # noqa: BLE001 - the metadata request failed: not formed yet
+            except Exception:
                 pass
             time.sleep(0.5)
         raise BrokerError(f"fewer than {n} brokers in the cluster after {timeout_s:.0f}s")
@@ -394,7 +396,7 @@ class LocalKafkaCluster:
                 parts = admin.list_topics(topic, timeout=5).topics[topic].partitions.values()
                 if all(p.leader >= 0 and len(p.isrs) == len(p.replicas) for p in parts):
                     return
-            except Exception:  # noqa: BLE001 - metadata not available yet
+            except Exception:
                 pass
             time.sleep(0.5)
         raise BrokerError(f"{topic}: replicas not back in sync after {timeout_s:.0f}s")

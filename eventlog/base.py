@@ -256,7 +256,7 @@ class EventLog(ABC):
     def scan(self, topic: str, partition: int, start: int, end: int, batch: int = 1000) -> Iterator[Record]:
         """Iterate records ``start <= offset < end`` of one partition in order."""
 
-    def purge_superseded(self, topic: str, key: str) -> None:  # noqa: B027 - optional hook
+    def purge_superseded(self, topic: str, key: str) -> None:
         """Remove the records of ``key`` older than its newest from ``topic`` (a compacted
         topic), so that their bytes leave the storage now. Kafka's log cleaner does it within
         the topic's ``max.compaction.lag.ms``; the embedded log does it here."""
@@ -269,5 +269,5 @@ class EventLog(ABC):
     def describe(self) -> str:
         return type(self).__name__
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources."""

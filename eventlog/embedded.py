@@ -457,7 +457,8 @@ class EmbeddedLog(EventLog):
                     rows.append((topic, p, off, kb, value, now, _pack_headers(headers), _crc(kb, value)))
                     out.append(Appended(topic, p, off))
                 self._db.executemany(
-                    "INSERT INTO records(topic, partition, offset, key, value, ts, headers, crc) VALUES (?,?,?,?,?,?,?,?)",
+                    "INSERT INTO records(topic, partition, offset, key, value, ts, headers, crc) "
+                    "VALUES (?,?,?,?,?,?,?,?)",
                     rows,
                 )
                 self._db.executemany(

@@ -296,7 +296,8 @@ class KafkaLog(EventLog):
                 time.sleep(0.2)
         if self.partitions(self.topics.events) != partitions and not created:
             raise LogConfigError(
-                f"topic {self.topics.events!r} exists with {self.partitions(self.topics.events)} partitions, not {partitions}"
+                f"topic {self.topics.events!r} exists with {self.partitions(self.topics.events)} partitions, "
+                f"not {partitions}"
             )
         return created
 

@@ -1,5 +1,5 @@
-"""The ``runstate`` command. Thin: each command calls one function of :mod:`runstate.app` (the demo: :mod:`runstate.demo`)
-and prints its result; :func:`handle_errors` is the one place errors become messages.
+"""The ``runstate`` command. Thin: each command calls one function of :mod:`runstate.app`
+(the demo: :mod:`runstate.demo`) and prints its result; :func:`handle_errors` is the one place errors become messages.
 
 Exit codes: 0 success; 1 an operation failed (run not found, verify mismatch, log/store
 error); 2 bad input (a patch file that is not JSON or not a patch, bad options); 3 a

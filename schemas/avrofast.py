@@ -454,5 +454,5 @@ def _exec(c: _Compiler, schema: dict[str, Any], extra: dict[str, Any]) -> dict[s
         **extra,
     }
     name = f"<avrofast {c.fullname(schema, None)}>"
-    exec(compile("\n".join(c.lines + c.after), name, "exec"), ns)  # noqa: S102 - code generated from our schema
+    exec(compile("\n".join(c.lines + c.after), name, "exec"), ns)
     return ns

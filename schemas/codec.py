@@ -12,8 +12,8 @@ changes of meaning. Records are byte-for-byte what Apache Avro's Java
 runstate 0.1.0 wrote the fingerprint byte-reversed. Such records are still read: a
 published schema is also looked up under its reversed fingerprint (:data:`LEGACY_ORDER`),
 which can be told apart because no two published schemas share either form (checked when
-the registry loads). Nothing writes that order any more. Every published version lives in ``schemas/avro/patch.vN.avsc`` and
-is never edited: a change to the models is published as a new version
+the registry loads). Nothing writes that order any more. Every published version lives in
+``schemas/avro/patch.vN.avsc`` and is never edited: a change to the models is published as a new version
 (``python -m runstate.schemas.codec --publish``), and a test fails while the models and the latest
 published schema differ.
 

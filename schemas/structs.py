@@ -117,7 +117,7 @@ def _type(tp: Any) -> Any:
         meta = _meta(list(args[1:]))
         return inner if meta is None else Annotated[inner, meta]
     if origin is Union or origin is types.UnionType:
-        return Union[tuple(_type(a) for a in args)]  # noqa: UP007 (built from a tuple)
+        return Union[tuple(_type(a) for a in args)]
     if origin is Literal:
         return tp
     if origin is list:
@@ -176,7 +176,7 @@ def _tagged_union(union: Any, tag: Any, metadata: list[Any]) -> Any:
     members = typing.get_args(union)
     if not all(isinstance(m, type) and issubclass(m, BaseModel) for m in members):
         raise TypeError(f"no msgspec equivalent for the discriminated union {union!r}: a member is no model")
-    return Union[tuple(_tagged_struct_of(m, tag) for m in members)]  # noqa: UP007 (built from a tuple)
+    return Union[tuple(_tagged_struct_of(m, tag) for m in members)]
 
 
 def _tagged_struct_of(model: type[BaseModel], tag: str) -> type[msgspec.Struct]:
@@ -292,7 +292,7 @@ def _model_maker(cls: type[msgspec.Struct]) -> Callable[[Any, dict[int, Any]], A
         "names": frozenset(cls.__struct_fields__),
         "_to_model": _to_model,
     }
-    exec(compile(src, f"<to_model {model.__name__}>", "exec"), ns)  # noqa: S102 - generated from the model's own field names
+    exec(compile(src, f"<to_model {model.__name__}>", "exec"), ns)
     return ns["make"]  # type: ignore[no-any-return]
 
 
@@ -483,8 +483,9 @@ def json_writer(model: type[BaseModel] | type[msgspec.Struct]) -> Callable[[Any]
     """``model_dump_json`` of an instance of ``model`` (the store's values: decisions,
     items), written by msgspec from the instance's fields where that gives the same bytes:
     ``model`` and every model it may hold have structs (their fields and types are carried
-    over) and may hold no float. Otherwise pydantic's own serializer. ``model`` may also be a struct made by :func:`struct_of`: its instances are
-    written as the equal model's (through the model where that may hold a float)."""
+    over) and may hold no float. Otherwise pydantic's own serializer. ``model`` may also be a
+    struct made by :func:`struct_of`: its instances are written as the equal model's
+    (through the model where that may hold a float)."""
     if issubclass(model, msgspec.Struct):
         pydantic_model = model_of(model)
         try:

@@ -30,7 +30,6 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import orjson
 import pydantic
 
 from runstate.eventlog.base import EventLog

@@ -138,7 +138,7 @@ def test_one_log_object_is_safe_to_share_between_threads(tmp_path: Path) -> None
         try:
             for i in range(50):
                 producer.append(log.topics.events, f"run-{t}", f"{t}:{i}".encode())
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     def read() -> None:
@@ -146,7 +146,7 @@ def test_one_log_object_is_safe_to_share_between_threads(tmp_path: Path) -> None
             for _ in range(200):
                 for p in range(2):
                     log.scan(log.topics.events, p, 0, log.end_offsets(log.topics.events)[p])
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=write, args=(t,)) for t in range(8)] + [threading.Thread(target=read)]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from bench_context import T0, events, fold  # noqa: E402
+from bench_context import T0, events, fold
 
-from runstate.projector.read.context import approx_tokens, render_context  # noqa: E402
+from runstate.projector.read.context import approx_tokens, render_context
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from pathlib import Path
 
 import pytest
 from helpers import fact, start

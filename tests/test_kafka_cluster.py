@@ -147,7 +147,7 @@ def test_topics_are_replicated_and_acknowledged_appends_survive_broker_and_contr
                 with Projection(tmp_path / "state") as proj:
                     if proj.positions() == ends:
                         break
-            except Exception:  # noqa: BLE001 - stores not there yet
+            except Exception:
                 pass
             assert time.monotonic() < deadline, "the projector did not catch up"
             time.sleep(0.5)

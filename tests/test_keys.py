@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
-from helpers import ev, fact, start
+from helpers import fact, start
 
 from runstate import app
 from runstate.cli import main

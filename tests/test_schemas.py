@@ -391,7 +391,6 @@ import pydantic  # noqa: E402
 from annotated_types import Ge  # noqa: E402
 
 from runstate.schemas.events import EVENT_TYPES  # noqa: E402
-from runstate.schemas.patch import Patch  # noqa: E402
 
 _ZONES = [UTC, timezone(timedelta(hours=8)), timezone(-timedelta(hours=5, minutes=30))]
 
@@ -549,8 +548,8 @@ compiled = []
 real = avrofast.compile_schema
 avrofast.compile_schema = lambda schema: compiled.append(schema) or real(schema)
 from runstate.schemas.patch import Patch
-patch = Patch.model_validate({"run_id": "r", "patch_id": "p", "expected_revision": 0, "created_at": "2026-12-04T10:00:00Z",
-                              "author": {"agent_id": "a", "agent_version": "1"},
+patch = Patch.model_validate({"run_id": "r", "patch_id": "p", "expected_revision": 0,
+                              "created_at": "2026-12-04T10:00:00Z", "author": {"agent_id": "a", "agent_version": "1"},
                               "events": [{"type": "RunStarted", "goal": {"statement": "g"}}]})
 print("read:", codec.read_patch(codec.encode(patch)).run_id, "compiled:", len(compiled))
 """

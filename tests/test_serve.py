@@ -464,10 +464,10 @@ def test_readme_client_example_runs_as_written(served: Served) -> None:
     )
     assert code != block
     scope: dict[str, Any] = {}
-    exec(code, scope)  # noqa: S102 - the README's own example
+    exec(code, scope)
     assert scope["d"].outcome == "accepted" and scope["state"].revision == 3 and scope["state"].phase == "fix"
     again: dict[str, Any] = {}  # run twice, as a reader does: a stale patch is a decision saying so
-    exec(code, again)  # noqa: S102
+    exec(code, again)
     assert again["d"].reason == "revision_conflict" and again["state"].revision == 3
 
 

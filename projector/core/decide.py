@@ -23,7 +23,6 @@ handling needs the decision store, so it is the caller's first step
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from datetime import datetime
 
@@ -31,7 +30,6 @@ from runstate.projector.core.working import Changes, Draft, Item, RunDoc, header
 from runstate.projector.core.outcomes import Decided
 from runstate.projector.core.reducer import Ctx, RuleViolation, apply_event, input_recorders
 from runstate.schemas import events as ev
-from runstate.schemas import structs
 from runstate.schemas.patch import RejectReason
 from runstate.schemas.sealed import PatchEnvelope
 from runstate.schemas.events import GoalSpec
@@ -40,11 +38,11 @@ from runstate.schemas.state import Erasure, RunHeader
 # The core's decisions are the msgspec struct of Decision (schemas/generated/structs.py): one
 # per patch, written to the store as the model's JSON; the model is made where decisions leave
 # the core for callers (structs.to_model).
-from runstate.schemas.generated.structs import Decision as DecisionStruct  # noqa: E402
-from runstate.schemas.generated.structs import FactConfirmed  # noqa: E402
-from runstate.schemas.generated.structs import Patch as PatchStruct  # noqa: E402
-from runstate.schemas.generated.structs import RunErased as RunErasedStruct  # noqa: E402
-from runstate.schemas.generated.structs import RunPolicy  # noqa: E402
+from runstate.schemas.generated.structs import Decision as DecisionStruct
+from runstate.schemas.generated.structs import FactConfirmed
+from runstate.schemas.generated.structs import Patch as PatchStruct
+from runstate.schemas.generated.structs import RunErased as RunErasedStruct
+from runstate.schemas.generated.structs import RunPolicy
 
 #: Events that commute with any concurrent patch (fresh ids are still checked): the event
 #: catalogue's traits say which.
@@ -287,7 +285,8 @@ def decide(
                     digest=digest,
                     revision=current,
                     reason="superseded",
-                    message=f"based on revision {patch.expected_revision}, before the control event at revision {header.last_control_revision}",
+                    message=f"based on revision {patch.expected_revision}, "
+                    f"before the control event at revision {header.last_control_revision}",
                 )
             )
         if control_only:

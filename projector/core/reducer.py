@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from runstate.projector.core.working import Draft, Item
 from runstate.schemas.generated.structs import Budgets as HeaderBudgets
@@ -29,7 +29,7 @@ from runstate.schemas import state, structs
 # state's models (schemas/generated/structs.py), which the type checker sees as they are. A
 # struct's constructor validates nothing: every value is the validated patch's or the core's
 # own (tests/test_properties.py holds each item equal to its validated round trip).
-from runstate.schemas.generated.structs import (  # noqa: E402
+from runstate.schemas.generated.structs import (
     Artifact,
     Constraint,
     Effect,

@@ -21,7 +21,7 @@ from runstate.eventlog.base import Record
 from runstate.projector.core.decide import decide, erased_envelope_decision
 from runstate.projector.core.outcomes import Applied, DeadLetter, Erased
 from runstate.projector.core.reducer import READS
-from runstate.projector.core.working import Changes, Entry, RunDoc
+from runstate.projector.core.working import Entry, RunDoc
 from runstate.schemas import sealed
 from runstate.schemas.codec import content_digest, encode, read_patch
 from runstate.schemas.errors import DecodeError, StoreError

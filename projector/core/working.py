@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import operator
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import orjson
@@ -41,15 +41,12 @@ import orjson
 from runstate.schemas import structs
 from runstate.schemas.structs import updated
 from runstate.schemas.events import GoalSpec, Model
-from runstate.schemas.state import COLLECTIONS, ITEM_KEY, Budgets, Goal, RunHeader, RunState, Transition, Waiting
+from runstate.schemas.state import COLLECTIONS, ITEM_KEY, RunHeader, RunState
 
 # The working header is the msgspec struct generated from RunHeader
 # (schemas/generated/structs.py), and so are the values in it; the type checker sees them as
 # they are.
-from runstate.schemas.generated.structs import Budgets as HeaderBudgets  # noqa: E402
-from runstate.schemas.generated.structs import RunHeader as Header  # noqa: E402
-from runstate.schemas.generated.structs import Transition as HeaderTransition  # noqa: E402
-from runstate.schemas.generated.structs import Waiting as HeaderWaiting  # noqa: E402
+from runstate.schemas.generated.structs import RunHeader as Header
 
 Key = tuple[str, str]  # (collection, item id)
 #: Header fields the public document does not have (working bookkeeping, derived from it).

@@ -77,7 +77,8 @@ def _lines(state: Any, now: datetime | None, stale_after: timedelta, add: Callab
     s: Any = state
 
     add(
-        f"RUN {s.run_id} | status: {s.status} | phase: {s.phase or '-'} | revision {s.revision} | agent version {s.agent_version}"
+        f"RUN {s.run_id} | status: {s.status} | phase: {s.phase or '-'} | revision {s.revision} "
+        f"| agent version {s.agent_version}"
     )
     add(f"GOAL: {s.goal.statement}")
     if s.goal.scope.include or s.goal.scope.exclude:
@@ -260,7 +261,10 @@ def _render_kept(lines: list[_Line], keep: set[int], max_tokens: int) -> str:
             if tokens > max_tokens
             else ""
         )
-        return f"CONTEXT: about {tokens} of {max_tokens} tokens (characters / 4), this line included; left out: {what}{over}\n"
+        return (
+            f"CONTEXT: about {tokens} of {max_tokens} tokens (characters / 4), this line included; "
+            f"left out: {what}{over}\n"
+        )
 
     # The count in the last line is of the whole text, the line itself included.
     tokens = approx_tokens(body + footer(approx_tokens(body)))

@@ -2,7 +2,8 @@
 
 A :class:`Projection` opens each partition's store read-only on first use and keeps it
 open: the view is consistent as of that open (RocksDB read-only instances include the
-writer's WAL); a long-lived reader closes and reopens it to see newer writes. Opening read-only never blocks or disturbs the projector.
+writer's WAL); a long-lived reader closes and reopens it to see newer writes. Opening
+read-only never blocks or disturbs the projector.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def _splicer() -> Callable[[Any, dict[bytes, bytes]], bytes]:
     pieces.append("b'}'")
     src = "def splice(spans, lists):\n    return b''.join((" + ", ".join(pieces) + "))\n"
     ns: dict[str, Any] = {"_view": memoryview}
-    exec(compile(src, "<state document splicer>", "exec"), ns)  # noqa: S102 - generated from RunState's own field names
+    exec(compile(src, "<state document splicer>", "exec"), ns)
     return ns["splice"]  # type: ignore[no-any-return]
 
 

@@ -38,7 +38,7 @@ from runstate.projector.core.working import Changes, Entry, Header, RunDoc
 from runstate.projector.store import document
 from runstate.schemas.errors import ContractError, RunErased, StoreError, StoreLocked
 from runstate.schemas.patch import Decision
-from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, RunState, graph_key, graph_value_key, status_span
+from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, graph_key, graph_value_key, status_span
 
 
 @dataclass(frozen=True)
