@@ -52,6 +52,13 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     # librdkafka leaves Nagle's algorithm on; with delayed ACKs it stalls small requests.
     "socket.nagle.disable": True,
 }
+#: Beyond a patch's encoded bytes, what its record may carry: the sealed envelope, the key,
+#: the headers and the record batch's own framing.
+RECORD_OVERHEAD = 64 * 1024
+#: librdkafka's and the broker's own defaults for the largest record (message.max.bytes,
+#: max.message.bytes): runstate raises them to what a patch of its limit needs, never lowers them.
+_CLIENT_MAX_BYTES, _TOPIC_MAX_BYTES = 1_000_000, 1_048_588
+
 CONSUMER_DEFAULTS: dict[str, Any] = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
@@ -106,6 +113,7 @@ T = TypeVar("T")
 
 
 LIBRDKAFKA_LOG = logging.getLogger(LIBRDKAFKA_LOGGER)
+log = logging.getLogger("runstate.kafka")
 
 
 def _retrying(call: Callable[[], T], retry: frozenset[int], deadline: float, what: str) -> T:
@@ -148,10 +156,14 @@ class KafkaLog(EventLog):
         config: dict[str, Any] | None = None,
         *,
         key_purge_ms: int = 3_600_000,
+        max_patch_bytes: int = 1024 * 1024,
     ) -> None:
         if not bootstrap:
             raise LogConfigError("kafka:// URL needs HOST:PORT")
         self.bootstrap = bootstrap
+        #: the largest record the events topic and the producer must take: a patch of the
+        #: limit (RUNSTATE_MAX_PATCH_BYTES) in its sealed envelope, with its key and headers
+        self.max_record_bytes = max_patch_bytes + RECORD_OVERHEAD
         #: the longest an erased run's old key record stays in the keys topic's files (set
         #: on the topic when it is created)
         self.key_purge_ms = key_purge_ms
@@ -245,8 +257,16 @@ class KafkaLog(EventLog):
         isr = {"min.insync.replicas": "2"} if replication >= 2 else {}
         wanted = [
             # The broker's clock stamps each patch: the one time no client can claim.
+            # A record as large as a patch of the limit (RUNSTATE_MAX_PATCH_BYTES) is taken.
             NewTopic(
-                self.topics.events, partitions, replication, config={**isr, "message.timestamp.type": "LogAppendTime"}
+                self.topics.events,
+                partitions,
+                replication,
+                config={
+                    **isr,
+                    "message.timestamp.type": "LogAppendTime",
+                    "max.message.bytes": str(max(_TOPIC_MAX_BYTES, self.max_record_bytes)),
+                },
             ),
             NewTopic(
                 self.topics.checkpoints,
@@ -327,6 +347,19 @@ class KafkaLog(EventLog):
                 f"kafka-configs --alter --entity-type topics --entity-name {self.topics.events} "
                 "--add-config message.timestamp.type=LogAppendTime"
             )
+        takes = int(events["max.message.bytes"].value or _TOPIC_MAX_BYTES)
+        if takes < self.max_record_bytes:
+            # Not refused: a topic made before runstate set it works for every patch below it.
+            log.warning(
+                "%r takes records up to %d bytes (max.message.bytes), less than a patch of "
+                "RUNSTATE_MAX_PATCH_BYTES in its record (%d): a larger patch fails to append. "
+                "kafka-configs --alter --entity-type topics --entity-name %s --add-config max.message.bytes=%d",
+                self.topics.events,
+                takes,
+                self.max_record_bytes,
+                self.topics.events,
+                self.max_record_bytes,
+            )
         for name, configs in ((self.topics.events, events), (self.topics.checkpoints, checkpoints)):
             replicas = self._replicas.get(name, 1)
             isr = int(configs["min.insync.replicas"].value or 1)
@@ -350,6 +383,7 @@ class KafkaLog(EventLog):
         conf = {
             "bootstrap.servers": self.bootstrap,
             **PRODUCER_DEFAULTS,
+            "message.max.bytes": max(_CLIENT_MAX_BYTES, self.max_record_bytes),
             **self._common(),
             **{k[len("producer.") :]: v for k, v in self.config.items() if k.startswith("producer.")},
         }

@@ -122,6 +122,7 @@ def _open_raw(settings: Settings, create: bool = True) -> EventLog:
             k: str(v) if not isinstance(v, bool) else str(v).lower() for k, v in settings.kafka_config.items()
         },
         key_purge_s=settings.key_purge_s,
+        max_patch_bytes=settings.max_patch_bytes,
     )
 
 

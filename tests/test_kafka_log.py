@@ -264,3 +264,31 @@ def test_with_cooperative_assignment_a_member_keeps_its_partitions_while_another
     assert not set(revoked) & set(kept), seen["a"]
     a.close()
     log.close()
+
+
+def test_a_patch_up_to_the_configured_limit_goes_through_kafka(kafka_bootstrap: str) -> None:
+    """RUNSTATE_MAX_PATCH_BYTES is the limit on Kafka too: the topics runstate creates and its
+    producer take a record of that size (librdkafka's own default stops at 1,000,000 bytes,
+    the broker's at 1 MiB), so a patch of 1.5 MB under a 2 MiB limit is appended and decided;
+    one over the limit is PatchTooLarge naming the setting, before anything is sent."""
+    from runstate.eventlog import open_log
+    from runstate.projector.read.queries import Projection
+    from runstate.schemas.errors import PatchTooLarge
+
+    topics = TopicNames.with_prefix(f"t{uuid.uuid4().hex[:10]}")
+    limit = 2 * 1024 * 1024
+    log = open_log(f"kafka://{kafka_bootstrap}", topics=topics, max_patch_bytes=limit)
+    log.create_topics(1)
+    prod = RunProducer(log, Author(agent_id="a", agent_version="1"), max_patch_bytes=limit)
+    big = {"type": "RunStarted", "goal": {"statement": "x" * 1_500_000}}
+    prod.append(prod.events("big", 0, [big]))
+    with pytest.raises(PatchTooLarge, match="RUNSTATE_MAX_PATCH_BYTES"):
+        prod.append(prod.events("big", 1, [{"type": "PhaseChanged", "phase": "y" * (limit + 1)}]))
+    prod.close()
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as state:
+        Projector(log, state, group_id=f"g-{uuid.uuid4().hex[:8]}").run(until_caught_up=True, poll_timeout_s=0.1)
+        with Projection(state) as proj:
+            assert len(proj.state("big").goal.statement) == 1_500_000
+    log.close()
