@@ -136,7 +136,7 @@ class CheckpointWriter:
         #: partitions whose outbox is known to be empty (the last publish cleared it): their
         #: next outbox is exactly what the next batch adds, no scan needed. A scan is not
         #: free: it seeks over the tombstones of every cleared entry not yet compacted away
-        #: (a third of this thread's time in serve, measured on the performance page).
+        #: (what it cost is on the performance page).
         self._outbox_empty: set[int] = set()
         self.written = 0
 
