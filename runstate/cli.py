@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import click
 import orjson
@@ -28,6 +28,7 @@ from runstate.progress import Progress
 from runstate.projector.store.statedir import check_state_dir
 from runstate.projector.runtime.loop import ProjectorStats
 from runstate.schemas.errors import ContractError, RunstateError, describe_validation_error
+from runstate.schemas.state import RunStatus
 from runstate.eventlog.keystore import MasterKey
 from runstate.settings import Settings
 
@@ -255,7 +256,7 @@ def context(ctx: click.Context, run_id: str, max_tokens: int | None) -> None:
 
 
 @main.command()
-@click.option("--status", type=click.Choice(["running", "waiting", "completed", "failed", "cancelled", "erased"]))
+@click.option("--status", type=click.Choice(get_args(RunStatus)))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 @handle_errors

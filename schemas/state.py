@@ -36,8 +36,13 @@ from runstate.schemas.events import (
 CURRENT_SCHEMA_VERSION = 4
 
 RunStatus = Literal["running", "waiting", "completed", "failed", "cancelled", "erased"]
-TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled", "erased"})
+#: The statuses a run ends in by its own events; an erased run has ended too.
+FINISHED_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+TERMINAL_STATUSES: frozenset[str] = FINISHED_STATUSES | {"erased"}
 TaskStatus = Literal["pending", "running", "blocked", "completed", "failed", "cancelled"]
+#: A task still to be done (its goal's scope and its owner still matter), and one that is done.
+OPEN_TASK_STATUSES: frozenset[str] = frozenset({"pending", "running", "blocked"})
+DONE_TASK_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 
 
 class MigratedFrom(Model):

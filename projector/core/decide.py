@@ -33,7 +33,7 @@ from runstate.schemas import events as ev
 from runstate.schemas.patch import RejectReason
 from runstate.schemas.sealed import PatchEnvelope
 from runstate.schemas.events import GoalSpec
-from runstate.schemas.state import Erasure, RunHeader
+from runstate.schemas.state import FINISHED_STATUSES, Erasure, RunHeader
 
 # The core's decisions are the msgspec struct of Decision (schemas/generated/structs.py): one
 # per patch, written to the store as the model's JSON; the model is made where decisions leave
@@ -208,7 +208,7 @@ def decide(
         current = header.revision
         # Deleting a LangGraph thread or some of its checkpoints is accepted in any status
         # (what LangGraph deletes must go).
-        if header.status in ("completed", "failed", "cancelled") and not set(types) <= ev.ANY_STATUS_EVENT_TYPES:
+        if header.status in FINISHED_STATUSES and not set(types) <= ev.ANY_STATUS_EVENT_TYPES:
             return Decided(
                 _decision(
                     patch,
@@ -318,7 +318,7 @@ def decide(
     )
     draft = Draft(doc, header)
     for i, event in enumerate(patch.events):
-        if i > 0 and draft.hget("status") in ("completed", "failed", "cancelled"):
+        if i > 0 and draft.hget("status") in FINISHED_STATUSES:
             return Decided(
                 _decision(
                     patch,

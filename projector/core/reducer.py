@@ -200,7 +200,7 @@ def _goal_changed(d: Draft, e: gen.GoalChanged, ctx: Ctx) -> None:
     cancelled: set[str] = set()
     for task in list(d.values("tasks")):
         assert isinstance(task, Task)
-        if task.status in ("pending", "running", "blocked") and task.scope:
+        if task.status in state.OPEN_TASK_STATUSES and task.scope:
             if not any(_in_scope(p, e.goal.scope) for p in task.scope) or any(
                 any(p.startswith(x) for x in e.goal.scope.exclude) for p in task.scope
             ):
@@ -212,7 +212,7 @@ def _goal_changed(d: Draft, e: gen.GoalChanged, ctx: Ctx) -> None:
         for task in list(d.values("tasks")):
             assert isinstance(task, Task)
             lost = sorted(set(task.depends_on) & cancelled)
-            if task.status in ("pending", "running", "blocked") and lost:
+            if task.status in state.OPEN_TASK_STATUSES and lost:
                 _cancel_task(
                     d,
                     task,
@@ -299,7 +299,7 @@ def _permission_revoked(d: Draft, e: gen.PermissionRevoked, ctx: Ctx) -> None:
     why = f"permission of {e.agent_id!r} revoked at revision {ctx.revision}: {e.reason}"
     for task in list(d.values("tasks")):
         assert isinstance(task, Task)
-        if task.status in ("pending", "running", "blocked") and (since_base(task) or task.owner == e.agent_id):
+        if task.status in state.OPEN_TASK_STATUSES and (since_base(task) or task.owner == e.agent_id):
             _cancel_task(d, task, why, ctx)
     for kind, key in (("confirmed_facts", "id"), ("hypotheses", "id"), ("artifacts", "id")):
         for item in list(d.values(kind)):
@@ -514,7 +514,7 @@ def _close_loose_ends(d: Draft, why: str, ctx: Ctx) -> None:
     unknown: the checkpoint's verdict asks to reconcile them)."""
     for task in list(d.values("tasks")):
         assert isinstance(task, Task)
-        if task.status in ("pending", "running", "blocked"):
+        if task.status in state.OPEN_TASK_STATUSES:
             _cancel_task(d, task, why, ctx)
     for call in list(d.values("pending_tool_calls")):
         assert isinstance(call, ToolCall)

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from runstate.schemas.state import RunState
+from runstate.schemas.state import DONE_TASK_STATUSES, RunState
 
 
 def _when(t: datetime | None) -> str:
@@ -126,7 +126,7 @@ def _lines(state: Any, now: datetime | None, stale_after: timedelta, add: Callab
                 rank,
                 None if rank == _REQUIRED else "pending tasks",
             )
-    done = {k: len(v) for k, v in by_status.items() if k in ("completed", "failed", "cancelled")}
+    done = {k: len(v) for k, v in by_status.items() if k in DONE_TASK_STATUSES}
     if done:
         add("  finished: " + ", ".join(f"{n} {k}" for k, n in sorted(done.items())), (6, 0), "finished-task summaries")
 
