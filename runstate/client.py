@@ -23,8 +23,10 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, unquote
 
+import aiohttp
 import httpx
 import orjson
+import yarl
 from pydantic import TypeAdapter
 
 from runstate.schemas.errors import (
@@ -281,12 +283,72 @@ def _sse_data(lines: Iterator[str]) -> Iterator[str]:
             data = []
 
 
+class _AiohttpStream(httpx.AsyncByteStream):
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._resp.content.iter_any():
+                yield chunk
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise httpx.ReadError(str(e) or type(e).__name__) from e
+
+    async def aclose(self) -> None:
+        self._resp.release()
+
+
+class _AiohttpTransport(httpx.AsyncBaseTransport):
+    """httpx's requests sent through aiohttp's connection pool. With many requests in flight
+    at once (a LangGraph app's threads), httpcore's pool checked every connection on every
+    request and took most of a client's CPU, as it did in serve's forwarding hop. Errors
+    are httpx's (a refused connection is ``httpx.ConnectError``, and so on), so the client
+    retries as before."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    def _pool(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # No limit of its own: httpx's timeouts bound each request; decoding is httpx's.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+        return self._session
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        t = request.extensions.get("timeout", {})
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=t.get("connect"), sock_read=t.get("read"))
+        try:
+            resp = await self._pool().request(
+                request.method,
+                # As httpx encoded it: aiohttp must not decode or normalize an id's escapes
+                # (x%2F..%2Fvictim is one run, not a path to another).
+                yarl.URL(str(request.url), encoded=True),
+                headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw],
+                data=request.content,
+                timeout=timeout,
+                allow_redirects=False,
+            )
+        except aiohttp.ClientConnectorError as e:
+            raise httpx.ConnectError(str(e), request=request) from e
+        except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as e:
+            raise httpx.ReadTimeout(str(e) or "timed out", request=request) from e
+        except aiohttp.ClientError as e:
+            raise httpx.ReadError(str(e) or type(e).__name__, request=request) from e
+        return httpx.Response(resp.status, headers=resp.raw_headers, stream=_AiohttpStream(resp), request=request)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
 class AsyncClient(_Base):
     """The same verbs for asyncio."""
 
     def __init__(self, url: str, token: str | None = None, *, timeout_s: float = 70.0, retry_s: float = 10.0) -> None:
         super().__init__(url, token, retry_s)
-        self.http = httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=timeout_s)
+        self.http = httpx.AsyncClient(
+            base_url=self.url, headers=self.headers, timeout=timeout_s, transport=_AiohttpTransport()
+        )
 
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         deadline = time.monotonic() + self.retry_s

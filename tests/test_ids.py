@@ -114,6 +114,8 @@ def test_a_path_the_server_cannot_route_is_refused_not_resolved_to_another_run(
     served: tuple[ServeProcess, Settings],
 ) -> None:
     proc, _s = served
+    with Client(proc.url) as rs:  # the run a bad path must not reach (another test may have made it)
+        rs.submit("victim", {"expected_revision": 0, "events": [start("victim's goal")]})
     for target in (
         "/runs/x/../victim",
         "/runs/x/../victim/patches",
