@@ -63,10 +63,10 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
     "auto.offset.reset": "earliest",
-    # The broker's least (group.min.session.timeout.ms): a dead instance's partitions move
-    # after it. librdkafka heartbeats from its own thread, so a busy Python thread does not
-    # miss one; a partition's restore runs under max.poll.interval.ms instead.
-    "session.timeout.ms": 6_000,
+    # A dead instance's partitions move after it. 6 s (the broker's least) takes over sooner
+    # (docs/kafka.md recommends it); the default leaves a member more room through a broker
+    # restart, after which a member that lost its session rejoins and reads metadata again.
+    "session.timeout.ms": 10_000,
     "heartbeat.interval.ms": 1_000,
     "max.poll.interval.ms": 300_000,
     "fetch.wait.max.ms": 50,
