@@ -7,7 +7,7 @@ worker moves from local to remote by changing a URL::
         state = rs.state("run_1", min_revision=d.revision)
 
 Errors are runstate's own: :class:`ContractError` (422 with ``field``, and 413: the patch
-is too large), :class:`RunNotFound` (404), :class:`DecisionTimeout`,
+is too large), :class:`RunNotFound` (404), :class:`RunErased` (410), :class:`DecisionTimeout`,
 :class:`ServiceError` (401/403 and the rest). A 503 (the owner of the run's partition is
 moving) is retried, honouring ``Retry-After``, for up to ``retry_s`` seconds.
 """
@@ -34,6 +34,7 @@ from runstate.schemas.errors import (
     DecisionTimeout,
     FieldNeverSet,
     PatchTooLarge,
+    RunErased,
     RunNotFound,
     RunstateError,
 )
@@ -123,6 +124,8 @@ def _raise(resp: httpx.Response) -> None:
         raise FieldNeverSet(run_id, resp.request.url.params.get("path", "?"))
     if resp.status_code == 404 and code == "not_found":
         raise RunNotFound(run_id)
+    if resp.status_code == 410 and code == "erased":
+        raise RunErased(run_id, err.get("erasure"))
     retry = resp.headers.get("retry-after")
     raise ServiceError(resp.status_code, code, message, float(retry) if retry and retry.isdigit() else None)
 

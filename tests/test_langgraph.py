@@ -204,8 +204,8 @@ def test_mistakes_are_typed_errors_and_a_deleted_thread_stays_deleted(tmp_path: 
         # A late write (LangGraph issue 7206) must not bring the thread back.
         with pytest.raises(PatchRejected, match="run_terminal"):
             saver.put_writes(stored, [("ch", "late")], "task-2")
-        with pytest.raises(PatchRejected, match="run_terminal"):
-            saver.put(cfg, generate_checkpoint(), generate_metadata(), {})
+        with pytest.raises(PatchRejected, match="run_terminal"):  # the next checkpoint of the deleted one
+            saver.put(stored, generate_checkpoint(), generate_metadata(), {})
         assert saver.get_tuple(generate_config("t1")) is None
         saver.delete_thread("never-existed")  # no error, as LangGraph's savers
 
@@ -524,3 +524,103 @@ def test_the_patch_limit_is_the_setting_on_every_path_and_too_large_is_patch_too
             served.put(generate_config("big"), big, generate_metadata(), {})
     finally:
         assert serve.stop() == 0, serve.log()
+
+
+class _ChatState(TypedDict):
+    said: Annotated[list[str], lambda a, b: a + b]
+
+
+def _chat_graph(saver: Any) -> Any:
+    """One node answering the last thing said."""
+    from langgraph.graph import START, StateGraph
+
+    g = StateGraph(_ChatState)
+    g.add_node("answer", lambda s: {"said": [f"re: {s['said'][-1]}"]})
+    g.add_edge(START, "answer")
+    return g.compile(checkpointer=saver)
+
+
+def _clear_the_chat_and_keep_the_id(saver: Any, again: Any) -> None:
+    """``delete_thread`` then a new conversation on the same id ("clear the chat, keep the
+    id"): the thread starts over, a late write of the deleted conversation is still refused,
+    a saver that never saw the thread (``again``, another process's) finds the new
+    conversation, and so on, a third time; a thread whose id ends as a later generation's
+    run id does is another thread."""
+    from runstate.schemas.errors import RunErased
+
+    graph, cfg = _chat_graph(saver), {"configurable": {"thread_id": "chat 7"}}
+    assert graph.invoke({"said": ["hello"]}, cfg)["said"] == ["hello", "re: hello"]
+    late = saver.get_tuple(cfg).config
+    saver.delete_thread("chat 7")
+    assert saver.get_tuple(cfg) is None
+    assert graph.invoke({"said": ["again"]}, cfg)["said"] == ["again", "re: again"]
+    assert graph.get_state(cfg).values["said"] == ["again", "re: again"]
+    assert len(list(saver.list(cfg))) == 3  # input, answer, and the start: this conversation's only
+    with pytest.raises((PatchRejected, RunErased)):  # the deleted conversation's late write
+        saver.put_writes(late, [("said", ["late"])], "task-late")
+    assert _chat_graph(again).get_state(cfg).values["said"] == ["again", "re: again"]
+    other = {"configurable": {"thread_id": "chat 7~2"}}
+    assert graph.invoke({"said": ["other"]}, other)["said"] == ["other", "re: other"]
+    again.delete_thread("chat 7")  # the other process deletes the second conversation
+    assert graph.invoke({"said": ["third"]}, cfg)["said"] == ["third", "re: third"]
+    assert _chat_graph(again).get_state(cfg).values["said"] == ["third", "re: third"]
+    assert graph.get_state(other).values["said"] == ["other", "re: other"]
+
+
+def test_a_deleted_thread_id_starts_a_new_conversation(tmp_path: Path) -> None:
+    with (
+        RunstateSaver.from_conn_string(tmp_path / "rs") as saver,
+        RunstateSaver.from_conn_string(tmp_path / "rs") as again,
+    ):
+        _clear_the_chat_and_keep_the_id(saver, again)
+    assert "GraphThreadDeleted" in _cli(tmp_path / "rs", "history", "chat 7")
+    assert "RunStarted" in _cli(tmp_path / "rs", "history", "chat 7~3")
+
+
+def test_a_deleted_thread_id_starts_a_new_conversation_with_a_master_key_and_through_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Erased for good (the master key ties an erasure to its run id): the new conversation
+    is another run. Embedded, and through serve with the async saver."""
+    from runstate.eventlog.keystore import MasterKey
+
+    key = MasterKey.generate()
+    monkeypatch.setenv("RUNSTATE_MASTER_KEY", key)
+    with (
+        RunstateSaver.from_conn_string(tmp_path / "rs") as saver,
+        RunstateSaver.from_conn_string(tmp_path / "rs") as again,
+    ):
+        _clear_the_chat_and_keep_the_id(saver, again)
+    assert "RunErased" in _cli(tmp_path / "rs", "history", "chat 7")
+    serve = ServeProcess(
+        {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}, tmp_path
+    )
+    try:
+        serve.wait_ready()
+
+        async def through_serve() -> None:
+            async with (
+                AsyncRunstateSaver.from_conn_string(serve.url) as saver,
+                AsyncRunstateSaver.from_conn_string(serve.url) as again,
+            ):
+                await asyncio.to_thread(_clear_the_chat_and_keep_the_id, saver, again)
+
+        asyncio.run(through_serve())
+    finally:
+        assert serve.stop() == 0, serve.log()
+    assert "RunErased" in _cli(tmp_path, "history", "chat 7~2")
+
+
+def test_a_thread_id_too_long_for_its_next_generation_says_so(tmp_path: Path) -> None:
+    from runstate.integrations.langgraph import generation_run_id, thread_of
+
+    long = "t" * 199
+    assert generation_run_id(long, 1) == long and thread_of("chat~2") == ("chat", 2)
+    assert generation_run_id("chat~2", 1) == "chat~2~1" and thread_of("chat~2~1") == ("chat~2", 1)
+    assert generation_run_id("a~02", 1) == "a~02" and thread_of("a~02") == ("a~02", 1)
+    with RunstateSaver.from_conn_string(tmp_path / "rs") as saver:
+        graph, cfg = _chat_graph(saver), {"configurable": {"thread_id": long}}
+        graph.invoke({"said": ["hello"]}, cfg)
+        saver.delete_thread(long)
+        with pytest.raises(ValueError, match="too long for generation 2"):
+            graph.invoke({"said": ["again"]}, cfg)

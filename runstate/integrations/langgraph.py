@@ -19,8 +19,10 @@ sends them concurrently); a write of a regular channel saved again under the sam
 ``(task_id, idx)`` is kept as it was, a special channel's (error, interrupt, ...) replaces
 it; after :meth:`~RunstateSaver.delete_thread` the thread's run is erased where content is sealed
 (``RUNSTATE_MASTER_KEY``), else cancelled, so that a late write to it is refused
-(:class:`~runstate.agent.PatchRejected`, ``run_erased`` / ``run_terminal``) rather than
-bringing the thread back. A checkpoint larger than the patch limit is refused with
+(:class:`~runstate.agent.PatchRejected` ``run_terminal``, or
+:class:`~runstate.schemas.errors.RunErased`) rather than bringing the thread back; a new
+conversation on the same id (a checkpoint without a parent) starts the thread's next
+*generation*, a run of its own (:func:`generation_run_id`). A checkpoint larger than the patch limit is refused with
 :class:`~runstate.schemas.errors.PatchTooLarge`, which names ``RUNSTATE_MAX_PATCH_BYTES``.
 """
 
@@ -29,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import random
+import re
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -51,12 +55,14 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 import runstate
 from runstate.agent import AsyncBackend, Backend, PatchRejected, _draft, async_backend, backend
 from runstate.schemas import events
+from runstate.schemas.errors import RunErased, RunNotFound
 from runstate.schemas.patch import Author, Decision
+from runstate.schemas.state import TERMINAL_STATUSES
 
 #: The reason an erasure by ``delete_thread`` records.
 DELETE_REASON = "LangGraph delete_thread"
 
-__all__ = ["AsyncRunstateSaver", "RunstateSaver"]
+__all__ = ["AsyncRunstateSaver", "RunstateSaver", "generation_run_id", "thread_of"]
 
 #: The author of the saver's patches unless told otherwise (a serve with tokens uses the token's).
 DEFAULT_AUTHOR = Author(agent_id="langgraph", agent_version=runstate.__version__)
@@ -67,8 +73,55 @@ _START, _SUPERSEDED = "unknown_run", "superseded"
 #: ``copy_thread`` puts checkpoints in one patch up to this many bytes of their values (one
 #: bigger than that goes alone: it was saved once, so it fits a patch).
 COPY_BYTES = 256 * 1024
+#: The longest run id (``schemas.events.Id``).
+MAX_RUN_ID = 200
+#: How many checkpoints a saver remembers the generation of (the latest ones it wrote or read).
+REMEMBERED_CHECKPOINTS = 10_000
 #: ``prune``'s strategies, as LangGraph names them.
 PRUNE_STRATEGIES = ("keep_latest", "delete")
+
+
+#: A later generation's run id: ``<thread id>~<n>``, n written without leading zeros.
+_GENERATION = re.compile(r"(.*)~([1-9][0-9]*)", re.DOTALL)
+
+
+def generation_run_id(thread_id: str, n: int) -> str:
+    """The run that holds generation ``n`` (1, 2, ...) of a thread: the thread id itself for
+    the first, ``<thread id>~<n>`` for the next ones. A thread id that already ends as a
+    later generation's does (``chat~2``) takes ``~1`` for its first, so that no two
+    (thread, generation) share a run: :func:`thread_of` reads any run id back."""
+    if n == 1 and not _GENERATION.fullmatch(thread_id):
+        return thread_id
+    run_id = f"{thread_id}~{n}"
+    if len(run_id) > MAX_RUN_ID:
+        raise ValueError(
+            f"thread id {thread_id[:40]!r}... ({len(thread_id)} characters) is too long for generation {n} "
+            f"(a conversation after delete_thread): its run id {thread_id[:8]!r}...~{n} would be over "
+            f"{MAX_RUN_ID} characters"
+        )
+    return run_id
+
+
+def thread_of(run_id: str) -> tuple[str, int]:
+    """(thread id, generation) of a run the saver wrote: :func:`generation_run_id`'s inverse."""
+    m = _GENERATION.fullmatch(run_id)
+    return (m[1], int(m[2])) if m else (run_id, 1)
+
+
+def _current(thread_id: str, n: int) -> Generator[str, bool, int]:
+    """The thread's current generation, from ``n`` on: the first whose run is not ended (by
+    ``delete_thread``, or any terminal status). Yields each run to look at and is sent
+    whether it has ended (the sync and async savers drive it alike)."""
+    while (yield generation_run_id(thread_id, n)):
+        n += 1
+    return n
+
+
+def _ended(e: Exception) -> bool:
+    """Whether a write was refused because its run has ended (so a newer generation may take it)."""
+    return isinstance(e, RunErased) or (
+        isinstance(e, PatchRejected) and e.decision.reason in ("run_terminal", "run_erased")
+    )
 
 
 def _blob(typed: tuple[str, bytes]) -> events.Blob:
@@ -108,6 +161,26 @@ class _Graph:
 
     serde: SerializerProtocol
     timeout_s: float
+    #: thread id -> the generation this saver last found current (1 where not looked up)
+    _generations: dict[str, int]
+    #: (thread id, namespace, checkpoint id) -> the generation it was written to or read
+    #: from, for the checkpoints this saver handled last: a loop's later writes name them
+    _generation_of: OrderedDict[tuple[str, str, str], int]
+
+    def _run(self, thread_id: str) -> str:
+        return generation_run_id(thread_id, self._generations.get(thread_id, 1))
+
+    def _remember(self, thread_id: str, ns: str, checkpoint_id: str, run_id: str) -> None:
+        self._generation_of[(thread_id, ns, checkpoint_id)] = thread_of(run_id)[1]
+        self._generation_of.move_to_end((thread_id, ns, checkpoint_id))
+        if len(self._generation_of) > REMEMBERED_CHECKPOINTS:
+            self._generation_of.popitem(last=False)
+
+    def _run_of(self, thread_id: str, names: tuple[str, str] | None) -> str | None:
+        """The run of the generation the checkpoint ``names`` (namespace, id) was handled
+        in by this saver, or None where it was not."""
+        n = self._generation_of.get((thread_id, *names)) if names else None
+        return None if n is None else generation_run_id(thread_id, n)
 
     def _saved(
         self,
@@ -337,14 +410,16 @@ class _Graph:
 
 
 def _attempts(
-    thread_id: str, evs: list[events.Model], start: bool, new: bool
+    run_id: str, evs: list[events.Model], start: bool, new: bool
 ) -> Generator[dict[str, Any], Decision, Decision | None]:
-    """The drafts that write ``evs`` to the thread's run, each sent after the decision on
+    """The drafts that write ``evs`` to a thread's run, each sent after the decision on
     the one before (the sync and async savers drive it alike); returns the last decision, or
     None where the run does not exist and ``start`` is off. ``new``: try starting the run
     first. Each rejection it resolves is resolved once: the run started meanwhile (send the
     event alone), a control event moved the run on (name its revision), no run yet (start it)."""
-    begun = [events.RunStarted(goal=events.GoalSpec(statement=f"LangGraph thread {thread_id}")), *evs]
+    thread_id, n = thread_of(run_id)
+    statement = f"LangGraph thread {thread_id}" + (f", generation {n}" if n > 1 else "")
+    begun = [events.RunStarted(goal=events.GoalSpec(statement=statement)), *evs]
     d = (yield _draft(0, begun, False)) if new and start else None
     if d is None or d.reason == "revision_conflict":  # not new, or started already
         d = yield _draft(0, evs, True)
@@ -373,6 +448,8 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
         self.timeout_s = timeout_s
         self._started: set[str] = set()
         self._starting = threading.Lock()
+        self._generations: dict[str, int] = {}
+        self._generation_of: OrderedDict[tuple[str, str, str], int] = OrderedDict()
 
     @classmethod
     @contextmanager
@@ -392,27 +469,86 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
         finally:
             saver.backend.close()
 
-    def _submit(self, thread_id: str, *evs: events.Model, start: bool = True, new: bool = False) -> Decision | None:
-        """Write ``evs`` (one patch) to the thread's run, starting the run if it does not exist (unless
+    def _submit(self, run_id: str, *evs: events.Model, start: bool = True, new: bool = False) -> Decision | None:
+        """Write ``evs`` (one patch) to a run, starting the run if it does not exist (unless
         ``start`` is off: then None). ``new``: the thread is probably new (a checkpoint with no
-        parent), so the start is tried first. A thread's first write in this process holds
+        parent), so the start is tried first. A run's first write in this process holds
         the others to it, so that concurrent writes do not race to start the run. Raises
         :class:`PatchRejected`."""
-        if thread_id in self._started:
-            return _outcome(self._write(thread_id, list(evs), start, new))
+        if run_id in self._started:
+            return _outcome(self._write(run_id, list(evs), start, new))
         with self._starting:
-            d = _outcome(self._write(thread_id, list(evs), start, new))
-            self._started.add(thread_id)
+            d = _outcome(self._write(run_id, list(evs), start, new))
+            self._started.add(run_id)
             return d
 
-    def _write(self, thread_id: str, evs: list[events.Model], start: bool, new: bool) -> Decision | None:
-        plan = _attempts(thread_id, evs, start, new)
+    def _write(self, run_id: str, evs: list[events.Model], start: bool, new: bool) -> Decision | None:
+        plan = _attempts(run_id, evs, start, new)
         try:
             draft = next(plan)
             while True:
-                draft = plan.send(self.backend.submit(thread_id, draft, self.timeout_s))
+                draft = plan.send(self.backend.submit(run_id, draft, self.timeout_s))
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
+
+    def _follow(self, thread_id: str) -> str:
+        """The run of the thread's current generation, looked up from the one this saver
+        last used (another process may have deleted it and started the next)."""
+        plan = _current(thread_id, self._generations.get(thread_id, 1))
+        try:
+            run = next(plan)
+            while True:
+                run = plan.send(self._has_ended(run))
+        except StopIteration as done:
+            self._generations[thread_id] = done.value
+        return self._run(thread_id)
+
+    def _has_ended(self, run_id: str) -> bool:
+        if self.backend.graph_checkpoints(run_id, "", None, None, 1):
+            return False  # an ended generation keeps no checkpoints: no need to read the state
+        try:
+            return self.backend.state(run_id, None).status in TERMINAL_STATUSES
+        except RunErased:
+            return True
+        except RunNotFound:
+            return False
+
+    def _to_thread(self, thread_id: str, event: events.Model, *, new: bool, names: tuple[str, str] | None) -> str:
+        """Write ``event`` to the thread and return the run it went to: the generation of the
+        checkpoint it ``names`` (namespace, id) where this saver handled that one (refused
+        there once the generation ended: a late write), else the current generation. Refused
+        because that run has ended, it goes to the generation current now where it belongs
+        there: it starts a conversation (``new``), or the checkpoint it names is that
+        generation's."""
+        if (run := self._run_of(thread_id, names)) is not None:
+            self._submit(run, event, new=new)
+            return run
+        run = self._run(thread_id)
+        try:
+            self._submit(run, event, new=new)
+        except (PatchRejected, RunErased) as e:
+            if not _ended(e):
+                raise
+            now = self._follow(thread_id)
+            if now == run or not (new or (names and self.backend.graph_checkpoints(now, *names, None, 1))):
+                raise
+            self._submit(now, event, new=new)
+            return now
+        return run
+
+    def _read(
+        self, thread_id: str, ns: str | None, checkpoint_id: str | None, before: str | None, limit: int | None
+    ) -> list[dict[str, Any]]:
+        """The thread's checkpoints (as the backend's ``graph_checkpoints``) in its current
+        generation: an empty answer looks the generation up again (a subgraph's namespace,
+        empty until it runs, does once per thread)."""
+        known = thread_id in self._generations
+        run = self._run(thread_id)
+        docs = self.backend.graph_checkpoints(run, ns, checkpoint_id, before, limit)
+        if docs or (known and ns):
+            return docs
+        now = self._follow(thread_id)
+        return self.backend.graph_checkpoints(now, ns, checkpoint_id, before, limit) if now != run else docs
 
     def put(
         self,
@@ -422,19 +558,24 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         thread_id, event, out = self._saved(config, checkpoint, metadata, new_versions)
-        self._submit(thread_id, event, new=event.checkpoint.parent_id is None)
+        spec = event.checkpoint
+        parent = (spec.ns, spec.parent_id) if spec.parent_id is not None else None
+        self._remember(thread_id, spec.ns, spec.id, self._to_thread(thread_id, event, new=parent is None, names=parent))
         return out
 
     def put_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
         thread_id, event = self._writes(config, writes, task_id, task_path)
-        self._submit(thread_id, event)
+        self._to_thread(thread_id, event, new=False, names=(event.ns, event.checkpoint_id))
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id, ns, checkpoint_id = _where(config)
-        docs = self.backend.graph_checkpoints(thread_id, ns, checkpoint_id, None, 1)
-        return self._tuple(thread_id, docs[0]) if docs else None
+        docs = self._read(thread_id, ns, checkpoint_id, None, 1)
+        if not docs:
+            return None
+        self._remember(thread_id, ns, docs[0]["id"], self._run(thread_id))
+        return self._tuple(thread_id, docs[0])
 
     def list(
         self,
@@ -445,25 +586,28 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         thread_id, ns, checkpoint_id, before_id, ask = self._query(config, filter, before, limit)
-        yield from self._listed(
-            thread_id, self.backend.graph_checkpoints(thread_id, ns, checkpoint_id, before_id, ask), filter, limit
-        )
+        yield from self._listed(thread_id, self._read(thread_id, ns, checkpoint_id, before_id, ask), filter, limit)
 
     def delete_thread(self, thread_id: str) -> None:
-        """Erase the thread's run where content is sealed (a master key; through serve, a
-        token allowed to erase): nothing of it is left anywhere but who, when and why.
-        Elsewhere, remove its checkpoints and writes from its Run State and cancel its run;
-        the log keeps the events. A missing thread is no error."""
-        if not self.backend.erase(str(thread_id), DELETE_REASON):
-            self._submit(str(thread_id), events.GraphThreadDeleted(), start=False)
+        """Erase the run of the thread's current generation where content is sealed (a
+        master key; through serve, a token allowed to erase): nothing of it is left anywhere
+        but who, when and why. Elsewhere, remove its checkpoints and writes from its Run
+        State and cancel its run; the log keeps the events. A late write to it stays
+        refused; a new conversation on the id starts the next generation. A missing thread
+        is no error."""
+        thread_id = str(thread_id)
+        run = self._follow(thread_id)
+        if not self.backend.erase(run, DELETE_REASON):
+            self._submit(run, events.GraphThreadDeleted(), start=False)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Save every checkpoint of the source thread (each namespace, the whole parent chain)
         and the writes saved against them on the target thread, under the same ids,
         starting its run if it has none. A source without checkpoints copies nothing."""
-        source = self.backend.graph_checkpoints(str(source_thread_id), None, None, None, None)
+        source = self._read(str(source_thread_id), None, None, None, None)
         for i, evs in enumerate(self._copies(source)):
-            self._submit(str(target_thread_id), *evs, new=i == 0)
+            run = self._run(str(target_thread_id)) if i else self._follow(str(target_thread_id))
+            self._submit(run, *evs, new=i == 0)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Remove the checkpoints (and their writes) whose metadata names one of LangGraph's
@@ -472,19 +616,19 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
         wanted = {str(r) for r in run_ids}
         if not wanted:
             return
-        for thread_id in self.backend.run_ids():
-            docs = self.backend.graph_checkpoints(thread_id, None, None, None, None)
+        for run_id in self.backend.run_ids():  # every generation of every thread
+            docs = self.backend.graph_checkpoints(run_id, None, None, None, None)
             for removal in self._removals(self._of_runs(docs, wanted), "LangGraph delete_for_runs"):
-                self._submit(thread_id, removal, start=False)
+                self._submit(run_id, removal, start=False)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Remove checkpoints of the threads: ``keep_latest`` keeps each namespace's newest
         (and what a ``DeltaChannel`` needs to be rebuilt, see ``_pruned``), ``delete`` none.
         The threads go on; the log keeps what was removed."""
         for thread_id in map(str, thread_ids):
-            docs = self.backend.graph_checkpoints(thread_id, None, None, None, None)
+            docs = self._read(thread_id, None, None, None, None)
             for removal in self._removals(self._pruned(docs, strategy), f"LangGraph prune {strategy}"):
-                self._submit(thread_id, removal, start=False)
+                self._submit(self._run(thread_id), removal, start=False)
 
     async def aput(
         self,
@@ -541,6 +685,8 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
         self.loop = asyncio.get_running_loop()
         self._started: set[str] = set()
         self._starting = asyncio.Lock()
+        self._generations: dict[str, int] = {}
+        self._generation_of: OrderedDict[tuple[str, str, str], int] = OrderedDict()
 
     @classmethod
     @asynccontextmanager
@@ -559,25 +705,74 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
         finally:
             await saver.backend.close()
 
-    async def _submit(
-        self, thread_id: str, *evs: events.Model, start: bool = True, new: bool = False
-    ) -> Decision | None:
+    async def _submit(self, run_id: str, *evs: events.Model, start: bool = True, new: bool = False) -> Decision | None:
         """As :meth:`RunstateSaver._submit`."""
-        if thread_id in self._started:
-            return _outcome(await self._write(thread_id, list(evs), start, new))
+        if run_id in self._started:
+            return _outcome(await self._write(run_id, list(evs), start, new))
         async with self._starting:
-            d = _outcome(await self._write(thread_id, list(evs), start, new))
-            self._started.add(thread_id)
+            d = _outcome(await self._write(run_id, list(evs), start, new))
+            self._started.add(run_id)
             return d
 
-    async def _write(self, thread_id: str, evs: list[events.Model], start: bool, new: bool) -> Decision | None:
-        plan = _attempts(thread_id, evs, start, new)
+    async def _write(self, run_id: str, evs: list[events.Model], start: bool, new: bool) -> Decision | None:
+        plan = _attempts(run_id, evs, start, new)
         try:
             draft = next(plan)
             while True:
-                draft = plan.send(await self.backend.submit(thread_id, draft, self.timeout_s))
+                draft = plan.send(await self.backend.submit(run_id, draft, self.timeout_s))
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
+
+    async def _follow(self, thread_id: str) -> str:
+        """As :meth:`RunstateSaver._follow`."""
+        plan = _current(thread_id, self._generations.get(thread_id, 1))
+        try:
+            run = next(plan)
+            while True:
+                run = plan.send(await self._has_ended(run))
+        except StopIteration as done:
+            self._generations[thread_id] = done.value
+        return self._run(thread_id)
+
+    async def _has_ended(self, run_id: str) -> bool:
+        if await self.backend.graph_checkpoints(run_id, "", None, None, 1):
+            return False
+        try:
+            return (await self.backend.state(run_id, None)).status in TERMINAL_STATUSES
+        except RunErased:
+            return True
+        except RunNotFound:
+            return False
+
+    async def _to_thread(self, thread_id: str, event: events.Model, *, new: bool, names: tuple[str, str] | None) -> str:
+        """As :meth:`RunstateSaver._to_thread`."""
+        if (run := self._run_of(thread_id, names)) is not None:
+            await self._submit(run, event, new=new)
+            return run
+        run = self._run(thread_id)
+        try:
+            await self._submit(run, event, new=new)
+        except (PatchRejected, RunErased) as e:
+            if not _ended(e):
+                raise
+            now = await self._follow(thread_id)
+            if now == run or not (new or (names and await self.backend.graph_checkpoints(now, *names, None, 1))):
+                raise
+            await self._submit(now, event, new=new)
+            return now
+        return run
+
+    async def _read(
+        self, thread_id: str, ns: str | None, checkpoint_id: str | None, before: str | None, limit: int | None
+    ) -> list[dict[str, Any]]:
+        """As :meth:`RunstateSaver._read`."""
+        known = thread_id in self._generations
+        run = self._run(thread_id)
+        docs = await self.backend.graph_checkpoints(run, ns, checkpoint_id, before, limit)
+        if docs or (known and ns):
+            return docs
+        now = await self._follow(thread_id)
+        return await self.backend.graph_checkpoints(now, ns, checkpoint_id, before, limit) if now != run else docs
 
     async def aput(
         self,
@@ -587,19 +782,25 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         thread_id, event, out = self._saved(config, checkpoint, metadata, new_versions)
-        await self._submit(thread_id, event, new=event.checkpoint.parent_id is None)
+        spec = event.checkpoint
+        parent = (spec.ns, spec.parent_id) if spec.parent_id is not None else None
+        run = await self._to_thread(thread_id, event, new=parent is None, names=parent)
+        self._remember(thread_id, spec.ns, spec.id, run)
         return out
 
     async def aput_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
         thread_id, event = self._writes(config, writes, task_id, task_path)
-        await self._submit(thread_id, event)
+        await self._to_thread(thread_id, event, new=False, names=(event.ns, event.checkpoint_id))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id, ns, checkpoint_id = _where(config)
-        docs = await self.backend.graph_checkpoints(thread_id, ns, checkpoint_id, None, 1)
-        return self._tuple(thread_id, docs[0]) if docs else None
+        docs = await self._read(thread_id, ns, checkpoint_id, None, 1)
+        if not docs:
+            return None
+        self._remember(thread_id, ns, docs[0]["id"], self._run(thread_id))
+        return self._tuple(thread_id, docs[0])
 
     async def alist(
         self,
@@ -611,37 +812,39 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
     ) -> AsyncIterator[CheckpointTuple]:
         thread_id, ns, checkpoint_id, before_id, ask = self._query(config, filter, before, limit)
         for tup in self._listed(
-            thread_id, await self.backend.graph_checkpoints(thread_id, ns, checkpoint_id, before_id, ask), filter, limit
+            thread_id, await self._read(thread_id, ns, checkpoint_id, before_id, ask), filter, limit
         ):
             yield tup
 
     async def adelete_thread(self, thread_id: str) -> None:
         """As :meth:`RunstateSaver.delete_thread`."""
-        if not await self.backend.erase(str(thread_id), DELETE_REASON):
-            await self._submit(str(thread_id), events.GraphThreadDeleted(), start=False)
+        run = await self._follow(str(thread_id))
+        if not await self.backend.erase(run, DELETE_REASON):
+            await self._submit(run, events.GraphThreadDeleted(), start=False)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """As :meth:`RunstateSaver.copy_thread`."""
-        source = await self.backend.graph_checkpoints(str(source_thread_id), None, None, None, None)
+        source = await self._read(str(source_thread_id), None, None, None, None)
         for i, evs in enumerate(self._copies(source)):
-            await self._submit(str(target_thread_id), *evs, new=i == 0)
+            run = self._run(str(target_thread_id)) if i else await self._follow(str(target_thread_id))
+            await self._submit(run, *evs, new=i == 0)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """As :meth:`RunstateSaver.delete_for_runs`."""
         wanted = {str(r) for r in run_ids}
         if not wanted:
             return
-        for thread_id in await self.backend.run_ids():
-            docs = await self.backend.graph_checkpoints(thread_id, None, None, None, None)
+        for run_id in await self.backend.run_ids():  # every generation of every thread
+            docs = await self.backend.graph_checkpoints(run_id, None, None, None, None)
             for removal in self._removals(self._of_runs(docs, wanted), "LangGraph delete_for_runs"):
-                await self._submit(thread_id, removal, start=False)
+                await self._submit(run_id, removal, start=False)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """As :meth:`RunstateSaver.prune`."""
         for thread_id in map(str, thread_ids):
-            docs = await self.backend.graph_checkpoints(thread_id, None, None, None, None)
+            docs = await self._read(thread_id, None, None, None, None)
             for removal in self._removals(self._pruned(docs, strategy), f"LangGraph prune {strategy}"):
-                await self._submit(thread_id, removal, start=False)
+                await self._submit(self._run(thread_id), removal, start=False)
 
     # LangGraph calls the synchronous methods from other threads (``graph.get_state`` in a
     # sync context): they run on the saver's loop.
