@@ -57,6 +57,14 @@ INTEROP_ARTIFACTS = (
     "org.slf4j:slf4j-nop:2.0.17",
 )
 
+#: A registry-aware Java consumer (tests/test_schema_registry.py): Apicurio Registry's Avro
+#: deserializer (its 2.6 line, which reads the Confluent framing) with Kafka's Java client.
+REGISTRY_SERDE_ARTIFACTS = (
+    "io.apicurio:apicurio-registry-serdes-avro-serde:2.6.13.Final",
+    f"org.apache.kafka:kafka-clients:{KAFKA_VERSION}",
+    "org.slf4j:slf4j-nop:2.0.17",
+)
+
 _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 <Configuration status="WARN">
   <Appenders>
@@ -106,6 +114,12 @@ def resolve_interop_jars() -> Path:
     """The directory of the Java reference implementations' jars (Avro, Kafka's client and
     tools), resolved from Maven Central on first use."""
     return resolve_maven(f"interop-avro{AVRO_VERSION}-kafka{KAFKA_VERSION}", INTEROP_ARTIFACTS)
+
+
+def resolve_registry_serde_jars() -> Path:
+    """The jars of a registry-aware Java consumer (:data:`REGISTRY_SERDE_ARTIFACTS`),
+    resolved from Maven Central on first use."""
+    return resolve_maven(f"registry-serde-kafka{KAFKA_VERSION}", REGISTRY_SERDE_ARTIFACTS)
 
 
 def resolve_maven(name: str | None, artifacts: tuple[str, ...]) -> Path:

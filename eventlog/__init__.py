@@ -31,6 +31,9 @@ def open_log(
     kafka_config: dict[str, str] | None = None,
     key_purge_s: int = 3600,
     max_patch_bytes: int = 1024 * 1024,
+    schema_registry: str | None = None,
+    schema_registry_config: dict[str, str] | None = None,
+    schema_registry_register: bool = True,
 ) -> EventLog:
     """Open the log named by ``url``.
 
@@ -39,11 +42,15 @@ def open_log(
     ``create``). ``key_purge_s``: on Kafka, how long an erased run's old key record may
     stay in the keys topic's files (set when the topic is created); ``max_patch_bytes``: on
     Kafka, the largest patch its records must carry (RUNSTATE_MAX_PATCH_BYTES: the producer
-    and the events topic runstate creates take it). Raises :class:`LogConfigError` for any
-    other scheme.
+    and the events topic runstate creates take it). ``schema_registry``: on Kafka, the URL
+    of a Confluent-compatible schema registry: records are written in its framing
+    (:mod:`eventlog.registry`; ``schema_registry_config`` are its client's settings,
+    ``schema_registry_register`` whether to register the schemas). Raises
+    :class:`LogConfigError` for any other scheme, and for a registry with the embedded log.
     """
     if url.startswith("kafka://"):
         from runstate.eventlog.kafka import KafkaLog  # confluent-kafka loads only when used
+        from runstate.eventlog.registry import RegistryFraming
 
         return KafkaLog(
             url[len("kafka://") :],
@@ -51,6 +58,16 @@ def open_log(
             config=kafka_config or {},
             key_purge_ms=key_purge_s * 1000,
             max_patch_bytes=max_patch_bytes,
+            registry=None
+            if not schema_registry
+            else RegistryFraming(
+                schema_registry, topics or TopicNames(), schema_registry_config, register=schema_registry_register
+            ),
+        )
+    if schema_registry:
+        raise LogConfigError(
+            "RUNSTATE_SCHEMA_REGISTRY_URL is for Kafka (its framing is what Kafka's tools read); the embedded "
+            f"log {url!r} keeps Avro single-object encoding: unset it, or use RUNSTATE_LOG=kafka://..."
         )
     if "://" in url:
         scheme, rest = url.split("://", 1)

@@ -40,6 +40,7 @@ from runstate.eventlog.base import (
     TopicNames,
     raise_unreported,
 )
+from runstate.eventlog.registry import RegistryFraming
 from runstate.schemas.errors import DeliveryError, LogConfigError, LogError
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
@@ -157,6 +158,7 @@ class KafkaLog(EventLog):
         *,
         key_purge_ms: int = 3_600_000,
         max_patch_bytes: int = 1024 * 1024,
+        registry: RegistryFraming | None = None,
     ) -> None:
         if not bootstrap:
             raise LogConfigError("kafka:// URL needs HOST:PORT")
@@ -169,6 +171,8 @@ class KafkaLog(EventLog):
         self.key_purge_ms = key_purge_ms
         self.topics = topics or TopicNames()
         self.config = dict(config or {})
+        #: records in the Confluent Schema Registry's framing (None: Avro single-object encoding)
+        self.registry = registry
         self._admin = _made(AdminClient, {"bootstrap.servers": bootstrap, **self._common()})
         self._parts: dict[str, int] = {}
         #: per topic, the fewest replicas of any partition (read with the partition count)
@@ -387,7 +391,9 @@ class KafkaLog(EventLog):
             **self._common(),
             **{k[len("producer.") :]: v for k, v in self.config.items() if k.startswith("producer.")},
         }
-        return KafkaProducer(_made(Producer, conf))
+        if self.registry is not None:
+            self.registry.prepare()
+        return KafkaProducer(_made(Producer, conf), self.registry)
 
     def _consumer_conf(self, group_id: str) -> dict[str, Any]:
         return {
@@ -407,13 +413,17 @@ class KafkaLog(EventLog):
             "cooperative" in str(conf.get("partition.assignment.strategy", ""))
             or conf.get("group.protocol") == "consumer"
         )
-        return KafkaConsumer(_made(Consumer, conf), topic, incremental=incremental)
+        if self.registry is not None:
+            self.registry.prepare()
+        return KafkaConsumer(_made(Consumer, conf), topic, incremental=incremental, registry=self.registry)
 
     def reader(self, topic: str, positions: dict[int, int]) -> LogReader:
         self.partitions(topic)
+        if self.registry is not None:
+            self.registry.prepare()
         c = self._reader()
         c.assign([TopicPartition(topic, p, o) for p, o in positions.items()])
-        return KafkaReader(c)
+        return KafkaReader(c, self.registry)
 
     def group_members(self, group_id: str) -> list[GroupMember] | None:
         try:
@@ -507,9 +517,10 @@ class KafkaLog(EventLog):
                     if m.offset() >= end:
                         return
                     pos = m.offset() + 1
-                    yield Record(
-                        topic, partition, m.offset(), m.key(), m.value() or b"", m.timestamp()[1], _headers(m.headers())
-                    )
+                    value = m.value() or b""
+                    if self.registry is not None:
+                        value = self.registry.unwrap(topic, value)
+                    yield Record(topic, partition, m.offset(), m.key(), value, m.timestamp()[1], _headers(m.headers()))
         finally:
             c.close()
 
@@ -525,6 +536,8 @@ class KafkaLog(EventLog):
         if self._meta is not None:
             self._meta.close()
             self._meta = None
+        if self.registry is not None:
+            self.registry.close()
 
 
 def _delivery_error(key: str, err: KafkaError) -> DeliveryError:
@@ -548,8 +561,9 @@ def _keep_failure(failures: list[DeliveryError], err: KafkaError | None, msg: An
 
 
 class KafkaProducer(LogProducer):
-    def __init__(self, producer: Producer) -> None:
+    def __init__(self, producer: Producer, registry: RegistryFraming | None = None) -> None:
         self._p = producer
+        self._registry = registry
         self._failures: list[DeliveryError] = []
         # One report function for every record appended without a callback: nothing is
         # built per record, and a success costs one call that returns at once.
@@ -570,6 +584,8 @@ class KafkaProducer(LogProducer):
         # adds per record is of the order of librdkafka's own cost.
         cb = self._unreported if on_delivery is None else partial(_report, on_delivery, key)
         k = key.encode()
+        if self._registry is not None:
+            value = self._registry.wrap(topic, value)
         p = self._p
         while True:
             try:
@@ -594,6 +610,8 @@ class KafkaProducer(LogProducer):
         if partition is None:
             self.append_async(topic, key, value, report, headers)  # type: ignore[arg-type]
         else:
+            if self._registry is not None:
+                value = self._registry.wrap(topic, value)
             try:
                 self._p.produce(
                     topic,
@@ -627,7 +645,7 @@ class KafkaProducer(LogProducer):
             raise DeliveryError("*", f"{left} records not delivered when the producer closed")
 
 
-def _records(msgs: list[Any], owned: set[int] | None) -> list[Record]:
+def _records(msgs: list[Any], owned: set[int] | None, registry: RegistryFraming | None) -> list[Record]:
     out = []
     for m in msgs:
         err = m.error()
@@ -639,10 +657,11 @@ def _records(msgs: list[Any], owned: set[int] | None) -> list[Record]:
             continue  # transient (broker down, rebalance): librdkafka retries by itself
         if owned is not None and m.partition() not in owned:
             continue
+        value = m.value() or b""
+        if registry is not None:
+            value = registry.unwrap(m.topic(), value)
         out.append(
-            Record(
-                m.topic(), m.partition(), m.offset(), m.key(), m.value() or b"", m.timestamp()[1], _headers(m.headers())
-            )
+            Record(m.topic(), m.partition(), m.offset(), m.key(), value, m.timestamp()[1], _headers(m.headers()))
         )
     return out
 
@@ -664,20 +683,24 @@ def _poll(c: Consumer, max_records: int, timeout_s: float) -> list[Any]:
 
 
 class KafkaReader(LogReader):
-    def __init__(self, consumer: Consumer) -> None:
+    def __init__(self, consumer: Consumer, registry: RegistryFraming | None = None) -> None:
         self._c = consumer
+        self._registry = registry
 
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
-        return _records(_poll(self._c, max_records, timeout_s), None)
+        return _records(_poll(self._c, max_records, timeout_s), None, self._registry)
 
     def close(self) -> None:
         self._c.close()
 
 
 class KafkaConsumer(LogConsumer):
-    def __init__(self, consumer: Consumer, topic: str, *, incremental: bool = False) -> None:
+    def __init__(
+        self, consumer: Consumer, topic: str, *, incremental: bool = False, registry: RegistryFraming | None = None
+    ) -> None:
         self._c = consumer
         self._topic = topic
+        self._registry = registry
         #: the group rebalances incrementally (cooperative assignment, or KIP-848's protocol)
         self._incremental = incremental
         self._owned: set[int] = set()
@@ -716,7 +739,7 @@ class KafkaConsumer(LogConsumer):
         self._c.subscribe([self._topic], on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
-        out = _records(_poll(self._c, max_records, timeout_s), self._owned)
+        out = _records(_poll(self._c, max_records, timeout_s), self._owned, self._registry)
         now = time.monotonic()
         if now - self._ends_at >= ENDS_EVERY_S:
             ends: dict[int, int | None] = {}

@@ -123,6 +123,9 @@ def _open_raw(settings: Settings, create: bool = True) -> EventLog:
         },
         key_purge_s=settings.key_purge_s,
         max_patch_bytes=settings.max_patch_bytes,
+        schema_registry=settings.schema_registry_url,
+        schema_registry_config=settings.schema_registry_config,
+        schema_registry_register=settings.schema_registry_register,
     )
 
 

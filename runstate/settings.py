@@ -83,6 +83,17 @@ class Settings(BaseSettings):
     #: Raw librdkafka settings (JSON object in the env var); ``producer.``/``consumer.``
     #: prefixed keys apply to one client kind only. They win over runstate's defaults.
     kafka_config: dict[str, str | int | bool] = {}
+    #: On Kafka: records in the Confluent Schema Registry's framing (``00`` + schema id),
+    #: their schemas registered at this registry's Confluent-compatible API (Apicurio:
+    #: ``http://HOST:PORT/apis/ccompat/v7``), so that Kafka Connect, ksqlDB, Flink and the
+    #: consoles read the topics. Unset: Avro single-object encoding. Readers take both.
+    schema_registry_url: str | None = None
+    #: confluent-kafka's ``SchemaRegistryClient`` settings besides the URL (JSON object in
+    #: the env var): ``basic.auth.user.info``, ``ssl.ca.location``, ``ssl.certificate.location``, ...
+    schema_registry_config: dict[str, str] = {}
+    #: Register runstate's schemas at start (off: look them up; a deployment whose producers
+    #: may not register has them registered once by one that may).
+    schema_registry_register: bool = True
     #: Seals every run's content with a key of its own, wrapped by this master key (64 hex
     #: digits; ``runstate keys generate``), so that a run can be erased (``runstate erase``).
     #: During a rotation, two keys separated by a comma (either order): both are read.

@@ -233,10 +233,13 @@ def _make_writer(version: int, schema: dict[str, Any], fp: bytes) -> _Writer:
     return _Writer(version, fastavro.parse_schema(schema), fp, schema)
 
 
-def _fp(schema: dict[str, Any]) -> bytes:
+def schema_fingerprint(schema: dict[str, Any]) -> bytes:
     """The spec's fingerprint of ``schema``: CRC-64-AVRO of its parsing canonical form,
     least significant byte first (fastavro's hex already lists the bytes in that order)."""
     return bytes.fromhex(fingerprint(to_parsing_canonical_form(fastavro.parse_schema(schema)), "CRC-64-AVRO"))
+
+
+_fp = schema_fingerprint
 
 
 #: Whether records whose fingerprint is byte-reversed (written by runstate 0.1.0) are read.
@@ -444,6 +447,13 @@ def encode_datum(datum: dict[str, Any], writer: _Writer) -> bytes:
 def _framed(data: bytes, kind: str) -> _Writer:
     """The published writer of a single-object record of ``kind``.
     Raises :class:`DecodeError` (``not_avro_single_object``, ``unknown_writer_schema``)."""
+    if len(data) >= 5 and data[:1] == b"\x00" and data[:2] != MAGIC:
+        raise DecodeError(
+            "not_avro_single_object",
+            detail=f"{len(data)} bytes starting as the Confluent Schema Registry's framing does (00 + schema id "
+            f"{int.from_bytes(data[1:5], 'big')}): no registry configured (RUNSTATE_SCHEMA_REGISTRY_URL), or not "
+            "one of runstate's schemas there",
+        )
     if len(data) < HEADER_LEN or data[:2] != MAGIC:
         raise DecodeError("not_avro_single_object", detail=f"{len(data)} bytes, header {data[:2].hex() or 'empty'}")
     fp = bytes(data[2:HEADER_LEN])

@@ -61,6 +61,31 @@ def kafka_bootstrap() -> Iterator[str]:
     broker.stop()
 
 
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[str]:
+    """A real Confluent-compatible Schema Registry for the session, its URL:
+    ``RUNSTATE_TEST_REGISTRY`` if set, else Apicurio Registry started from Maven Central's
+    prebuilt app (runstate.compose.registry_local; Java 21+, found or installed).
+
+    Without Java/Maven the registry tests are skipped with what is missing, except in CI
+    (``CI=true``), where a registry that cannot start fails the run."""
+    given = os.environ.get("RUNSTATE_TEST_REGISTRY")
+    if given:
+        yield given
+        return
+    from runstate.compose.kafka_local import BrokerError
+    from runstate.compose.registry_local import LocalRegistry
+
+    need_java_and_maven("the Schema Registry tests need Java and Maven ({missing} not on PATH) to start Apicurio")
+    registry = LocalRegistry(tempfile.mkdtemp(prefix="runstate-registry-"))
+    try:
+        url = registry.start()
+    except BrokerError as e:
+        pytest.fail(f"the schema registry did not start: {e}")
+    yield url
+    registry.stop()
+
+
 #: The data directory of the session's broker, when this session started it.
 KAFKA_DATA: list[Path] = []
 
