@@ -9,7 +9,10 @@
    RocksDB, events/s;
 3. append -> visible latency at a steady 1,000 events/s (500 two-event patches/s) from a
    separate producer process: from the producer's send to the decision stored in RocksDB,
-   p50/p99.
+   p50/p99;
+4. (``--only registry``, or with the rest when Java 21+ and Maven can start Apicurio
+   Registry) the projector of part 2 on records in the Confluent Schema Registry's framing
+   beside single-object encoding, rounds taken in turn, and their ratio.
 """
 
 from __future__ import annotations
@@ -113,8 +116,13 @@ def bench_produce(bootstrap: str, runs: int, per_run: int) -> tuple[float, float
     return ev / raw_s, ev / ours_s
 
 
-def bench_e2e(bootstrap: str, runs: int, per_run: int) -> float:
-    log = KafkaLog(bootstrap, topics=topics("e2e"))
+def bench_e2e(bootstrap: str, runs: int, per_run: int, registry: str | None = None) -> float:
+    """Events/s of one projector over a pre-filled topic; ``registry``: the records in that
+    schema registry's framing (written and read through it)."""
+    from runstate.eventlog.registry import RegistryFraming
+
+    names = topics("e2e")
+    log = KafkaLog(bootstrap, topics=names, registry=RegistryFraming(registry, names) if registry else None)
     log.create_topics(6)
     ds = drafts(runs, per_run)
     producer = RunProducer(log, AUTHOR)
@@ -224,6 +232,32 @@ def bench_latency(bootstrap: str, runs: int, seconds: float) -> tuple[list[float
 _n = 0
 
 
+def bench_registry(bootstrap: str, runs: int, per_run: int, rounds: int) -> None:
+    """Part 4: the projector's rate on the registry's framing and on single-object encoding."""
+    from runstate.compose.kafka_local import BrokerError
+    from runstate.compose.registry_local import LocalRegistry
+
+    with tempfile.TemporaryDirectory() as where:
+        registry = LocalRegistry(where)
+        try:
+            url = registry.start()
+        except BrokerError as e:
+            print(f"RESULT registry framing: not measured ({e})")
+            return
+        try:
+            soe, framed = [], []
+            for _ in range(rounds):
+                soe.append(bench_e2e(bootstrap, runs, per_run))
+                framed.append(bench_e2e(bootstrap, runs, per_run, url))
+        finally:
+            registry.stop()
+    a, b = statistics.median(soe), statistics.median(framed)
+    print(
+        f"RESULT projector, single-object encoding {a:,.0f} events/s, Schema Registry framing {b:,.0f} events/s "
+        f"(medians of {rounds} rounds in turn), ratio {b / a:.3f}"
+    )
+
+
 def topics(name: str) -> TopicNames:
     global _n
     _n += 1
@@ -234,7 +268,7 @@ def topics(name: str) -> TopicNames:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=["produce", "e2e", "latency"], help="run one part")
+    ap.add_argument("--only", choices=["produce", "e2e", "latency", "registry"], help="run one part")
     args = ap.parse_args()
     with kafka_broker() as (bootstrap, _pid):
         runs, per_run, lat_s = (200, 20, 5.0) if args.quick else (1000, 30, 20.0)
@@ -247,6 +281,8 @@ def main() -> None:
         if args.only in (None, "e2e"):
             e2e = bench_e2e(bootstrap, runs, per_run)
             print(f"RESULT end-to-end projector from Kafka, {runs} runs: {e2e:,.0f} events/s")
+        if args.only in (None, "registry"):
+            bench_registry(bootstrap, runs, per_run, rounds=2 if args.quick else 5)
         if args.only not in (None, "latency"):
             return
         lat, n = bench_latency(bootstrap, runs, lat_s)

@@ -65,6 +65,7 @@ RAW_HEAD = b"\x00rsh"
 RETRY_S = 2.0
 
 _WRAPPED = "checkpoint"
+_UNSEEN = object()
 
 
 def _varint(n: int) -> bytes:
@@ -277,10 +278,12 @@ class RegistryFraming:
     def unwrap(self, topic: str, value: bytes) -> bytes:
         """A record as runstate reads it: one in the registry's framing becomes what it was
         written as; any other comes back as it is."""
-        if value[:1] != CONFLUENT_MAGIC or len(value) < 5 or value[:4] == RAW_HEAD:
+        if len(value) < 5 or value[0] != 0 or value[:4] == RAW_HEAD:
             return value
         sid = int.from_bytes(value[1:5], "big")
-        what = self._known[sid] if sid in self._known else self._resolve(sid)
+        what = self._known.get(sid, _UNSEEN)
+        if what is _UNSEEN:
+            what = self._resolve(sid)
         if what is None:
             return value
         if what == _WRAPPED:
@@ -290,7 +293,7 @@ class RegistryFraming:
                 return value
             return value[pos : pos + n] if pos + n == len(value) else value
         assert isinstance(what, bytes)
-        return what + value[5:]
+        return b"".join((what, memoryview(value)[5:]))  # one copy
 
     def close(self) -> None:
         if self._client is not None:
