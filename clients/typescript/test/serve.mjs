@@ -1,0 +1,59 @@
+// A `runstate serve` of a test's own (Python's, the checkout's): on a free loopback port,
+// with an embedded log in a directory of its own, or on Kafka (RUNSTATE_TEST_KAFKA) with
+// topics of its own. RUNSTATE_PYTHON names the interpreter (the test suite sets it).
+import { spawn, spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+const PYTHON = process.env.RUNSTATE_PYTHON ?? "python3";
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+export async function startServe(extraEnv = {}) {
+  const dir = mkdtempSync(join(tmpdir(), "runstate-ts-"));
+  const env = { ...process.env, RUNSTATE_STATE_DIR: join(dir, "state"), ...extraEnv };
+  if (process.env.RUNSTATE_TEST_KAFKA) {
+    env.RUNSTATE_LOG = `kafka://${process.env.RUNSTATE_TEST_KAFKA}`;
+    env.RUNSTATE_TOPIC_PREFIX = `ts${Date.now().toString(36)}${Math.random().toString(36).slice(2, 8)}`;
+    const made = spawnSync(PYTHON, ["-m", "runstate.cli", "topics", "create", "--partitions", "2"], { env, encoding: "utf8" });
+    if (made.status !== 0) throw new Error(`topics create failed: ${made.stderr}`);
+  } else {
+    env.RUNSTATE_LOG = join(dir, "log.db");
+  }
+  const port = await freePort();
+  const proc = spawn(PYTHON, ["-m", "runstate.cli", "serve", "--port", String(port)], { env, stdio: ["ignore", "ignore", "pipe"] });
+  let err = "";
+  proc.stderr.on("data", (b) => (err += b));
+  const url = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + 120_000;
+  for (;;) {
+    if (proc.exitCode !== null) throw new Error(`serve exited ${proc.exitCode}: ${err}`);
+    try {
+      const body = await (await fetch(`${url}/healthz`)).json();
+      if (body.owned_partitions && body.owned_partitions.length) break;
+    } catch {}
+    if (Date.now() > deadline) throw new Error(`serve not ready: ${err}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return {
+    url,
+    dir,
+    env,
+    async stop() {
+      proc.kill("SIGTERM");
+      await new Promise((r) => (proc.exitCode !== null ? r() : proc.once("exit", r)));
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
