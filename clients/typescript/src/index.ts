@@ -14,9 +14,9 @@ import { type IncomingMessage, request as httpRequest } from "node:http";
 import { request as httpsRequest } from "node:https";
 
 import type { components } from "./generated/api.js";
-import { EVENT_TYPES, TRAITS, type EventType } from "./generated/events.js";
+import { EVENT_TYPES, TERMINAL_STATUSES, TRAITS, type EventType } from "./generated/events.js";
 
-export { EVENT_TYPES, TRAITS };
+export { EVENT_TYPES, TERMINAL_STATUSES, TRAITS };
 export type { EventType, EventTraits } from "./generated/events.js";
 
 type Schemas = components["schemas"];

@@ -14,6 +14,8 @@ import {
   openRun,
   pathSegment,
 } from "../dist/index.js";
+import { RunstateSaver, generationRunId, threadOf } from "../dist/langgraph.js";
+import { Annotation, END, START, StateGraph } from "@langchain/langgraph";
 import { startServe } from "./serve.mjs";
 
 const TRUST = { external_evidence_schemes: ["artifact"] };
@@ -143,5 +145,42 @@ describe("the run handle", () => {
       (e) => e instanceof RevisionConflict && e.current > e.expected && e.since.length >= 1,
     );
     await assert.rejects(a.fact("f9", "no evidence"), (e) => e instanceof PatchRejected && /evidence/.test(e.message));
+  });
+});
+
+describe("the LangGraph.js saver", () => {
+  const Counter = Annotation.Root({ turns: Annotation({ reducer: (a, b) => a + b, default: () => 0 }) });
+  const graph = (saver) =>
+    new StateGraph(Counter)
+      .addNode("turn", () => ({ turns: 1 }))
+      .addEdge(START, "turn")
+      .addEdge("turn", END)
+      .compile({ checkpointer: saver });
+
+  it("starts the thread's next generation after deleteThread, and refuses a late write to the old one", async () => {
+    const saver = RunstateSaver.fromConnString(serve.url);
+    const config = { configurable: { thread_id: "ts-chat" } };
+    await graph(saver).invoke({}, config);
+    await graph(saver).invoke({}, config);
+    const old = await saver.getTuple(config);
+    assert.equal(old.checkpoint.channel_values.turns, 2);
+    await saver.deleteThread("ts-chat");
+    assert.equal(await saver.getTuple(config), undefined);
+    // Another process (a saver of its own) starts a new conversation on the id.
+    const other = RunstateSaver.fromConnString(serve.url);
+    await graph(other).invoke({}, config);
+    assert.equal((await saver.getTuple(config)).checkpoint.channel_values.turns, 1);
+    assert.deepEqual([threadOf("ts-chat~2"), generationRunId("ts-chat", 2), generationRunId("x~2", 1)], [["ts-chat", 2], "ts-chat~2", "x~2~1"]);
+    const runs = (await rs.runs()).map((r) => r.run_id).filter((r) => r.startsWith("ts-chat"));
+    assert.deepEqual(runs.sort(), ["ts-chat", "ts-chat~2"]);
+    await assert.rejects(rs.state("ts-chat"), (e) => e instanceof RunErased && e.erasure.reason === "LangGraph delete_thread");
+    assert.match((await rs.state("ts-chat~2")).goal.statement, /generation 2/);
+    // A late write of the deleted conversation (it names its checkpoint) is refused, not moved.
+    await assert.rejects(saver.putWrites(old.config, [["turns", 5]], "late-task"), (e) => e instanceof RunErased || e instanceof PatchRejected);
+    assert.equal((await other.getTuple(config)).checkpoint.channel_values.turns, 1);
+    const listed = [];
+    for await (const t of saver.list({})) if (t.config.configurable.thread_id === "ts-chat") listed.push(t);
+    // Only the new conversation's checkpoints (its input, the loop's start, the step): the old one's are erased.
+    assert.deepEqual(listed.map((t) => t.metadata.step), [1, 0, -1]);
   });
 });
