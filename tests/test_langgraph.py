@@ -21,7 +21,7 @@ from langgraph.channels.delta import DeltaChannel
 from servekit import ServeProcess
 
 from runstate.agent import PatchRejected
-from runstate.integrations.langgraph import AsyncRunstateSaver, RunstateSaver
+from runstate.integrations.langgraph import AsyncRunstateSaver, JsonSerializer, RunstateSaver
 from runstate.schemas.errors import PatchTooLarge
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -624,3 +624,25 @@ def test_a_thread_id_too_long_for_its_next_generation_says_so(tmp_path: Path) ->
         saver.delete_thread(long)
         with pytest.raises(ValueError, match="too long for generation 2"):
             graph.invoke({"said": ["again"]}, cfg)
+
+
+def test_the_json_serializer_writes_what_langgraph_js_reads_and_names_what_it_cannot() -> None:
+    from datetime import datetime
+
+    from langchain_core.messages import AIMessage
+    from langgraph.types import Interrupt
+
+    serde = JsonSerializer()
+    kind, data = serde.dumps_typed({"messages": [AIMessage("hi", id="m1")], "n": 1, "none": None})
+    assert kind == "json"
+    doc = json.loads(data)
+    # LangGraph.js imports messages from langchain_core.messages (Python's own id is a legacy one).
+    assert doc["messages"][0]["id"] == ["langchain_core", "messages", "AIMessage"]
+    back = serde.loads_typed((kind, data))
+    assert isinstance(back["messages"][0], AIMessage) and back["messages"][0].content == "hi" and back["n"] == 1
+    assert serde.loads_typed(serde.dumps_typed([Interrupt(value={"q": 1}, id="i1")])) == [
+        Interrupt(value={"q": 1}, id="i1")
+    ]
+    assert serde.dumps_typed(b"raw") == ("bytes", b"raw")
+    with pytest.raises(TypeError, match="datetime.datetime"):
+        serde.dumps_typed({"at": datetime(2026, 1, 1)})

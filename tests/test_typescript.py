@@ -5,13 +5,25 @@ are needed (skipped without them, except under ``CI=true``, where that fails).""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
+from confluent_kafka.admin import AdminClient
+from langchain_core.messages import HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.types import Command
+
+import approval_graph
+from helpers import readme_blocks
+from runstate.integrations.langgraph import JsonSerializer, RunstateSaver
+from servekit import ServeProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 TS = ROOT / "clients" / "typescript"
@@ -47,10 +59,10 @@ def built() -> Path:
     return TS
 
 
-def _node(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+def _node(args: list[str], timeout: float, **env_: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RUNSTATE_PYTHON": sys.executable, "NO_COLOR": "1"}
     env.pop("RUNSTATE_TEST_KAFKA", None)
-    return subprocess.run(args, cwd=TS, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(args, cwd=TS, capture_output=True, text=True, timeout=timeout, env={**env, **env_})
 
 
 def test_the_generated_types_are_those_of_the_python_side(built: Path) -> None:
@@ -63,10 +75,121 @@ def test_the_generated_types_are_those_of_the_python_side(built: Path) -> None:
 def test_the_client_and_the_run_handle_against_a_real_serve(built: Path) -> None:
     out = _node(["node", "--test", "--test-timeout=60000", "test/client.test.mjs"], timeout=300)
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
-    assert "# fail 0" in out.stdout and "# pass 7" in out.stdout, out.stdout[-3000:]
+    assert "# fail 0" in out.stdout and "# pass 8" in out.stdout, out.stdout[-3000:]
 
 
 def test_langgraph_js_validation_suite_passes_through_a_serve(built: Path) -> None:
     out = _node(["npx", "vitest", "run", "test/validation.spec.mjs", "--globals", "--reporter=dot"], timeout=900)
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
     assert "718 passed (718)" in out.stdout, out.stdout[-3000:]
+
+
+@pytest.mark.kafka
+def test_langgraph_js_validation_suite_passes_through_a_serve_on_kafka(built: Path, kafka_bootstrap: str) -> None:
+    prefix = f"tsv{uuid.uuid4().hex[:8]}"
+    out = _node(
+        ["npx", "vitest", "run", "test/validation.spec.mjs", "--globals", "--reporter=dot"],
+        timeout=900,
+        RUNSTATE_TEST_KAFKA=kafka_bootstrap,
+        RUNSTATE_TEST_TOPIC_PREFIX=prefix,
+    )
+    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
+    assert "718 passed (718)" in out.stdout, out.stdout[-3000:]
+    topics = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
+    assert any(t.startswith(prefix) for t in topics), "the serves did not run on Kafka"
+
+
+def _approval(mode: str, url: str, thread: str, *arg: str) -> dict[str, Any]:
+    """One step of the JavaScript approval graph, as a process of its own: the state after it."""
+    out = _node(["node", "test/approval.mjs", mode, url, thread, *arg], timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_an_approval_crosses_processes_and_languages(built: Path, tmp_path: Path) -> None:
+    """LangGraph.js asks for approval in one process and is resumed by another; Python audits
+    the thread, continues it with the same graph, and each language resumes an interrupt
+    the other raised."""
+    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    serve = ServeProcess(env, tmp_path)
+    try:
+        serve.wait_ready()
+        asked = _approval("start", serve.url, "release", "write the release note")
+        assert asked["next"] == ["approve"]
+        assert asked["interrupts"] == [{"question": "send this draft?", "draft": "draft: write the release note"}]
+        done = _approval("resume", serve.url, "release", "yes")
+        assert done["messages"][-1] == ["ai", "sent"] and done["approved"] is True and done["next"] == []
+
+        cli = {**os.environ, **env}
+        history = subprocess.run(
+            [sys.executable, "-m", "runstate.cli", "history", "release", "--json"],
+            env=cli,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert history.returncode == 0, history.stderr
+        rows = json.loads(history.stdout)
+        assert rows and all(r["outcome"] == "accepted" for r in rows)
+        assert {r["agent_id"] for r in rows} == {"langgraph-js"}
+        verify = subprocess.run(
+            [sys.executable, "-m", "runstate.cli", "verify", "--quiet"],
+            env=cli,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+
+        config: RunnableConfig = {"configurable": {"thread_id": "release"}}
+        with RunstateSaver.from_conn_string(serve.url, serde=JsonSerializer()) as saver:
+            graph = approval_graph.builder().compile(checkpointer=saver)
+            state = graph.get_state(config)
+            assert [(m.type, m.content) for m in state.values["messages"]] == [
+                ("human", "write the release note"),
+                ("ai", "draft: write the release note"),
+                ("ai", "sent"),
+            ]
+            graph.invoke({"messages": [HumanMessage("now the changelog")]}, config)  # Python asks
+            assert graph.get_state(config).next == ("approve",)
+        refused = _approval("resume", serve.url, "release", "no")  # JavaScript answers Python's question
+        assert refused["messages"][-2:] == [["ai", "draft: now the changelog"], ["ai", "discarded"]]
+        assert refused["approved"] is False
+        asked = _approval("start", serve.url, "release", "and the blog post")  # JavaScript asks
+        assert asked["next"] == ["approve"]
+        with RunstateSaver.from_conn_string(serve.url, serde=JsonSerializer()) as saver:
+            graph = approval_graph.builder().compile(checkpointer=saver)
+            graph.invoke(Command(resume="yes"), config)  # Python answers JavaScript's question
+            final = graph.get_state(config)
+        assert [(m.type, m.content) for m in final.values["messages"]][-3:] == [
+            ("human", "and the blog post"),
+            ("ai", "draft: and the blog post"),
+            ("ai", "sent"),
+        ]
+        assert len(final.values["messages"]) == 9 and final.values["approved"] is True and final.next == ()
+        assert _approval("state", serve.url, "release")["messages"] == [
+            [m.type, m.content] for m in final.values["messages"]
+        ]
+    finally:
+        serve.stop()
+
+
+def test_the_readmes_typescript_block_runs_as_written(built: Path, tmp_path: Path) -> None:
+    [block] = readme_blocks("ts")
+    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    serve = ServeProcess(env, tmp_path)
+    # Inside the package, so that "@runstate/client" resolves to the checkout's build.
+    script = TS / "test" / f".readme-{uuid.uuid4().hex[:8]}.mjs"
+    try:
+        serve.wait_ready()
+        assert "http://127.0.0.1:8750" in block
+        report = "\nconsole.log(JSON.stringify({ outcome: decision.outcome, revision: state.revision, prompt }));\n"
+        script.write_text(block.replace("http://127.0.0.1:8750", serve.url) + report)
+        out = _node(["node", str(script)], timeout=120)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got["outcome"] == "accepted" and got["revision"] == 4
+        assert "make the login refresh pass" in got["prompt"]
+    finally:
+        script.unlink(missing_ok=True)
+        serve.stop()

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
+import json
 import random
 import re
 import threading
@@ -51,6 +53,9 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.types import Interrupt
+from langchain_core.load.serializable import Serializable
 
 import runstate
 from runstate.agent import AsyncBackend, Backend, PatchRejected, _draft, async_backend, backend
@@ -62,7 +67,7 @@ from runstate.schemas.state import TERMINAL_STATUSES
 #: The reason an erasure by ``delete_thread`` records.
 DELETE_REASON = "LangGraph delete_thread"
 
-__all__ = ["AsyncRunstateSaver", "RunstateSaver", "generation_run_id", "thread_of"]
+__all__ = ["AsyncRunstateSaver", "JsonSerializer", "RunstateSaver", "generation_run_id", "thread_of"]
 
 #: The author of the saver's patches unless told otherwise (a serve with tokens uses the token's).
 DEFAULT_AUTHOR = Author(agent_id="langgraph", agent_version=runstate.__version__)
@@ -283,7 +288,7 @@ class _Graph:
             # In LangGraph's order (its writes_sort_key), not the order the tasks finished:
             # a DeltaChannel replays them through an order-sensitive reducer.
             pending_writes=[
-                (w["task_id"], w["channel"], self.serde.loads_typed(_unblob(w["value"])))
+                (w["task_id"], w["channel"], _interrupts(w["channel"], self.serde.loads_typed(_unblob(w["value"]))))
                 for w in sorted(doc.get("writes", []), key=_write_order)
             ],
         )
@@ -436,6 +441,72 @@ def _outcome(d: Decision | None) -> Decision | None:
     if d is not None and d.outcome != "accepted":
         raise PatchRejected(d)
     return d
+
+
+#: The channel of a task's interrupts (LangGraph's ``INTERRUPT``).
+_INTERRUPT = "__interrupt__"
+
+
+def _interrupts(channel: str, value: Any) -> Any:
+    """A write's value, with the interrupts LangGraph.js saved (plain ``{value, id}``
+    objects in its JSON) as LangGraph's ``Interrupt``, so that Python resumes them."""
+    if channel == _INTERRUPT and isinstance(value, list):
+        return [
+            Interrupt(value=i["value"], id=i["id"]) if isinstance(i, dict) and set(i) == {"value", "id"} else i
+            for i in value
+        ]
+    return value
+
+
+#: Python's ids of LangChain objects that LangGraph.js knows by another name.
+_JS_NAMESPACES = {("langchain", "schema", "messages"): ["langchain_core", "messages"]}
+
+
+class JsonSerializer(SerializerProtocol):
+    """A LangGraph serializer that writes what LangGraph.js's reads, so that one thread can
+    be continued from Python and from JavaScript (with the same graph in both).
+
+    It writes JSON, as LangGraph.js's serializer does: plain values as they are, LangChain
+    objects (messages) in LangChain's serialized form under the ids LangGraph.js imports,
+    ``Interrupt`` as a constructor record that Python revives (LangGraph.js keeps it as a
+    plain object: an interrupt raised in one language is resumed in that one). Anything
+    else (a dataclass, a set, a datetime, a pydantic model of your own) raises
+    ``TypeError`` naming it, rather than writing what the other side reads differently.
+    It reads what either language writes (JSON, and the default serializer's msgpack)."""
+
+    def __init__(self, reader: JsonPlusSerializer | None = None) -> None:
+        self._reader = reader or JsonPlusSerializer()
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        if isinstance(obj, bytes | bytearray):
+            return "bytes", bytes(obj)
+        return "json", json.dumps(obj, default=self._default, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        return self._reader.loads_typed(data)
+
+    @staticmethod
+    def _default(obj: Any) -> Any:
+        if isinstance(obj, Serializable):
+            out = obj.to_json()
+            ids = out.get("id")
+            if isinstance(ids, list):
+                for python, js in _JS_NAMESPACES.items():
+                    if tuple(ids[: len(python)]) == python:
+                        out = {**out, "id": [*js, *ids[len(python) :]]}
+            return out
+        if isinstance(obj, Interrupt):
+            return {
+                "lc": 2,
+                "type": "constructor",
+                "id": ["langgraph", "types", "Interrupt"],
+                "kwargs": dataclasses.asdict(obj),
+            }
+        raise TypeError(
+            f"JsonSerializer cannot write a {type(obj).__module__}.{type(obj).__qualname__}: LangGraph.js reads "
+            "JSON, which has no such type (keep the graph's state to JSON values and LangChain messages, or use "
+            "LangGraph's default serializer for a thread only Python reads)"
+        )
 
 
 class RunstateSaver(_Graph, BaseCheckpointSaver[str]):

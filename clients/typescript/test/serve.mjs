@@ -1,6 +1,6 @@
 // A `runstate serve` of a test's own (Python's, the checkout's): on a free loopback port,
 // with an embedded log in a directory of its own, or on Kafka (RUNSTATE_TEST_KAFKA) with
-// topics of its own. RUNSTATE_PYTHON names the interpreter (the test suite sets it).
+// topics of its own (named from RUNSTATE_TEST_TOPIC_PREFIX). RUNSTATE_PYTHON names the interpreter (the test suite sets it).
 import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
@@ -25,7 +25,8 @@ export async function startServe(extraEnv = {}) {
   const env = { ...process.env, RUNSTATE_STATE_DIR: join(dir, "state"), ...extraEnv };
   if (process.env.RUNSTATE_TEST_KAFKA) {
     env.RUNSTATE_LOG = `kafka://${process.env.RUNSTATE_TEST_KAFKA}`;
-    env.RUNSTATE_TOPIC_PREFIX = `ts${Date.now().toString(36)}${Math.random().toString(36).slice(2, 8)}`;
+    const base = process.env.RUNSTATE_TEST_TOPIC_PREFIX ?? "ts";
+    env.RUNSTATE_TOPIC_PREFIX = `${base}${Date.now().toString(36)}${Math.random().toString(36).slice(2, 8)}`;
     const made = spawnSync(PYTHON, ["-m", "runstate.cli", "topics", "create", "--partitions", "2"], { env, encoding: "utf8" });
     if (made.status !== 0) throw new Error(`topics create failed: ${made.stderr}`);
   } else {
