@@ -12,8 +12,8 @@ through a ``runstate serve`` on loopback (embedded log), all in one Node process
 
 The packages are installed on first use into ``.bench-peers/js`` with npm: LangGraph.js,
 the SQLite saver (its ``better-sqlite3`` builds with node-gyp where no prebuilt binary is
-downloadable) and runstate's from a tarball of the checkout, as ``docs/typescript.md``
-installs it. Needs Node 20+ and npm.
+downloadable) and runstate's two packages (``@runstate/client``, ``@runstate/langgraph``) from tarballs
+of the checkout, as ``docs/typescript.md`` installs them. Needs Node 20+ and npm.
 """
 
 from __future__ import annotations
@@ -57,17 +57,18 @@ def install() -> None:
         _run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"], TS)
     _run(["npx", "tsc", "-p", "tsconfig.json"], TS)
     PEERS.mkdir(parents=True, exist_ok=True)
-    for old in PEERS.glob("runstate-client-*.tgz"):
+    for old in PEERS.glob("runstate-*.tgz"):
         old.unlink()
     _run(["npm", "pack", "--pack-destination", str(PEERS)], TS)
-    [tarball] = PEERS.glob("runstate-client-*.tgz")
+    _run(["npm", "pack", "--pack-destination", str(PEERS)], TS / "langgraph")
+    tarballs = sorted(f"./{t.name}" for t in PEERS.glob("runstate-*.tgz"))
     if not (PEERS / "package.json").exists():
         (PEERS / "package.json").write_text(
             json.dumps({"name": "runstate-bench-peers", "private": True, "type": "module"})
         )
     print("installing LangGraph.js and its SQLite saver into .bench-peers/js ...", flush=True)
     pinned = [f"{name}@{version}" for name, version in PACKAGES.items()]
-    _run(["npm", "install", "--no-audit", "--no-fund", *pinned, f"./{tarball.name}"], PEERS)
+    _run(["npm", "install", "--no-audit", "--no-fund", *pinned, *tarballs], PEERS)
     shutil.copy(Path(__file__).with_name("langgraph_js_step.mjs"), PEERS / "langgraph_js_step.mjs")
 
 

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { AIMessage } from "@langchain/core/messages";
 import { Annotation, END, MemorySaver, MessagesAnnotation, START, StateGraph } from "@langchain/langgraph";
 import { SqliteSaver } from "@langchain/langgraph-checkpoint-sqlite";
-import { RunstateSaver } from "@runstate/client/langgraph";
+import { RunstateSaver } from "@runstate/langgraph";
 
 const [url, work, rounds, steps] = [process.argv[2], process.argv[3], Number(process.argv[4]), Number(process.argv[5])];
 

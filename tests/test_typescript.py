@@ -193,3 +193,65 @@ def test_the_readmes_typescript_block_runs_as_written(built: Path, tmp_path: Pat
     finally:
         script.unlink(missing_ok=True)
         serve.stop()
+
+
+def test_the_packages_install_from_tarballs_as_the_docs_say(built: Path, tmp_path: Path) -> None:
+    """``npm pack`` of ``@runstate/client`` and ``@runstate/langgraph``, installed into a
+    project of the user's with LangGraph's packages: both import, and their types check."""
+    for where in (TS, TS / "langgraph"):
+        out = subprocess.run(
+            ["npm", "pack", "--pack-destination", str(tmp_path)], cwd=where, capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+    app = tmp_path / "my-agent"
+    app.mkdir()
+    (app / "package.json").write_text(json.dumps({"name": "my-agent", "private": True, "type": "module"}))
+    lock = json.loads((TS / "package-lock.json").read_text())["packages"]
+    peers = [
+        f"{name}@{lock[f'node_modules/{name}']['version']}"
+        for name in ("@langchain/core", "@langchain/langgraph-checkpoint")
+    ]
+    tarballs = sorted(str(t) for t in tmp_path.glob("runstate-*.tgz"))
+    assert [Path(t).name for t in tarballs] == ["runstate-client-0.1.0.tgz", "runstate-langgraph-0.1.0.tgz"]
+    out = subprocess.run(
+        ["npm", "install", "--prefer-offline", "--no-audit", "--no-fund", "--ignore-scripts", *peers, *tarballs],
+        cwd=app,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (app / "agent.ts").write_text(
+        'import { Client, openRun } from "@runstate/client";\n'
+        'import { RunstateSaver, generationRunId } from "@runstate/langgraph";\n'
+        'const saver: RunstateSaver = RunstateSaver.fromConnString("http://127.0.0.1:8750", { token: "t" });\n'
+        "const client: Client = saver.client;\n"
+        'const run = openRun(client.url, generationRunId("chat", 2), { agentId: "a", agentVersion: "1" });\n'
+        "console.log(JSON.stringify([client.url, typeof run.toolCall]));\n"
+    )
+    (app / "tsconfig.json").write_text(
+        json.dumps(
+            {
+                "compilerOptions": {
+                    "target": "ES2022",
+                    "module": "NodeNext",
+                    "strict": True,
+                    "outDir": "out",
+                    "types": [],
+                    # LangChain's own declarations need a newer lib than ES2022's; ours are read.
+                    "skipLibCheck": True,
+                }
+            }
+        )
+    )
+    tsc = subprocess.run(
+        [str(TS / "node_modules" / ".bin" / "tsc"), "-p", "tsconfig.json"],
+        cwd=app,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert tsc.returncode == 0, tsc.stdout[-3000:] + tsc.stderr[-3000:]
+    ran = subprocess.run(["node", "out/agent.js"], cwd=app, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == ["http://127.0.0.1:8750", "function"]
