@@ -58,7 +58,7 @@ from runstate.schemas.errors import (
     RunstateError,
 )
 from runstate.snapshotter.checkpoint import Checkpoint, SigningKey, decode_patch_ids
-from runstate.snapshotter.history import CheckpointHistory
+from runstate.snapshotter.history import CheckpointHistory, LiveStores
 from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.projector.store.partition import ProjectionStore
 from runstate.projector.store.statedir import Layout
@@ -438,9 +438,14 @@ def snapshot(
         log.close()
 
 
-def nearest_checkpoint(settings: Settings) -> NearestCheckpoint:
+def nearest_checkpoint(settings: Settings, live: LiveStores | None = None) -> NearestCheckpoint:
+    """The newest valid checkpoint at or below a revision, as state data (see
+    :meth:`CheckpointHistory.nearest_state_data`). ``live``: the stores of the snapshotter
+    running in this process (serve's), read where it has the run's partition."""
+
     def nearest(run_id: str, revision: int) -> dict[str, Any] | None:
-        with CheckpointHistory(snapshotter_dir(settings.state_dir), settings.checkpoint_key_bytes()) as hist:
+        history = CheckpointHistory(snapshotter_dir(settings.state_dir), settings.checkpoint_key_bytes(), live)
+        with history as hist:
             return hist.nearest_state_data(run_id, revision)  # checked: digest, signature, versions
 
     return nearest

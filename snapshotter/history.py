@@ -26,14 +26,22 @@ from runstate.snapshotter.checkpoint import Checkpoint, SigningKey, state_data_o
 
 #: What a check of a checkpoint record gives.
 T = TypeVar("T")
+#: ``live(partition)``: the store a snapshotter running in this process keeps for the
+#: partition now, or None (the history then opens the store read-only, as another process).
+LiveStores = Callable[[int], ProjectionStore | None]
 
 
 class CheckpointHistory:
     """Read-only view of the checkpoints the snapshotter wrote under ``<state_dir>/snapshotter``."""
 
-    def __init__(self, snapshotter_dir: str | os.PathLike[str], key: SigningKey = None) -> None:
+    def __init__(
+        self, snapshotter_dir: str | os.PathLike[str], key: SigningKey = None, live: LiveStores | None = None
+    ) -> None:
+        """``live``: the stores of a snapshotter in this process, read where it has one (no
+        open per read, and what it wrote a moment ago: an erasure, say, at once)."""
         self.layout = Layout(snapshotter_dir)
         self.key = key
+        self.live = live
         self._stores: dict[int, ProjectionStore] = {}
 
     def available(self) -> bool:
@@ -43,6 +51,8 @@ class CheckpointHistory:
         if not self.available():
             return None
         p = partition_for(run_id, self.layout.read()[1])
+        if self.live is not None and (st := self.live(p)) is not None:
+            return st
         if p not in self._stores:
             path = self.layout.store_path(p)
             if not (path / "CURRENT").exists():

@@ -34,6 +34,8 @@ from runstate.snapshotter.checkpoint import (
 )
 from runstate.snapshotter.checkpoint import encode as encode_cp
 from runstate.snapshotter.history import CheckpointHistory
+from runstate.projector.store.partition import ProjectionStore
+from runstate.projector.store.statedir import Layout
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.snapshotter.recovery import restore_partition
@@ -449,6 +451,28 @@ def test_time_travel_starts_from_the_nearest_checkpoint(tmp_path: Path) -> None:
                     mode="json"
                 )
                 assert state_data_at(log, proj, "run_0", n) == want.model_dump(mode="json")  # from the start
+    log.close()
+
+
+def test_time_travel_reads_a_live_snapshotter_store_without_opening_one(tmp_path: Path) -> None:
+    """serve's history reads the store its snapshotter holds (no open per request; what it
+    wrote a moment ago seen at once), and answers as a read-only open does."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, workload(runs=1, per_run=25))
+    state = tmp_path / "state"
+    Snapshotter(log, str(state), policy=CheckpointPolicy(every=10, bytes_ratio=None)).run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
+    with CheckpointHistory(snapshotter_dir(state)) as opened:
+        want = [opened.nearest_state_data("run_0", n) for n in range(27)]
+    store = ProjectionStore(Layout(snapshotter_dir(state)).store_path(0))  # as the snapshotter opens it
+    try:
+        seen: list[int] = []
+        with CheckpointHistory(snapshotter_dir(state), live=lambda p: seen.append(p) or store) as live:
+            assert [live.nearest_state_data("run_0", n) for n in range(27)] == want
+            assert live._stores == {} and seen and set(seen) == {0}  # nothing opened beside it
+    finally:
+        store.close()
     log.close()
 
 

@@ -429,11 +429,8 @@ class Service:
         return await self.on_owner(run_id, fwd, local, orjson.dumps)
 
     def _state_data_at(self, live: _LiveRuns, run_id: str, revision: int) -> dict[str, Any]:
-        log = app.open_settings_log(self.settings, create=False)
-        try:
-            return state_data_at(log, live, run_id, revision, nearest=app.nearest_checkpoint(self.settings))
-        finally:
-            log.close()
+        # The instance's own log (the tail is read from it) and its snapshotter's stores.
+        return state_data_at(self.node.log, live, run_id, revision, nearest=self.node.nearest_checkpoint())
 
     async def _reach(self, run_id: str, min_revision: int, wait_s: float) -> None:
         """Return once the run is at ``min_revision`` here. While this instance's projector
@@ -505,11 +502,7 @@ class Service:
             live.header(run_id)
 
             def run() -> list[FieldChangeOut]:
-                log = app.open_settings_log(self.settings, create=False)
-                try:
-                    changes = explain(log, live, run_id, path)
-                finally:
-                    log.close()
+                changes = explain(self.node.log, live, run_id, path)
                 if not changes:
                     raise FieldNeverSet(run_id, path)
                 return [FieldChangeOut(**vars(c)) for c in changes]

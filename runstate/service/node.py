@@ -26,13 +26,14 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from runstate.app import checkpoint_key, make_projector, open_settings_log
+from runstate.app import checkpoint_key, make_projector, nearest_checkpoint, open_settings_log
 from runstate.eventlog.base import EventLog
 from runstate.eventlog.partitioner import partition_for
 from runstate.producers.decisions import DecisionFeed
 from runstate.producers.run_producer import Receipt, RunProducer
+from runstate.projector.read.replay import NearestCheckpoint
 from runstate.projector.store.partition import PendingBatch, ProjectionStore
 from runstate.projector.core.working import RunDoc
 from runstate.schemas import structs
@@ -256,6 +257,26 @@ class Node:
             if part is None:
                 raise NotOwner(p, "being restored" if p in self.health.restoring else "owned by another instance")
             return fn(part.store)
+
+    def nearest_checkpoint(self) -> NearestCheckpoint:
+        """Time travel's checkpoint look-up (:func:`runstate.app.nearest_checkpoint`), read
+        from this instance's snapshotter store where it holds the run's partition (under its
+        lock, which a revocation takes to close the store): no store opened per request, and
+        what the snapshotter wrote a moment ago (an erasure) seen at once."""
+        elsewhere = nearest_checkpoint(self.settings)
+        snap = self.snapshotter
+        if snap is None:
+            return elsewhere
+
+        def nearest(run_id: str, revision: int) -> dict[str, Any] | None:
+            with snap.projector.lock:
+                part = snap.projector.parts.get(self.partition_of(run_id))
+                if part is not None:
+                    store = part.store
+                    return nearest_checkpoint(self.settings, lambda _p: store)(run_id, revision)
+            return elsewhere(run_id, revision)
+
+        return nearest
 
     def caught_up(self, run_id: str) -> bool:
         """Whether the projector has applied everything the log holds (as its consumer last
