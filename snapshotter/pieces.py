@@ -243,8 +243,10 @@ def unpack(value: bytes) -> tuple[int, str, bytes] | None:
 
 def live(value: bytes | None, epoch: int) -> bytes | None:
     """A piece's body when it is one of ``epoch``'s and not gone, else None."""
-    got = None if value is None else unpack(value)
-    return got[2] if got is not None and got[0] == epoch and got[2] else None
+    if value is None or int.from_bytes(value[:EPOCH_BYTES], "big") != epoch:
+        return None  # another epoch's: not decompressed for nothing
+    got = unpack(value)
+    return got[2] if got is not None and got[2] else None
 
 
 # --- the multiset digest ----------------------------------------------------------------------
@@ -253,8 +255,11 @@ def live(value: bytes | None, epoch: int) -> bytes | None:
 def element(name: str, epoch: int, body: bytes) -> int:
     """One piece's share of the digest: its name, epoch and body as stored (not as
     compressed, which another zlib may do otherwise)."""
-    n = name.encode()
-    h = hashlib.sha256(len(n).to_bytes(4, "big") + n + epoch.to_bytes(8, "big") + body).digest()
+    return _element(name.encode(), epoch.to_bytes(8, "big"), body)
+
+
+def _element(name: bytes, epoch: bytes, body: bytes) -> int:
+    h = hashlib.sha256(len(name).to_bytes(4, "big") + name + epoch + body).digest()
     return int.from_bytes(hashlib.shake_256(h).digest(_ACC_BYTES), "little")
 
 
@@ -285,11 +290,13 @@ class Tally(NamedTuple):
 
 
 def tally_of(epoch: int, bodies: Iterable[tuple[str, bytes]]) -> Tally:
-    """The digest of pieces of ``epoch``: ``(name, body)``."""
-    t = Tally()
+    """The digest of pieces of ``epoch``: ``(name, body)`` (summed, then reduced once)."""
+    ep = epoch.to_bytes(8, "big")
+    count = acc = 0
     for name, body in bodies:
-        t = t.add(name, epoch, body)
-    return t
+        acc += _element(name.encode(), ep, body)
+        count += 1
+    return Tally(count, acc % _MOD)
 
 
 # --- the head ----------------------------------------------------------------------------------
