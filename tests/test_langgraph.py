@@ -611,6 +611,44 @@ def test_a_deleted_thread_id_starts_a_new_conversation_with_a_master_key_and_thr
     assert "RunErased" in _cli(tmp_path, "history", "chat 7~2")
 
 
+def test_a_late_subgraph_checkpoint_of_a_deleted_conversation_is_refused(tmp_path: Path) -> None:
+    """A subgraph's first checkpoint has no parent, as a new conversation's has; it names
+    its root graph's checkpoint instead (metadata ``parents``). One of a deleted
+    conversation arriving after the next conversation started is refused, as its late
+    writes are; a subgraph of the new conversation is saved there."""
+    from langgraph.graph import START, StateGraph
+
+    from runstate.schemas.errors import RunErased
+
+    def graph(saver: Any) -> Any:
+        sub = StateGraph(_ChatState)
+        sub.add_node("think", lambda s: {"said": [f"thought about {s['said'][-1]}"]})
+        sub.add_edge(START, "think")
+        g = StateGraph(_ChatState)
+        g.add_node("child", sub.compile())
+        g.add_edge(START, "child")
+        return g.compile(checkpointer=saver)
+
+    cfg = {"configurable": {"thread_id": "nested"}}
+    with (
+        RunstateSaver.from_conn_string(tmp_path / "rs") as saver,
+        RunstateSaver.from_conn_string(tmp_path / "rs") as other,
+    ):
+        graph(saver).invoke({"said": ["one"]}, cfg)
+        old = next(t for t in saver.list(cfg) if t.config["configurable"]["checkpoint_ns"] and t.parent_config is None)
+        saver.delete_thread("nested")
+        said = graph(other).invoke({"said": ["two"]}, cfg)["said"]
+        assert said[0] == "two" and said[-1] == "thought about two" and "one" not in said
+        assert any(t.config["configurable"]["checkpoint_ns"] for t in other.list(cfg))  # the new subgraph's
+        late_cfg = {
+            "configurable": {"thread_id": "nested", "checkpoint_ns": old.config["configurable"]["checkpoint_ns"]}
+        }
+        with pytest.raises((PatchRejected, RunErased)):  # from the saver that ran the old conversation
+            saver.put(late_cfg, {**old.checkpoint, "id": f"{old.checkpoint['id']}-late"}, old.metadata, {})
+        assert graph(other).get_state(cfg).values["said"] == said
+        assert not [t for t in other.list(cfg) if t.checkpoint["id"].endswith("-late")]
+
+
 def test_a_thread_id_too_long_for_its_next_generation_says_so(tmp_path: Path) -> None:
     from runstate.integrations.langgraph import generation_run_id, thread_of
 

@@ -75,7 +75,7 @@ def test_the_generated_types_are_those_of_the_python_side(built: Path) -> None:
 def test_the_client_and_the_run_handle_against_a_real_serve(built: Path) -> None:
     out = _node(["node", "--test", "--test-timeout=60000", "test/client.test.mjs"], timeout=300)
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
-    assert "# fail 0" in out.stdout and "# pass 8" in out.stdout, out.stdout[-3000:]
+    assert "# fail 0" in out.stdout and "# pass 9" in out.stdout, out.stdout[-3000:]
 
 
 def test_langgraph_js_validation_suite_passes_through_a_serve(built: Path) -> None:

@@ -36,7 +36,7 @@ import random
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,22 @@ def _ended(e: Exception) -> bool:
     return isinstance(e, RunErased) or (
         isinstance(e, PatchRejected) and e.decision.reason in ("run_terminal", "run_erased")
     )
+
+
+def _named(spec: events.GraphCheckpointSpec, metadata: CheckpointMetadata) -> tuple[str, str] | None:
+    """The checkpoint a put names, whose generation it belongs to: its parent; for a
+    subgraph's first checkpoint (no parent), its root graph's checkpoint (LangGraph's
+    ``parents`` metadata); None for a conversation's first checkpoint."""
+    if spec.parent_id is not None:
+        return spec.ns, spec.parent_id
+    root = (metadata.get("parents") or {}).get("") if spec.ns else None
+    return ("", str(root)) if root else None
+
+
+def _belongs(new: bool, names: tuple[str, str] | None, found: Callable[[], object]) -> bool:
+    """Whether a write refused by an ended generation belongs to the current one: it starts
+    a conversation (nothing named), or the checkpoint it names is there (``found()``)."""
+    return (new and names is None) or (names is not None and bool(found()))
 
 
 def _blob(typed: tuple[str, bytes]) -> events.Blob:
@@ -601,7 +617,7 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
             if not _ended(e):
                 raise
             now = self._follow(thread_id)
-            if now == run or not (new or (names and self.backend.graph_checkpoints(now, *names, None, 1))):
+            if now == run or not _belongs(new, names, lambda: self.backend.graph_checkpoints(now, *names, None, 1)):
                 raise
             self._submit(now, event, new=new)
             return now
@@ -630,8 +646,10 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         thread_id, event, out = self._saved(config, checkpoint, metadata, new_versions)
         spec = event.checkpoint
-        parent = (spec.ns, spec.parent_id) if spec.parent_id is not None else None
-        self._remember(thread_id, spec.ns, spec.id, self._to_thread(thread_id, event, new=parent is None, names=parent))
+        names = _named(spec, get_checkpoint_metadata(config, metadata))
+        self._remember(
+            thread_id, spec.ns, spec.id, self._to_thread(thread_id, event, new=spec.parent_id is None, names=names)
+        )
         return out
 
     def put_writes(
@@ -827,7 +845,10 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
             if not _ended(e):
                 raise
             now = await self._follow(thread_id)
-            if now == run or not (new or (names and await self.backend.graph_checkpoints(now, *names, None, 1))):
+            if now == run or not (
+                (new and names is None)
+                or (names is not None and await self.backend.graph_checkpoints(now, *names, None, 1))
+            ):
                 raise
             await self._submit(now, event, new=new)
             return now
@@ -854,8 +875,8 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         thread_id, event, out = self._saved(config, checkpoint, metadata, new_versions)
         spec = event.checkpoint
-        parent = (spec.ns, spec.parent_id) if spec.parent_id is not None else None
-        run = await self._to_thread(thread_id, event, new=parent is None, names=parent)
+        names = _named(spec, get_checkpoint_metadata(config, metadata))
+        run = await self._to_thread(thread_id, event, new=spec.parent_id is None, names=names)
         self._remember(thread_id, spec.ns, spec.id, run)
         return out
 

@@ -205,7 +205,9 @@ export class RunstateSaver extends BaseCheckpointSaver<string | number> {
     } catch (e) {
       if (!ended(e)) throw e;
       const now = await this.follow(threadId);
-      const belongs = isNew || (names !== null && (await this.client.graphCheckpoints(now, { ns: names[0], checkpointId: names[1], limit: 1 })).length > 0);
+      const belongs =
+        (isNew && names === null) ||
+        (names !== null && (await this.client.graphCheckpoints(now, { ns: names[0], checkpointId: names[1], limit: 1 })).length > 0);
       if (now === run || !belongs) throw e;
       await this.write(now, events, { isNew });
       return now;
@@ -274,7 +276,10 @@ export class RunstateSaver extends BaseCheckpointSaver<string | number> {
       },
     } as unknown as Event;
     const thread = String(threadId);
-    const run = await this.toThread(thread, [event], parentId === undefined, parentId === undefined ? null : [ns, parentId]);
+    // The checkpoint it names: its parent; a subgraph's first checkpoint names its root graph's (`parents`).
+    const root = ns ? (metadata as { parents?: Record<string, string> }).parents?.[""] : undefined;
+    const names: [string, string] | null = parentId !== undefined ? [ns, parentId] : root ? ["", root] : null;
+    const run = await this.toThread(thread, [event], parentId === undefined, names);
     this.remember(thread, ns, checkpoint.id, run);
     return { configurable: { thread_id: thread, checkpoint_ns: ns, checkpoint_id: checkpoint.id } };
   }

@@ -183,4 +183,23 @@ describe("the LangGraph.js saver", () => {
     // Only the new conversation's checkpoints (its input, the loop's start, the step): the old one's are erased.
     assert.deepEqual(listed.map((t) => t.metadata.step), [1, 0, -1]);
   });
+
+  it("refuses a late subgraph checkpoint of a deleted conversation (it names its root's checkpoint)", async () => {
+    const sub = new StateGraph(Counter).addNode("inner", () => ({ turns: 1 })).addEdge(START, "inner").compile();
+    const nested = (saver) => new StateGraph(Counter).addNode("child", sub).addEdge(START, "child").compile({ checkpointer: saver });
+    const saver = RunstateSaver.fromConnString(serve.url);
+    const config = { configurable: { thread_id: "ts-nested" } };
+    await nested(saver).invoke({}, config);
+    const all = [];
+    for await (const t of saver.list(config)) all.push(t);
+    const old = all.find((t) => t.config.configurable.checkpoint_ns && !t.parentConfig);
+    assert.ok(old && old.metadata.parents[""], "a subgraph's first checkpoint names its root's");
+    await saver.deleteThread("ts-nested");
+    await nested(RunstateSaver.fromConnString(serve.url)).invoke({}, config);
+    const late = { configurable: { thread_id: "ts-nested", checkpoint_ns: old.config.configurable.checkpoint_ns } };
+    await assert.rejects(
+      saver.put(late, { ...old.checkpoint, id: `${old.checkpoint.id}-late` }, old.metadata, {}),
+      (e) => e instanceof RunErased || e instanceof PatchRejected,
+    );
+  });
 });
