@@ -274,11 +274,10 @@ class Erasure(Model):
     revision: int = 0
 
 
-class RunHeader(Model):
-    """Everything of a run but its collections: the record rewritten on each accepted patch.
-
-    Its size does not grow with the number of facts/tasks/observations.
-    """
+class RunSummary(Model):
+    """A run's header as listings show it (``GET /runs``, ``runstate runs``): everything of
+    a run but its collections and the projector's bookkeeping (:class:`RunHeader` adds that).
+    Its size does not grow with the number of facts/tasks/observations."""
 
     schema_version: int = CURRENT_SCHEMA_VERSION
     run_id: str
@@ -300,16 +299,6 @@ class RunHeader(Model):
     #: revision produced by the last control event (cancel, goal change): patches based on
     #: an earlier revision are rejected as superseded.
     last_control_revision: int = 0
-    #: next insertion sequence number for collection items (keeps "order added").
-    next_seq: int = 0
-    #: the tasks now running (sorted): which one is active after the active one stops.
-    running_task_ids: list[str] = []
-    #: how many items each collection holds, the empty ones left out (in the order of
-    #: COLLECTIONS). A lookup in an empty collection is answered without reading the store:
-    #: most of a run's collections stay empty, and each such read was a point read that
-    #: missed. None: not counted (a header written before runstate counted them): then
-    #: every lookup reads the store.
-    sizes: dict[str, int] | None = None
     #: the reference schema (v3) referred to an external effect ledger; kept, never dropped, on migration.
     effect_ledger_ref: str | None = None
     policy: RunPolicy = RunPolicy()
@@ -321,36 +310,24 @@ class RunHeader(Model):
     erasure: Erasure | None = None
 
 
+class RunHeader(RunSummary):
+    """The record rewritten on each accepted patch: the run's summary and the projector's
+    bookkeeping (:data:`HEADER_INTERNAL_FIELDS`)."""
+
+    #: next insertion sequence number for collection items (keeps "order added").
+    next_seq: int = 0
+    #: the tasks now running (sorted): which one is active after the active one stops.
+    running_task_ids: list[str] = []
+    #: how many items each collection holds, the empty ones left out (in the order of
+    #: COLLECTIONS). A lookup in an empty collection is answered without reading the store:
+    #: most of a run's collections stay empty, and each such read was a point read that
+    #: missed. None: not counted (a header written before runstate counted them): then
+    #: every lookup reads the store.
+    sizes: dict[str, int] | None = None
+
+
 #: Fields of the stored header that are bookkeeping of the projector, not the contract.
-HEADER_INTERNAL_FIELDS = ("next_seq", "running_task_ids", "sizes")
-
-
-class RunSummary(Model):
-    """A run as listings show it (``GET /runs``, ``runstate runs``): its header without the
-    projector's bookkeeping (:data:`HEADER_INTERNAL_FIELDS`)."""
-
-    schema_version: int = CURRENT_SCHEMA_VERSION
-    run_id: str
-    revision: int
-    goal: GoalSpec
-    phase: str | None = None
-    status: RunStatus = "running"
-    active_task_id: str | None = None
-    last_transition: Transition | None = None
-    waiting: Waiting | None = None
-    budgets: Budgets = Budgets()
-    workspace_ref: WorkspaceRef | None = None
-    agent_version: str
-    created_at: AwareDatetime | None = None
-    #: the agent that started the run (None: started before runstate recorded it)
-    created_by: str | None = None
-    updated_at: AwareDatetime | None = None
-    last_control_revision: int = 0
-    effect_ledger_ref: str | None = None
-    policy: RunPolicy = RunPolicy()
-    revoked_agents: list[str] = []
-    migrated_from: MigratedFrom | None = None
-    erasure: Erasure | None = None
+HEADER_INTERNAL_FIELDS = tuple(f for f in RunHeader.model_fields if f not in RunSummary.model_fields)
 
 
 #: Collection name in RunState -> item model. Order is the order of RunState's fields.

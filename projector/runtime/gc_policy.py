@@ -112,8 +112,3 @@ def _full(why: str) -> int:
     _last_full = time.monotonic()
     log.debug("%s full collection: %d unreachable objects", why, found)
     return found
-
-
-def settled() -> bool:
-    """Whether :func:`settle` ran in this process."""
-    return _settled

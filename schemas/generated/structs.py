@@ -129,14 +129,14 @@ class RunHeader(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     created_by: str | None = None
     updated_at: Annotated[datetime, msgspec.Meta(tz=True)] | None = None
     last_control_revision: int = 0
-    next_seq: int = 0
-    running_task_ids: list[str] = msgspec.field(default_factory=list)
-    sizes: dict[str, int] | None = None
     effect_ledger_ref: str | None = None
     policy: RunPolicy = msgspec.field(default_factory=RunPolicy)
     revoked_agents: list[str] = msgspec.field(default_factory=list)
     migrated_from: MigratedFrom | None = None
     erasure: Erasure | None = None
+    next_seq: int = 0
+    running_task_ids: list[str] = msgspec.field(default_factory=list)
+    sizes: dict[str, int] | None = None
 
 
 class PriorValue(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):

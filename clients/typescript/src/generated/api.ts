@@ -1458,8 +1458,9 @@ export interface components {
         };
         /**
          * RunSummary
-         * @description A run as listings show it (``GET /runs``, ``runstate runs``): its header without the
-         *     projector's bookkeeping (:data:`HEADER_INTERNAL_FIELDS`).
+         * @description A run's header as listings show it (``GET /runs``, ``runstate runs``): everything of
+         *     a run but its collections and the projector's bookkeeping (:class:`RunHeader` adds that).
+         *     Its size does not grow with the number of facts/tasks/observations.
          */
         RunSummary: {
             /**
