@@ -24,7 +24,7 @@ from typing import Annotated, Any
 import msgspec
 import orjson
 import pydantic
-from fastapi import FastAPI, Header, Path, Query, Request, Response
+from fastapi import APIRouter, FastAPI, Header, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
@@ -227,8 +227,429 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+async def _runstate_error(_req: Request, e: RunstateError) -> JSONResponse:
+    return translate(e)
+
+
+async def _bad_request(_req: Request, e: RequestValidationError) -> JSONResponse:
+    errs = e.errors()
+    first = errs[0] if errs else {}
+    field = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+    return error_response(422, "invalid", f"{field or 'request'}: {first.get('msg', 'invalid')}", field)
+
+
+async def _client_gone(_req: Request, _e: _ClientGone) -> Response:
+    # The client closed the connection while sending its body: nobody reads an answer.
+    return Response(status_code=400)
+
+
+async def _body_stalled(_req: Request, e: _BodyStalled) -> JSONResponse:
+    what = f"did not arrive whole within {e.after_s:g} s" if e.whole else f"stopped arriving for {e.after_s:g} s"
+    return error_response(
+        408,
+        "request_timeout",
+        f"the request body {what} ({e.setting}); nothing was appended",
+        headers={"Connection": "close"},
+    )
+
+
+async def _http_error(_req: Request, e: StarletteHTTPException) -> JSONResponse:
+    return error_response(e.status_code, "http_" + str(e.status_code), str(e.detail))
+
+
+class Hello(BaseModel):
+    """Another instance's challenge (routing.py)."""
+
+    nonce: str = pydantic.Field(min_length=16, max_length=64)
+
+
+@dataclasses.dataclass(frozen=True)
+class AppContext:
+    """What the routes of one app answer with (``request.app.state.runstate``)."""
+
+    node: Node
+    tokens: Tokens
+    router: Router | None
+    service: Service
+    gate: PeerGate
+    metrics: Metrics
+
+
+def ctx(request: Request) -> AppContext:
+    return request.app.state.runstate  # type: ignore[no-any-return]
+
+
+def _ident(request: Request) -> Identity:
+    # A forwarded request's caller, as the instance that verified its token saw it
+    # (PeerCheck verified that instance's signature first).
+    peer = request.scope.get(PEER_SCOPE_KEY)
+    if peer is not None:
+        return peer  # type: ignore[no-any-return]
+    return ctx(request).tokens.identify(request.headers.get("authorization"))
+
+
+#: Never the client's token: a forward carries the caller's identity, signed.
+_KEEP = (b"last-event-id", b"content-type")
+
+
+def _fwd(request: Request, body: bytes | None = None) -> Forward:
+    # From the raw ASGI header list: built for every request, forwarded for few.
+    raw = request.scope["headers"]
+    return Forward(
+        request.method,
+        request.url.path,
+        tuple(request.query_params.multi_items()),
+        tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in raw if k in _KEEP),
+        body,
+        forwarded=any(k == FORWARDED_B for k, _v in raw),
+        who=_ident(request),
+    )
+
+
+async def _read_body(request: Request, run_id: str) -> bytes:
+    settings, metrics = ctx(request).node.settings, ctx(request).metrics
+    limit = 2 * settings.max_patch_bytes  # JSON text is larger than its Avro encoding
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PatchTooLarge(run_id, int(declared), limit, as_json=True)
+    chunks, size = [], 0
+    parts = request.stream().__aiter__()
+    deadline = time.monotonic() + settings.request_timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            chunk = await asyncio.wait_for(parts.__anext__(), min(settings.body_timeout_s, max(left, 0.0)))
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            metrics.slow_clients.labels("body").inc()
+            if left <= settings.body_timeout_s:
+                raise _BodyStalled(settings.request_timeout_s, "RUNSTATE_REQUEST_TIMEOUT_S", whole=True) from None
+            raise _BodyStalled(settings.body_timeout_s, "RUNSTATE_BODY_TIMEOUT_S") from None
+        except ClientDisconnect:
+            raise _ClientGone from None
+        size += len(chunk)
+        if size > limit:
+            raise PatchTooLarge(run_id, size, limit, as_json=True)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json_out(model: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    if isinstance(model, BaseModel):
+        content = model.model_dump_json().encode()
+    else:
+        # pydantic's JSON writer in one call: the same bytes as dumping to Python data and
+        # orjson, in about half the time.
+        content = pydantic.TypeAdapter(type(model)).dump_json(model)
+    return Response(content, status, headers=headers, media_type="application/json")
+
+
+def _health(node: Node) -> Health:
+    h = node.health
+    restoring = {p: (r.done / r.total if r.total else 0.0) for p, r in h.restoring.items()}
+    owned = node.owned()
+    status = "failed" if h.failed else ("restoring" if restoring else ("serving" if owned else "starting"))
+    return Health(
+        status=status, owned_partitions=owned, partitions=node.partitions, restoring=restoring, failed=h.failed
+    )
+
+
+_PATCH_SCHEMA = PatchDraft.model_json_schema(ref_template="#/components/schemas/{model}")
+_PATCH_DEFS = _PATCH_SCHEMA.pop("$defs", {})
+
+#: Every route of the service, named at module level (``create_app`` includes them).
+routes = APIRouter()
+
+
+@routes.post(
+    "/runs/{run_id}/patches",
+    response_model=Submitted,
+    status_code=200,
+    responses={
+        202: {"model": Submitted, "description": "appended, not decided within `wait`"},
+        **_errors(401, 403, 410, 413, 422, 503),
+    },
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _PATCH_SCHEMA}}}},
+)
+async def post_patch(
+    request: Request, run_id: RUN_ID, wait: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None
+) -> Response:
+    """Append a patch (the CLI's patch JSON). The author is the token's identity. With
+    ``wait``: 200 with the decision (accepted or rejected); 202 ``pending`` with the patch id
+    when not decided within it, or sent without one."""
+    who = _ident(request)
+    body = await _read_body(request, run_id)
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ContractError(f"not JSON: {e}") from e
+    bad = unencodable(data)
+    if bad is not None:
+        raise ContractError(f"invalid patch: {bad}: a string that UTF-8 cannot encode", field=bad)
+    out = await ctx(request).service.submit(who, run_id, data, wait, _fwd(request, body))
+    return _json_out(out, 200 if out.status == "decided" else 202)
+
+
+@routes.delete("/runs/{run_id}", response_model=ErasedOut, responses=_errors(401, 403, 404, 410, 409, 503))
+async def delete_run(
+    request: Request,
+    run_id: RUN_ID,
+    reason: Annotated[str, Query(min_length=1, max_length=2000)],
+    wait: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None,
+) -> Response:
+    """Erase the run (a token allowed to erase: ``runstate token add --erase``): its keys
+    are destroyed and its content leaves every store; what remains is who, when and
+    ``reason``. Erasing it again answers the first record (``first`` false). 409 when
+    this deployment seals no content (no master key)."""
+    return _json_out(await ctx(request).service.erase(_ident(request), run_id, reason, wait))
+
+
+@routes.get("/runs/{run_id}/decisions/{patch_id}", response_model=Decision, responses=_errors(401, 403, 404, 410, 503))
+async def get_decision(request: Request, run_id: RUN_ID, patch_id: PATCH_ID) -> Response:
+    """The decision on one patch; 404 while there is none."""
+    _ident(request).may_read(run_id)
+    return _json_out(await ctx(request).service.decision(run_id, patch_id, _fwd(request)))
+
+
+@routes.get(
+    "/runs/{run_id}",
+    response_model=RunState,
+    responses={304: {"description": "not modified"}, **_errors(401, 403, 404, 410, 422, 503)},
+)
+async def get_state(
+    request: Request,
+    run_id: RUN_ID,
+    revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+    min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 5.0,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """The run's state. ``revision``: as it was then. ``min_revision``: wait (up to
+    ``wait`` s) until the projection has reached it, else 503. ``ETag`` is the revision."""
+    _ident(request).may_read(run_id)
+    # The document as the store joins it, sent as it is: the bytes RunState.model_dump_json
+    # gives (byte for byte in the tests), neither parsed nor dumped again here.
+    doc = await ctx(request).service.state_json(
+        run_id, _fwd(request), revision=revision, min_revision=min_revision, wait_s=wait
+    )
+    etag = _etag_of(doc, run_id)
+    if if_none_match == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    return Response(doc, 200, headers={"ETag": etag}, media_type="application/json")
+
+
+@routes.get("/runs/{run_id}/context", response_model=ContextOut, responses=_errors(401, 403, 404, 410, 503))
+async def get_context(
+    request: Request,
+    run_id: RUN_ID,
+    min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
+    max_tokens: Annotated[int | None, Query(ge=50, le=1_000_000)] = None,
+) -> Response:
+    """The compact context for a prompt. ``max_tokens`` bounds it (characters / 4): the goal,
+    the active task and what blocks the run first, then open questions, recent facts,
+    hypotheses, pending tasks, observations; what was left out is counted in the text."""
+    _ident(request).may_read(run_id)
+    text = await ctx(request).service.context(run_id, _fwd(request), min_revision, max_tokens)
+    return _json_out(ContextOut(run_id=run_id, context=text))
+
+
+@routes.get("/runs/{run_id}/history", response_model=list[Decision], responses=_errors(401, 403, 404, 410, 503))
+async def get_history(
+    request: Request,
+    run_id: RUN_ID,
+    start: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+) -> Response:
+    """Every decision on the run's patches in log order (``start``, ``limit``: one page of
+    them; ``X-Total-Count`` says how many there are)."""
+    _ident(request).may_read(run_id)
+    # The owner is asked for the whole history (forwarded without the page): it is cut here.
+    history = await ctx(request).service.history(run_id, dataclasses.replace(_fwd(request), params=()))
+    page = history[start : None if limit is None else start + limit]
+    return _json_out(page, headers={"X-Total-Count": str(len(history))})
+
+
+@routes.get(
+    "/runs/{run_id}/explain", response_model=list[FieldChangeOut], responses=_errors(401, 403, 404, 410, 422, 503)
+)
+async def get_explain(
+    request: Request, run_id: RUN_ID, path: Annotated[str, Query(min_length=1, max_length=512)]
+) -> Response:
+    """Every accepted patch that changed ``path`` (e.g. ``facts.fact_1.statement``)."""
+    _ident(request).may_read(run_id)
+    return _json_out(await ctx(request).service.explain(run_id, path, _fwd(request)))
+
+
+@routes.get("/runs/{run_id}/checkpoints", response_model=list[Checkpoint], responses=_errors(401, 403, 404, 410, 503))
+async def get_checkpoints(request: Request, run_id: RUN_ID) -> Response:
+    _ident(request).may_read(run_id)
+    return _json_out(await ctx(request).service.checkpoints(run_id, _fwd(request)))
+
+
+@routes.get("/runs/{run_id}/resume", response_model=ResumeOut, responses=_errors(401, 403, 404, 410, 503))
+async def get_resume(request: Request, run_id: RUN_ID) -> Response:
+    """The latest checkpoint's verdict and the patches after it, read from the log."""
+    _ident(request).may_read(run_id)
+    return _json_out(await ctx(request).service.resume(run_id, _fwd(request)))
+
+
+@routes.get(
+    "/runs/{run_id}/graph/checkpoints",
+    response_model=list[GraphCheckpointRead],
+    responses=_errors(401, 403, 422, 503),
+)
+async def get_graph_checkpoints(
+    request: Request,
+    run_id: RUN_ID,
+    ns: Annotated[str | None, Query(max_length=2000)] = None,
+    checkpoint_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+    before: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+    limit: Annotated[int | None, Query(ge=1, le=2**31)] = None,
+) -> Response:
+    """The run's LangGraph checkpoints (runstate as LangGraph's checkpointer), newest
+    first: of namespace ``ns`` (absent: every namespace), only ``checkpoint_id``, only
+    those older than ``before``, at most ``limit``. An unknown run has none."""
+    _ident(request).may_read(run_id)
+    doc = await ctx(request).service.graph_checkpoints(
+        run_id, _fwd(request), ns=ns, checkpoint_id=checkpoint_id, before=before, limit=limit
+    )
+    return Response(doc, 200, media_type="application/json")
+
+
+@routes.get("/runs", response_model=list[RunSummary], responses=_errors(401, 422, 503))
+async def get_runs(
+    request: Request,
+    status: RunStatus | None = None,
+    q: Annotated[str | None, Query(max_length=256)] = None,
+    order: RunOrder = "id",
+    after: Annotated[str | None, Query(max_length=256)] = None,
+    limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+) -> Response:
+    """Every run (every partition, asked of their owners): its summary, the header without
+    the projector's bookkeeping. ``order``: by run id (``id``), or the run whose last
+    accepted patch is newest first (``recent``). ``q``: only ids containing it;
+    ``limit``: one page (``X-Total-Count``: how many match), and where more follow,
+    ``X-Next-After`` is the ``after`` of the next page (by id: the last run id; by
+    ``recent``: a cursor, ``<microseconds>.<run id>``)."""
+    who = _ident(request)
+    if who.runs is not None or q:
+
+        def keep(run_id: str) -> bool:
+            return (not q or q in run_id) and (who.runs is None or _may(who, run_id))
+    else:
+        keep = None  # type: ignore[assignment]
+    # Every owner counts and cuts its partitions with the same filters (the forwarded
+    # request carries them, and the token); this instance merges the pages.
+    # One more than the page: whether a next page exists, so the last one offers none.
+    total, headers = await ctx(request).service.runs(
+        status, keep, after, None if limit is None else limit + 1, _fwd(request), order
+    )
+    out = {"X-Total-Count": str(total)}
+    if limit is not None and len(headers) > limit:
+        headers = headers[:limit]
+        last_id, last = headers[-1]
+        out["X-Next-After"] = activity_cursor(last_id, last) if order == "recent" else last_id
+    return Response(b"[" + b",".join([doc for _, doc in headers]) + b"]", media_type="application/json", headers=out)
+
+
+@routes.get("/deadletters", response_model=list[DeadLetterOut], responses=_errors(401, 503))
+async def get_dead_letters(request: Request) -> Response:
+    """Records of the log that could not be decided (not decodable, not a patch), with
+    the reason, from every partition. A token limited to some runs sees those of its runs."""
+    who = _ident(request)
+    letters = await ctx(request).service.dead_letters(_fwd(request))
+    if who.runs is not None:
+        letters = [d for d in letters if d.key is not None and _may(who, d.key)]
+    return _json_out(letters)
+
+
+@routes.get(
+    "/runs/{run_id}/events",
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "decisions as Server-Sent Events"},
+        **_errors(401, 403, 404, 503),
+    },
+)
+async def get_events(
+    request: Request, run_id: RUN_ID, last_event_id: Annotated[str | None, Header(max_length=32)] = None
+) -> StreamingResponse:
+    """Every decision of the run as it happens (``event: decision``, ``id`` = its log
+    offset); resumable with ``Last-Event-ID`` (the missed ones are read from history)."""
+    _ident(request).may_read(run_id)
+    after = int(last_event_id) if last_event_id is not None and last_event_id.isdigit() else None
+    q = ctx(request).node.hub.subscribe(run_id)  # before reading history: nothing falls between
+    try:
+        # A run nothing was decided on is 404, as on every other route (RunNotFound).
+        history = await ctx(request).service.history(run_id, _fwd(request))
+        missed: list[Decision] = [] if after is None else [d for d in history if d.offset > after]
+    except BaseException:
+        ctx(request).node.hub.unsubscribe(run_id, q)
+        raise
+
+    async def stream() -> AsyncIterator[bytes]:
+        last = after if after is not None else -1
+        try:
+            yield b": runstate decisions of " + run_id.encode() + b"\n\n"
+            for d in missed:
+                last = d.offset
+                yield _sse(d)
+            while True:
+                try:
+                    d = await asyncio.wait_for(q.get(), 15.0)
+                except TimeoutError:
+                    yield b": keep-alive\n\n"
+                    continue
+                if d.offset > last:  # the decisions topic may repeat one
+                    last = d.offset
+                    yield _sse(d)
+        finally:
+            ctx(request).node.hub.unsubscribe(run_id, q)
+
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    )
+
+
+@routes.get("/healthz", response_model=Health, responses={503: {"model": Health, "description": "not healthy"}})
+async def healthz(request: Request) -> Response:
+    """Liveness: 200 while the projector runs (starting, restoring or serving); 503 once
+    it failed (restart the process)."""
+    body = _health(ctx(request).node)
+    return _json_out(body, 503 if body.failed else 200)
+
+
+@routes.get("/readyz", response_model=Health, responses={503: {"model": Health, "description": "not ready"}})
+async def readyz(request: Request) -> Response:
+    """Readiness: 200 once this instance answers for the runs of its partitions — on the
+    embedded log every partition is assigned and restored; on Kafka it owns some and
+    restores none (one that owns none forwards only: not ready, the others are)."""
+    body = _health(ctx(request).node)
+    every = ctx(request).router is None
+    ready = body.status == "serving" and (len(body.owned_partitions) == body.partitions or not every)
+    return _json_out(body, 200 if ready else 503)
+
+
+@routes.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+async def get_metrics(request: Request) -> Response:
+    """Prometheus text: lag per partition, decisions by outcome and reason, projector
+    rate, restore progress. Where serve needs tokens, any valid token reads it, unless
+    ``RUNSTATE_METRICS_PUBLIC`` is set."""
+    if not ctx(request).node.settings.metrics_public:
+        _ident(request)
+    return Response(await asyncio.to_thread(ctx(request).metrics.render), media_type=CONTENT_TYPE_LATEST)
+
+
+@routes.post(HELLO_PATH, include_in_schema=False)
+async def peer_hello(request: Request, hello: Hello) -> dict[str, str]:
+    """Another instance's challenge: the proof that this instance, at its advertised
+    address, holds the instance secret (routing.py)."""
+    return {"proof": ctx(request).gate.hello(hello.nonce)}
+
+
 def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp: bool = True) -> FastAPI:
-    """The ASGI app over a started-or-not ``node`` (the lifespan starts and stops it)."""
+    """The ASGI app over a started-or-not ``node`` (the lifespan starts and stops it): the
+    module's :data:`routes`, its error handlers, the audit pages, MCP and the middleware."""
     service = Service(node, router)
     gate = PeerGate(node.settings.instance_keys(), node.advertise)
     metrics = Metrics(node)
@@ -265,378 +686,13 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
         redoc_url=None,
         description="Where is this run now? Typed, durable Run State for AI agents.",
     )
-
-    @api.exception_handler(RunstateError)
-    async def _runstate_error(_req: Request, e: RunstateError) -> JSONResponse:
-        return translate(e)
-
-    @api.exception_handler(RequestValidationError)
-    async def _bad_request(_req: Request, e: RequestValidationError) -> JSONResponse:
-        errs = e.errors()
-        first = errs[0] if errs else {}
-        field = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
-        return error_response(422, "invalid", f"{field or 'request'}: {first.get('msg', 'invalid')}", field)
-
-    @api.exception_handler(_ClientGone)
-    async def _client_gone(_req: Request, _e: _ClientGone) -> Response:
-        # The client closed the connection while sending its body: nobody reads an answer.
-        return Response(status_code=400)
-
-    @api.exception_handler(_BodyStalled)
-    async def _body_stalled(_req: Request, e: _BodyStalled) -> JSONResponse:
-        what = f"did not arrive whole within {e.after_s:g} s" if e.whole else f"stopped arriving for {e.after_s:g} s"
-        return error_response(
-            408,
-            "request_timeout",
-            f"the request body {what} ({e.setting}); nothing was appended",
-            headers={"Connection": "close"},
-        )
-
-    @api.exception_handler(StarletteHTTPException)
-    async def _http_error(_req: Request, e: StarletteHTTPException) -> JSONResponse:
-        return error_response(e.status_code, "http_" + str(e.status_code), str(e.detail))
-
-    def ident(request: Request) -> Identity:
-        # A forwarded request's caller, as the instance that verified its token saw it
-        # (PeerCheck verified that instance's signature first).
-        peer = request.scope.get(PEER_SCOPE_KEY)
-        if peer is not None:
-            return peer  # type: ignore[no-any-return]
-        return tokens.identify(request.headers.get("authorization"))
-
-    # Never the client's token: a forward carries the caller's identity, signed.
-    keep = (b"last-event-id", b"content-type")
-
-    def fwd(request: Request, body: bytes | None = None) -> Forward:
-        # From the raw ASGI header list: built for every request, forwarded for few.
-        raw = request.scope["headers"]
-        return Forward(
-            request.method,
-            request.url.path,
-            tuple(request.query_params.multi_items()),
-            tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in raw if k in keep),
-            body,
-            forwarded=any(k == FORWARDED_B for k, _v in raw),
-            who=ident(request),
-        )
-
-    async def read_body(request: Request, run_id: str) -> bytes:
-        limit = 2 * node.settings.max_patch_bytes  # JSON text is larger than its Avro encoding
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise PatchTooLarge(run_id, int(declared), limit, as_json=True)
-        chunks, size = [], 0
-        parts = request.stream().__aiter__()
-        deadline = time.monotonic() + node.settings.request_timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                chunk = await asyncio.wait_for(parts.__anext__(), min(node.settings.body_timeout_s, max(left, 0.0)))
-            except StopAsyncIteration:
-                break
-            except TimeoutError:
-                metrics.slow_clients.labels("body").inc()
-                if left <= node.settings.body_timeout_s:
-                    raise _BodyStalled(
-                        node.settings.request_timeout_s, "RUNSTATE_REQUEST_TIMEOUT_S", whole=True
-                    ) from None
-                raise _BodyStalled(node.settings.body_timeout_s, "RUNSTATE_BODY_TIMEOUT_S") from None
-            except ClientDisconnect:
-                raise _ClientGone from None
-            size += len(chunk)
-            if size > limit:
-                raise PatchTooLarge(run_id, size, limit, as_json=True)
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    def json_out(model: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-        if isinstance(model, BaseModel):
-            content = model.model_dump_json().encode()
-        else:
-            # pydantic's JSON writer in one call: the same bytes as dumping to Python data and
-            # orjson, in about half the time.
-            content = pydantic.TypeAdapter(type(model)).dump_json(model)
-        return Response(content, status, headers=headers, media_type="application/json")
-
-    patch_schema = PatchDraft.model_json_schema(ref_template="#/components/schemas/{model}")
-    patch_defs = patch_schema.pop("$defs", {})
-
-    @api.post(
-        "/runs/{run_id}/patches",
-        response_model=Submitted,
-        status_code=200,
-        responses={
-            202: {"model": Submitted, "description": "appended, not decided within `wait`"},
-            **_errors(401, 403, 410, 413, 422, 503),
-        },
-        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": patch_schema}}}},
-    )
-    async def post_patch(
-        request: Request, run_id: RUN_ID, wait: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None
-    ) -> Response:
-        """Append a patch (the CLI's patch JSON). The author is the token's identity. With
-        ``wait``: 200 with the decision (accepted or rejected); 202 ``pending`` with the patch id
-        when not decided within it, or sent without one."""
-        who = ident(request)
-        body = await read_body(request, run_id)
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError as e:
-            raise ContractError(f"not JSON: {e}") from e
-        bad = unencodable(data)
-        if bad is not None:
-            raise ContractError(f"invalid patch: {bad}: a string that UTF-8 cannot encode", field=bad)
-        out = await service.submit(who, run_id, data, wait, fwd(request, body))
-        return json_out(out, 200 if out.status == "decided" else 202)
-
-    @api.delete("/runs/{run_id}", response_model=ErasedOut, responses=_errors(401, 403, 404, 410, 409, 503))
-    async def delete_run(
-        request: Request,
-        run_id: RUN_ID,
-        reason: Annotated[str, Query(min_length=1, max_length=2000)],
-        wait: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None,
-    ) -> Response:
-        """Erase the run (a token allowed to erase: ``runstate token add --erase``): its keys
-        are destroyed and its content leaves every store; what remains is who, when and
-        ``reason``. Erasing it again answers the first record (``first`` false). 409 when
-        this deployment seals no content (no master key)."""
-        return json_out(await service.erase(ident(request), run_id, reason, wait))
-
-    @api.get("/runs/{run_id}/decisions/{patch_id}", response_model=Decision, responses=_errors(401, 403, 404, 410, 503))
-    async def get_decision(request: Request, run_id: RUN_ID, patch_id: PATCH_ID) -> Response:
-        """The decision on one patch; 404 while there is none."""
-        ident(request).may_read(run_id)
-        return json_out(await service.decision(run_id, patch_id, fwd(request)))
-
-    @api.get(
-        "/runs/{run_id}",
-        response_model=RunState,
-        responses={304: {"description": "not modified"}, **_errors(401, 403, 404, 410, 422, 503)},
-    )
-    async def get_state(
-        request: Request,
-        run_id: RUN_ID,
-        revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-        min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 5.0,
-        if_none_match: Annotated[str | None, Header()] = None,
-    ) -> Response:
-        """The run's state. ``revision``: as it was then. ``min_revision``: wait (up to
-        ``wait`` s) until the projection has reached it, else 503. ``ETag`` is the revision."""
-        ident(request).may_read(run_id)
-        # The document as the store joins it, sent as it is: the bytes RunState.model_dump_json
-        # gives (byte for byte in the tests), neither parsed nor dumped again here.
-        doc = await service.state_json(run_id, fwd(request), revision=revision, min_revision=min_revision, wait_s=wait)
-        etag = _etag_of(doc, run_id)
-        if if_none_match == etag:
-            return Response(status_code=304, headers={"ETag": etag})
-        return Response(doc, 200, headers={"ETag": etag}, media_type="application/json")
-
-    @api.get("/runs/{run_id}/context", response_model=ContextOut, responses=_errors(401, 403, 404, 410, 503))
-    async def get_context(
-        request: Request,
-        run_id: RUN_ID,
-        min_revision: Annotated[int | None, Query(ge=0, le=2**62)] = None,
-        max_tokens: Annotated[int | None, Query(ge=50, le=1_000_000)] = None,
-    ) -> Response:
-        """The compact context for a prompt. ``max_tokens`` bounds it (characters / 4): the goal,
-        the active task and what blocks the run first, then open questions, recent facts,
-        hypotheses, pending tasks, observations; what was left out is counted in the text."""
-        ident(request).may_read(run_id)
-        text = await service.context(run_id, fwd(request), min_revision, max_tokens)
-        return json_out(ContextOut(run_id=run_id, context=text))
-
-    @api.get("/runs/{run_id}/history", response_model=list[Decision], responses=_errors(401, 403, 404, 410, 503))
-    async def get_history(
-        request: Request,
-        run_id: RUN_ID,
-        start: Annotated[int, Query(ge=0, le=2**62)] = 0,
-        limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
-    ) -> Response:
-        """Every decision on the run's patches in log order (``start``, ``limit``: one page of
-        them; ``X-Total-Count`` says how many there are)."""
-        ident(request).may_read(run_id)
-        # The owner is asked for the whole history (forwarded without the page): it is cut here.
-        history = await service.history(run_id, dataclasses.replace(fwd(request), params=()))
-        page = history[start : None if limit is None else start + limit]
-        return json_out(page, headers={"X-Total-Count": str(len(history))})
-
-    @api.get(
-        "/runs/{run_id}/explain", response_model=list[FieldChangeOut], responses=_errors(401, 403, 404, 410, 422, 503)
-    )
-    async def get_explain(
-        request: Request, run_id: RUN_ID, path: Annotated[str, Query(min_length=1, max_length=512)]
-    ) -> Response:
-        """Every accepted patch that changed ``path`` (e.g. ``facts.fact_1.statement``)."""
-        ident(request).may_read(run_id)
-        return json_out(await service.explain(run_id, path, fwd(request)))
-
-    @api.get("/runs/{run_id}/checkpoints", response_model=list[Checkpoint], responses=_errors(401, 403, 404, 410, 503))
-    async def get_checkpoints(request: Request, run_id: RUN_ID) -> Response:
-        ident(request).may_read(run_id)
-        return json_out(await service.checkpoints(run_id, fwd(request)))
-
-    @api.get("/runs/{run_id}/resume", response_model=ResumeOut, responses=_errors(401, 403, 404, 410, 503))
-    async def get_resume(request: Request, run_id: RUN_ID) -> Response:
-        """The latest checkpoint's verdict and the patches after it, read from the log."""
-        ident(request).may_read(run_id)
-        return json_out(await service.resume(run_id, fwd(request)))
-
-    @api.get(
-        "/runs/{run_id}/graph/checkpoints",
-        response_model=list[GraphCheckpointRead],
-        responses=_errors(401, 403, 422, 503),
-    )
-    async def get_graph_checkpoints(
-        request: Request,
-        run_id: RUN_ID,
-        ns: Annotated[str | None, Query(max_length=2000)] = None,
-        checkpoint_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
-        before: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
-        limit: Annotated[int | None, Query(ge=1, le=2**31)] = None,
-    ) -> Response:
-        """The run's LangGraph checkpoints (runstate as LangGraph's checkpointer), newest
-        first: of namespace ``ns`` (absent: every namespace), only ``checkpoint_id``, only
-        those older than ``before``, at most ``limit``. An unknown run has none."""
-        ident(request).may_read(run_id)
-        doc = await service.graph_checkpoints(
-            run_id, fwd(request), ns=ns, checkpoint_id=checkpoint_id, before=before, limit=limit
-        )
-        return Response(doc, 200, media_type="application/json")
-
-    @api.get("/runs", response_model=list[RunSummary], responses=_errors(401, 422, 503))
-    async def get_runs(
-        request: Request,
-        status: RunStatus | None = None,
-        q: Annotated[str | None, Query(max_length=256)] = None,
-        order: RunOrder = "id",
-        after: Annotated[str | None, Query(max_length=256)] = None,
-        limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
-    ) -> Response:
-        """Every run (every partition, asked of their owners): its summary, the header without
-        the projector's bookkeeping. ``order``: by run id (``id``), or the run whose last
-        accepted patch is newest first (``recent``). ``q``: only ids containing it;
-        ``limit``: one page (``X-Total-Count``: how many match), and where more follow,
-        ``X-Next-After`` is the ``after`` of the next page (by id: the last run id; by
-        ``recent``: a cursor, ``<microseconds>.<run id>``)."""
-        who = ident(request)
-        if who.runs is not None or q:
-
-            def keep(run_id: str) -> bool:
-                return (not q or q in run_id) and (who.runs is None or _may(who, run_id))
-        else:
-            keep = None  # type: ignore[assignment]
-        # Every owner counts and cuts its partitions with the same filters (the forwarded
-        # request carries them, and the token); this instance merges the pages.
-        # One more than the page: whether a next page exists, so the last one offers none.
-        total, headers = await service.runs(
-            status, keep, after, None if limit is None else limit + 1, fwd(request), order
-        )
-        out = {"X-Total-Count": str(total)}
-        if limit is not None and len(headers) > limit:
-            headers = headers[:limit]
-            last_id, last = headers[-1]
-            out["X-Next-After"] = activity_cursor(last_id, last) if order == "recent" else last_id
-        return Response(
-            b"[" + b",".join([doc for _, doc in headers]) + b"]", media_type="application/json", headers=out
-        )
-
-    @api.get("/deadletters", response_model=list[DeadLetterOut], responses=_errors(401, 503))
-    async def get_dead_letters(request: Request) -> Response:
-        """Records of the log that could not be decided (not decodable, not a patch), with
-        the reason, from every partition. A token limited to some runs sees those of its runs."""
-        who = ident(request)
-        letters = await service.dead_letters(fwd(request))
-        if who.runs is not None:
-            letters = [d for d in letters if d.key is not None and _may(who, d.key)]
-        return json_out(letters)
-
-    @api.get(
-        "/runs/{run_id}/events",
-        responses={
-            200: {"content": {"text/event-stream": {}}, "description": "decisions as Server-Sent Events"},
-            **_errors(401, 403, 404, 503),
-        },
-    )
-    async def get_events(
-        request: Request, run_id: RUN_ID, last_event_id: Annotated[str | None, Header(max_length=32)] = None
-    ) -> StreamingResponse:
-        """Every decision of the run as it happens (``event: decision``, ``id`` = its log
-        offset); resumable with ``Last-Event-ID`` (the missed ones are read from history)."""
-        ident(request).may_read(run_id)
-        after = int(last_event_id) if last_event_id is not None and last_event_id.isdigit() else None
-        q = node.hub.subscribe(run_id)  # before reading history: nothing falls between
-        try:
-            # A run nothing was decided on is 404, as on every other route (RunNotFound).
-            history = await service.history(run_id, fwd(request))
-            missed: list[Decision] = [] if after is None else [d for d in history if d.offset > after]
-        except BaseException:
-            node.hub.unsubscribe(run_id, q)
-            raise
-
-        async def stream() -> AsyncIterator[bytes]:
-            last = after if after is not None else -1
-            try:
-                yield b": runstate decisions of " + run_id.encode() + b"\n\n"
-                for d in missed:
-                    last = d.offset
-                    yield _sse(d)
-                while True:
-                    try:
-                        d = await asyncio.wait_for(q.get(), 15.0)
-                    except TimeoutError:
-                        yield b": keep-alive\n\n"
-                        continue
-                    if d.offset > last:  # the decisions topic may repeat one
-                        last = d.offset
-                        yield _sse(d)
-            finally:
-                node.hub.unsubscribe(run_id, q)
-
-        return StreamingResponse(
-            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-        )
-
-    def health() -> Health:
-        h = node.health
-        restoring = {p: (r.done / r.total if r.total else 0.0) for p, r in h.restoring.items()}
-        owned = node.owned()
-        status = "failed" if h.failed else ("restoring" if restoring else ("serving" if owned else "starting"))
-        return Health(
-            status=status, owned_partitions=owned, partitions=node.partitions, restoring=restoring, failed=h.failed
-        )
-
-    @api.get("/healthz", response_model=Health, responses={503: {"model": Health, "description": "not healthy"}})
-    async def healthz() -> Response:
-        """Liveness: 200 while the projector runs (starting, restoring or serving); 503 once
-        it failed (restart the process)."""
-        body = health()
-        return json_out(body, 503 if body.failed else 200)
-
-    @api.get("/readyz", response_model=Health, responses={503: {"model": Health, "description": "not ready"}})
-    async def readyz() -> Response:
-        """Readiness: 200 once this instance answers for the runs of its partitions — on the
-        embedded log every partition is assigned and restored; on Kafka it owns some and
-        restores none (one that owns none forwards only: not ready, the others are)."""
-        body = health()
-        every = router is None
-        ready = body.status == "serving" and (len(body.owned_partitions) == body.partitions or not every)
-        return json_out(body, 200 if ready else 503)
-
-    @api.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
-    async def get_metrics(request: Request) -> Response:
-        """Prometheus text: lag per partition, decisions by outcome and reason, projector
-        rate, restore progress. Where serve needs tokens, any valid token reads it, unless
-        ``RUNSTATE_METRICS_PUBLIC`` is set."""
-        if not node.settings.metrics_public:
-            ident(request)
-        return Response(await asyncio.to_thread(metrics.render), media_type=CONTENT_TYPE_LATEST)
-
-    @api.post(HELLO_PATH, include_in_schema=False)
-    async def peer_hello(hello: Hello) -> dict[str, str]:
-        """Another instance's challenge: the proof that this instance, at its advertised
-        address, holds the instance secret (routing.py)."""
-        return {"proof": gate.hello(hello.nonce)}
+    api.state.runstate = AppContext(node, tokens, router, service, gate, metrics)
+    api.add_exception_handler(RunstateError, _runstate_error)  # type: ignore[arg-type]
+    api.add_exception_handler(RequestValidationError, _bad_request)  # type: ignore[arg-type]
+    api.add_exception_handler(_ClientGone, _client_gone)  # type: ignore[arg-type]
+    api.add_exception_handler(_BodyStalled, _body_stalled)  # type: ignore[arg-type]
+    api.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    api.include_router(routes)
 
     from runstate.service.pages import mount_pages
 
@@ -662,7 +718,7 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
 
             schema = get_openapi(title=api.title, version=api.version, description=api.description, routes=api.routes)
             comps = schema.setdefault("components", {}).setdefault("schemas", {})
-            for name, d in patch_defs.items():
+            for name, d in _PATCH_DEFS.items():
                 comps.setdefault(name, d)
             api.openapi_schema = schema
         return api.openapi_schema
@@ -670,12 +726,6 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
     api.openapi = openapi  # type: ignore[method-assign]
     api.state.metrics = metrics
     return api
-
-
-class Hello(BaseModel):
-    """Another instance's challenge (routing.py)."""
-
-    nonce: str = pydantic.Field(min_length=16, max_length=64)
 
 
 def _replaying(content: bytes, receive: Receive) -> Receive:
