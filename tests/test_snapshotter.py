@@ -33,6 +33,7 @@ from runstate.snapshotter.checkpoint import (
     verdict_of,
 )
 from runstate.snapshotter.checkpoint import encode as encode_cp
+from runstate.schemas import structs
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.projector.store.partition import ProjectionStore
 from runstate.projector.store.statedir import Layout
@@ -86,7 +87,7 @@ def test_checkpoint_plus_tail_equals_full_replay(ops: list[Any], data: st.DataOb
         seen[run] = set(split_patch_ids(decode_patch_ids(cp.patch_ids)))
     book = RunBook(
         load_doc=lambda r: restored.get(r),
-        load_decision=lambda r, p: next((d for d in recent.get(r, []) if d.patch_id == p), None),
+        load_decision=lambda r, p: next((structs.from_model(d) for d in recent.get(r, []) if d.patch_id == p), None),
         decided_before_restore=lambda r, p: patch_id_digest(p) in seen.get(r, set()),
     )
     for i, p in enumerate(patches[cut:], start=cut):

@@ -26,19 +26,21 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from runstate.projector.core.working import Changes, Draft, Item, RunDoc, header_from_model
+from runstate.projector.core.working import Changes, Draft, Item, RunDoc
 from runstate.projector.core.outcomes import Decided
 from runstate.projector.core.reducer import Ctx, RuleViolation, apply_event, input_recorders
 from runstate.schemas import events as ev
 from runstate.schemas.patch import RejectReason
 from runstate.schemas.sealed import PatchEnvelope
-from runstate.schemas.events import GoalSpec
-from runstate.schemas.state import FINISHED_STATUSES, Erasure, RunHeader
+from runstate.schemas.state import FINISHED_STATUSES
 
 # The core's decisions are the msgspec struct of Decision (schemas/generated/structs.py): one
 # per patch, written to the store as the model's JSON; the model is made where decisions leave
 # the core for callers (structs.to_model).
 from runstate.schemas.generated.structs import Decision as DecisionStruct
+from runstate.schemas.generated.structs import Erasure as ErasureStruct
+from runstate.schemas.generated.structs import GoalSpec as GoalSpecStruct
+from runstate.schemas.generated.structs import RunHeader as Header
 from runstate.schemas.generated.structs import FactConfirmed
 from runstate.schemas.generated.structs import Patch as PatchStruct
 from runstate.schemas.generated.structs import RunErased as RunErasedStruct
@@ -131,18 +133,15 @@ def _erase(doc: RunDoc | None, patch: PatchStruct, partition: int, offset: int, 
     not read the run's earlier patches (their keys destroyed) makes the same one."""
     e = patch.events[0]
     assert isinstance(e, RunErasedStruct)  # decide() calls this for a patch of one RunErased
-    erasure = Erasure(at=patch.created_at, by=e.erased_by, reason=e.reason, revision=patch.expected_revision)
-    header = header_from_model(
-        RunHeader(
-            run_id=patch.run_id,
-            revision=patch.expected_revision,
-            goal=GoalSpec(statement="(erased)"),
-            status="erased",
-            agent_version=patch.author.agent_version,
-            updated_at=patch.created_at,
-            last_control_revision=patch.expected_revision,
-            erasure=erasure,
-        )
+    header = Header(
+        run_id=patch.run_id,
+        revision=patch.expected_revision,
+        goal=GoalSpecStruct(statement="(erased)"),
+        status="erased",
+        agent_version=patch.author.agent_version,
+        updated_at=patch.created_at,
+        last_control_revision=patch.expected_revision,
+        erasure=ErasureStruct(at=patch.created_at, by=e.erased_by, reason=e.reason, revision=patch.expected_revision),
     )
     decision = _decision(patch, partition, offset, digest=digest, revision=patch.expected_revision)
     return Decided(decision, RunDoc(header), Changes(header, wipe=True))

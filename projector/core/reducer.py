@@ -176,13 +176,13 @@ def _run_started(d: Draft, e: gen.RunStarted, ctx: Ctx) -> None:
     d.header = Header(
         run_id="",  # set by decide, which knows the run id
         revision=0,
-        goal=structs.from_model(e.goal),
+        goal=e.goal,
         phase=e.phase,
         agent_version=ctx.agent_version,
         created_at=ctx.at,
         created_by=ctx.agent_id,
         updated_at=ctx.at,
-        policy=structs.from_model(e.policy),
+        policy=e.policy,
         sizes={},
     )
 
@@ -196,7 +196,7 @@ def _in_scope(path: str, scope: gen.Scope) -> bool:
 @reducer(gen.GoalChanged)
 def _goal_changed(d: Draft, e: gen.GoalChanged, ctx: Ctx) -> None:
     _require(bool(e.goal.statement.strip()), "goal.statement_required", "a goal needs a statement")
-    _set(d, goal=structs.from_model(e.goal))
+    _set(d, goal=e.goal)
     cancelled: set[str] = set()
     for task in list(d.values("tasks")):
         assert isinstance(task, Task)
@@ -884,7 +884,7 @@ def _effect_recorded(d: Draft, e: gen.EffectRecorded, ctx: Ctx) -> None:
 
 @reducer(gen.WorkspaceUpdated)
 def _workspace_updated(d: Draft, e: gen.WorkspaceUpdated, ctx: Ctx) -> None:
-    _set(d, workspace_ref=structs.from_model(e.workspace_ref))
+    _set(d, workspace_ref=e.workspace_ref)
 
 
 # --- waiting and budgets ---------------------------------------------------------------

@@ -26,9 +26,8 @@ from runstate.schemas import sealed
 from runstate.schemas.codec import content_digest, encode, read_patch
 from runstate.schemas.errors import DecodeError, StoreError
 from runstate.schemas.generated.structs import Author, Decision, Patch
-from runstate.schemas.patch import Decision as DecisionModel
 from runstate.schemas.patch import Patch as PatchModel
-from runstate.schemas.structs import from_model, updated
+from runstate.schemas.structs import updated
 
 log = logging.getLogger("runstate.projector")
 
@@ -114,14 +113,6 @@ def _envelope_patch(got: Erased) -> Patch:
     )
 
 
-def _struct(decision: Decision | DecisionModel | None) -> Decision | None:
-    """A decision as the core holds it (a model, as the store reads it, becomes its struct)."""
-    if decision is None or isinstance(decision, Decision):
-        return decision
-    struct: Decision = from_model(decision)
-    return struct
-
-
 def _dead(rec: Record, reason: str, detail: str) -> DeadLetter:
     return DeadLetter(
         rec.partition, rec.offset, reason, detail, rec.key.decode(errors="replace") if rec.key else None, len(rec.value)
@@ -143,17 +134,18 @@ class RunBook:
 
     The decisions it takes (``Applied.decision``, ``decided``) are the core's structs of
     :class:`Decision` (see :mod:`runstate.projector.core.decide`), read like the model;
-    ``structs.to_model`` makes the model. Decisions loaded from a store are models.
+    ``structs.to_model`` makes the model. The loaders give structs too (the store decodes
+    straight into them: ``keys.decode_decision_struct``).
     """
 
     def __init__(
         self,
         load_doc: Callable[[str], RunDoc | None] = lambda _r: None,
-        load_decision: Callable[[str, str], Decision | DecisionModel | None] = lambda _r, _p: None,
+        load_decision: Callable[[str, str], Decision | None] = lambda _r, _p: None,
         max_cached: int | None = None,
         decided_before_restore: Callable[[str, str], bool] = lambda _r, _p: False,
         load_docs: Callable[[list[str]], list[RunDoc | None]] | None = None,
-        load_decisions: Callable[[list[tuple[str, str]]], list[Decision | DecisionModel | None]] | None = None,
+        load_decisions: Callable[[list[tuple[str, str]]], list[Decision | None]] | None = None,
         load_items: Callable[[list[tuple[str, str, str]]], list[Entry | None]] | None = None,
         max_items: int | None = None,
     ) -> None:
@@ -163,16 +155,12 @@ class RunBook:
         self._load_items = load_items
         self._load_doc = load_doc
         self._load_docs = load_docs
-        # A stored decision enters the core as its struct (the one form the core holds).
-        self._load_decisions = (
-            None if load_decisions is None else (lambda wanted: [_struct(d) for d in load_decisions(wanted)])
-        )
+        # Stored decisions come in the core's one form, their structs (the store decodes them so).
+        self._load_decisions = load_decisions
         #: stored decisions (or None: none) of patch ids read ahead by :meth:`prefetch`;
         #: each is used once, by the patch it was read for
         self._read_ahead: dict[tuple[str, str], Decision | None] = {}
-        self._load_decision: Callable[[str, str], Decision | None] = lambda run_id, patch_id: _struct(
-            load_decision(run_id, patch_id)
-        )
+        self._load_decision = load_decision
         self._decided_before_restore = decided_before_restore
         self._max = max_cached
         self.docs: OrderedDict[str, RunDoc | None] = OrderedDict()

@@ -233,4 +233,10 @@ def encode_header(header: Header) -> bytes:
 
 
 def decode_decision(raw: bytes) -> Decision:
+    """A stored decision as the public model (queries, the service)."""
     return Decision.model_validate_json(raw)
+
+
+#: A stored decision straight into the core's form (its struct), as :func:`decode_decision`
+#: validates it (see :func:`structs.decoder`).
+decode_decision_struct = structs.decoder(Decision)

@@ -37,6 +37,7 @@ from runstate.projector.core.outcomes import DeadLetter
 from runstate.projector.core.working import Changes, Entry, Header, RunDoc
 from runstate.projector.store import document
 from runstate.schemas.errors import ContractError, RunErased, StoreError, StoreLocked
+from runstate.schemas.generated.structs import Decision as DecisionStruct
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, graph_key, graph_value_key, status_span
 
@@ -524,13 +525,18 @@ class ProjectionStore:
         raw = self._get(keys.history_key(run_id, offset))
         return None if raw is None else keys.decode_decision(raw)
 
-    def decisions(self, wanted: list[tuple[str, str]]) -> list[Decision | None]:
-        """:meth:`decision` of each ``(run_id, patch_id)``, in order, with one batched read
-        of the idempotency index (RocksDB's MultiGet): nearly every patch id is new, and
-        reads that miss cost less batched than one at a time."""
+    def decisions(self, wanted: list[tuple[str, str]]) -> list[DecisionStruct | None]:
+        """:meth:`decision` of each ``(run_id, patch_id)``, in order, in the core's form (the
+        projector's look-up of resends), with one batched read of the idempotency index
+        (RocksDB's MultiGet): nearly every patch id is new, and reads that miss cost less
+        batched than one at a time."""
         offs = self._multi_get([keys.dedupe_key(r, p) for r, p in wanted])
-        # An offset found is a resend: rare.
-        return [None if off is None else self._decision_at(w[0], off) for w, off in zip(wanted, offs)]
+        out: list[DecisionStruct | None] = []
+        for (run_id, _p), off in zip(wanted, offs):
+            # An offset found is a resend: rare.
+            raw = None if off is None else self._get(keys.history_key(run_id, keys.decode_int(off)))
+            out.append(None if raw is None else keys.decode_decision_struct(raw))
+        return out
 
     def _decision_at(self, run_id: str, off: bytes) -> Decision | None:
         """The decision the idempotency index points at (its stored offset), or None."""
