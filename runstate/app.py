@@ -421,21 +421,26 @@ def snapshot(
     must exist (see :func:`project`)."""
     log = open_settings_log(settings, create=False)
     try:
-        policy = settings.checkpoint_policy(every)
-        snap = Snapshotter(
-            log,
-            settings.state_dir,
-            policy=policy,
-            batch_size=settings.batch_size,
-            key=checkpoint_key(settings, log, writer=True),
-            retention=settings.retention_policy(),
-            retention_every_s=settings.retention_check_s,
-        )
+        snap = make_snapshotter(settings, log, every)
         snap.projector.on_progress = on_progress
         stats = snap.run(until_caught_up=until_caught_up)
         return stats, snap.writer.written
     finally:
         log.close()
+
+
+def make_snapshotter(settings: Settings, log: EventLog, every: int | None = None) -> Snapshotter:
+    """The snapshotter the settings describe, on ``log`` (its policy, batch, checkpoint key,
+    retention): ``runstate snapshot``'s and serve's. ``every``: K instead of the setting's."""
+    return Snapshotter(
+        log,
+        settings.state_dir,
+        policy=settings.checkpoint_policy(every),
+        batch_size=settings.batch_size,
+        key=checkpoint_key(settings, log, writer=True),
+        retention=settings.retention_policy(),
+        retention_every_s=settings.retention_check_s,
+    )
 
 
 def nearest_checkpoint(settings: Settings, live: LiveStores | None = None) -> NearestCheckpoint:

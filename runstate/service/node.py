@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from runstate.app import checkpoint_key, make_projector, nearest_checkpoint, open_settings_log
+from runstate.app import make_projector, make_snapshotter, nearest_checkpoint, open_settings_log
 from runstate.eventlog.base import EventLog
 from runstate.eventlog.partitioner import partition_for
 from runstate.producers.decisions import DecisionFeed
@@ -172,17 +172,7 @@ class Node:
         )
         self.snapshotter: Snapshotter | None = None
         if snapshotter:
-            policy = settings.checkpoint_policy()
-            snap_log = open_settings_log(settings)
-            self.snapshotter = Snapshotter(
-                snap_log,
-                settings.state_dir,
-                policy=policy,
-                batch_size=settings.batch_size,
-                key=checkpoint_key(settings, snap_log, writer=True),
-                retention=settings.retention_policy(),
-                retention_every_s=settings.retention_check_s,
-            )
+            self.snapshotter = make_snapshotter(settings, open_settings_log(settings))
         self.producer = RunProducer(
             self.log,
             Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
