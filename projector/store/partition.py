@@ -23,8 +23,8 @@ import heapq
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
@@ -32,14 +32,17 @@ import orjson
 import pydantic
 from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
 
-from runstate.projector.store import keys
 from runstate.projector.core.outcomes import DeadLetter
 from runstate.projector.core.working import Changes, Entry, Header, RunDoc
-from runstate.projector.store import document
+from runstate.projector.store import document, keys
+from runstate.projector.store.checkpoint_records import CheckpointRecords
+from runstate.projector.store.graph import GraphReads
+from runstate.projector.store.restoring import Restoring
+from runstate.projector.store.rocks import RocksStore, write_error
 from runstate.schemas.errors import ContractError, RunErased, StoreError, StoreLocked
 from runstate.schemas.generated.structs import Decision as DecisionStruct
 from runstate.schemas.patch import Decision
-from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, graph_key, graph_value_key, status_span
+from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunHeader, status_span
 
 
 @dataclass(frozen=True)
@@ -122,21 +125,6 @@ class PendingBatch:
         self.checkpoints = {k: v for k, v in self.checkpoints.items() if k[0] != run_id}
 
 
-def _saved(item: bytes) -> bool:
-    """Whether a stored graph checkpoint item holds its checkpoint (not only writes that came first)."""
-    return orjson.loads(item[8:])["checkpoint"] is not None
-
-
-def _write_error(path: Path, e: Exception) -> StoreError:
-    text = str(e)
-    if "No space left" in text or "ENOSPC" in text:
-        return StoreError(
-            f"no space left on the device of {path}: free space there, then start again. "
-            f"Nothing is lost: what was not stored is read again from the log. ({text})"
-        )
-    return StoreError(f"write to {path} failed: {text}")
-
-
 #: The schema version this runstate writes, as stored JSON; and how a stored state
 #: document of that version begins.
 _CURRENT_VERSION = str(CURRENT_SCHEMA_VERSION).encode()
@@ -193,8 +181,14 @@ def check_store_files(path: Path) -> None:
         )
 
 
-class ProjectionStore:
-    """One partition's projection. Read-write instances are exclusive (RocksDB's lock)."""
+class ProjectionStore(Restoring, CheckpointRecords, GraphReads, RocksStore):
+    """One partition's projection. Read-write instances are exclusive (RocksDB's lock).
+
+    What is the store's own lives here: the projector's batch write and the reads the
+    projector and the queries make. Its other audiences each have a room of their own,
+    mixed in: :class:`Restoring` (a restore from checkpoints), :class:`CheckpointRecords`
+    (the snapshotter's history, pieces and outbox), :class:`GraphReads` (LangGraph's
+    queries); :class:`RocksStore` holds the reads and the write they share."""
 
     def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
         self.path = Path(path)
@@ -263,10 +257,7 @@ class ProjectionStore:
         for run_id, ids in batch.restored_ids.items():
             wb.put(keys.restored_ids_key(run_id), ids)
         wb.put(keys.NEXT_OFFSET, keys.encode_int(batch.next_offset))
-        try:
-            self._db.write(wb, self._wopts)
-        except Exception as e:
-            raise _write_error(self.path, e) from e
+        self._apply(wb)
 
     def erasing(self) -> list[str]:
         """Runs whose erasure is stored but not finished (see :meth:`finish_erasures`)."""
@@ -287,7 +278,7 @@ class ProjectionStore:
                 wb.delete(keys.erasing_key(run_id))
             self._db.write(wb, self._wopts)
         except Exception as e:
-            raise _write_error(self.path, e) from e
+            raise write_error(self.path, e) from e
 
     def _stage_erasure(self, wb: WriteBatch, run_id: str) -> None:
         """Delete everything stored of an erased run (its header is written again after)."""
@@ -327,95 +318,9 @@ class ProjectionStore:
         self._restored_ids.clear()
         return n
 
-    def begin_restore(self) -> None:
-        """Mark this (new) store as being restored, until :meth:`finish_restore`: a store a
-        crash left half restored is started over, never used."""
-        self._db[keys.RESTORING] = b"1"
-
-    def restoring(self) -> bool:
-        return self._get(keys.RESTORING) is not None
-
-    def finish_restore(self, next_offset: int) -> None:
-        """The restore is complete; the projector goes on from ``next_offset``."""
-        wb = WriteBatch(raw_mode=True)
-        wb.put(keys.NEXT_OFFSET, keys.encode_int(next_offset))
-        wb.delete(keys.RESTORING)
-        try:
-            self._db.write(wb, self._wopts)
-        except Exception as e:
-            raise _write_error(self.path, e) from e
-        self._restored_ids.clear()
-
-    def restore_pieces(self, pieces: Iterable[tuple[str, str | None, str, bytes | None]]) -> None:
-        """Write pieces of runs restored from checkpoints, as the store's own bytes:
-        ``(run, kind, id, body)``, the run's header where ``kind`` is None, else one item;
-        a body of None deletes it (a newer version of the piece says it is gone)."""
-        wb = WriteBatch(raw_mode=True)
-        for run, kind, id_, body in pieces:
-            k = keys.header_key(run) if kind is None else keys.item_key(run, kind, id_)
-            if body is None:
-                wb.delete(k)
-            else:
-                wb.put(k, body)
-        try:
-            self._db.write(wb, self._wopts)
-        except Exception as e:
-            raise _write_error(self.path, e) from e
-
-    def stored_pieces(self) -> Iterator[tuple[str, str | None, str, bytes]]:
-        """Every run's header and items as :meth:`restore_pieces` takes them (headers first)."""
-        for k, v in self._prefix(keys.HEADERS):
-            yield keys.run_of(k, keys.HEADERS), None, "", v
-        for k, v in self._prefix(b"i:"):
-            run, kind, id_ = k[2:].split(b"\0", 2)
-            yield run.decode(), kind.decode(), id_.decode(), v
-
-    def mark_restored(
-        self, run_id: str, covers_offset: int, patch_ids: bytes, decisions: Iterable[tuple[int, str, bool, bytes]]
-    ) -> None:
-        """A run whose pieces :meth:`restore_pieces` wrote is restored up to ``covers_offset``,
-        having decided ``patch_ids`` (digests); ``decisions``: its last ones as
-        ``(offset, patch_id, reused, decision JSON)``."""
-        wb = WriteBatch(raw_mode=True)
-        for offset, patch_id, reused, raw in decisions:
-            wb.put(keys.history_key(run_id, offset), raw)
-            if not reused:
-                wb.put(keys.dedupe_key(run_id, patch_id), keys.encode_int(offset))
-        wb.put(keys.restored_key(run_id), keys.encode_int(covers_offset))
-        wb.put(keys.restored_ids_key(run_id), patch_ids)
-        try:
-            self._db.write(wb, self._wopts)
-        except Exception as e:
-            raise _write_error(self.path, e) from e
-
-    def drop_runs(self, runs: Iterable[str]) -> None:
-        """Delete everything stored of ``runs`` (a restore that could not trust them)."""
-        wb = WriteBatch(raw_mode=True)
-        for run_id in runs:
-            for start, end in keys.run_ranges(run_id):
-                wb.delete_range(start, end)
-        try:
-            self._db.write(wb, self._wopts)
-        except Exception as e:
-            raise _write_error(self.path, e) from e
-
     def put_checkpoints(self, checkpoints: dict[tuple[str, int], CheckpointWrite]) -> None:
         """Add checkpoints to the local history (and the outbox) outside a poll batch."""
         self.write(PendingBatch(next_offset=self.next_offset(), checkpoints=checkpoints))
-
-    def outbox(self) -> list[tuple[str, int, bytes]]:
-        """Checkpoints stored but not yet published: ``(run_id, revision, records)``."""
-        return [(*keys.run_and_revision(k, keys.OUTBOX), v) for k, v in self._prefix(keys.OUTBOX)]
-
-    def clear_outbox(self, published: Iterable[tuple[str, int]]) -> None:
-        """Those checkpoints are published (acknowledged by the log)."""
-        wb = WriteBatch(raw_mode=True)
-        for run, rev in published:
-            wb.delete(keys.outbox_key(run, rev))
-        try:
-            self._db.write(wb, self._wopts)
-        except Exception as e:
-            raise _write_error(self.path, e) from e
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -685,216 +590,13 @@ class ProjectionStore:
             return raw
         return None
 
-    def restored(self) -> dict[str, int]:
-        """Runs restored from checkpoints -> the last offset their checkpoint covered. Their
-        decisions before that offset are not in this store (only the checkpoint's)."""
-        return {keys.run_of(k, keys.RESTORED): keys.decode_int(v) for k, v in self._prefix(keys.RESTORED)}
-
     def patch_ids(self, run_id: str) -> list[str]:
         """Every patch id decided for the run in this store (not those before a restore)."""
         prefix = keys.dedupe_prefix(run_id)
         return [k[len(prefix) :].decode() for k, _ in self._prefix(prefix)]
 
-    def restored_patch_ids(self, run_id: str) -> bytes:
-        """The digests of the patch ids decided before the run was restored (empty if it
-        was not)."""
-        return self._get(keys.restored_ids_key(run_id)) or b""
-
-    def decided_before_restore(self, run_id: str, digest: bytes) -> bool:
-        """Whether a patch id (its digest) was decided before the run was restored here."""
-        ids = self._restored_ids.get(run_id)
-        if ids is None:
-            ids = self._restored_ids[run_id] = keys.split_patch_ids(self.restored_patch_ids(run_id))
-        return digest in ids
-
-    def checkpoints(self, run_id: str) -> list[tuple[int, bytes]]:
-        """The run's stored checkpoints as ``(revision, encoded)``, oldest first."""
-        return [
-            (keys.run_and_revision(k, keys.CHECKPOINTS)[1], v) for k, v in self._prefix(keys.checkpoints_prefix(run_id))
-        ]
-
-    def checkpoints_at_or_below(self, run_id: str, revision: int) -> Iterator[tuple[int, bytes]]:
-        """The run's stored checkpoints at or below ``revision``, newest first, read one at
-        a time (a caller that takes the first valid one reads only that one)."""
-        for k, v in self._prefix_reversed(keys.checkpoints_prefix(run_id), keys.checkpoint_key(run_id, revision)):
-            yield keys.run_and_revision(k, keys.CHECKPOINTS)[1], v
-
-    def pieces_at(self, run_id: str, revision: int | None = None) -> dict[str, tuple[int, bytes]]:
-        """Each piece of the run as its newest checkpoint at or below ``revision`` (None:
-        the newest) published it: ``name -> (revision, value)``."""
-        out: dict[str, tuple[int, bytes]] = {}
-        for k, v in self._prefix(keys.pieces_prefix(run_id)):
-            piece, rev = keys.piece_and_revision(k, run_id)
-            if revision is None or rev <= revision:
-                out[piece] = (rev, v)  # versions of a piece come oldest first
-        return out
-
-    def piece(self, run_id: str, piece: str) -> bytes | None:
-        """The newest published value of one piece of the run, or None."""
-        start = keys.piece_version_key(run_id, piece, 0)
-        for k, v in self._prefix_reversed(start[:-16], start[:-16] + b"\xff"):
-            return v
-        return None
-
-    def tally(self, run_id: str) -> bytes | None:
-        """The digest state of the run's newest checkpoint (opaque), or None."""
-        return self._get(keys.tally_key(run_id))
-
-    def all_checkpoints(self) -> Iterator[tuple[str, bytes]]:
-        """Every stored checkpoint as ``(run_id, encoded)``, by run then revision."""
-        for k, v in self._prefix(keys.CHECKPOINTS):
-            yield keys.run_of(k, keys.CHECKPOINTS), v
-
-    def graph_checkpoints(
-        self,
-        run_id: str,
-        ns: str | None,
-        *,
-        checkpoint_id: str | None = None,
-        before: str | None = None,
-        limit: int | None = None,
-    ) -> list[bytes]:
-        """The run's LangGraph checkpoints (each its stored JSON, a ``GraphCheckpoint``),
-        newest first: of namespace ``ns`` (None: every namespace), only ``checkpoint_id``
-        when given, only those older than ``before``, at most ``limit``. One namespace is one
-        range of keys in id order, read backwards from where the answer starts."""
-        base = keys.items_prefix(run_id, "graph_checkpoints")
-        if checkpoint_id is not None and ns is not None:
-            raw = self._get(base + graph_key(ns, checkpoint_id).encode())
-            return self._with_values(run_id, [raw[8:]]) if raw is not None and _saved(raw) else []
-        if ns is None:
-            found = [(orjson.loads(v[8:]), v[8:]) for _, v in self._prefix(base)]
-            found = [
-                f
-                for f in found
-                if f[0]["checkpoint"] is not None
-                and (checkpoint_id is None or f[0]["id"] == checkpoint_id)
-                and (before is None or f[0]["id"] < before)
-            ]
-            found.sort(key=lambda f: str(f[0]["id"]), reverse=True)
-            return self._with_values(run_id, [v for _, v in found[:limit]])
-        prefix = base + graph_key(ns).encode()
-        start = prefix + (before.encode() if before is not None else b"\xff")
-        out: list[bytes] = []
-        for k, v in self._prefix_reversed(prefix, start):
-            if (before is not None and k == start) or not _saved(v):
-                continue
-            if limit is not None and len(out) >= limit:
-                break
-            out.append(v[8:])
-        return self._with_values(run_id, out)
-
-    def _with_values(self, run_id: str, docs: list[bytes]) -> list[bytes]:
-        """Each checkpoint that keeps its values once per version (``versions``) with the
-        values of its versions that the run holds (``values``, as ``GraphCheckpointRead``),
-        read in one MultiGet; the others as they are stored."""
-        base = keys.items_prefix(run_id, "graph_values")
-        wanted: list[tuple[int, bytes]] = []
-        for i, raw in enumerate(docs):
-            if b'"versions":[' not in raw:  # a top-level key: a string's quotes are escaped
-                continue
-            doc = orjson.loads(raw)
-            ns = doc.get("ns", "")
-            wanted += [(i, base + graph_value_key(ns, cv["channel"], cv["version"]).encode()) for cv in doc["versions"]]
-        if not wanted:
-            return docs
-        values: dict[int, list[Any]] = {}
-        for (i, _), got in zip(wanted, self._multi_get([k for _, k in wanted])):
-            if got is not None:
-                item = orjson.loads(got[8:])
-                values.setdefault(i, []).append(
-                    {"channel": item["channel"], "version": item["version"], "value": item["value"]}
-                )
-        return [
-            raw[:-1] + b',"values":' + orjson.dumps(values.get(i, [])) + b"}" if b'"versions":[' in raw else raw
-            for i, raw in enumerate(docs)
-        ]
-
     def dead_letters(self) -> list[DeadLetter]:
         return [DeadLetter(**orjson.loads(v)) for _, v in self._prefix(keys.DEAD_LETTERS)]
-
-    def _get(self, key: bytes) -> bytes | None:
-        try:
-            return self._db.get(key)  # type: ignore[no-any-return]
-        except Exception as e:  # a RocksDB status error (corruption, I/O)
-            raise self._read_error(e) from e
-
-    def _multi_get(self, wanted: list[bytes]) -> list[bytes | None]:
-        try:
-            return self._db.get(wanted)  # type: ignore[arg-type,return-value]  # a list of keys: MultiGet
-        except Exception as e:  # a RocksDB status error (corruption, I/O)
-            raise self._read_error(e) from e
-
-    def _read_error(self, e: Exception) -> StoreError:
-        return StoreError(
-            f"projection store {self.path} cannot be read: {e}. If it is corrupt, delete "
-            f"{self.path} (or the whole state directory) to rebuild it from the log."
-        )
-
-    def _prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        return self._prefix_from(prefix, prefix)
-
-    def _prefix_from(self, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """The entries under ``prefix`` from ``start`` on."""
-        it = self._db.iter()
-        it.seek(start)
-        while it.valid():
-            k = it.key()
-            if not k.startswith(prefix):
-                break
-            yield k, it.value()
-            it.next()
-        # An iterator stops at a corrupt block as if the data ended there: only its status
-        # tells, and a shorter answer must never pass for the whole one.
-        self._check(it)
-
-    def _scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        """The entries under ``prefix``, read at once and checked like :meth:`_prefix`. A
-        read-only store reuses one iterator: its view is fixed when it is opened, so a new
-        iterator would see the same data, and making one was a sixth of a small run's
-        state query. Not for concurrent use, as a read-only store is not (it serves one
-        :class:`~runstate.projector.read.queries.Projection`, which is not thread-safe)."""
-        it = self._iter
-        if it is None:
-            it = self._db.iter()
-            if self.read_only:
-                self._iter = it
-        out = []
-        it.seek(prefix)
-        while it.valid():
-            k = it.key()
-            if not k.startswith(prefix):
-                break
-            out.append((k, it.value()))
-            it.next()
-        try:
-            self._check(it)
-        except StoreError:
-            self._iter = None  # a fresh one next time, its status unknown
-            raise
-        return out
-
-    def _prefix_reversed(self, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """The entries under ``prefix`` from ``start`` (or the last key before it) backwards;
-        checked like :meth:`_prefix` when the iteration runs out."""
-        it = self._db.iter()
-        it.seek_for_prev(start)
-        while it.valid():
-            k = it.key()
-            if not k.startswith(prefix):
-                break
-            yield k, it.value()
-            it.prev()
-        self._check(it)
-
-    def _check(self, it: object) -> None:
-        try:
-            it.status()  # type: ignore[attr-defined]
-        except Exception as e:
-            raise StoreError(
-                f"projection store {self.path} is corrupt: {e}. Delete {self.path} "
-                "(or the whole state directory) to rebuild it from the log."
-            ) from e
 
     def close(self) -> None:
         """Raises :class:`StoreError` when RocksDB cannot close cleanly (after a failed
@@ -903,7 +605,7 @@ class ProjectionStore:
         try:
             self._db.close()
         except Exception as e:
-            raise _write_error(self.path, e) from e
+            raise write_error(self.path, e) from e
 
     def __enter__(self) -> ProjectionStore:
         return self

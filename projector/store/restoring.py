@@ -1,0 +1,96 @@
+"""A partition store filled from checkpoints (``snapshotter/recovery.py``): the restore's
+marks, the pieces it writes as the store's own bytes, and what it remembers of each
+restored run (the offset its checkpoint covered, the patch ids it had decided)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from rocksdict import WriteBatch
+
+from runstate.projector.store import keys
+from runstate.projector.store.rocks import RocksStore
+
+
+class Restoring(RocksStore):
+    """The restore's part of a partition store."""
+
+    #: run -> the digests of the patch ids it decided before its restore (read once)
+    _restored_ids: dict[str, frozenset[bytes]]
+
+    def begin_restore(self) -> None:
+        """Mark this (new) store as being restored, until :meth:`finish_restore`: a store a
+        crash left half restored is started over, never used."""
+        self._db[keys.RESTORING] = b"1"
+
+    def restoring(self) -> bool:
+        return self._get(keys.RESTORING) is not None
+
+    def finish_restore(self, next_offset: int) -> None:
+        """The restore is complete; the projector goes on from ``next_offset``."""
+        wb = WriteBatch(raw_mode=True)
+        wb.put(keys.NEXT_OFFSET, keys.encode_int(next_offset))
+        wb.delete(keys.RESTORING)
+        self._apply(wb)
+        self._restored_ids.clear()
+
+    def restore_pieces(self, pieces: Iterable[tuple[str, str | None, str, bytes | None]]) -> None:
+        """Write pieces of runs restored from checkpoints, as the store's own bytes:
+        ``(run, kind, id, body)``, the run's header where ``kind`` is None, else one item;
+        a body of None deletes it (a newer version of the piece says it is gone)."""
+        wb = WriteBatch(raw_mode=True)
+        for run, kind, id_, body in pieces:
+            k = keys.header_key(run) if kind is None else keys.item_key(run, kind, id_)
+            if body is None:
+                wb.delete(k)
+            else:
+                wb.put(k, body)
+        self._apply(wb)
+
+    def stored_pieces(self) -> Iterator[tuple[str, str | None, str, bytes]]:
+        """Every run's header and items as :meth:`restore_pieces` takes them (headers first)."""
+        for k, v in self._prefix(keys.HEADERS):
+            yield keys.run_of(k, keys.HEADERS), None, "", v
+        for k, v in self._prefix(b"i:"):
+            run, kind, id_ = k[2:].split(b"\0", 2)
+            yield run.decode(), kind.decode(), id_.decode(), v
+
+    def mark_restored(
+        self, run_id: str, covers_offset: int, patch_ids: bytes, decisions: Iterable[tuple[int, str, bool, bytes]]
+    ) -> None:
+        """A run whose pieces :meth:`restore_pieces` wrote is restored up to ``covers_offset``,
+        having decided ``patch_ids`` (digests); ``decisions``: its last ones as
+        ``(offset, patch_id, reused, decision JSON)``."""
+        wb = WriteBatch(raw_mode=True)
+        for offset, patch_id, reused, raw in decisions:
+            wb.put(keys.history_key(run_id, offset), raw)
+            if not reused:
+                wb.put(keys.dedupe_key(run_id, patch_id), keys.encode_int(offset))
+        wb.put(keys.restored_key(run_id), keys.encode_int(covers_offset))
+        wb.put(keys.restored_ids_key(run_id), patch_ids)
+        self._apply(wb)
+
+    def drop_runs(self, runs: Iterable[str]) -> None:
+        """Delete everything stored of ``runs`` (a restore that could not trust them)."""
+        wb = WriteBatch(raw_mode=True)
+        for run_id in runs:
+            for start, end in keys.run_ranges(run_id):
+                wb.delete_range(start, end)
+        self._apply(wb)
+
+    def restored(self) -> dict[str, int]:
+        """Runs restored from checkpoints -> the last offset their checkpoint covered. Their
+        decisions before that offset are not in this store (only the checkpoint's)."""
+        return {keys.run_of(k, keys.RESTORED): keys.decode_int(v) for k, v in self._prefix(keys.RESTORED)}
+
+    def restored_patch_ids(self, run_id: str) -> bytes:
+        """The digests of the patch ids decided before the run was restored (empty if it
+        was not)."""
+        return self._get(keys.restored_ids_key(run_id)) or b""
+
+    def decided_before_restore(self, run_id: str, digest: bytes) -> bool:
+        """Whether a patch id (its digest) was decided before the run was restored here."""
+        ids = self._restored_ids.get(run_id)
+        if ids is None:
+            ids = self._restored_ids[run_id] = keys.split_patch_ids(self.restored_patch_ids(run_id))
+        return digest in ids
