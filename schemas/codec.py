@@ -439,6 +439,12 @@ def encode(patch: Patch, writer: _Writer | None = None) -> bytes:
         ) from e
 
 
+def writer_of(data: bytes) -> _Writer:
+    """The published writer schema a patch record was written with. Raises
+    :class:`DecodeError` (``not_avro_single_object``, ``unknown_writer_schema``)."""
+    return _framed(data, "patch")
+
+
 def encode_datum(datum: dict[str, Any], writer: _Writer) -> bytes:
     """Encode a raw datum with a given writer (for tests of schema evolution)."""
     return _write_record(writer, datum)

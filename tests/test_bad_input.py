@@ -176,6 +176,35 @@ def test_a_reused_patch_id_with_other_content_is_rejected(tmp_path: Path) -> Non
     json.dumps([d.model_dump(mode="json") for d in hist])
 
 
+def test_a_resend_built_again_is_a_duplicate_even_when_both_copies_reach_the_log(tmp_path: Path) -> None:
+    """A client that resends a patch (same id, same content) before the first copy was
+    decided, through serve or a producer that builds the record again, sends it with a new
+    ``created_at``; both copies reach the log. The second is the same patch, answered by
+    the first decision (a duplicate): not ``patch_id_reused``, which would record the id
+    as decided twice. Other content under the id stays ``patch_id_reused``."""
+    from datetime import timedelta
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    first = patch("r", 1, ev("PhaseChanged", phase="a"), patch_id="same")
+    resent = first.model_copy(update={"created_at": first.created_at + timedelta(seconds=3)})
+    other = patch("r", 1, ev("PhaseChanged", phase="b"), patch_id="same")
+    prod = log.producer()
+    for p in [patch("r", 0, start()), first, resent, other]:
+        prod.append(log.topics.events, p.run_id, encode(p))
+    prod.close()
+    Projector(log, str(tmp_path / "s"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    with Projection(tmp_path / "s") as proj:
+        hist = proj.history("r")
+        assert [(d.patch_id, d.outcome, d.reason) for d in hist] == [
+            (hist[0].patch_id, "accepted", None),
+            ("same", "accepted", None),
+            ("same", "rejected", "patch_id_reused"),
+        ]
+        assert hist[-1].offset == 3 and proj.decision("r", "same") == hist[1]
+        assert proj.dead_letters() == []  # the resend was decided (a duplicate), not set aside
+    assert verify(log, str(tmp_path / "s")).ok
+
+
 @pytest.mark.slow
 def test_a_reused_patch_id_is_answered_as_reused_by_publish_wait_and_by_serve(tmp_path: Path) -> None:
     """The same patch id with other content: the producer's ``--wait`` and serve answer

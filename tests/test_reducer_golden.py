@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from workloads import KINDS, _events
 
 from runstate.projector.core.reducer import REDUCER_VERSION
 from runstate.projector.core.runbook import RunBook
+from runstate.schemas.codec import content_digest, encode
 from runstate.schemas.events import EVENT_TYPE_NAMES
 from runstate.schemas.patch import Patch
 
@@ -202,6 +204,10 @@ def corpus() -> list[Patch]:
     add("r5", [ev("RunCompleted", summary="done")])
     add("r5", [ev("RunCompleted", summary="twice")])
     out.append(out[5])  # a resend: its first decision
+    # The same patch built again with a new time (a client's resend through serve): its
+    # first decision, not patch_id_reused; then the id reused for other content.
+    out.append(out[6].model_copy(update={"created_at": out[6].created_at + timedelta(hours=2)}))
+    out.append(patch(out[6].run_id, 0, ev("PhaseChanged", phase="other"), patch_id=out[6].patch_id, minute=len(out)))
     return out
 
 
@@ -213,7 +219,8 @@ def decided() -> tuple[str, dict[str, int], set[str]]:
     outcomes: dict[str, int] = {}
     accepted: set[str] = set()
     for offset, p in enumerate(corpus()):
-        d = book.apply(p, 0, offset).decision
+        record = encode(p)  # decided as the projector decides a log record: with its digest
+        d = book.apply(p, 0, offset, content_digest(record), None, record).decision
         assert d is not None
         h.update(msgspec.json.encode(d))
         key = d.outcome if d.outcome == "accepted" else f"rejected:{d.reason}"

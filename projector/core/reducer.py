@@ -16,14 +16,9 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from runstate.projector.core.working import Draft, Item
-from runstate.schemas.generated.structs import Budgets as HeaderBudgets
-from runstate.schemas.generated.structs import RunHeader as Header
-from runstate.schemas.generated.structs import Transition as HeaderTransition
-from runstate.schemas.generated.structs import Waiting as HeaderWaiting
-from runstate.schemas.structs import updated
 from runstate.schemas import events as ev
-from runstate.schemas.generated import structs as gen
 from runstate.schemas import state, structs
+from runstate.schemas.generated import structs as gen
 
 # Items are built and read in their working form: the msgspec structs generated from the
 # state's models (schemas/generated/structs.py), which the type checker sees as they are. A
@@ -46,6 +41,11 @@ from runstate.schemas.generated.structs import (
     ToolCall,
     Writer,
 )
+from runstate.schemas.generated.structs import Budgets as HeaderBudgets
+from runstate.schemas.generated.structs import RunHeader as Header
+from runstate.schemas.generated.structs import Transition as HeaderTransition
+from runstate.schemas.generated.structs import Waiting as HeaderWaiting
+from runstate.schemas.structs import updated
 
 _REFERENCE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$")
 
@@ -129,8 +129,9 @@ READS: dict[str, Callable[[Any], tuple[str, str]]] = {}
 #: loose ends, control conflicts; 3: log time, revokers, inputs by channel; 4: artifacts
 #: and inputs commute (a stale patch of them with ``rebase`` is applied); 5: LangGraph's
 #: checkpoints removed by name (``GraphCheckpointsRemoved``); 6: LangGraph's channel values
-#: kept once per version (``graph_values``).
-REDUCER_VERSION = 6
+#: kept once per version (``graph_values``); 7: a patch built again with a new time (a
+#: client's resend) is a duplicate of the first, not ``patch_id_reused``.
+REDUCER_VERSION = 7
 
 
 def reducer(

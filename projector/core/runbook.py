@@ -17,14 +17,16 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
 
+import msgspec
+
 from runstate.eventlog.base import Record
 from runstate.projector.core.decide import decide, erased_envelope_decision
 from runstate.projector.core.outcomes import Applied, DeadLetter, Erased
 from runstate.projector.core.reducer import READS
 from runstate.projector.core.working import Entry, RunDoc
-from runstate.schemas import sealed
-from runstate.schemas.codec import content_digest, encode, read_patch
-from runstate.schemas.errors import DecodeError, StoreError
+from runstate.schemas import sealed, structs
+from runstate.schemas.codec import content_digest, encode, read_patch, writer_of
+from runstate.schemas.errors import ContractError, DecodeError, StoreError
 from runstate.schemas.generated.structs import Author, Decision, Patch
 from runstate.schemas.patch import Patch as PatchModel
 from runstate.schemas.structs import updated
@@ -111,6 +113,20 @@ def _envelope_patch(got: Erased) -> Patch:
         created_at=datetime.fromisoformat(env.created_at),
         rebase=env.rebase,
     )
+
+
+def _built_again(patch: Patch, record: bytes | None, prior: Decision) -> bool:
+    """Whether ``patch`` is the patch ``prior`` decided, built again with a new time (as a
+    client's resend through serve or a producer is): its ``record`` written with the prior's
+    ``created_at``, in the record's own writer schema, has the prior's digest. A pure
+    function of the record and the decision: every replay answers alike."""
+    if record is None or prior.content_digest is None or patch.created_at == prior.created_at:
+        return False
+    try:
+        again = structs.to_model(msgspec.structs.replace(patch, created_at=prior.created_at))
+        return content_digest(encode(again, writer_of(record))) == prior.content_digest
+    except (DecodeError, ContractError):
+        return False  # a record of a schema it cannot be written in again: other content, as before
 
 
 def _dead(rec: Record, reason: str, detail: str) -> DeadLetter:
@@ -219,13 +235,17 @@ class RunBook:
         offset: int,
         digest: str | None = None,
         log_time_ms: int | None = None,
+        record: bytes | None = None,
     ) -> Applied:
         """Decide one patch; a ``patch_id`` already decided returns the earlier decision
         (``duplicate``), unless both have a content ``digest`` and they differ: then the
-        patch is rejected as ``patch_id_reused`` and the id keeps its first decision. A
-        validated model (a caller's) is taken as its struct."""
+        patch is rejected as ``patch_id_reused`` and the id keeps its first decision. The
+        same patch built again (a client's resend takes a new ``created_at``) is the same
+        content: with its ``record`` (the log's bytes), a patch whose record, given the
+        first one's time, has the first one's digest is a duplicate. A validated model (a
+        caller's) is taken as its struct."""
         if isinstance(patch, PatchModel):  # the struct the log would give: encoded and read back
-            return self.apply(read_patch(encode(patch)), partition, offset, digest, log_time_ms)
+            return self.apply(read_patch(encode(patch)), partition, offset, digest, log_time_ms, record)
         key = (patch.run_id, patch.patch_id)
         prior = self._unsettled.get(key) or self.decided.get(key)
         if prior is None:
@@ -234,7 +254,12 @@ class RunBook:
         if prior is None and self._decided_before_restore(*key):
             return Applied(patch, None, None, duplicate=True)
         if prior is not None:
-            if digest is None or prior.content_digest is None or digest == prior.content_digest:
+            if (
+                digest is None
+                or prior.content_digest is None
+                or digest == prior.content_digest
+                or _built_again(patch, record, prior)
+            ):
                 return Applied(patch, prior, None, duplicate=True)
             doc = self.doc(patch.run_id)
             current = 0 if doc is None else doc.header.revision
@@ -290,7 +315,9 @@ class RunBook:
         patch = got
         try:
             # The record's time is the log's (its append time): what time-dependent rules use.
-            return self.apply(patch, rec.partition, rec.offset, content_digest(rec.value), rec.timestamp_ms or None)
+            return self.apply(
+                patch, rec.partition, rec.offset, content_digest(rec.value), rec.timestamp_ms or None, rec.value
+            )
         except StoreError:
             raise  # the stored state cannot be read: not this record's fault, and it must wait
         except Exception as e:  # a bug in the pure core, not bad input: see InternalErrorPolicy
