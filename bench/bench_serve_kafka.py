@@ -110,6 +110,14 @@ class Instance:
     def owned(self) -> set[int]:
         return self.health()[0]
 
+    def cpu_s(self) -> float:
+        """CPU seconds the instance's process has used (user + system, from /proc)."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def health(self) -> tuple[set[int], set[int]]:
         """The partitions it serves, and those it is restoring."""
         try:
@@ -379,12 +387,15 @@ def phase(
         )
         load = Load([a, b], runs, random.Random(7))
         cpu0, wall0 = time.process_time(), time.perf_counter()
+        inst0 = a.cpu_s() + b.cpu_s()
         killed = asyncio.run(load.run(rate, seconds, 100.0, seconds / 2 if kill else None))
         gen_cpu = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+        inst_cpu = a.cpu_s() + b.cpu_s() - inst0  # a killed instance's stops counting at its death
         return {
             "load": load,
             "killed": killed,
             "gen_cpu": gen_cpu,
+            "inst_cpu": inst_cpu,
             "rate": rate,
             "seconds": seconds,
             **check(load, [a, b], topics, bootstrap, work),
@@ -438,6 +449,11 @@ def main() -> None:
         )
         print(f"  send slots skipped with {MAX_IN_FLIGHT:,} patches in flight (saturated): {load.skipped}")
         print(f"  sends again: {load.retries}; errors: {len(load.errors)} {load.errors[:3]}; sends {n}")
+        decided = max(len(load.append_lat), 1)
+        print(
+            f"  the two instances' CPU: {res['inst_cpu']:.1f} s, {1000 * res['inst_cpu'] / decided:.2f} ms per "  # type: ignore[operator]
+            f"decided patch (each with its projector, snapshotter, decision feed and HTTP handlers)"
+        )
         if res["killed"] is not None:
             silence = load.longest_silence(res["killed"])  # type: ignore[arg-type]
             t = {k: v - res["killed"] for k, v in load.takeover.items()}  # type: ignore[operator]

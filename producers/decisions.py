@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 
 from runstate.eventlog.base import EventLog, LogReader
 from runstate.eventlog.instancekey import InstanceKeys
@@ -39,11 +40,16 @@ class DecisionFeed:
         #: records on the topic that no projector holding the secret signed
         self.ignored = 0
 
-    def poll(self, timeout_s: float, max_records: int = 1000) -> list[Decision]:
+    def poll(
+        self, timeout_s: float, max_records: int = 1000, wanted: Callable[[str], bool] | None = None
+    ) -> list[Decision]:
         """Decisions that arrived since the last poll (undecodable and, with ``keys``,
-        unsigned records are skipped)."""
+        unsigned records are skipped). ``wanted(run_id)``: only the decisions of runs it
+        names are checked and decoded (a record's key is its run), the others passed over."""
         out = []
         for rec in self._reader.poll(max_records, timeout_s):
+            if wanted is not None and not wanted(rec.key.decode(errors="replace") if rec.key else ""):
+                continue
             if self._keys is not None and not self._keys.record_ok(rec):
                 self.ignored += 1
                 if self.ignored == 1 or self.ignored % 1000 == 0:

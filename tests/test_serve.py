@@ -583,3 +583,56 @@ def test_an_overloaded_instance_sheds_at_once_fairly_and_health_and_metrics_stil
         assert "Traceback" not in proc.log()
     finally:
         proc.stop()
+
+
+def test_the_decision_feed_decodes_only_the_runs_a_request_here_waits_for(tmp_path: Path) -> None:
+    """Every instance follows the decisions topic; it decodes (and checks) only the records
+    of runs a request of its own waits on, and a waiter registers before its patch is
+    appended, so none it waits for passes unseen."""
+    from runstate.eventlog.embedded import EmbeddedLog
+    from runstate.producers.decisions import DecisionFeed
+    from runstate.schemas.codec import encode_decision
+    from runstate.service.node import Hub
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    out = log.producer()
+    decided = Decision.model_validate(
+        {
+            "patch_id": "p1",
+            "run_id": "mine",
+            "outcome": "accepted",
+            "revision": 1,
+            "expected_revision": 0,
+            "partition": 0,
+            "offset": 0,
+            "agent_id": "a",
+            "agent_version": "1",
+            "event_types": ["RunStarted"],
+            "created_at": "2026-01-01T00:00:00Z",
+        }
+    )
+    out.append(log.topics.decisions, "other", b"not a decision at all")  # never decoded: nobody waits on it
+    out.append(log.topics.decisions, "mine", encode_decision(decided))
+    out.flush(10)
+
+    async def main() -> None:
+        hub = Hub()
+        assert not hub.follows("mine")
+        waiting = hub.expect("mine", "p1")
+        assert hub.follows("mine") and not hub.follows("other")
+        feed = DecisionFeed(log, {0: 0})
+        got = feed.poll(1.0, wanted=hub.follows)
+        assert [d.patch_id for d in got] == ["p1"]
+        hub.publish(got, False)
+        assert (await waiting).revision == 1 and not hub.follows("mine")
+        again = hub.expect("mine", "p2")
+        hub.forget("mine", "p2", again)
+        assert not hub.follows("mine")
+        q = hub.subscribe("other")
+        assert hub.follows("other")
+        hub.unsubscribe("other", q)
+        feed.close()
+
+    asyncio.run(main())
+    out.close()
+    log.close()

@@ -23,28 +23,26 @@ handling needs the decision store, so it is the caller's first step
 
 from __future__ import annotations
 
-
 from datetime import datetime
 
-from runstate.projector.core.working import Changes, Draft, Item, RunDoc
 from runstate.projector.core.outcomes import Decided
 from runstate.projector.core.reducer import Ctx, RuleViolation, apply_event, input_recorders
+from runstate.projector.core.working import Changes, Draft, Item, RunDoc
 from runstate.schemas import events as ev
-from runstate.schemas.patch import RejectReason
-from runstate.schemas.sealed import PatchEnvelope
-from runstate.schemas.state import FINISHED_STATUSES
 
 # The core's decisions are the msgspec struct of Decision (schemas/generated/structs.py): one
 # per patch, written to the store as the model's JSON; the model is made where decisions leave
 # the core for callers (structs.to_model).
 from runstate.schemas.generated.structs import Decision as DecisionStruct
 from runstate.schemas.generated.structs import Erasure as ErasureStruct
+from runstate.schemas.generated.structs import FactConfirmed, RunPolicy
 from runstate.schemas.generated.structs import GoalSpec as GoalSpecStruct
-from runstate.schemas.generated.structs import RunHeader as Header
-from runstate.schemas.generated.structs import FactConfirmed
 from runstate.schemas.generated.structs import Patch as PatchStruct
 from runstate.schemas.generated.structs import RunErased as RunErasedStruct
-from runstate.schemas.generated.structs import RunPolicy
+from runstate.schemas.generated.structs import RunHeader as Header
+from runstate.schemas.patch import RejectReason
+from runstate.schemas.sealed import PatchEnvelope
+from runstate.schemas.state import FINISHED_STATUSES
 
 #: Events that commute with any concurrent patch (fresh ids are still checked): the event
 #: catalogue's traits say which.

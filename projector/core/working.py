@@ -39,14 +39,14 @@ import msgspec
 import orjson
 
 from runstate.schemas import structs
-from runstate.schemas.structs import updated
 from runstate.schemas.events import GoalSpec, Model
-from runstate.schemas.state import COLLECTIONS, ITEM_KEY, RunHeader, RunState
 
 # The working header is the msgspec struct generated from RunHeader
 # (schemas/generated/structs.py), and so are the values in it; the type checker sees them as
 # they are.
 from runstate.schemas.generated.structs import RunHeader as Header
+from runstate.schemas.state import COLLECTIONS, ITEM_KEY, RunHeader, RunState
+from runstate.schemas.structs import updated
 
 Key = tuple[str, str]  # (collection, item id)
 #: Header fields the public document does not have (working bookkeeping, derived from it).

@@ -8,8 +8,8 @@ Environment observations are shown as what was seen at a time, flagged stale aft
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import msgspec

@@ -14,10 +14,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from runstate.projector.read.context import render_context
 from runstate.projector.core.outcomes import DeadLetter
+from runstate.projector.read.context import render_context
+from runstate.projector.store.partition import ProjectionStore, check_store_files
 from runstate.projector.store.statedir import Layout
-from runstate.projector.store.partition import check_store_files, ProjectionStore
 from runstate.schemas.errors import RunNotFound, StoreError
 from runstate.schemas.patch import Decision
 from runstate.schemas.state import RunHeader, RunState, state_digest

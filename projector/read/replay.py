@@ -18,11 +18,11 @@ from typing import Any, Protocol
 import msgspec
 
 from runstate.eventlog.base import EventLog, Record
-from runstate.projector.runtime.loop import Projector
-from runstate.projector.read.queries import Projection
-from runstate.projector.core.runbook import UNREADABLE, RunBook
 from runstate.projector.core.outcomes import Applied, DeadLetter
+from runstate.projector.core.runbook import UNREADABLE, RunBook
 from runstate.projector.core.working import RunDoc
+from runstate.projector.read.queries import Projection
+from runstate.projector.runtime.loop import Projector
 from runstate.schemas import structs
 from runstate.schemas.errors import LostRecords, RevisionNotFound, RunErased, RunNotFound
 from runstate.schemas.patch import Decision

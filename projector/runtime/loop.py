@@ -36,14 +36,14 @@ from typing import Protocol
 
 from runstate.eventlog.base import EventLog, LogConsumer, Record
 from runstate.eventlog.instancekey import InstanceKeys
+from runstate.eventlog.sealed import CONTENT_FREE, SealedLog
+from runstate.projector.core.outcomes import DeadLetter, Erased
+from runstate.projector.core.runbook import InternalErrorPolicy, RunBook, read_record
+from runstate.projector.core.working import RunDoc
 from runstate.projector.runtime import gc_policy
 from runstate.projector.store.keys import patch_id_digest
-from runstate.projector.core.runbook import InternalErrorPolicy, RunBook, read_record
-from runstate.eventlog.sealed import CONTENT_FREE, SealedLog
-from runstate.projector.core.outcomes import Erased, DeadLetter
-from runstate.projector.store.statedir import Layout
 from runstate.projector.store.partition import PendingBatch, ProjectionStore
-from runstate.projector.core.working import RunDoc
+from runstate.projector.store.statedir import Layout
 from runstate.schemas import codec
 from runstate.schemas.codec import encode_decision
 from runstate.schemas.errors import LogError, LostRecords, StoreError, StoreLocked

@@ -73,14 +73,33 @@ class Hub:
 
     def __init__(self) -> None:
         self.decisions: dict[tuple[str, str], list[asyncio.Future[Decision]]] = {}
+        #: run -> how many of its patches ``decisions`` waits for (what :meth:`follows` reads)
+        self._waited: dict[str, int] = {}
         self.watches: dict[str, list[_Watch]] = {}
         self.streams: dict[str, set[asyncio.Queue[Decision]]] = {}
         self.on_decision: list[Callable[[Decision, bool], None]] = []
 
+    def follows(self, run_id: str) -> bool:
+        """Whether a request here waits for a decision of ``run_id`` (a patch, a revision,
+        an event stream): the decision feed decodes only those runs' decisions. Read from
+        the feed's thread: each look-up is one dict membership test, and a waiter registers
+        before its patch is appended, so no decision it waits for can pass unseen."""
+        return run_id in self._waited or run_id in self.watches or run_id in self.streams
+
+    def _unwait(self, run_id: str, n: int) -> None:
+        left = self._waited.get(run_id, 0) - n
+        if left > 0:
+            self._waited[run_id] = left
+        else:
+            self._waited.pop(run_id, None)
+
     def publish(self, decisions: list[Decision], local: bool) -> None:
         """``local``: decided by this instance's projector (counted once, in metrics)."""
         for d in decisions:
-            for f in self.decisions.pop((d.run_id, d.patch_id), ()):
+            waiting = self.decisions.pop((d.run_id, d.patch_id), ())
+            if waiting:
+                self._unwait(d.run_id, len(waiting))
+            for f in waiting:
                 if not f.done():
                     f.set_result(d)
             for w in self.watches.get(d.run_id, ()):
@@ -94,12 +113,14 @@ class Hub:
     def expect(self, run_id: str, patch_id: str) -> asyncio.Future[Decision]:
         f: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         self.decisions.setdefault((run_id, patch_id), []).append(f)
+        self._waited[run_id] = self._waited.get(run_id, 0) + 1
         return f
 
     def forget(self, run_id: str, patch_id: str, f: asyncio.Future[Decision]) -> None:
         waiting = self.decisions.get((run_id, patch_id))
         if waiting is not None and f in waiting:
             waiting.remove(f)
+            self._unwait(run_id, 1)
             if not waiting:
                 del self.decisions[(run_id, patch_id)]
 
@@ -337,7 +358,7 @@ class Node:
     def _feed_loop(self, feed: DecisionFeed, feed_log: EventLog) -> None:
         try:
             while not self._stop.is_set():
-                decisions = feed.poll(0.2)
+                decisions = feed.poll(0.2, wanted=self.hub.follows)
                 if decisions and self.loop is not None:
                     self.loop.call_soon_threadsafe(self.hub.publish, decisions, False)
         finally:
