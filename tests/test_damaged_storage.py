@@ -18,10 +18,10 @@ from helpers import append_all, fact, patch, start
 
 from runstate.cli import main
 from runstate.eventlog.embedded import EmbeddedLog
-from runstate.projector.runtime.loop import Projector
 from runstate.projector.read.queries import Projection
 from runstate.projector.read.replay import verify
-from runstate.schemas.errors import LostAcknowledged, LogError, LostRecords, StoreError
+from runstate.projector.runtime.loop import Projector
+from runstate.schemas.errors import LogError, LostAcknowledged, LostRecords, StoreError
 
 
 def _project(log: EmbeddedLog, state: Path, **kw: object) -> Projector:
@@ -402,3 +402,35 @@ def test_processes_creating_the_embedded_log_at_once_all_open_it(tmp_path: Path)
         ]
         errors = [(p.wait(120), p.stderr.read() if p.stderr else "") for p in procs]
         assert [e for e in errors if e[0] != 0] == []
+
+
+def test_a_read_only_open_while_the_writer_compacts_is_not_damage(tmp_path: Path) -> None:
+    """A reader opening a store read-only (a query, the CLI, a second saver) while its
+    writer compacts (an erasure compacts at once) can list a table file that the compaction
+    has just deleted: RocksDB says "Corruption: Can't access ... No such file". That is a
+    race, not damage: the open is tried again, never reported as a damaged store."""
+    import threading
+
+    from runstate.projector.store.partition import ProjectionStore
+
+    writer = ProjectionStore(tmp_path / "p000")
+    stop = threading.Event()
+
+    def compact() -> None:
+        i = 0
+        while not stop.is_set():
+            for j in range(200):
+                writer._db[f"k{i}-{j}".encode()] = os.urandom(100)
+            writer._db.flush(True)
+            writer._db.compact_range(None, None)
+            i += 1
+
+    t = threading.Thread(target=compact)
+    t.start()
+    try:
+        for _ in range(1500):
+            ProjectionStore(tmp_path / "p000", read_only=True).close()
+    finally:
+        stop.set()
+        t.join()
+        writer.close()

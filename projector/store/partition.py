@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -159,6 +160,29 @@ def _open(path: Path, opts: Options, access: AccessType) -> Rdict:
     return Rdict(str(path), opts, column_families={"default": opts}, access_type=access)
 
 
+#: How many times a read-only open is tried while the writer's compaction deletes the table
+#: files it was listing (see :func:`_open_read_only`), and how long it waits between them.
+READ_ONLY_OPEN_TRIES = 20
+READ_ONLY_OPEN_PAUSE_S = 0.005
+
+
+def _open_read_only(path: Path) -> Rdict:
+    """A read-only open, tried again when a file it listed was gone by the time it read it:
+    the writer's compaction or flush deleted it (a table file: "Corruption: Can't access ...
+    No such file or directory"; a write-ahead log: "IO error: No such file or directory"), a
+    race with a live writer, not damage. A file that stays missing is reported as RocksDB
+    says it."""
+    for attempt in range(READ_ONLY_OPEN_TRIES):
+        try:
+            return _open(path, _options(create=False), AccessType.read_only())
+        except Exception as e:  # rocksdict raises plain Exception for RocksDB status errors
+            text = str(e)
+            if attempt == READ_ONLY_OPEN_TRIES - 1 or "No such file or directory" not in text:
+                raise
+            time.sleep(READ_ONLY_OPEN_PAUSE_S)
+    raise AssertionError("unreachable")
+
+
 def _is_lock_error(e: Exception) -> bool:
     # rocksdict raises a plain Exception carrying RocksDB's status text; the LOCK file's
     # status is the one way to tell "in use" apart. This is the only place that looks.
@@ -198,7 +222,7 @@ class ProjectionStore(Restoring, CheckpointRecords, GraphReads, RocksStore):
             if read_only:
                 if not (self.path / "CURRENT").exists():
                     raise StoreError(f"no projection store at {self.path}")
-                self._db = _open(self.path, _options(create=False), AccessType.read_only())
+                self._db = _open_read_only(self.path)
             else:
                 self.path.mkdir(parents=True, exist_ok=True)
                 self._db = _open(self.path, _options(), AccessType.read_write())
