@@ -172,15 +172,14 @@ def _open_read_only(path: Path) -> Rdict:
     No such file or directory"; a write-ahead log: "IO error: No such file or directory"), a
     race with a live writer, not damage. A file that stays missing is reported as RocksDB
     says it."""
-    for attempt in range(READ_ONLY_OPEN_TRIES):
+    for _ in range(READ_ONLY_OPEN_TRIES - 1):
         try:
             return _open(path, _options(create=False), AccessType.read_only())
         except Exception as e:  # rocksdict raises plain Exception for RocksDB status errors
-            text = str(e)
-            if attempt == READ_ONLY_OPEN_TRIES - 1 or "No such file or directory" not in text:
+            if "No such file or directory" not in str(e):
                 raise
-            time.sleep(READ_ONLY_OPEN_PAUSE_S)
-    raise AssertionError("unreachable")
+        time.sleep(READ_ONLY_OPEN_PAUSE_S)
+    return _open(path, _options(create=False), AccessType.read_only())
 
 
 def _is_lock_error(e: Exception) -> bool:

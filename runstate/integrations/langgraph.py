@@ -36,7 +36,7 @@ import random
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -137,12 +137,6 @@ def _named(spec: events.GraphCheckpointSpec, metadata: CheckpointMetadata) -> tu
         return spec.ns, spec.parent_id
     root = (metadata.get("parents") or {}).get("") if spec.ns else None
     return ("", str(root)) if root else None
-
-
-def _belongs(new: bool, names: tuple[str, str] | None, found: Callable[[], object]) -> bool:
-    """Whether a write refused by an ended generation belongs to the current one: it starts
-    a conversation (nothing named), or the checkpoint it names is there (``found()``)."""
-    return (new and names is None) or (names is not None and bool(found()))
 
 
 def _blob(typed: tuple[str, bytes]) -> events.Blob:
@@ -617,7 +611,10 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
             if not _ended(e):
                 raise
             now = self._follow(thread_id)
-            if now == run or not _belongs(new, names, lambda: self.backend.graph_checkpoints(now, *names, None, 1)):
+            # It belongs there when it starts a conversation (names nothing) or names a checkpoint there.
+            if now == run or not (
+                (new and names is None) or (names is not None and self.backend.graph_checkpoints(now, *names, None, 1))
+            ):
                 raise
             self._submit(now, event, new=new)
             return now
