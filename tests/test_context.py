@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 import sys
 from pathlib import Path
 
@@ -101,3 +102,75 @@ def test_cli_context_max_tokens(tmp_path: Path) -> None:
     assert r.exit_code == 0 and approx_tokens(r.output) <= 400 and "more facts left out" in r.output
     r = CliRunner().invoke(main, ["context", "r", "--max-tokens", "10"], env=env)
     assert r.exit_code == 2
+
+
+def _list_collections() -> list[str]:
+    """The state's collections: every field of ``RunState`` that holds a list."""
+    from typing import get_origin
+
+    from runstate.schemas.state import RunState
+
+    return [name for name, f in RunState.model_fields.items() if get_origin(f.annotation) is list]
+
+
+#: Collections the prompt context leaves out, and why; every other one must change the text.
+NOT_IN_CONTEXT = {
+    "graph_checkpoints": "LangGraph's serialized checkpoints: the graph's own state, which the saver reads",
+    "graph_values": "the channel values of those checkpoints",
+}
+
+
+def _rich_states() -> list[Any]:
+    """The golden corpus's states after each accepted patch: together they fill every collection."""
+    from test_reducer_golden import corpus
+
+    from runstate.projector.core.runbook import RunBook
+
+    book = RunBook()
+    states = []
+    for offset, p in enumerate(corpus()):
+        d = book.apply(p, 0, offset).decision
+        if d is not None and d.outcome == "accepted":
+            states.append(book.docs[p.run_id].to_state())
+    return states
+
+
+def test_every_collection_of_the_state_is_in_the_context() -> None:
+    """Each list of the state changes the context when it holds an item (or is declared out,
+    with the reason): a collection added to the state is not silently missing from prompts."""
+    states = _rich_states()
+    for name in _list_collections():
+        holding = [s for s in states if getattr(s, name)]
+        assert holding, f"the golden corpus never fills {name}: add a patch that does"
+        if name in NOT_IN_CONTEXT:
+            continue
+        s = holding[-1]
+        emptied = s.model_copy(update={name: []})
+        assert render_context(s, now=T0) != render_context(emptied, now=T0), f"{name} is not in the context"
+
+
+#: Fields of the state the audit page does not show, and why.
+NOT_ON_THE_PAGE = {
+    "schema_version": "bookkeeping",
+    "run_id": "the page's title",
+    "agent_version": "in each timeline row",
+    "created_at": "the timeline's first row",
+    "created_by": "the timeline's first row",
+    "updated_at": "the timeline's last row",
+    "last_control_revision": "bookkeeping",
+    "erasure": "an erased run's page shows the erasure record its run_erased answer carries",
+}
+
+
+def test_every_field_of_the_state_is_on_the_audit_page() -> None:
+    """The run page's script names each field of the state it shows (``s.field`` or a
+    ``"field"`` section): a field added to the state is shown or declared out, with why."""
+    from runstate.schemas.state import RunState
+
+    script = (Path(__file__).resolve().parents[1] / "runstate" / "service" / "static" / "app.js").read_text()
+    missing = [
+        name
+        for name in RunState.model_fields
+        if name not in NOT_ON_THE_PAGE and not any(f in script for f in (f"s.{name}", f"state.{name}", f'["{name}"'))
+    ]
+    assert not missing, f"the run page does not show {missing}"

@@ -254,6 +254,10 @@ def test_a_run_page_shows_the_timeline_the_state_then_and_why(
     assert _submit(rs, "run-ui", 4, ev("PhaseChanged", phase="verify")).outcome == "accepted"
     page.wait_for_selector("#timeline button.patch[data-revision='5']", timeout=10_000)
     page.wait_for_selector("#summary:has-text('phase verify')")
+    workspace = {"workspace_id": "ws-1", "base_commit": "a1", "current_commit": "b2"}
+    assert _submit(rs, "run-ui", 5, ev("WorkspaceUpdated", workspace_ref=workspace)).outcome == "accepted"
+    page.click("#timeline button.patch[data-revision='6']", timeout=10_000)
+    page.wait_for_selector("#workspace:has-text('current b2')")
     page.goto(serve.url + "/ui/runs/incident-42")
     page.wait_for_selector("#effect_ledger")
     assert "STALE" not in page.locator("#environment_observations").inner_text()

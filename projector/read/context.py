@@ -188,6 +188,8 @@ def _lines(state: Any, now: datetime | None, stale_after: timedelta, add: Callab
     if s.last_transition:
         lt = s.last_transition
         add(f"LAST TRANSITION: {lt.action}" + (f" -> {lt.result_ref}" if lt.result_ref else ""))
+    if s.revoked_agents:
+        add(f"REVOKED AGENTS (their patches are refused): {', '.join(s.revoked_agents)}")
     if s.workspace_ref:
         ws = s.workspace_ref
         add(

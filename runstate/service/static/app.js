@@ -417,6 +417,15 @@ class RunPage {
       el("p", {}, `Budget: ${s.budgets.tokens_used} tokens used`,
         s.budgets.tokens_remaining !== null ? [", ", field("budgets.tokens_remaining", `${s.budgets.tokens_remaining} remaining`)] : null,
         s.budgets.deadline ? `, deadline ${when(s.budgets.deadline)}` : ""),
+      s.workspace_ref ? el("p", { id: "workspace" }, `Workspace ${s.workspace_ref.workspace_id}: base `,
+        field("workspace_ref.base_commit", s.workspace_ref.base_commit || "?"), " current ",
+        field("workspace_ref.current_commit", s.workspace_ref.current_commit || "?"),
+        s.workspace_ref.uncommitted_changes ? ` (uncommitted: ${s.workspace_ref.uncommitted_changes})` : "") : null,
+      s.revoked_agents.length ? el("p", { id: "revoked" }, "Revoked agents (their patches are refused): ",
+        s.revoked_agents.join(", ")) : null,
+      s.migrated_from ? el("p", { class: "muted" }, `Migrated from schema v${s.migrated_from.version} `
+        + `(path ${s.migrated_from.path.join(" → ")})`
+        + (s.effect_ledger_ref ? `; its effects are in the external ledger ${s.effect_ledger_ref}` : "")) : null,
       s.last_transition ? el("p", { class: "muted" }, `Last transition: ${s.last_transition.action}`) : null));
     out.splice(out.length - 1, 0, goal);
     for (const [kind, title, key, render] of SECTIONS) {
