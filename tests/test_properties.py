@@ -157,3 +157,14 @@ def test_a_run_continued_from_its_state_as_data_is_the_run_folded_from_the_start
         assert orjson.dumps(got) == RunState.model_validate(states[n]).model_dump_json().encode()
         assert RunState.model_validate(got) == RunState.model_validate(states[n])
         assert doc.to_state().model_dump(mode="json") == states[n]  # what state_at returns
+
+
+def test_the_workload_sends_every_event_type() -> None:
+    """The property tests' kinds hold every event type of the contract (a new type joins them)."""
+    from workloads import KINDS, MORE_KINDS, _events
+
+    from runstate.schemas.events import EVENT_TYPE_NAMES
+
+    # build() starts each run; erasures are drawn apart (test_erasure's interleavings).
+    sent = {e["type"] for kind in KINDS + MORE_KINDS for e in _events(kind, 3, None)} | {"RunStarted", "RunErased"}
+    assert sent == set(EVENT_TYPE_NAMES), set(EVENT_TYPE_NAMES) - sent

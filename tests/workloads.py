@@ -59,7 +59,40 @@ def _events(kind: str, n: int, doc: RunDoc | None) -> list[dict[str, Any]]:
         ],
         "mixed": [fact(f"m{n}"), ev("TaskStarted", task_id="nope")],
         "complete": [ev("RunCompleted")],
+        # The kinds below came after the golden corpus was fixed on KINDS (MORE_KINDS).
+        "phase": [ev("PhaseChanged", phase=f"p{n % 3}")],
+        "revise_hyp": [ev("HypothesisRevised", hypothesis_id=hyp, confidence=(n % 10) / 10)],
+        "block_task": [ev("TaskBlocked", task_id=t, reason="review")],
+        "fail_task": [ev("TaskFailed", task_id=t, reason="no")],
+        "cancel_task": [ev("TaskCancelled", task_id=t, reason="out of scope")],
+        "hand_over": [ev("TaskHandedOver", task_id=t, to_agent_id="agent-2", reason="theirs")],
+        "call_failed": [ev("ToolFailed", call_id=call, error="boom")],
+        "artifact": [ev("ArtifactRecorded", artifact={"id": f"artifact://a/{n % 4}", "kind": "log"})],
+        "input": [ev("InputRecorded", input={"id": f"i{n}", "origin": "user", "text": "go"})],
+        "effect": [
+            ev("EffectRecorded", effect={"id": f"e{n % 3}", "status": ("started", "committed")[n % 2], "target": "x"})
+        ],
+        "workspace": [ev("WorkspaceUpdated", workspace_ref={"workspace_id": "w", "current_commit": f"c{n}"})],
+        "budget_set": [ev("BudgetSet", tokens_remaining=100 + n)],
+        "lease": [ev("LeaseReleased", worker_id="worker-1", lease_id=f"l{n}")],
+        "graph_save": [ev("GraphCheckpointSaved", checkpoint={"ns": "", "id": f"g{n}", **_GRAPH})],
+        "graph_writes": [
+            ev(
+                "GraphWritesSaved",
+                checkpoint_id=f"g{n - 1}",
+                writes=[{"task_id": "x", "idx": 0, "channel": "c", "value": _BLOB, "task_path": "a"}],
+            )
+        ],
+        "graph_remove": [ev("GraphCheckpointsRemoved", checkpoints=[{"ns": "", "id": f"g{n - 2}"}], reason="prune")],
+        "graph_delete": [ev("GraphThreadDeleted", reason="thread deleted")],
+        "revoke": [ev("PermissionRevoked", agent_id="agent-2", reason="compromised")],  # operator only
+        "cancel": [ev("RunCancelled", reason="not needed")],
+        "fail": [ev("RunFailed", reason="gave up")],
     }[kind]
+
+
+_BLOB = {"type": "json", "data": "e30="}
+_GRAPH = {"checkpoint": _BLOB, "metadata": _BLOB}
 
 
 KINDS = [
@@ -89,9 +122,35 @@ KINDS = [
     "mixed",
 ] * 3 + ["complete"]
 
+#: Every event type's kinds beyond KINDS (which the golden corpus is built on and so stays as
+#: it is); the property tests draw from both.
+MORE_KINDS = [
+    "phase",
+    "revise_hyp",
+    "block_task",
+    "fail_task",
+    "cancel_task",
+    "hand_over",
+    "call_failed",
+    "artifact",
+    "input",
+    "effect",
+    "workspace",
+    "budget_set",
+    "lease",
+    "graph_save",
+    "graph_save",
+    "graph_writes",
+    "graph_remove",
+    "graph_delete",
+    "revoke",
+    "cancel",
+    "fail",
+]
+
 op = st.tuples(
     st.sampled_from(["r0", "r0", "r1", "r1", "r2"]),  # r2 is never started: unknown_run
-    st.sampled_from(KINDS),
+    st.sampled_from(KINDS + MORE_KINDS),
     st.sampled_from([0, 0, 0, 0, 0, 1, 2]),  # how many revisions behind the patch is based
     st.booleans(),  # rebase
     st.integers(0, 20),  # resend an earlier patch (duplicate) when < 3
