@@ -48,7 +48,7 @@ BROKER_ARTIFACTS = (
     f"org.apache.logging.log4j:log4j-core:{LOG4J_VERSION}",
 )
 AVRO_VERSION = "1.12.1"
-#: The reference implementations the interop tests run (tests/test_interop_java.py): Apache
+#: The reference implementations the interop tests run (tests/schemas/test_interop_java.py): Apache
 #: Avro's Java library and Kafka's Java client and console tools.
 INTEROP_ARTIFACTS = (
     f"org.apache.avro:avro:{AVRO_VERSION}",
@@ -57,7 +57,7 @@ INTEROP_ARTIFACTS = (
     "org.slf4j:slf4j-nop:2.0.17",
 )
 
-#: A registry-aware Java consumer (tests/test_schema_registry.py): Apicurio Registry's Avro
+#: A registry-aware Java consumer (tests/schemas/test_schema_registry.py): Apicurio Registry's Avro
 #: deserializer (its 2.6 line, which reads the Confluent framing) with Kafka's Java client.
 REGISTRY_SERDE_ARTIFACTS = (
     "io.apicurio:apicurio-registry-serdes-avro-serde:2.6.13.Final",

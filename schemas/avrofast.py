@@ -11,7 +11,7 @@ schemas use — null, boolean, long, double, string, records (and references to 
 records), arrays and unions. :func:`compile_schema` raises ``NotImplementedError`` for
 anything else, and the codec then keeps fastavro. Readers decode only the schema they
 were compiled for (no resolution: older writers go through fastavro with the reader
-schema). ``tests/test_schemas.py`` checks these readers and writers against fastavro:
+schema). ``tests/schemas/test_schemas.py`` checks these readers and writers against fastavro:
 the same bytes for every datum, the same datum for every valid record, an error whenever
 fastavro refuses a damaged record.
 

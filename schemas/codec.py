@@ -7,7 +7,7 @@ Wire format (Avro specification, "single object encoding")::
 The fingerprint names the *writer* schema; the reader decodes with Avro schema
 resolution from that writer schema to the current one, then applies upcasters for
 changes of meaning. Records are byte-for-byte what Apache Avro's Java
-``BinaryMessageEncoder`` writes (tests/test_interop_java.py runs it).
+``BinaryMessageEncoder`` writes (tests/schemas/test_interop_java.py runs it).
 
 runstate 0.1.0 wrote the fingerprint byte-reversed. Such records are still read: a
 published schema is also looked up under its reversed fingerprint (:data:`LEGACY_ORDER`),
@@ -523,7 +523,7 @@ def read_patch(data: bytes) -> PatchStruct:
     msgspec refuses a patch, or might read it differently (a time finer than a
     microsecond, anywhere in the record), does the model decide, and its values become the
     struct: pydantic takes a few forms msgspec does not (a time without a ``T``, say);
-    ``tests/test_structs.py`` holds the two equal on any record. Raises
+    ``tests/schemas/test_structs.py`` holds the two equal on any record. Raises
     :class:`DecodeError` as :func:`decode` does."""
     datum = decode_raw(data)
     if _finer_than_micros(data) is None:

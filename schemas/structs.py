@@ -17,7 +17,7 @@ collector either (they cannot be part of a cycle).
 The store's format does not change: :func:`encoder` writes what pydantic's
 ``model_dump_json`` writes for the same values (byte for byte), and :func:`decoder` accepts
 and rejects what the model's ``model_validate_json`` accepts and rejects, with the same
-values (``tests/test_structs.py`` holds both, on documents generated from the models' own
+values (``tests/schemas/test_structs.py`` holds both, on documents generated from the models' own
 field types). Pydantic stays at the edges: queries, checkpoints, the API.
 
 The items of a run's working state are structs too (the reducer builds a fact and its
@@ -226,7 +226,7 @@ def _generated(model: type[BaseModel], tag: str | None = None) -> type[msgspec.S
     cls = getattr(generated, model.__name__, None)
     if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
         # Not generated yet (a new model, or the module being written for the first time):
-        # derived now, as the generator would; tests/test_structs.py fails until it is written.
+        # derived now, as the generator would; tests/schemas/test_structs.py fails until it is written.
         return _reference_struct_of(model) if tag is None else _reference_tagged(model, tag)
     _MODEL_OF[cls] = model
     return cls
@@ -254,7 +254,7 @@ def model_of(cls: type[msgspec.Struct]) -> type[BaseModel]:
 def to_model(value: msgspec.Struct, memo: dict[int, Any] | None = None) -> Any:
     """The model equal to a struct made by :func:`struct_of` (a struct in it, at any depth,
     becomes its model too). Its values are trusted, not validated again: for structs the
-    core built from validated values (``tests/test_properties.py`` holds such items equal
+    core built from validated values (``tests/projector/test_properties.py`` holds such items equal
     to their validated round trip). A model is returned as it is. ``memo``: structs made
     into models by earlier calls, by ``id`` (a caller converting many items that share
     structs, such as the writer of every item, passes one dict to them all and keeps the
@@ -616,7 +616,7 @@ def render() -> str:
         raise TypeError(f"two models give structs of one name: {sorted({n for n in names if names.count(n) > 1})}")
     head = (
         "# GENERATED from the contract's pydantic models by `python -m runstate.schemas.structs --write`:\n"
-        "# do not edit. tests/test_structs.py fails while this file differs from what the models generate.\n"
+        "# do not edit. tests/schemas/test_structs.py fails while this file differs from what the models generate.\n"
         '"""msgspec structs of the contract\'s models: the projector\'s internal form (see\n'
         ':mod:`runstate.schemas.structs`, which derives them and converts to and from the models)."""\n\n'
         "from __future__ import annotations\n\n"

@@ -73,7 +73,10 @@ V1_DOC = {  # the client's reference document
 }
 
 
+#: The repository's root, and the tests' own folder (shared helpers, data/): what a test
+#: in any room names paths by, whatever its depth.
 ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
 #: The pages whose examples the tests run: the README and the docs site.
 DOC_PAGES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 
@@ -116,7 +119,7 @@ def patch(
 
 
 #: Tests of other rules cite ``artifact://`` references they never register; their runs trust
-#: that scheme. The evidence rules are tested on runs that trust none (tests/test_rules.py).
+#: that scheme. The evidence rules are tested on runs that trust none (tests/projector/test_rules.py).
 TRUST_ARTIFACTS = {"external_evidence_schemes": ["artifact"]}
 
 

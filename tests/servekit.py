@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import socket
@@ -9,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -71,3 +74,31 @@ class ServeProcess:
                 self.proc.wait(10)
         self._err.close()
         return self.proc.returncode
+
+
+def mcp_session(url: str, token: str | None, calls: Any) -> Any:
+    """Run ``calls(session)`` in one MCP client session and return what it returns."""
+    from mcp import ClientSession
+    import httpx2  # the MCP SDK's HTTP client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def main() -> Any:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=30) as http,
+            streamable_http_client(url + "/mcp", http_client=http) as (read, write),
+        ):
+            async with ClientSession(read, write) as session:
+                init = await session.initialize()
+                return await calls(session, init)
+
+    return asyncio.run(main())
+
+
+def mcp_error(res: Any) -> dict[str, Any]:
+    """The body of a tool's error answer: runstate's own code and message, nothing else."""
+    assert res.is_error, res
+    text = res.content[0].text
+    body = json.loads(text)
+    assert set(body) == {"error"} and {"code", "message"} <= set(body["error"]), text
+    return body["error"]  # type: ignore[no-any-return]

@@ -212,8 +212,7 @@ def test_master_key_is_never_written_and_run_keys_are_wrapped(sealed: Settings, 
 @pytest.mark.slow
 def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_path: Path) -> None:
     import httpx
-    from servekit import ServeProcess
-    from test_mcp import _error, _session
+    from servekit import ServeProcess, mcp_error, mcp_session
 
     from runstate.service.auth import add_token
 
@@ -261,8 +260,8 @@ def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_p
         r = http.delete("/runs/nope", params={"reason": "x"}, headers={"authorization": f"Bearer {operator}"})
         assert r.status_code == 404
         # The model hears it too, as a tool error with the code, not "Error executing tool".
-        err = _session(proc.url, writer, lambda s, _i: s.call_tool("run_state", {"run_id": "victim"}))
-        assert _error(err)["code"] == "erased"
+        err = mcp_session(proc.url, writer, lambda s, _i: s.call_tool("run_state", {"run_id": "victim"}))
+        assert mcp_error(err)["code"] == "erased"
         # Retention reports what is due and what it erased.
         metrics = http.get("/metrics", headers=auth).text
         assert "runstate_retention_erased_runs 0.0" in metrics and "runstate_retention_due_runs{" in metrics

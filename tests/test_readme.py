@@ -103,15 +103,15 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
 def test_every_example_in_the_readme_and_the_docs_is_run_by_a_test() -> None:
     """A new example on a page fails here until a test runs it: the console tour, the
     ``runstate.agent`` and ``RunProducer`` examples (above), the ``runstate.client`` example
-    (tests/test_serve.py), the LangGraph saver's (tests/test_langgraph.py), the TypeScript
-    one (tests/test_typescript.py)."""
+    (tests/service/test_serve.py), the LangGraph saver's (tests/integrations/test_langgraph.py), the TypeScript
+    one (tests/clients/test_typescript.py)."""
     python = doc_blocks("python")
     assert len(python) == 4 and sum("RunProducer" in b for b in python) == 1
     assert sum("runstate.agent" in b for b in python) == 1
     assert sum("runstate.client" in b for b in python) == 1
-    assert sum("runstate.integrations.langgraph" in b for b in python) == 1  # tests/test_langgraph.py
+    assert sum("runstate.integrations.langgraph" in b for b in python) == 1  # tests/integrations/test_langgraph.py
     assert len(doc_blocks("console")) == 1 and len(blocks("console")) == 1
-    assert len(blocks("ts")) == 1  # tests/test_typescript.py
+    assert len(blocks("ts")) == 1  # tests/clients/test_typescript.py
     assert "README.md" in DOC_PAGES and "docs/index.md" in DOC_PAGES
 
 

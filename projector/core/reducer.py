@@ -23,7 +23,7 @@ from runstate.schemas.generated import structs as gen
 # Items are built and read in their working form: the msgspec structs generated from the
 # state's models (schemas/generated/structs.py), which the type checker sees as they are. A
 # struct's constructor validates nothing: every value is the validated patch's or the core's
-# own (tests/test_properties.py holds each item equal to its validated round trip).
+# own (tests/projector/test_properties.py holds each item equal to its validated round trip).
 from runstate.schemas.generated.structs import (
     Artifact,
     Constraint,
@@ -124,7 +124,7 @@ READS: dict[str, Callable[[Any], tuple[str, str]]] = {}
 
 #: Version of the reducer's semantics (with decide.py's rules): bump it when a change would
 #: make the same log give another decision or state, so that checkpoints made under the old
-#: rules are not trusted. tests/test_reducer_golden.py fails when the decisions of a fixed
+#: rules are not trusted. tests/projector/test_reducer_golden.py fails when the decisions of a fixed
 #: corpus change and this does not. 2: evidence to complete a task, budgets and deadlines,
 #: loose ends, control conflicts; 3: log time, revokers, inputs by channel; 4: artifacts
 #: and inputs commute (a stale patch of them with ``rebase`` is applied); 5: LangGraph's

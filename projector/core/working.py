@@ -224,7 +224,7 @@ class RunDoc:
             live: list[tuple[int, Any]] = list(untouched)
             if models:
                 # The structs as plain data: what the equal models' model_dump(mode="json")
-                # gives (a float stays a float there too; tests/test_properties.py holds it).
+                # gives (a float stays a float there too; tests/projector/test_properties.py holds it).
                 dumped = msgspec.to_builtins([item for _, item in models])
                 live += zip([seq for seq, _ in models], dumped)
             if live:

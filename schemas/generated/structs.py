@@ -1,5 +1,5 @@
 # GENERATED from the contract's pydantic models by `python -m runstate.schemas.structs --write`:
-# do not edit. tests/test_structs.py fails while this file differs from what the models generate.
+# do not edit. tests/schemas/test_structs.py fails while this file differs from what the models generate.
 """msgspec structs of the contract's models: the projector's internal form (see
 :mod:`runstate.schemas.structs`, which derives them and converts to and from the models)."""
 

@@ -1,4 +1,4 @@
-// Apache Avro's Java library as the reference for runstate's log records (tests/test_interop_java.py).
+// Apache Avro's Java library as the reference for runstate's log records (tests/schemas/test_interop_java.py).
 //
 //   java -cp avro.jar:... AvroCheck.java SCHEMA_DIR < records
 //

@@ -1,5 +1,5 @@
 // Kafka's own Java producer as the reference for where a run's records land
-// (tests/test_interop_java.py).
+// (tests/schemas/test_interop_java.py).
 //
 //   java -cp kafka-clients.jar:... KafkaProduce.java BOOTSTRAP TOPIC < records
 //

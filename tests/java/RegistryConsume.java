@@ -1,5 +1,5 @@
 // A registry-aware Java consumer as the reference for runstate's Schema Registry framing
-// (tests/test_schema_registry.py): Kafka's Java client with Apicurio Registry's Avro
+// (tests/schemas/test_schema_registry.py): Kafka's Java client with Apicurio Registry's Avro
 // deserializer in its Confluent-compatible mode (the 00 + 4-byte id framing, the id read
 // as the registry's content id, as its Confluent-compatible API gives them out).
 //

@@ -1,5 +1,5 @@
 // A LangGraph.js graph with a scripted model that asks for approval before it sends its
-// draft: tests/test_typescript.py runs each step as a process of its own, and runs the same
+// draft: tests/clients/test_typescript.py runs each step as a process of its own, and runs the same
 // graph in Python (tests/approval_graph.py) on the same thread.
 //
 //   node test/approval.mjs start  URL THREAD REQUEST   -> runs until the interrupt; prints it

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from servekit import ServeProcess
 
+from helpers import ROOT
+
 from runstate.agent import PatchRejected, RevisionConflict, events, open_run
 from runstate.schemas.errors import ContractError
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cli(work: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:

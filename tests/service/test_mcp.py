@@ -4,7 +4,6 @@ server is, clean tool text, and a tool list small enough to send on every step. 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from helpers import start
-from servekit import ServeProcess
+from servekit import ServeProcess, mcp_error, mcp_session
 
 import runstate
 from runstate.service.auth import add_token
@@ -39,33 +38,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProc
         yield proc, tokens
     finally:
         assert proc.stop() == 0, proc.log()
-
-
-def _session(url: str, token: str | None, calls: Any) -> Any:
-    """Run ``calls(session)`` in one MCP client session and return what it returns."""
-    from mcp import ClientSession
-    import httpx2  # the MCP SDK's HTTP client
-    from mcp.client.streamable_http import streamable_http_client
-
-    async def main() -> Any:
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        async with (
-            httpx2.AsyncClient(headers=headers, timeout=30) as http,
-            streamable_http_client(url + "/mcp", http_client=http) as (read, write),
-        ):
-            async with ClientSession(read, write) as session:
-                init = await session.initialize()
-                return await calls(session, init)
-
-    return asyncio.run(main())
-
-
-def _error(res: Any) -> dict[str, Any]:
-    assert res.is_error, res
-    text = res.content[0].text
-    body = json.loads(text)
-    assert set(body) == {"error"} and {"code", "message"} <= set(body["error"]), text
-    return body["error"]  # type: ignore[no-any-return]
 
 
 def test_tool_errors_carry_runstate_s_code_and_message_as_http_does_without_a_traceback(served: Any) -> None:
@@ -105,20 +77,20 @@ def test_tool_errors_carry_runstate_s_code_and_message_as_http_does_without_a_tr
             ),
         }
 
-    got = _session(proc.url, tokens["writer"], calls)
-    missing = _error(got["missing"])
+    got = mcp_session(proc.url, tokens["writer"], calls)
+    missing = mcp_error(got["missing"])
     assert missing == httpx.get(proc.url + "/runs/nope", headers=h).json()["error"]
     assert missing["code"] == "not_found" and "nope" in missing["message"]
-    assert _error(got["missing_ctx"]) == httpx.get(proc.url + "/runs/nope/context", headers=h).json()["error"]
-    assert _error(got["missing_hist"])["code"] == "not_found"
-    bad = _error(got["bad_field"])
+    assert mcp_error(got["missing_ctx"]) == httpx.get(proc.url + "/runs/nope/context", headers=h).json()["error"]
+    assert mcp_error(got["missing_hist"])["code"] == "not_found"
+    bad = mcp_error(got["bad_field"])
     http_bad = httpx.post(
         proc.url + "/runs/team-1/patches",
         headers=h,
         json={"expected_revision": 1, "events": [{"type": "FactConfirmed", "fact": {"statement": 3}}]},
     ).json()["error"]
     assert bad == http_bad and bad["code"] == "invalid" and bad["field"].startswith("events.0.FactConfirmed.fact")
-    bad_type = _error(got["bad_type"])
+    bad_type = mcp_error(got["bad_type"])
     assert (
         bad_type["code"] == "invalid"
         and "FactGuessed" in bad_type["message"]
@@ -130,12 +102,12 @@ def test_tool_errors_carry_runstate_s_code_and_message_as_http_does_without_a_tr
     assert (
         bounded == httpx.get(proc.url + "/runs/team-1/context", params={"max_tokens": 60}, headers=h).json()["context"]
     )
-    assert _error(got["too_small"])["field"] == "max_tokens"
-    flat = _error(got["flat"])
+    assert mcp_error(got["too_small"])["field"] == "max_tokens"
+    flat = mcp_error(got["flat"])
     assert flat["code"] == "invalid" and flat["field"] == "patch" and '"patch": {' in flat["message"], flat
-    no_run = _error(got["no_run"])
+    no_run = mcp_error(got["no_run"])
     assert (no_run["code"], no_run["field"]) == ("invalid", "run_id") and "pydantic" not in no_run["message"]
-    assert _error(got["bad_wait"])["field"] == "wait_s"
+    assert mcp_error(got["bad_wait"])["field"] == "wait_s"
     assert "Traceback" not in proc.log()
 
 
@@ -150,8 +122,8 @@ def test_authority_errors_reach_the_model_and_a_resource_error_carries_its_messa
     async def team(s: Any, _init: Any) -> Any:
         return await s.call_tool("run_state", {"run_id": "other-1"})
 
-    assert _error(_session(proc.url, tokens["reader"], reader))["code"] == "forbidden"
-    assert _error(_session(proc.url, tokens["team"], team)) == {
+    assert mcp_error(mcp_session(proc.url, tokens["reader"], reader))["code"] == "forbidden"
+    assert mcp_error(mcp_session(proc.url, tokens["team"], team)) == {
         "code": "forbidden",
         "message": "agent 'team-bot' may not access run 'other-1'",
         "field": None,
@@ -164,7 +136,7 @@ def test_authority_errors_reach_the_model_and_a_resource_error_carries_its_messa
             await s.read_resource("runstate://runs/nope/context")
         return e.value
 
-    err = _session(proc.url, None, resource)
+    err = mcp_session(proc.url, None, resource)
     # a server with tokens: the token-less resource says so, in runstate's words
     assert "unauthorized" in str(err) and "bearer token is required" in str(err)
     assert "Traceback" not in proc.log()
@@ -176,7 +148,7 @@ def test_the_server_names_itself_with_runstate_s_version_and_describes_tools_in_
     async def calls(s: Any, init: Any) -> Any:
         return init, (await s.list_tools()).tools
 
-    init, tools = _session(proc.url, tokens["writer"], calls)
+    init, tools = mcp_session(proc.url, tokens["writer"], calls)
     assert (init.server_info.name, init.server_info.version) == ("runstate", runstate.__version__)
     assert runstate.__version__
     for t in tools:
@@ -206,11 +178,11 @@ def test_the_tool_list_is_small_and_propose_patch_still_names_every_event_type(s
             await s.call_tool("event_schema", {"event_type": "Nope"}),
         )
 
-    fact, unknown = _session(proc.url, tokens["writer"], calls)
+    fact, unknown = mcp_session(proc.url, tokens["writer"], calls)
     assert not fact.is_error
     described = json.loads(fact.content[0].text)
     assert described["properties"]["type"]["const"] == "FactConfirmed" and "fact" in described["required"]
-    assert _error(unknown)["code"] == "invalid"
+    assert mcp_error(unknown)["code"] == "invalid"
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +214,7 @@ def test_patches_without_a_token_are_recorded_as_anonymous_with_their_channel(op
         missing = await s.read_resource("runstate://runs/anon-1/context")
         return missing
 
-    ctx = _session(url, None, calls)
+    ctx = mcp_session(url, None, calls)
     assert "revision 2" in ctx.contents[0].text
     hist = httpx.get(url + "/runs/anon-1/history").json()
     assert [(d["agent_id"], d["agent_version"]) for d in hist] == [("anonymous", "http"), ("anonymous", "mcp")]

@@ -22,7 +22,7 @@ import msgspec
 import pydantic
 import pytest
 from hypothesis import HealthCheck, given, settings
-from helpers import examples
+from helpers import ROOT, examples
 from hypothesis import strategies as st
 from pydantic import AwareDatetime, BaseModel
 from pydantic.fields import FieldInfo
@@ -612,9 +612,8 @@ def test_the_generated_structs_are_what_the_models_generate_now() -> None:
     """schemas/generated/structs.py is checked in (a reader and the type checker see the
     internal form): it must be what the models derive today. After a model changes:
     ``python -m runstate.schemas.structs --write``."""
-    from pathlib import Path
 
-    written = (Path(__file__).resolve().parents[1] / "schemas" / "generated" / "structs.py").read_text()
+    written = (ROOT / "schemas" / "generated" / "structs.py").read_text()
     assert written == structs.render(), "stale: " + structs.GENERATED
     from runstate.schemas.generated import structs as generated
     from runstate.schemas.patch import Patch

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import start
+from helpers import ROOT, start
 from servekit import ServeProcess, free_port
 
 from runstate.schemas.state import HEADER_INTERNAL_FIELDS, RunHeader, RunSummary
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(

@@ -20,11 +20,12 @@ import pytest
 from langgraph.channels.delta import DeltaChannel
 from servekit import ServeProcess
 
+from helpers import ROOT
+
 from runstate.agent import PatchRejected
 from runstate.integrations.langgraph import AsyncRunstateSaver, JsonSerializer, RunstateSaver
 from runstate.schemas.errors import PatchTooLarge
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "langgraph_approval.py"
 #: The checks of langgraph-checkpoint-conformance 0.0.2: its base capabilities' and its
 #: extended ones' (copy_thread, delete_for_runs, prune).

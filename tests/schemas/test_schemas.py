@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
-from helpers import CLIENT_EXAMPLE, V1_DOC, examples, patch
+from helpers import CLIENT_EXAMPLE, TESTS, V1_DOC, examples, patch
 
 from runstate.schemas import codec
 from runstate.schemas.errors import ContractError, DecodeError, MigrationRequired, UnknownEventType
@@ -562,7 +561,7 @@ def test_records_written_before_the_spec_byte_order_still_decode() -> None:
     """runstate 0.1.0 wrote the fingerprint byte-reversed (big-endian). Those records, as
     that code wrote them for every published schema, still decode to what was written;
     what runstate writes now carries the spec's little-endian order."""
-    legacy = json.loads((Path(__file__).parent / "data" / "avro_pre_spec_order.json").read_text())["records"]
+    legacy = json.loads((TESTS / "data" / "avro_pre_spec_order.json").read_text())["records"]
     # every schema published before the fix (a later one never had records in that order)
     assert {(r["kind"], r["version"]) for r in legacy} == {("patch", 1), ("patch", 2), ("patch", 3), ("decision", 1)}
     for r in legacy:

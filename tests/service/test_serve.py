@@ -303,7 +303,7 @@ def test_health_metrics_checkpoints_and_resume(served: Served) -> None:
     assert health["status"] == "serving" and health["owned_partitions"] == list(range(health["partitions"]))
     assert httpx.get(served.url + "/runs/no-such-run", headers=h).status_code == 404
     # A serve that needs tokens needs one for its metrics too, unless told otherwise
-    # (RUNSTATE_METRICS_PUBLIC, tests/test_first_hour.py): they name runs' activity.
+    # (RUNSTATE_METRICS_PUBLIC, tests/cli/test_first_hour.py): they name runs' activity.
     assert httpx.get(served.url + "/metrics").status_code == 401
     text = httpx.get(served.url + "/metrics", headers=h).text
     assert 'runstate_decisions_total{outcome="accepted",reason=""}' in text

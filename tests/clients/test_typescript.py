@@ -21,11 +21,10 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
 import approval_graph
-from helpers import readme_blocks
+from helpers import ROOT, readme_blocks
 from runstate.integrations.langgraph import JsonSerializer, RunstateSaver
 from servekit import ServeProcess
 
-ROOT = Path(__file__).resolve().parent.parent
 TS = ROOT / "clients" / "typescript"
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("typescript")]

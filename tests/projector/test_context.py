@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from helpers import ROOT
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(ROOT / "bench"))
 from bench_context import T0, events, fold
 
 from runstate.projector.read.context import approx_tokens, render_context
@@ -167,7 +168,7 @@ def test_every_field_of_the_state_is_on_the_audit_page() -> None:
     ``"field"`` section): a field added to the state is shown or declared out, with why."""
     from runstate.schemas.state import RunState
 
-    script = (Path(__file__).resolve().parents[1] / "runstate" / "service" / "static" / "app.js").read_text()
+    script = (ROOT / "runstate" / "service" / "static" / "app.js").read_text()
     missing = [
         name
         for name in RunState.model_fields

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from helpers import V1_DOC, append_all, ev, examples, fact, patch, start, task
+from helpers import ROOT, V1_DOC, append_all, ev, examples, fact, patch, start, task
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from workloads import build, op
@@ -512,7 +512,7 @@ def test_checkpoints_of_long_runs_weigh_at_most_twice_their_records_and_resume_p
     taken, budget or not."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    sys.path.insert(0, str(ROOT / "bench"))
     from bench_checkpoints import fill
 
     log = EmbeddedLog(tmp_path / "log.db", partitions=2)

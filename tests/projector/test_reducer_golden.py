@@ -4,7 +4,7 @@ digest is recorded with ``REDUCER_VERSION`` in ``tests/data/reducer_golden.json`
 
 A change to a rule or a reducer that changes a decision or a state fails here until
 ``REDUCER_VERSION`` is bumped (checkpoints made under the old rules must not be trusted)
-and the file is written again: ``RUNSTATE_WRITE_GOLDEN=1 pytest tests/test_reducer_golden.py``.
+and the file is written again: ``RUNSTATE_WRITE_GOLDEN=1 pytest tests/projector/test_reducer_golden.py``.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ import hashlib
 import json
 import os
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import msgspec
-from helpers import ev, fact, patch, start, task
+from helpers import TESTS, ev, fact, patch, start, task
 from workloads import KINDS, _events
 
 from runstate.projector.core.reducer import REDUCER_VERSION
@@ -26,7 +25,7 @@ from runstate.schemas.codec import content_digest, encode
 from runstate.schemas.events import EVENT_TYPE_NAMES
 from runstate.schemas.patch import Patch
 
-GOLDEN = Path(__file__).parent / "data" / "reducer_golden.json"
+GOLDEN = TESTS / "data" / "reducer_golden.json"
 BLOB = {"type": "json", "data": "e30="}
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ev, fact, start, task
+from helpers import ROOT, ev, fact, start, task
 from servekit import ServeProcess
 
 from runstate.client import Client
@@ -343,7 +343,7 @@ def test_the_pages_colours_are_readable() -> None:
     holds a contrast ratio of at least 4.5:1 (computed as WCAG defines it)."""
     import re
 
-    css = (Path(__file__).resolve().parents[1] / "runstate" / "service" / "static" / "app.css").read_text()
+    css = (ROOT / "runstate" / "service" / "static" / "app.css").read_text()
     var = dict(re.findall(r"--([a-z-]+):\s*(#[0-9a-f]{6})", css))
 
     def luminance(hex_: str) -> float:
