@@ -22,16 +22,15 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from benchkit import AUTHOR, TRUST
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.runtime.loop import Projector
 from runstate.schemas.codec import encode
-from runstate.schemas.patch import Author, Patch
+from runstate.schemas.patch import Patch
 from runstate.snapshotter.loop import Snapshotter
 from runstate.snapshotter.policy import CheckpointPolicy
 
 T0 = datetime(2026, 11, 2, tzinfo=UTC)
-AUTHOR = Author(agent_id="bench", agent_version="1")
-TRUST = {"external_evidence_schemes": ["artifact"]}
 
 
 def _events(i: int) -> list[dict]:

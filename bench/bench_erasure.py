@@ -24,7 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-from benchkit import kafka_broker
+from benchkit import AUTHOR, TRUST, kafka_broker
 
 from runstate.eventlog.base import EventLog, TopicNames
 from runstate.eventlog.kafka import KafkaLog
@@ -32,10 +32,6 @@ from runstate.eventlog.keystore import Keyring, KeyStore, MasterKey
 from runstate.eventlog.sealed import SealedLog
 from runstate.producers.run_producer import RunProducer
 from runstate.projector.runtime.loop import Projector
-from runstate.schemas.patch import Author
-
-TRUST = {"external_evidence_schemes": ["artifact"]}
-AUTHOR = Author(agent_id="bench", agent_version="1")
 
 
 def drafts(runs: int, per_run: int) -> list[tuple[str, dict]]:

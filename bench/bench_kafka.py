@@ -29,7 +29,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from benchkit import kafka_broker
+from benchkit import AUTHOR, TRUST, kafka_broker
 
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import PRODUCER_DEFAULTS, KafkaLog
@@ -37,14 +37,9 @@ from runstate.producers.run_producer import RunProducer
 from runstate.projector.core.working import RunDoc
 from runstate.projector.runtime.loop import Projector
 from runstate.projector.store.partition import PendingBatch, ProjectionStore
-from runstate.schemas.patch import Author, Decision, Patch
+from runstate.schemas.patch import Decision, Patch
 
 ROOT = Path(__file__).resolve().parents[1]
-
-#: The workload's facts cite artifact:// references it never registers: the runs trust that
-#: scheme (the evidence check still runs: one point read per fact).
-TRUST = {"external_evidence_schemes": ["artifact"]}
-AUTHOR = Author(agent_id="bench", agent_version="1")
 
 
 def events(i: int) -> list[dict]:

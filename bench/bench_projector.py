@@ -28,42 +28,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 
+from benchkit import TRUST, bench_patch, fact_event
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.read.context import render_context
 from runstate.projector.runtime.loop import Projector
 from runstate.projector.read.queries import Projection
 from runstate.schemas.codec import decode, encode
-from runstate.schemas.patch import Author, Patch
+from runstate.schemas.patch import Patch
 
 T0 = datetime(2026, 8, 11, tzinfo=UTC)
-#: The workload's facts cite artifact:// references it never registers: the runs trust that
-#: scheme (the evidence check still runs: one point read per fact).
-TRUST = {"external_evidence_schemes": ["artifact"]}
-AUTHOR = Author(agent_id="bench", agent_version="1")
 
 
 def mk(run: str, rev: int, events: list[dict], i: int) -> Patch:
-    return Patch.model_validate(
-        {
-            "patch_id": f"{run}-{rev}-{i}",
-            "run_id": run,
-            "expected_revision": rev,
-            "events": events,
-            "author": AUTHOR,
-            "created_at": T0 + timedelta(seconds=i),
-        }
-    )
-
-
-def fact(i: int) -> dict:
-    return {
-        "type": "FactConfirmed",
-        "fact": {
-            "id": f"f{i}",
-            "statement": f"observation number {i} about the system",
-            "evidence": f"artifact://test-output/{i}",
-        },
-    }
+    return bench_patch(run, rev, events, T0 + timedelta(seconds=i), f"{run}-{rev}-{i}")
 
 
 def fill(log: EmbeddedLog, runs: int, facts: int, per_patch: int = 50) -> dict[str, int]:
@@ -80,7 +57,7 @@ def fill(log: EmbeddedLog, runs: int, facts: int, per_patch: int = 50) -> dict[s
         )
         rev = 1
         for start in range(0, facts, per_patch):
-            evs = [fact(i) for i in range(start, min(facts, start + per_patch))]
+            evs = [fact_event(i) for i in range(start, min(facts, start + per_patch))]
             prod.append_async(log.topics.events, run, encode(mk(run, rev, evs, rev)), _ok)
             rev += 1
         revs[run] = rev
@@ -98,7 +75,7 @@ def tail(log: EmbeddedLog, revs: dict[str, int], events: int, seed: int = 7) -> 
     while n < events:
         run = runs[i % len(runs)] if i < len(runs) else rng.choice(runs)
         rev = revs[run]
-        p = mk(run, rev, [fact(100_000 + i), {"type": "BudgetConsumed", "tokens": 10}], i)
+        p = mk(run, rev, [fact_event(100_000 + i), {"type": "BudgetConsumed", "tokens": 10}], i)
         prod.append_async(log.topics.events, run, encode(p), _ok)
         revs[run] = rev + 1
         n += 2
@@ -159,7 +136,7 @@ def bench_size(root: Path, runs: int, facts: int, tail_events: int) -> tuple[flo
 
 
 def bench_decode(root: Path) -> float:
-    p = mk("r", 1, [fact(1), {"type": "BudgetConsumed", "tokens": 10}], 1)
+    p = mk("r", 1, [fact_event(1), {"type": "BudgetConsumed", "tokens": 10}], 1)
     data = encode(p)
     n = 20_000
     t = time.perf_counter()

@@ -34,31 +34,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 
+from benchkit import TRUST, bench_patch
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.read.queries import Projection
 from runstate.schemas.codec import encode
-from runstate.schemas.patch import Author, Patch
+from runstate.schemas.patch import Patch
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.loop import Snapshotter
 
 T0 = datetime(2026, 8, 11, tzinfo=UTC)
-#: The workload's facts cite artifact:// references it never registers: the runs trust that
-#: scheme (the evidence check still runs: one point read per fact).
-TRUST = {"external_evidence_schemes": ["artifact"]}
-AUTHOR = Author(agent_id="bench", agent_version="1")
 
 
 def _patch(run: str, rev: int, events: list[dict], i: int) -> Patch:
-    return Patch.model_validate(
-        {
-            "patch_id": f"{run}-{rev}",
-            "run_id": run,
-            "expected_revision": rev,
-            "events": events,
-            "author": AUTHOR,
-            "created_at": T0 + timedelta(seconds=i),
-        }
-    )
+    return bench_patch(run, rev, events, T0 + timedelta(seconds=i), f"{run}-{rev}")
 
 
 def first_events(r: int) -> list[list[dict]]:

@@ -31,13 +31,12 @@ from pathlib import Path
 
 import httpx
 
+from benchkit import AUTHOR, TRUST
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.schemas.codec import encode
-from runstate.schemas.patch import Author, Patch
+from runstate.schemas.patch import Patch
 
 T0 = datetime(2026, 11, 2, tzinfo=UTC)
-AUTHOR = Author(agent_id="bench", agent_version="1")
-TRUST = {"external_evidence_schemes": ["artifact"]}
 
 
 def run_id(i: int) -> str:

@@ -36,16 +36,14 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from benchkit import kafka_broker
+from benchkit import AUTHOR, TRUST, kafka_broker
 
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import PRODUCER_DEFAULTS, KafkaLog
 from runstate.schemas.codec import encode
-from runstate.schemas.patch import Author, Patch
+from runstate.schemas.patch import Patch
 
 T0 = datetime(2026, 11, 2, tzinfo=UTC)
-AUTHOR = Author(agent_id="bench", agent_version="1")
-TRUST = {"external_evidence_schemes": ["artifact"]}
 PARTITIONS = 8
 
 

@@ -38,15 +38,14 @@ from pathlib import Path
 
 import httpx
 
+from benchkit import AUTHOR, TRUST
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.producers.run_producer import RunProducer
 from runstate.projector.read.queries import Projection, decision_reader
 from runstate.schemas.codec import encode
-from runstate.schemas.patch import Author, Patch
+from runstate.schemas.patch import Patch
 
 PARTITIONS = 4
-TRUST = {"external_evidence_schemes": ["artifact"]}
-AUTHOR = Author(agent_id="bench", agent_version="1")
 
 
 def free_port() -> int:

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import httpx
 from bench_serve import LeanPool, free_port, p99, pct
-from benchkit import kafka_broker
+from benchkit import AUTHOR, TRUST, kafka_broker
 
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import CONSUMER_DEFAULTS, KafkaLog
@@ -60,7 +60,7 @@ from runstate.eventlog.partitioner import partition_for
 from runstate.projector.read.queries import Projection
 from runstate.projector.read.replay import verify
 from runstate.schemas.codec import encode
-from runstate.schemas.patch import Author, Patch
+from runstate.schemas.patch import Patch
 
 #: The instances prove it to each other before forwarding (eventlog/instancekey.py).
 INSTANCE_SECRET = secrets.token_hex(32)
@@ -78,8 +78,6 @@ SESSION_TIMEOUT_S = (
 #: A send slot finding this many patches in flight is skipped and counted: a server that
 #: fell this far behind is saturated, and more sockets would only exhaust the generator's.
 MAX_IN_FLIGHT = 2_000
-TRUST = {"external_evidence_schemes": ["artifact"]}
-AUTHOR = Author(agent_id="bench", agent_version="1")
 
 
 class Instance:

@@ -28,12 +28,11 @@ from pathlib import Path
 
 import httpx
 
+from benchkit import AUTHOR, TRUST
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.schemas.codec import encode
-from runstate.schemas.patch import Author, Patch
+from runstate.schemas.patch import Patch
 
-AUTHOR = Author(agent_id="bench", agent_version="1")
-TRUST = {"external_evidence_schemes": ["artifact"]}
 LONG_RUN = "long-run"
 
 

@@ -1,4 +1,5 @@
-"""What the Kafka benchmarks share: a broker to measure against."""
+"""What the benchmarks share: the workload's author, trust and patches, and a Kafka broker to
+measure against."""
 
 from __future__ import annotations
 
@@ -7,6 +8,41 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from runstate.schemas.patch import Author, Patch
+
+AUTHOR = Author(agent_id="bench", agent_version="1")
+#: The workloads' facts cite artifact:// references they never register: the runs trust that
+#: scheme (the evidence check still runs: one point read per fact).
+TRUST = {"external_evidence_schemes": ["artifact"]}
+
+
+def bench_patch(run: str, rev: int, events: list[dict[str, Any]], at: datetime, patch_id: str) -> Patch:
+    """One validated patch of the workloads, by ``AUTHOR``."""
+    return Patch.model_validate(
+        {
+            "patch_id": patch_id,
+            "run_id": run,
+            "expected_revision": rev,
+            "events": events,
+            "author": AUTHOR,
+            "created_at": at,
+        }
+    )
+
+
+def fact_event(i: int) -> dict[str, Any]:
+    """A confirmed fact citing an artifact: the workloads' commonest event."""
+    return {
+        "type": "FactConfirmed",
+        "fact": {
+            "id": f"f{i}",
+            "statement": f"observation number {i} about the system",
+            "evidence": f"artifact://test-output/{i}",
+        },
+    }
 
 
 @contextmanager

@@ -212,6 +212,25 @@ def _check_seal(doc: dict[str, Any], key: SigningKey, run_id: str | None) -> Non
             )
 
 
+def of_state(state: RunState) -> dict[str, Any]:
+    """What a checkpoint takes from the state it stands for: the state itself, its digest, the
+    fields a resume reads without it (versions, workspace, effects, calls in flight) and its
+    verdict. The one list, for a checkpoint made whole and one rebuilt from its pieces."""
+    verdict, reconcile = verdict_of(state)
+    return {
+        "schema_version": state.schema_version,
+        "agent_version": state.agent_version,
+        "workspace_ref": state.workspace_ref,
+        "effect_ledger": state.effect_ledger,
+        "pending_tool_calls": state.pending_tool_calls,
+        "state_digest": state_digest(state),
+        "verdict": verdict,
+        "reconcile": reconcile,
+        "at": state.updated_at or state.created_at,
+        "state": state,
+    }
+
+
 def make_checkpoint(
     state: RunState,
     *,
@@ -225,25 +244,15 @@ def make_checkpoint(
     """The checkpoint of ``state``, sealed (digest over all of it; signed with ``key``).
     ``patch_ids`` are the run's decided patch ids up to ``covers_offset``. ``recent``: the
     run's last decisions, as models or as the core's structs of them (projector/core/decide.py)."""
-    verdict, reconcile = verdict_of(state)
     cp = Checkpoint(
+        **of_state(state),
         run_id=state.run_id,
         revision=state.revision,
         partition=partition,
         covers_offset=covers_offset,
-        schema_version=state.schema_version,
-        agent_version=state.agent_version,
-        workspace_ref=state.workspace_ref,
-        effect_ledger=state.effect_ledger,
-        pending_tool_calls=state.pending_tool_calls,
-        state_digest=state_digest(state),
         triggers=triggers,
-        verdict=verdict,
-        reconcile=reconcile,
         recent_decisions=[structs.to_model(d) for d in recent[-RECENT_DECISIONS:]],
         patch_ids=encode_patch_ids(patch_ids),
-        at=state.updated_at or state.created_at,
-        state=state,
     )
     sealed = orjson.loads(seal(cp.model_dump(mode="json"), key))
     return cp.model_copy(update={"digest": sealed["digest"], "signature": sealed["signature"]})

@@ -19,9 +19,8 @@ from runstate.projector.core.working import Entry, RunDoc, assembled
 from runstate.projector.core.reducer import REDUCER_VERSION
 from runstate.projector.store import keys
 from runstate.schemas.patch import Decision
-from runstate.schemas.state import state_digest
 from runstate.snapshotter import pieces
-from runstate.snapshotter.checkpoint import Checkpoint, SigningKey, state_data_of, validate, verdict_of
+from runstate.snapshotter.checkpoint import Checkpoint, SigningKey, of_state, state_data_of, validate
 
 
 #: What a check of a checkpoint record gives.
@@ -79,29 +78,19 @@ class CheckpointHistory:
         head's seal with it and its pieces against the head (False: do not check)."""
         head, live = self._live(st, run_id, revision, raw, key)
         state = self._doc(run_id, head, live).to_state()
-        verdict, reconcile = verdict_of(state)
         recent = [Decision.model_validate_json(d) for _o, _p, _r, d in head.recent]
         ids = b"".join(body for name, body in sorted(live.items()) if pieces.is_ids(name))
         return Checkpoint(
+            **of_state(state),
             format_version=pieces.FORMAT_VERSION,
             reducer_version=REDUCER_VERSION,
             run_id=run_id,
             revision=head.revision,
             partition=head.partition,
             covers_offset=head.covers_offset,
-            schema_version=state.schema_version,
-            agent_version=state.agent_version,
-            workspace_ref=state.workspace_ref,
-            effect_ledger=state.effect_ledger,
-            pending_tool_calls=state.pending_tool_calls,
-            state_digest=state_digest(state),
             triggers=head.triggers,
-            verdict=verdict,
-            reconcile=reconcile,
             recent_decisions=recent,
             patch_ids=base64.b64encode(ids).decode(),
-            at=state.updated_at or state.created_at,
-            state=state,
             digest=head.doc["digest"],
             signature=head.doc.get("signature"),
         )
