@@ -315,21 +315,10 @@ def decide(
     )
     draft = Draft(doc, header)
     for i, event in enumerate(patch.events):
-        if i > 0 and draft.hget("status") in FINISHED_STATUSES:
-            return Decided(
-                _decision(
-                    patch,
-                    partition,
-                    offset,
-                    digest=digest,
-                    revision=current,
-                    reason="invalid",
-                    rule="run.terminal",
-                    message=f"event {i} ({event.type}) comes after the run became {draft.hget('status')}",
-                    event_index=i,
-                )
-            )
         try:
+            if i > 0 and draft.hget("status") in FINISHED_STATUSES:
+                status = draft.hget("status")
+                raise RuleViolation("run.terminal", f"event {i} ({event.type}) comes after the run became {status}")
             apply_event(draft, event, ctx)
         except RuleViolation as v:
             return Decided(
