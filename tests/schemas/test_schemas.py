@@ -592,3 +592,16 @@ def test_the_fingerprint_is_the_spec_s_crc_64_avro_little_endian() -> None:
         for byte in to_parsing_canonical_form(w.parsed).encode():
             fp = (fp >> 8) ^ table[(fp ^ byte) & 0xFF]
         assert w.fingerprint == fp.to_bytes(8, "little")
+
+
+def test_the_state_s_header_fields_are_the_summary_s() -> None:
+    """``RunState`` declares the header's fields beside its collections (its JSON keeps the
+    document's order); they are ``RunSummary``'s, in its order: a field added to one is added
+    to the other, or this fails."""
+    from typing import get_origin
+
+    from runstate.schemas.state import RunState, RunSummary
+
+    collections = {n for n, f in RunState.model_fields.items() if get_origin(f.annotation) is list}
+    header = [n for n in RunState.model_fields if n not in collections or n in RunSummary.model_fields]
+    assert header == list(RunSummary.model_fields)
