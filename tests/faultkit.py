@@ -83,6 +83,18 @@ class DrillReport:
         )
 
 
+def append_slowly(log: EventLog, patches: list[Patch], pause_s: float) -> None:
+    """Append ``patches`` 40 at a time with a pause between: the appending goes on while
+    the processes under test are killed and restarted."""
+    prod = log.producer()
+    for i in range(0, len(patches), 40):
+        for p in patches[i : i + 40]:
+            prod.append_async(log.topics.events, p.run_id, encode(p), lambda a, e: None)
+        prod.flush()
+        time.sleep(pause_s)
+    prod.close()
+
+
 def drill(
     log: EventLog,
     env: dict[str, str],
@@ -97,22 +109,13 @@ def drill(
     rng = random.Random(seed)
     patches = workload(runs, per_run, rng)
 
-    def produce() -> None:
-        prod = log.producer()
-        for i in range(0, len(patches), 40):
-            for p in patches[i : i + 40]:
-                prod.append_async(log.topics.events, p.run_id, encode(p), lambda a, e: None)
-            prod.flush()
-            time.sleep(0.05)  # keep appending while the processes are killed and restarted
-        prod.close()
-
     cli = [sys.executable, "-m", "runstate.cli"]
     commands = {
         "project": [*cli, "project", "--batch-size", "37", "--quiet"],
         "snapshot": [*cli, "snapshot", "--every", "4", "--quiet"],
     }
     kills = {"project": 0, "snapshot": 0}
-    producer = threading.Thread(target=produce)
+    producer = threading.Thread(target=append_slowly, args=(log, patches, 0.05))
     producer.start()
     procs = {
         name: subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

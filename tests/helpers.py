@@ -12,7 +12,7 @@ from typing import Any
 from runstate.eventlog.base import EventLog
 from runstate.projector.core.runbook import RunBook
 from runstate.schemas.codec import encode
-from runstate.schemas.patch import Author, Patch
+from runstate.schemas.patch import Author, Decision, Patch
 
 T0 = datetime(2026, 8, 11, 8, 0, tzinfo=UTC)
 
@@ -169,3 +169,24 @@ def fold(placed: list[tuple[Patch, int, int]]) -> RunBook:
     for p, partition, offset in placed:
         book.apply(p, partition, offset)
     return book
+
+
+def rejected_decision(p: Patch, message: str = "at 3") -> Decision:
+    """A ``revision_conflict`` rejection of ``p`` with every field set: what the codec tests
+    write and read back (runstate's and Java's)."""
+    return Decision(
+        patch_id=p.patch_id,
+        run_id=p.run_id,
+        outcome="rejected",
+        revision=3,
+        expected_revision=0,
+        reason="revision_conflict",
+        message=message,
+        partition=2,
+        offset=41,
+        agent_id="a",
+        agent_version="1",
+        event_types=["FactConfirmed"],
+        created_at=p.created_at,
+        content_digest="ab" * 16,
+    )

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faultkit import drill, workload
+from faultkit import append_slowly, drill, workload
 from helpers import fact, patch, start
 
 from runstate.eventlog.embedded import EmbeddedLog
@@ -31,15 +31,6 @@ def test_sigkill_at_any_moment_then_restart_equals_full_replay(tmp_path: Path) -
     patches = workload(runs=20, per_run=60, rng=rng)
     env = {**os.environ, "RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
 
-    def produce() -> None:
-        prod = log.producer()
-        for i in range(0, len(patches), 40):
-            for p in patches[i : i + 40]:
-                prod.append_async(log.topics.events, p.run_id, encode(p), lambda a, e: None)
-            prod.flush()
-            time.sleep(0.08)  # keep appending while the projector is killed and restarted
-        prod.close()
-
     def position() -> int:
         """Records the projection has stored (0 before the first store exists)."""
         if not (tmp_path / "state" / "layout.json").exists():
@@ -47,7 +38,7 @@ def test_sigkill_at_any_moment_then_restart_equals_full_replay(tmp_path: Path) -
         with Projection(tmp_path / "state") as proj:
             return sum(proj.positions().values())
 
-    producer = threading.Thread(target=produce)
+    producer = threading.Thread(target=append_slowly, args=(log, patches, 0.08))
     producer.start()
     kills = 0
     progress = []

@@ -154,6 +154,34 @@ def _channel_inputs(policy: RunPolicy, patch: PatchStruct) -> bool:
     )
 
 
+def _refused(
+    patch: PatchStruct,
+    partition: int,
+    offset: int,
+    digest: str | None,
+    revision: int,
+    reason: RejectReason,
+    message: str,
+    rule: str | None = None,
+    event_index: int | None = None,
+) -> Decided:
+    """A rejection of ``patch`` at ``revision``, for ``reason``, said in ``message`` (for an
+    ``invalid`` one, the ``rule`` and the event that broke it)."""
+    return Decided(
+        _decision(
+            patch,
+            partition,
+            offset,
+            revision,
+            reason=reason,
+            rule=rule,
+            message=message,
+            event_index=event_index,
+            digest=digest,
+        )
+    )
+
+
 def decide(
     doc: RunDoc | None,
     patch: PatchStruct,
@@ -172,31 +200,27 @@ def decide(
     """
     types = [e.type for e in patch.events]
     if doc is not None and doc.header.status == "erased":
-        return Decided(
-            _decision(
-                patch,
-                partition,
-                offset,
-                digest=digest,
-                revision=doc.header.revision,
-                reason="run_erased",
-                message=_erased_message(patch.run_id, doc.header),
-            )
+        return _refused(
+            patch,
+            partition,
+            offset,
+            digest,
+            doc.header.revision,
+            "run_erased",
+            message=_erased_message(patch.run_id, doc.header),
         )
     if types == ["RunErased"]:
         return _erase(doc, patch, partition, offset, digest)
     if doc is None:
         if types[0] != "RunStarted" or patch.expected_revision != 0:
-            return Decided(
-                _decision(
-                    patch,
-                    partition,
-                    offset,
-                    digest=digest,
-                    revision=0,
-                    reason="unknown_run",
-                    message=f"run {patch.run_id!r} was never started (first event must be RunStarted at revision 0)",
-                )
+            return _refused(
+                patch,
+                partition,
+                offset,
+                digest,
+                0,
+                "unknown_run",
+                message=f"run {patch.run_id!r} was never started (first event must be RunStarted at revision 0)",
             )
         header = None
         current = 0
@@ -206,29 +230,25 @@ def decide(
         # Deleting a LangGraph thread or some of its checkpoints is accepted in any status
         # (what LangGraph deletes must go).
         if header.status in FINISHED_STATUSES and not set(types) <= ev.ANY_STATUS_EVENT_TYPES:
-            return Decided(
-                _decision(
-                    patch,
-                    partition,
-                    offset,
-                    digest=digest,
-                    revision=current,
-                    reason="run_terminal",
-                    message=f"run {patch.run_id!r} is {header.status}; nothing is accepted after a terminal status",
-                )
-            )
-
-    if header is not None and patch.author.agent_id in header.revoked_agents:
-        return Decided(
-            _decision(
+            return _refused(
                 patch,
                 partition,
                 offset,
-                digest=digest,
-                revision=current,
-                reason="unauthorized",
-                message=f"agent {patch.author.agent_id!r}'s permission to write run {patch.run_id!r} was revoked",
+                digest,
+                current,
+                "run_terminal",
+                message=f"run {patch.run_id!r} is {header.status}; nothing is accepted after a terminal status",
             )
+
+    if header is not None and patch.author.agent_id in header.revoked_agents:
+        return _refused(
+            patch,
+            partition,
+            offset,
+            digest,
+            current,
+            "unauthorized",
+            message=f"agent {patch.author.agent_id!r}'s permission to write run {patch.run_id!r} was revoked",
         )
     if (
         header is not None
@@ -236,17 +256,15 @@ def decide(
         and patch.author.agent_id not in header.policy.writers
         and not _channel_inputs(header.policy, patch)
     ):
-        return Decided(
-            _decision(
-                patch,
-                partition,
-                offset,
-                digest=digest,
-                revision=current,
-                reason="unauthorized",
-                message=f"agent {patch.author.agent_id!r} may not write run {patch.run_id!r} "
-                f"(its writers: {', '.join(header.policy.writers)})",
-            )
+        return _refused(
+            patch,
+            partition,
+            offset,
+            digest,
+            current,
+            "unauthorized",
+            message=f"agent {patch.author.agent_id!r} may not write run {patch.run_id!r} "
+            f"(its writers: {', '.join(header.policy.writers)})",
         )
 
     if header is not None and "PermissionRevoked" in types:
@@ -254,17 +272,15 @@ def decide(
         # (a run whose creator was not recorded keeps the earlier rule: any writer).
         revokers = header.policy.revokers or ([header.created_by] if header.created_by else [])
         if revokers and patch.author.agent_id not in revokers:
-            return Decided(
-                _decision(
-                    patch,
-                    partition,
-                    offset,
-                    digest=digest,
-                    revision=current,
-                    reason="unauthorized",
-                    message=f"agent {patch.author.agent_id!r} may not revoke permissions on run "
-                    f"{patch.run_id!r} (its revokers: {', '.join(revokers)})",
-                )
+            return _refused(
+                patch,
+                partition,
+                offset,
+                digest,
+                current,
+                "unauthorized",
+                message=f"agent {patch.author.agent_id!r} may not revoke permissions on run "
+                f"{patch.run_id!r} (its revokers: {', '.join(revokers)})",
             )
 
     rebased = False
@@ -274,33 +290,29 @@ def decide(
         # based before the last control event would silently undo it. A cancel always applies.
         wins = control_only and "GoalChanged" not in types
         if header is not None and patch.expected_revision < header.last_control_revision and not wins:
-            return Decided(
-                _decision(
-                    patch,
-                    partition,
-                    offset,
-                    digest=digest,
-                    revision=current,
-                    reason="superseded",
-                    message=f"based on revision {patch.expected_revision}, "
-                    f"before the control event at revision {header.last_control_revision}",
-                )
+            return _refused(
+                patch,
+                partition,
+                offset,
+                digest,
+                current,
+                "superseded",
+                message=f"based on revision {patch.expected_revision}, "
+                f"before the control event at revision {header.last_control_revision}",
             )
         if control_only:
             pass  # control events win over the revision check
         elif patch.rebase and patch.expected_revision < current and all(commutes(e) for e in patch.events):
             rebased = True
         else:
-            return Decided(
-                _decision(
-                    patch,
-                    partition,
-                    offset,
-                    digest=digest,
-                    revision=current,
-                    reason="revision_conflict",
-                    message=f"expected revision {patch.expected_revision}, run is at {current}",
-                )
+            return _refused(
+                patch,
+                partition,
+                offset,
+                digest,
+                current,
+                "revision_conflict",
+                message=f"expected revision {patch.expected_revision}, run is at {current}",
             )
 
     new_revision = current + 1
@@ -321,18 +333,16 @@ def decide(
                 raise RuleViolation("run.terminal", f"event {i} ({event.type}) comes after the run became {status}")
             apply_event(draft, event, ctx)
         except RuleViolation as v:
-            return Decided(
-                _decision(
-                    patch,
-                    partition,
-                    offset,
-                    digest=digest,
-                    revision=current,
-                    reason="invalid",
-                    rule=v.rule,
-                    message=v.message,
-                    event_index=i,
-                )
+            return _refused(
+                patch,
+                partition,
+                offset,
+                digest,
+                current,
+                "invalid",
+                rule=v.rule,
+                message=v.message,
+                event_index=i,
             )
         if i == 0 and types[0] == "RunStarted":
             draft.hset(run_id=patch.run_id)

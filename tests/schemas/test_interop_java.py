@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import CLIENT_EXAMPLE, patch
+from helpers import CLIENT_EXAMPLE, patch, rejected_decision
 from javakit import run_java
 
 from runstate.eventlog.base import TopicNames
@@ -36,22 +36,7 @@ def _patches() -> list[tuple[Patch, codec._Writer]]:
 
 def _decision() -> Decision:
     p = patch("run_ü", 0, EVENTS[0], patch_id="java-decision")
-    return Decision(
-        patch_id=p.patch_id,
-        run_id="run_ü",
-        outcome="rejected",
-        revision=3,
-        expected_revision=0,
-        reason="revision_conflict",
-        message="at 3 — später",
-        partition=2,
-        offset=41,
-        agent_id="a",
-        agent_version="1",
-        event_types=["FactConfirmed"],
-        created_at=p.created_at,
-        content_digest="ab" * 16,
-    )
+    return rejected_decision(p, "at 3 — später")
 
 
 def _java(jars: Path, records: list[tuple[str, bytes]]) -> tuple[dict[tuple[str, int], str], list[str]]:

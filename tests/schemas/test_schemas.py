@@ -6,7 +6,7 @@ import copy
 import json
 
 import pytest
-from helpers import CLIENT_EXAMPLE, TESTS, V1_DOC, examples, patch
+from helpers import CLIENT_EXAMPLE, TESTS, V1_DOC, examples, patch, rejected_decision
 
 from runstate.schemas import codec
 from runstate.schemas.errors import ContractError, DecodeError, MigrationRequired, UnknownEventType
@@ -61,22 +61,7 @@ def test_decision_models_match_the_published_schema_and_round_trip() -> None:
     garbage is a DecodeError, not a crash of the waiter."""
     assert codec._fp(codec.derive_decision_schema()) == codec._decision_current().fingerprint
     p = patch("run_1", 0, json.loads(CLIENT_EXAMPLE)["events"][0])
-    d = Decision(
-        patch_id=p.patch_id,
-        run_id="run_1",
-        outcome="rejected",
-        revision=3,
-        expected_revision=0,
-        reason="revision_conflict",
-        message="at 3",
-        partition=2,
-        offset=41,
-        agent_id="a",
-        agent_version="1",
-        event_types=["FactConfirmed"],
-        created_at=p.created_at,
-        content_digest="ab" * 16,
-    )
+    d = rejected_decision(p)
     assert codec.decode_decision(codec.encode_decision(d)) == d
     for junk in (b"", b"\xc3\x01" + b"\0" * 8, codec.encode_decision(d)[:-3]):
         with pytest.raises(DecodeError):
