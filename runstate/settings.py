@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     checkpoint_every: int = Field(50, ge=1, le=1_000_000)
     #: ... and re-checkpoints a run whose newest checkpoint is this many records behind.
     checkpoint_max_age: int = Field(20_000, ge=1)
+    #: ... and, once a partition has been quiet this many seconds, each run with records
+    #: past its newest checkpoint (so that a quiet log is covered to its end).
+    checkpoint_quiet_s: float = Field(5.0, ge=0, le=86_400)
     #: A run's checkpoints weigh at most this many times its records: a trigger waits until
     #: the records since the run's last checkpoint weigh enough (0: every trigger is taken).
     checkpoint_bytes_ratio: float = Field(2.0, ge=0, le=1000)
@@ -141,6 +144,7 @@ class Settings(BaseSettings):
         return CheckpointPolicy(
             every=every or self.checkpoint_every,
             max_age=self.checkpoint_max_age,
+            quiet_s=self.checkpoint_quiet_s,
             bytes_ratio=self.checkpoint_bytes_ratio or None,
         )
 

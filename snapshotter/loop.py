@@ -139,6 +139,11 @@ class CheckpointWriter:
         #: (what it cost is on the performance page).
         self._outbox_empty: set[int] = set()
         self.written = 0
+        #: per partition, its position when last seen idle, and since when it has not moved
+        self._quiet: dict[int, tuple[int, float]] = {}
+        #: set while a run ``until_caught_up``: a quiet partition is settled at once, so
+        #: that catching up ends with the log covered
+        self.catching_up = False
 
     def on_assign(self, partition: int, store: ProjectionStore) -> None:
         self.stores[partition] = store
@@ -385,7 +390,40 @@ class CheckpointWriter:
         owned = self.owned()
         for partition, store in list(self.stores.items()):
             if partition in owned:  # a revoked partition's store is closed
+                self._settle_quiet(partition, store)
                 self.apply_retention(partition, store)
+
+    def _settle_quiet(self, partition: int, store: ProjectionStore) -> None:
+        """Once the partition has had no new record for ``policy.quiet_s`` (at once while
+        :attr:`catching_up`), checkpoint each run with records past its newest checkpoint,
+        within the byte budget, and publish: the coverage then reaches the partition's end.
+        A run the budget defers is looked at again after another quiet spell."""
+        dirty = self.dirty.get(partition)
+        if not dirty:
+            return
+        position, now = store.next_offset(), time.monotonic()
+        seen = self._quiet.get(partition)
+        if seen is None or seen[0] != position:
+            self._quiet[partition] = seen = (position, now)
+        if not self.catching_up and now - seen[1] < self.policy.quiet_s:
+            return
+        self._quiet[partition] = (position, now)
+        weights = self._weights.get(partition, {})
+        settled = {}
+        for run in list(dirty):
+            w = weights.get(run)
+            if w is not None and not self.policy.within_budget(w[0], w[1]):
+                continue
+            doc = store.load_doc(run)
+            if doc is None:
+                continue
+            revision, cp = self._checkpoint(partition, doc, position - 1, ["quiet"], None)
+            settled[(run, revision)] = cp
+            dirty.pop(run, None)
+        if settled:
+            store.put_checkpoints(settled)
+            self._forget_staged(partition)
+            self._publish(partition, store, self._covers_below(partition, position), settled)
 
     def apply_retention(self, partition: int, store: ProjectionStore, now: datetime | None = None) -> int:
         """Erase the partition's runs the retention policy has due (at most every
@@ -540,6 +578,7 @@ class Snapshotter:
         self.writer.owned = lambda: set(self.projector.parts)
 
     def run(self, *, until_caught_up: bool = False, **kw: object) -> ProjectorStats:
+        self.writer.catching_up = until_caught_up
         try:
             return self.projector.run(until_caught_up=until_caught_up, **kw)  # type: ignore[arg-type]
         finally:

@@ -14,14 +14,17 @@ from runstate.schemas.state import TERMINAL_STATUSES
 _TASK_ENDS = frozenset({"TaskCompleted", "TaskFailed", "TaskCancelled"})
 #: The purely periodic triggers, which the byte budget may defer (with ``every_K``); every
 #: boundary of the document is always taken.
-BUDGETED = frozenset({"age"})
+BUDGETED = frozenset({"age", "quiet"})
 
 
 @dataclass(frozen=True, slots=True)
 class CheckpointPolicy:
     """``every`` revisions per run; ``max_age`` records: a run whose newest checkpoint
     covers less than ``log position - max_age`` is checkpointed again (trigger ``age``),
-    so that recovery never has to read far back for an idle run.
+    so that recovery never has to read far back for an idle run; ``quiet_s`` seconds: once
+    a partition has had no new record for that long, each run with records past its newest
+    checkpoint is checkpointed (trigger ``quiet``), so that a quiet log is covered to its
+    end and a restore replays nothing of it.
 
     ``bytes_ratio``: the checkpoints a run writes for the periodic triggers (``every_K``,
     ``age``) weigh at most this many times its records: such a trigger is taken once the
@@ -34,10 +37,13 @@ class CheckpointPolicy:
     every: int = 50
     max_age: int = 20_000
     bytes_ratio: float | None = 2.0
+    quiet_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.max_age < 1:
             raise ValueError("every and max_age must be >= 1")
+        if self.quiet_s < 0:
+            raise ValueError("quiet_s must be >= 0")
         if self.bytes_ratio is not None and self.bytes_ratio <= 0:
             raise ValueError("bytes_ratio must be > 0")
 

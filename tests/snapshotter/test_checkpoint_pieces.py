@@ -192,3 +192,32 @@ def test_segments_of_patch_ids_merge_sixteen_of_a_size_and_a_long_run_keeps_few(
         rep = _restored(log, Path(tmp) / "state")
         assert rep.runs == 1 and rep.rejected == []
         log.close()
+
+
+def test_a_quiet_partition_is_covered_to_its_end_and_a_restore_replays_no_tail(tmp_path: Path) -> None:
+    """Runs that go quiet between boundaries (five patches, no task done, no wait) are
+    checkpointed once their partition is quiet (trigger ``quiet``): the coverage reaches the
+    log's end, and a restore replays nothing. Without it, their records waited for the
+    ``age`` trigger, and a restore replayed them all."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    patches = [patch(r, 0, start()) for r in RUNS]
+    patches += [patch(r, i + 1, fact(f"f{i}")) for i in range(4) for r in RUNS]
+    append_all(log, patches)
+    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy()).run(until_caught_up=True, poll_timeout_s=0.01)
+    heads = {
+        r.key: pieces.head_document(r.value)
+        for r in log.scan(log.topics.checkpoints, 0, 0, 10**9)
+        if r.key in {x.encode() for x in RUNS}
+    }
+    assert {h["revision"] for h in heads.values()} == {5} and all(h["triggers"] == ["quiet"] for h in heads.values())
+    rep = _restored(log, tmp_path / "state")
+    assert rep.runs == 3 and rep.rejected == [] and rep.start_offset == len(patches)
+
+
+def test_quiet_waits_for_a_quiet_partition_and_respects_the_byte_budget() -> None:
+    """The policy's side: ``quiet`` is a periodic trigger (the byte budget may defer it)."""
+    from runstate.settings import Settings
+
+    policy = CheckpointPolicy()
+    assert policy.quiet_s > 0 and policy.budgeted(["quiet"])
+    assert Settings(checkpoint_quiet_s=30).checkpoint_policy().quiet_s == 30

@@ -34,6 +34,7 @@ from runstate.snapshotter.checkpoint import (
 )
 from runstate.snapshotter.checkpoint import encode as encode_cp
 from runstate.schemas import structs
+from runstate.snapshotter import pieces
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.projector.store.partition import ProjectionStore
 from runstate.projector.store.statedir import Layout
@@ -527,5 +528,12 @@ def test_checkpoints_of_long_runs_weigh_at_most_twice_their_records_and_resume_p
     append_all(log, [patch("long-000", 600, ev("ToolCallStarted", call_id="pay", tool="bank", side_effect=True))])
     snap = Snapshotter(log, str(tmp_path / "s"))
     snap.run(until_caught_up=True, poll_timeout_s=0.01)
-    assert snap.writer.written == 1
+    ck = log.topics.checkpoints
+    heads = [
+        pieces.head_document(r.value)
+        for p in range(log.partitions(ck))
+        for r in log.scan(ck, p, 0, 10**9)
+        if r.key == b"long-000"
+    ]
+    assert heads[-1]["revision"] == 601 and "before_side_effect" in heads[-1]["triggers"]
     log.close()
