@@ -9,7 +9,7 @@ read-only never blocks or disturbs the projector.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,14 +28,17 @@ T = TypeVar("T")
 
 
 class Projection:
-    """Queries over ``state_dir``. Not thread-safe; cheap to create."""
+    """Queries over ``state_dir``. Not thread-safe; cheap to create. ``live``: a projector's
+    own open stores by partition, read instead of opening one read-only (they see its writes
+    as they land) and never closed here."""
 
-    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], live: Mapping[int, ProjectionStore] | None = None) -> None:
         self.layout = Layout(state_dir)
         self._stores: dict[int, ProjectionStore] = {}
+        self._live = live or {}
 
     def _store(self, partition: int) -> ProjectionStore | None:
-        st = self._stores.get(partition)
+        st = self._stores.get(partition) or self._live.get(partition)
         if st is None:
             path = self.layout.store_path(partition)
             check_store_files(path)

@@ -147,9 +147,11 @@ class _Local:
         from runstate.projector import Projection
 
         deadline = time.monotonic() + timeout_s
+        live = self._live.stores if self._live is not None else None
         while True:
-            # Opened anew each time: a read-only store sees the projection as of its opening.
-            with Projection(self.state_dir) as proj:
+            # The in-process projector's stores where it has them, else opened anew each time:
+            # a read-only store sees the projection as of its opening.
+            with Projection(self.state_dir, live) as proj:
                 try:
                     if min_revision is None or proj.state_data(run_id)["revision"] >= min_revision:
                         return getattr(proj, how)(run_id)
@@ -158,7 +160,11 @@ class _Local:
                         raise
                 if time.monotonic() > deadline:
                     return getattr(proj, how)(run_id)
-            time.sleep(0.02)
+            if self._live is not None:  # woken by the projector's next stored batch
+                with self._live.changed:
+                    self._live.changed.wait(0.02)
+            else:
+                time.sleep(0.02)
 
     def submit(self, run_id: str, draft: dict[str, Any], timeout_s: float) -> Decision:
         patch = self.producer.build(run_id, draft)
