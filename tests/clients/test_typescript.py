@@ -5,6 +5,7 @@ are needed (skipped without them, except under ``CI=true``, where that fails).""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -39,22 +40,26 @@ def built() -> Path:
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
-    stamp = TS / "node_modules" / ".runstate-lock"
-    lock = (TS / "package-lock.json").read_text()
-    if not stamp.exists() or stamp.read_text() != lock:
-        # No dependency needs an install script; one that builds native code from source
-        # fails on a machine without its prebuilt binary.
-        out = subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
-            cwd=TS,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+    # The Kafka worker runs the validation suite on Kafka while another runs the rest: one
+    # install and build at a time (two `npm ci` in one folder remove each other's files).
+    with open(TS / ".install.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        stamp = TS / "node_modules" / ".runstate-lock"
+        lock = (TS / "package-lock.json").read_text()
+        if not stamp.exists() or stamp.read_text() != lock:
+            # No dependency needs an install script; one that builds native code from source
+            # fails on a machine without its prebuilt binary.
+            out = subprocess.run(
+                ["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+                cwd=TS,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+            stamp.write_text(lock)
+        out = subprocess.run(["npx", "tsc", "-p", "tsconfig.json"], cwd=TS, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-        stamp.write_text(lock)
-    out = subprocess.run(["npx", "tsc", "-p", "tsconfig.json"], cwd=TS, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return TS
 
 
