@@ -409,20 +409,9 @@ class CheckpointWriter:
             return
         self._quiet[partition] = (position, now)
         weights = self._weights.get(partition, {})
-        settled = {}
-        for run in list(dirty):
-            w = weights.get(run)
-            if w is not None and not self.policy.within_budget(w[0], w[1]):
-                continue
-            doc = store.load_doc(run)
-            if doc is None:
-                continue
-            revision, cp = self._checkpoint(partition, doc, position - 1, ["quiet"], None)
-            settled[(run, revision)] = cp
-            dirty.pop(run, None)
+        due = [r for r in dirty if (w := weights.get(r)) is None or self.policy.within_budget(w[0], w[1])]
+        settled = self._checkpoint_runs(partition, store, due, position - 1, "quiet")
         if settled:
-            store.put_checkpoints(settled)
-            self._forget_staged(partition)
             self._publish(partition, store, self._covers_below(partition, position), settled)
 
     def apply_retention(self, partition: int, store: ProjectionStore, now: datetime | None = None) -> int:
@@ -521,18 +510,26 @@ class CheckpointWriter:
         dirty = self.dirty.setdefault(partition, OrderedDict())
         limit = next_offset - 1 - self.policy.max_age
         stale = [r for r, _ in itertools.takewhile(lambda e: e[1] < limit, dirty.items())]  # offset order
-        extra = {}
-        for run in stale:
+        return self._checkpoint_runs(partition, store, stale, next_offset - 1, "age")
+
+    def _checkpoint_runs(
+        self, partition: int, store: ProjectionStore, runs: list[str], covers: int, trigger: str
+    ) -> dict[tuple[str, int], CheckpointWrite]:
+        """Checkpoint ``runs`` as stored, covering the log up to ``covers``, outside a poll
+        batch (for ``trigger``): stored, no longer dirty, and returned for publishing."""
+        dirty = self.dirty.setdefault(partition, OrderedDict())
+        out = {}
+        for run in runs:
             doc = store.load_doc(run)
             if doc is None:
                 continue
-            revision, cp = self._checkpoint(partition, doc, next_offset - 1, ["age"], None)
-            extra[(run, revision)] = cp
+            revision, cp = self._checkpoint(partition, doc, covers, [trigger], None)
+            out[(run, revision)] = cp
             dirty.pop(run, None)
-        if extra:
-            store.put_checkpoints(extra)
+        if out:
+            store.put_checkpoints(out)
             self._forget_staged(partition)
-        return extra
+        return out
 
     def _forget_staged(self, partition: int) -> None:
         """What the partition's checkpoints staged is stored now: read it from the store."""
