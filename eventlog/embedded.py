@@ -723,11 +723,16 @@ class EmbeddedReader(LogReader):
             parts = sorted(self.positions)
             if parts:
                 share = max(1, max_records // len(parts))
+                # One read of the partitions' ends, then a fetch only where there is something
+                # past this reader's position: a serve's reader polls after every append.
+                ends = self._log.end_offsets(self._topic) if len(parts) > 1 else None
                 # Round-robin start so that one busy partition cannot starve the others.
                 self._rr = (self._rr + 1) % len(parts)
                 for p in parts[self._rr :] + parts[: self._rr]:
                     if len(out) >= max_records:
                         break
+                    if ends is not None and ends.get(p, 0) <= self.positions[p]:
+                        continue
                     rows = self._log._fetch(self._topic, p, self.positions[p], min(share, max_records - len(out)))
                     if rows:
                         self.positions[p] = rows[-1].offset + 1

@@ -159,3 +159,30 @@ def test_one_log_object_is_safe_to_share_between_threads(tmp_path: Path) -> None
     values = [r.value for p in range(2) for r in log.scan(log.topics.events, p, 0, ends[p])]
     assert sorted(values) == sorted(f"{t}:{i}".encode() for t in range(8) for i in range(50))
     log.close()
+
+
+def test_a_poll_reads_only_the_partitions_with_new_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A serve's readers poll after every append: one read of the partitions' ends, then a
+    fetch only where a record lies past the reader's position, not one per partition."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=4)
+    topic = log.topics.events
+    reader = log.reader(topic, {p: 0 for p in range(4)})
+    fetched: list[int] = []
+    inner = reader._log._fetch  # type: ignore[attr-defined]
+
+    def counting(t: str, p: int, start: int, limit: int) -> object:
+        fetched.append(p)
+        return inner(t, p, start, limit)
+
+    monkeypatch.setattr(reader._log, "_fetch", counting)  # type: ignore[attr-defined]
+    assert reader.poll(100, 0) == []
+    assert fetched == []
+    producer = log.producer()
+    producer.append_async(topic, "run_a", b"x", lambda w, e: None)
+    producer.flush(5)
+    got = reader.poll(100, 1)
+    assert [r.value for r in got] == [b"x"]
+    assert fetched == [got[0].partition]
+    reader.close()
+    producer.close()
+    log.close()
