@@ -116,6 +116,21 @@ class Instance:
             return 0.0
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def cpu_by_thread(self) -> dict[str, float]:
+        """CPU seconds per thread name (the kernel's: serve names its threads ``rs-*``,
+        librdkafka its own ``rdk:*``), summed over threads of one name."""
+        out: dict[str, float] = {}
+        tick = os.sysconf("SC_CLK_TCK")
+        for task in Path(f"/proc/{self.proc.pid}/task").glob("*"):
+            try:
+                comm = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            name = "rdk:*" if comm.startswith("rdk:") else comm
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        return out
+
     def health(self) -> tuple[set[int], set[int]]:
         """The partitions it serves, and those it is restoring."""
         try:
@@ -386,7 +401,12 @@ def phase(
         load = Load([a, b], runs, random.Random(7))
         cpu0, wall0 = time.process_time(), time.perf_counter()
         inst0 = a.cpu_s() + b.cpu_s()
+        threads0 = [a.cpu_by_thread(), b.cpu_by_thread()]
         killed = asyncio.run(load.run(rate, seconds, 100.0, seconds / 2 if kill else None))
+        threads = {}  # a killed instance's threads are no longer counted
+        for inst, before in zip((a, b), threads0, strict=True):
+            for name, cpu in inst.cpu_by_thread().items():
+                threads[name] = threads.get(name, 0.0) + cpu - before.get(name, 0.0)
         gen_cpu = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
         inst_cpu = a.cpu_s() + b.cpu_s() - inst0  # a killed instance's stops counting at its death
         return {
@@ -394,6 +414,7 @@ def phase(
             "killed": killed,
             "gen_cpu": gen_cpu,
             "inst_cpu": inst_cpu,
+            "threads": threads,
             "rate": rate,
             "seconds": seconds,
             **check(load, [a, b], topics, bootstrap, work),
@@ -451,6 +472,11 @@ def main() -> None:
         print(
             f"  the two instances' CPU: {res['inst_cpu']:.1f} s, {1000 * res['inst_cpu'] / decided:.2f} ms per "  # type: ignore[operator]
             f"decided patch (each with its projector, snapshotter, decision feed and HTTP handlers)"
+        )
+        by_thread = sorted(res["threads"].items(), key=lambda kv: -kv[1])  # type: ignore[attr-defined]
+        print(
+            "    by thread, ms per decided patch: "
+            + ", ".join(f"{name} {1000 * cpu / decided:.2f}" for name, cpu in by_thread if cpu > 0)
         )
         if res["killed"] is not None:
             silence = load.longest_silence(res["killed"])  # type: ignore[arg-type]

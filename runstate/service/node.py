@@ -20,6 +20,7 @@ Threads and who owns what:
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import queue
 import threading
@@ -47,6 +48,17 @@ T = TypeVar("T")
 
 #: The client id prefix by which serve instances advertise their address in the group.
 CLIENT_ID_PREFIX = "runstate-serve|"
+
+
+def _name_os_thread(name: str) -> None:
+    """Give the calling thread its name in the kernel too (Linux; 15 bytes), so that
+    ``top -H``, ``ps -L`` and a bench's per-thread CPU tell an instance's threads apart
+    (librdkafka names its own). Elsewhere, nothing."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 class NotOwner(RunstateError):
@@ -220,6 +232,7 @@ class Node:
 
     def _spawn(self, name: str, target: Callable[[], object]) -> None:
         def run() -> None:
+            _name_os_thread(f"rs-{name}")
             try:
                 target()
             except BaseException as e:  # a dead projector must not leave a server answering

@@ -636,3 +636,11 @@ def test_the_decision_feed_decodes_only_the_runs_a_request_here_waits_for(tmp_pa
     asyncio.run(main())
     out.close()
     log.close()
+
+
+def test_the_instances_threads_carry_their_names_in_the_kernel(served: Served) -> None:
+    """``top -H``, ``ps -L`` and the bench's CPU per thread tell the projector, the
+    snapshotter and the appender apart."""
+    tasks = Path(f"/proc/{served.proc.proc.pid}/task")
+    names = {(t / "comm").read_text().strip() for t in tasks.iterdir()}
+    assert {"rs-projector", "rs-snapshotter", "rs-appender"} <= names, names
