@@ -228,7 +228,7 @@ class Node:
             feed_log = open_settings_log(self.settings)
             feed = DecisionFeed(feed_log, keys=self.settings.instance_keys())
             self._feed = feed
-            self._spawn("decision-feed", lambda: self._feed_loop(feed, feed_log))
+            self._spawn("decisions", lambda: self._feed_loop(feed, feed_log))
 
     def _spawn(self, name: str, target: Callable[[], object]) -> None:
         def run() -> None:
