@@ -5,6 +5,8 @@ and are forwarded to its owner.
 
     .venv/bin/python bench/bench_serve_kafka.py            # 1,000 patches/s for 60 s, twice
     .venv/bin/python bench/bench_serve_kafka.py --quick    # 200 patches/s for 10 s, twice
+    .venv/bin/python bench/bench_serve_kafka.py --rate 250 --seconds 20 --forwarded 0 --gets 0 --steady-only
+                                    # the capacity model's runs: what a patch costs, forwarded or not
 
 Two phases, each on fresh topics and fresh instances:
 
@@ -187,10 +189,15 @@ def wait_split(a: Instance, b: Instance, runs: int, timeout_s: float = 180) -> N
 class Load:
     """The open-loop clients of one phase and what they saw."""
 
-    def __init__(self, instances: list[Instance], runs: int, rng: random.Random) -> None:
+    def __init__(
+        self, instances: list[Instance], runs: int, rng: random.Random, forwarded: float | None = None
+    ) -> None:
         self.instances = instances
         self.runs = runs
         self.rng = rng
+        #: the share of patches sent to the instance that does not own the run (None: each
+        #: instance in turn, whoever owns the run, so about half)
+        self.forwarded = forwarded
         self.append_lat: list[float] = []
         #: the first-try latencies of patches sent to the instance that does not own the run
         self.append_forwarded: list[float] = []
@@ -209,15 +216,23 @@ class Load:
     def other(self, inst: Instance) -> Instance:
         return self.instances[1 - self.instances.index(inst)]
 
-    async def append(self, k: int, inst: Instance) -> None:
+    async def append(self, k: int, run: str, inst: Instance) -> None:
         self.in_flight += 1
         try:
-            await self._append(k, inst)
+            await self._append(k, run, inst)
         finally:
             self.in_flight -= 1
 
-    async def _append(self, k: int, inst: Instance) -> None:
-        run = f"run_{self.rng.randrange(self.runs)}"
+    def target(self, k: int, run: str) -> Instance:
+        """The instance patch ``k`` of ``run`` is sent to (see :attr:`forwarded`)."""
+        inst = self.instances[k % 2]
+        if self.forwarded is not None:
+            owner = partition_for(run, PARTITIONS) in inst.owned_cache
+            if owner != (self.rng.random() >= self.forwarded):
+                inst = self.other(inst)
+        return inst if inst.alive() else self.other(inst)
+
+    async def _append(self, k: int, run: str, inst: Instance) -> None:
         fid = f"f{k}"
         body = json.dumps(
             {
@@ -312,18 +327,17 @@ class Load:
                     if owned == set(range(PARTITIONS)):
                         self.takeover["served"] = refreshed
             while k < int(now * rate) + 1:
-                inst = self.instances[k % 2]
-                if not inst.alive():
-                    inst = self.other(inst)
+                run = f"run_{self.rng.randrange(self.runs)}"
                 if self.in_flight >= MAX_IN_FLIGHT:
                     self.skipped += 1
                 else:
-                    tasks.append(asyncio.create_task(self.append(k, inst)))
+                    tasks.append(asyncio.create_task(self.append(k, run, self.target(k, run))))
                 k += 1
-            while g < int(now * get_rate) + 1:
+            while get_rate and g < int(now * get_rate) + 1:
                 tasks.append(asyncio.create_task(self.get_through_non_owner()))
                 g += 1
-            await asyncio.sleep(max(0.0, min((k / rate), (g / get_rate)) - (time.perf_counter() - t0)))
+            due = min(k / rate, g / get_rate) if get_rate else k / rate
+            await asyncio.sleep(max(0.0, due - (time.perf_counter() - t0)))
         await asyncio.gather(*tasks)
         for inst in self.instances:  # its connections belong to this event loop
             inst.pool.close()
@@ -383,7 +397,15 @@ def check(load: Load, instances: list[Instance], topics: TopicNames, bootstrap: 
 
 
 def phase(
-    name: str, bootstrap: str, work: Path, runs: int, rate: float, seconds: float, kill: bool
+    name: str,
+    bootstrap: str,
+    work: Path,
+    runs: int,
+    rate: float,
+    seconds: float,
+    kill: bool,
+    forwarded: float | None = None,
+    get_rate: float = 100.0,
 ) -> dict[str, object]:
     topics = TopicNames.with_prefix(f"bench-{uuid.uuid4().hex[:8]}")
     log = KafkaLog(bootstrap, topics=topics)
@@ -398,11 +420,11 @@ def phase(
             f"{rate:,.0f} patches/s for {seconds:.0f}s",
             flush=True,
         )
-        load = Load([a, b], runs, random.Random(7))
+        load = Load([a, b], runs, random.Random(7), forwarded)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         inst0 = a.cpu_s() + b.cpu_s()
         threads0 = [a.cpu_by_thread(), b.cpu_by_thread()]
-        killed = asyncio.run(load.run(rate, seconds, 100.0, seconds / 2 if kill else None))
+        killed = asyncio.run(load.run(rate, seconds, get_rate, seconds / 2 if kill else None))
         threads = {}  # a killed instance's threads are no longer counted
         for inst, before in zip((a, b), threads0, strict=True):
             for name, cpu in inst.cpu_by_thread().items():
@@ -431,27 +453,37 @@ def main() -> None:
     ap.add_argument("--rate", type=float)
     ap.add_argument("--seconds", type=float)
     ap.add_argument("--keep", action="store_true", help="keep the instances' state directories and logs")
+    ap.add_argument(
+        "--forwarded",
+        type=float,
+        help="the share of patches sent to the instance not owning the run [each instance in turn: about half]",
+    )
+    ap.add_argument("--gets", type=float, default=100.0, help="GETs per second through the non-owner [%(default)s]")
+    ap.add_argument("--steady-only", action="store_true", help="no SIGKILL phase (the capacity model's runs)")
     args = ap.parse_args()
     rate = args.rate or (200.0 if args.quick else 1_000.0)
     seconds = args.seconds or (10.0 if args.quick else 60.0)
     work = Path(tempfile.mkdtemp(prefix="bench-serve-kafka-"))
     try:
         with kafka_broker() as (bootstrap, _pid):
-            steady = phase("steady", bootstrap, work, args.runs, rate, seconds, kill=False)
-            killed = phase("sigkill", bootstrap, work, args.runs, rate, seconds, kill=True)
+            more = {"forwarded": args.forwarded, "get_rate": args.gets}
+            results = [phase("steady", bootstrap, work, args.runs, rate, seconds, kill=False, **more)]  # type: ignore[arg-type]
+            if not args.steady_only:
+                results.append(phase("sigkill", bootstrap, work, args.runs, rate, seconds, kill=True, **more))  # type: ignore[arg-type]
     finally:
         if args.keep:
             print(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
     print()
-    for res in (steady, killed):
+    for res in results:
         load: Load = res["load"]  # type: ignore[assignment]
         title = "SIGKILL at the middle" if res["killed"] else "steady"
         n = len(load.append_lat) + load.retries
         print(
-            f"{title}: {res['rate']:,.0f} patches/s for {res['seconds']:.0f}s, load generator CPU "
-            f"{res['gen_cpu']:.0%} of a core"
+            f"{title}: {res['rate']:,.0f} patches/s for {res['seconds']:.0f}s, "
+            f"{'about half' if args.forwarded is None else f'{args.forwarded:.0%}'} of them sent to the "
+            f"non-owner, {args.gets:.0f} GETs/s; load generator CPU {res['gen_cpu']:.0%} of a core"
         )
         print(
             f"  append -> decision, first try (ms p50 / p99 / max) {pct(load.append_lat)}  n={len(load.append_lat)}"
