@@ -29,6 +29,7 @@ import orjson
 import yarl
 from pydantic import TypeAdapter
 
+from runstate.eventlog.partitioner import partition_for
 from runstate.schemas.errors import (
     ContractError,
     DecisionTimeout,
@@ -130,11 +131,51 @@ def _raise(resp: httpx.Response) -> None:
     raise ServiceError(resp.status_code, code, message, float(retry) if retry and retry.isdigit() else None)
 
 
+#: How long a routing client (``route=True``) trusts the map of partition owners it read,
+#: and how long it sends everything to its URL after an owner did not answer.
+OWNERS_TTL_S = 10.0
+
+
 class _Base:
-    def __init__(self, url: str, token: str | None, retry_s: float) -> None:
+    def __init__(self, url: str, token: str | None, retry_s: float, route: bool = False) -> None:
         self.url = url.rstrip("/")
         self.headers = {"authorization": f"Bearer {token}"} if token else {}
         self.retry_s = retry_s
+        self.route = route
+        self._owners: dict[int, str] = {}
+        self._partitions = 0
+        self._owners_until = 0.0
+
+    def _owners_due(self) -> bool:
+        return self.route and time.monotonic() >= self._owners_until
+
+    def _learn(self, resp: httpx.Response | None) -> None:
+        """Take ``GET /partitions``' answer as the map of owners until it is due again; an
+        answer that is not one (an older serve, a rebalance, no answer): no map meanwhile,
+        every request to :attr:`url`."""
+        self._owners_until = time.monotonic() + OWNERS_TTL_S
+        self._owners, self._partitions = {}, 0
+        if resp is None or resp.status_code != 200:
+            return
+        try:
+            body = resp.json()
+            self._partitions = int(body["partitions"])
+            self._owners = {int(p): str(u).rstrip("/") for p, u in body["owners"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self._owners, self._partitions = {}, 0
+
+    def _target(self, path: str) -> str | None:
+        """The owner's URL for a request about one run (``/runs/<id>...``) when the map
+        names another instance than :attr:`url`; else None (send it to :attr:`url`)."""
+        if not self._owners or self._partitions < 1 or not path.startswith("/runs/"):
+            return None
+        owner = self._owners.get(partition_for(unquote(path.split("/", 3)[2]), self._partitions))
+        return None if owner is None or owner == self.url else owner + path
+
+    def _missed(self) -> None:
+        """An owner did not answer, or answered 503 (its partition moving): every request
+        to :attr:`url`, which forwards, until the map is read again."""
+        self._owners, self._owners_until = {}, time.monotonic() + OWNERS_TTL_S
 
     @staticmethod
     def _pause(resp: httpx.Response) -> float:
@@ -145,21 +186,45 @@ class _Base:
 
 
 class Client(_Base):
-    """Synchronous client; one per thread (or share it: httpx.Client is thread-safe)."""
+    """Synchronous client; one per thread (or share it: httpx.Client is thread-safe).
+    ``route``: send each run's requests to the instance that owns its partition (read from
+    ``GET /partitions`` every :data:`OWNERS_TTL_S`), not through ``url``, which forwards
+    them: on Kafka with several instances that saves a hop per request. The instances'
+    advertised addresses must then be reachable from here."""
 
-    def __init__(self, url: str, token: str | None = None, *, timeout_s: float = 70.0, retry_s: float = 10.0) -> None:
-        super().__init__(url, token, retry_s)
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout_s: float = 70.0,
+        retry_s: float = 10.0,
+        route: bool = False,
+    ) -> None:
+        super().__init__(url, token, retry_s, route)
         self.http = httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout_s)
 
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         deadline = time.monotonic() + self.retry_s
         while True:
+            if self._owners_due():
+                try:
+                    self._learn(self.http.get("/partitions"))
+                except httpx.TransportError:
+                    self._learn(None)
+            target = self._target(path)
             try:
-                resp = self.http.request(method, path, **kw)
+                resp = self.http.request(method, target or path, **kw)
             except httpx.TransportError as e:
+                if target is not None:
+                    self._missed()
+                    continue
                 if time.monotonic() >= deadline:
                     raise ServiceUnreachable(self.url, e, self.retry_s) from e
                 time.sleep(0.2)
+                continue
+            if target is not None and resp.status_code == 503:
+                self._missed()
                 continue
             if resp.status_code not in RETRIED or time.monotonic() >= deadline:
                 _raise(resp)
@@ -345,10 +410,18 @@ class _AiohttpTransport(httpx.AsyncBaseTransport):
 
 
 class AsyncClient(_Base):
-    """The same verbs for asyncio."""
+    """The same verbs for asyncio (``route``: as :class:`Client`'s)."""
 
-    def __init__(self, url: str, token: str | None = None, *, timeout_s: float = 70.0, retry_s: float = 10.0) -> None:
-        super().__init__(url, token, retry_s)
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout_s: float = 70.0,
+        retry_s: float = 10.0,
+        route: bool = False,
+    ) -> None:
+        super().__init__(url, token, retry_s, route)
         self.http = httpx.AsyncClient(
             base_url=self.url, headers=self.headers, timeout=timeout_s, transport=_AiohttpTransport()
         )
@@ -356,12 +429,24 @@ class AsyncClient(_Base):
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         deadline = time.monotonic() + self.retry_s
         while True:
+            if self._owners_due():
+                try:
+                    self._learn(await self.http.get("/partitions"))
+                except httpx.TransportError:
+                    self._learn(None)
+            target = self._target(path)
             try:
-                resp = await self.http.request(method, path, **kw)
+                resp = await self.http.request(method, target or path, **kw)
             except httpx.TransportError as e:
+                if target is not None:
+                    self._missed()
+                    continue
                 if time.monotonic() >= deadline:
                     raise ServiceUnreachable(self.url, e, self.retry_s) from e
                 await asyncio.sleep(0.2)
+                continue
+            if target is not None and resp.status_code == 503:
+                self._missed()
                 continue
             if resp.status_code not in RETRIED or time.monotonic() >= deadline:
                 _raise(resp)

@@ -115,6 +115,17 @@ class FieldChangeOut(BaseModel):
     after: Any = None
 
 
+class PartitionsOut(BaseModel):
+    """Which instance owns each partition of the events topic: a client that sends a run's
+    requests to the owner of its partition (``partition_for(run_id, partitions)``) saves the
+    forwarding hop. ``owners`` names only instances that proved the instance secret; a
+    partition missing from it (moving, or owned by none that proved it): send to any
+    instance."""
+
+    partitions: int
+    owners: dict[int, str]
+
+
 class ResumeOut(BaseModel):
     checkpoint: Checkpoint
     current_revision: int | None
@@ -243,6 +254,12 @@ class Service:
         return out
 
     # -- writes ----------------------------------------------------------------------------
+
+    async def partitions(self) -> PartitionsOut:
+        """The owners of the partitions (see :class:`PartitionsOut`); none named on the
+        embedded log, where this instance owns them all."""
+        owners = {} if self.router is None else await self.router.proven_owners()
+        return PartitionsOut(partitions=self.node.partitions, owners=owners)
 
     async def submit(
         self, who: Identity, run_id: str, data: Any, wait_s: float | None, fwd: Forward, channel: str = "http"

@@ -43,7 +43,16 @@ from runstate.schemas.state import GraphCheckpointRead, RunState, RunStatus, Run
 from runstate.service.admission import Admission, Admit
 from runstate.service.auth import AuthError, Identity, Tokens
 from runstate.service.errors import answer, body
-from runstate.service.core import DeadLetterOut, ErasedOut, FieldChangeOut, Forward, ResumeOut, Service, Submitted
+from runstate.service.core import (
+    DeadLetterOut,
+    ErasedOut,
+    FieldChangeOut,
+    Forward,
+    PartitionsOut,
+    ResumeOut,
+    Service,
+    Submitted,
+)
 from runstate.service.node import Node
 from runstate.service.routing import FORWARDED, HELLO_PATH, SIGNED, PeerGate, Router, body_digest
 from runstate.snapshotter.checkpoint import Checkpoint
@@ -628,6 +637,15 @@ async def readyz(request: Request) -> Response:
     every = ctx(request).router is None
     ready = body.status == "serving" and (len(body.owned_partitions) == body.partitions or not every)
     return _json_out(body, 200 if ready else 503)
+
+
+@routes.get("/partitions", response_model=PartitionsOut, responses=_errors(401, 503))
+async def get_partitions(request: Request) -> Response:
+    """Which instance owns each partition (any valid token): ``runstate.client``'s
+    ``route=True`` sends each run's requests to its owner with it, instead of through an
+    instance that forwards them. 503 while the group rebalances."""
+    _ident(request)
+    return _json_out(await ctx(request).service.partitions())
 
 
 @routes.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})

@@ -207,6 +207,23 @@ class Router:
                 self._read_at = time.monotonic()
             return dict(self._owners)
 
+    async def proven_owners(self) -> dict[int, str]:
+        """partition -> URL of its owner, for the owners that proved the instance secret
+        (this instance included): what a client may be told to send a run's requests to,
+        never an impostor that joined the group under a serve's client id. Raises
+        :class:`Unavailable` while rebalancing."""
+        owners = await self.owners()
+        if self.keys is None:
+            return {p: url for p, url in owners.items() if url == self.me}
+        proven = {self.me}
+        for url in set(owners.values()) - proven:
+            try:
+                await self._prove(url)
+                proven.add(url)
+            except ForwardError:
+                pass
+        return {p: url for p, url in owners.items() if url in proven}
+
     async def owner(self, partition: int, refresh: bool = False) -> str:
         url = (await self.owners(refresh)).get(partition)
         if url is None:

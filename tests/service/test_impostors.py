@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import start
+from helpers import fact, start
 
 from runstate import app
+from runstate.client import Client
 from runstate.eventlog.instancekey import InstanceKeys
 from runstate.producers.decisions import DecisionFeed
 from runstate.schemas.codec import encode_decision
@@ -188,6 +189,11 @@ def test_an_impostor_in_the_projector_group_gets_no_token_no_patch_and_no_say(
             assert r.status_code == 503, r.text  # never the impostor's "decided"
         assert not any("authorization" in h for _m, _p, h, _b in _Impostor.seen), _Impostor.seen
         assert not any(p.startswith("/runs/") for _m, p, _h, _b in _Impostor.seen), _Impostor.seen
+        # Nor is a client told to send a run's requests to it: the map names proven owners only.
+        told = httpx.get(f"{a.url}/partitions", headers={"authorization": f"Bearer {token}"}, timeout=30)
+        assert told.status_code in (200, 503), told.text
+        if told.status_code == 200:
+            assert f"127.0.0.1:{port}" not in told.text and not set(told.json()["owners"]) & {str(p) for p in held}
         # /metrics answers while the group rebalances around the impostor (it used to wait on
         # the consumer's handle while a partition was restored in the rebalance callback).
         metrics = httpx.get(a.url + "/metrics", headers=auth, timeout=10).text
@@ -396,6 +402,24 @@ def test_two_instances_forward_the_callers_identity_never_its_token(
         er = httpx.delete(f"{a.url}/runs/{run_id}", params={"reason": "x"}, headers=auth, timeout=30)
         assert er.status_code == 403, er.text
         assert httpx.get(f"{a.url}/runs/{run_id}", headers=auth, timeout=30).json()["revision"] == 1
+        # A routing client sends the run's requests to its owner: a never sees them.
+        owners = httpx.get(f"{a.url}/partitions", headers=auth, timeout=30).json()
+        assert owners["partitions"] == 4 and owners["owners"][str(partition_for(run_id, 4))] == b.url, owners
+
+        def patches_seen(url: str) -> float:
+            text = httpx.get(url + "/metrics", headers=auth, timeout=30).text
+            return sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith('runstate_http_requests_total{route="/runs/{run_id}/patches"')
+            )
+
+        before = patches_seen(a.url)
+        with Client(a.url, writer, route=True) as routed:
+            d = routed.submit(run_id, {**draft, "expected_revision": 1, "events": [fact("f-routed")]})
+            assert d.outcome == "accepted" and d.agent_id == "agent-1", d
+            assert routed.state(run_id).revision == 2
+        assert patches_seen(a.url) == before
         assert "Traceback" not in a.log() + b.log()
     finally:
         a.stop()

@@ -644,3 +644,16 @@ def test_the_instances_threads_carry_their_names_in_the_kernel(served: Served) -
     tasks = Path(f"/proc/{served.proc.proc.pid}/task")
     names = {(t / "comm").read_text().strip() for t in tasks.iterdir()}
     assert {"rs-projector", "rs-snapshotter", "rs-appender"} <= names, names
+
+
+def test_the_map_of_owners_names_no_other_instance_on_the_embedded_log_and_a_routing_client_works(
+    served: Served,
+) -> None:
+    """One instance owns every partition: ``GET /partitions`` names none, and a client with
+    ``route=True`` sends everything to its URL."""
+    with served.client() as rs:
+        body = rs.http.get("/partitions").json()
+        assert body == {"partitions": 4, "owners": {}}, body
+    with Client(served.url, served.tokens["planner"], route=True) as routed:
+        started(routed, "routed-1")
+        assert routed.state("routed-1").revision == 1
