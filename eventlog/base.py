@@ -27,6 +27,10 @@ Headers = tuple[tuple[str, bytes], ...]
 LIBRDKAFKA_LOGGER = "runstate.kafka.librdkafka"
 
 
+#: Least seconds between two writes of a busy consumer's position mirror (``commit``).
+MIRROR_EVERY_S = 1.0
+
+
 class Record(NamedTuple):
     """One log record as read back. (A named tuple: the projector builds one per record
     read, and a named tuple is several times cheaper to build than a frozen dataclass.)"""

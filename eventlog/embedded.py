@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from runstate.eventlog.base import (
+    MIRROR_EVERY_S,
     Appended,
     DeliveryCallback,
     EventLog,
@@ -159,8 +160,6 @@ def _crc(key: bytes | None, value: bytes) -> int:
 log = logging.getLogger("runstate.eventlog")
 
 COMPACT_EVERY = 1000
-#: Least seconds between two writes of a busy consumer's position mirror.
-MIRROR_EVERY_S = 1.0
 COMPACTION_LAG = 1000
 
 

@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from runstate.eventlog.base import (
     LIBRDKAFKA_LOGGER,
+    MIRROR_EVERY_S,
     Appended,
     DeliveryCallback,
     EventLog,
@@ -709,6 +710,9 @@ class KafkaConsumer(LogConsumer):
         #: callback (a partition's restore) runs in poll
         self._ends: dict[int, int | None] = {}
         self._ends_at = 0.0
+        #: positions given to ``commit`` and not sent yet, and when they last were
+        self._unmirrored: dict[int, int] | None = None
+        self._mirrored_at = 0.0
 
     def subscribe(self, on_assign: OnAssign, on_revoke: OnRevoke) -> None:
         """Under the eager protocol (librdkafka's default assignment strategies) a rebalance
@@ -741,6 +745,8 @@ class KafkaConsumer(LogConsumer):
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
         out = _records(_poll(self._c, max_records, timeout_s), self._owned, self._registry)
         now = time.monotonic()
+        if not out:
+            self._flush_mirror(now)
         if now - self._ends_at >= ENDS_EVERY_S:
             ends: dict[int, int | None] = {}
             for p in self._owned:
@@ -758,7 +764,19 @@ class KafkaConsumer(LogConsumer):
         return {p: ends.get(p) for p in self._owned}
 
     def commit(self, positions: dict[int, int]) -> None:
-        tps = [TopicPartition(self._topic, p, o) for p, o in positions.items() if p in self._owned]
+        """Sent at most every ``MIRROR_EVERY_S`` while busy, then on the next idle poll and
+        on close, as the embedded log does: a serve's projector decides batches of a patch or
+        two, and a commit per batch cost it more than the batch's own work in librdkafka."""
+        self._unmirrored = dict(positions)
+        now = time.monotonic()
+        if now - self._mirrored_at >= MIRROR_EVERY_S:
+            self._flush_mirror(now)
+
+    def _flush_mirror(self, now: float) -> None:
+        if self._unmirrored is None:
+            return
+        tps = [TopicPartition(self._topic, p, o) for p, o in self._unmirrored.items() if p in self._owned]
+        self._unmirrored, self._mirrored_at = None, now
         if tps:
             try:
                 self._c.commit(offsets=tps, asynchronous=True)
@@ -766,4 +784,5 @@ class KafkaConsumer(LogConsumer):
                 pass  # the mirror is for monitoring only; the next batch commits again
 
     def close(self) -> None:
+        self._flush_mirror(time.monotonic())
         self._c.close()

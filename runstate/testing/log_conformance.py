@@ -209,6 +209,30 @@ class LogConformance:
         assert log.committed("g-conf", topic) == ends
         assert log.committed("g-never-committed", topic) == {}
 
+    def test_a_busy_consumers_mirror_waits_for_an_idle_poll(self, log: EventLog) -> None:
+        """A second ``commit`` within ``MIRROR_EVERY_S`` of the first is not written until
+        the consumer's next idle poll (a projector commits after every batch)."""
+        topic = log.topics.events
+        n = log.partitions(topic)
+        ends = _fill(log, 20)
+        owner = _Owner({p: 0 for p in range(n)})
+        consumer = log.consumer("g-mirror", topic)
+        consumer.subscribe(owner.on_assign, owner.on_revoke)
+        assert len(drain(consumer, sum(ends.values()))) == sum(ends.values())
+        first = {p: 1 for p in range(n)}
+        consumer.commit(first)
+        consumer.commit(ends)  # deferred: no poll in between
+        deadline = time.monotonic() + 10
+        while log.committed("g-mirror", topic) != first and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert log.committed("g-mirror", topic) == first
+        assert consumer.poll(10, 0.2) == []  # idle: the last positions go out
+        deadline = time.monotonic() + 10
+        while log.committed("g-mirror", topic) != ends and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert log.committed("g-mirror", topic) == ends
+        consumer.close()
+
     def test_reader_follows_from_given_offsets_and_sees_later_appends(self, log: EventLog) -> None:
         topic = log.topics.decisions
         n = log.partitions(topic)
