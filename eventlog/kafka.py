@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -75,6 +76,8 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "socket.nagle.disable": True,
 }
 
+#: Longest a consumer's close waits for librdkafka to send its last commit and leave the group.
+CLOSE_WAIT_S = 5.0
 
 #: Group-coordinator errors that clear by themselves (coordinator moving or loading).
 _COORDINATOR_RETRY = frozenset(
@@ -784,5 +787,30 @@ class KafkaConsumer(LogConsumer):
                 pass  # the mirror is for monitoring only; the next batch commits again
 
     def close(self) -> None:
+        """Send the last position mirror and leave the group (revoking: ``on_revoke`` runs),
+        waiting at most ``CLOSE_WAIT_S``. librdkafka's close waits for an offset commit
+        until the coordinator answers (librdkafka#3740: for as long as the broker stays
+        away); the mirror is monitoring, and the group drops a silent member after its
+        session timeout, so a close that outlasts the bound is left to finish in a daemon
+        thread."""
         self._flush_mirror(time.monotonic())
-        self._c.close()
+        failed: list[BaseException] = []
+
+        def closing() -> None:
+            try:
+                self._c.close()
+            except BaseException as e:  # raised in the caller's thread below
+                failed.append(e)
+
+        closer = threading.Thread(target=closing, name="rs-consumer-close", daemon=True)
+        closer.start()
+        closer.join(CLOSE_WAIT_S)
+        if closer.is_alive():
+            log.warning(
+                "the consumer of %r did not leave its group within %.0f s (the broker does not "
+                "answer); the group drops it after its session timeout",
+                self._topic,
+                CLOSE_WAIT_S,
+            )
+        elif failed:
+            raise failed[0]

@@ -362,6 +362,29 @@ def test_snapshotter_and_projector_killed_then_state_lost_and_recovered_on_kafka
     log.close()
 
 
+def test_a_consumer_closes_promptly_with_its_position_mirror_unsent_and_the_broker_down(
+    own_broker: LocalKafka,
+) -> None:
+    """librdkafka's close waits for an offset commit it cannot send (librdkafka#3740: for as
+    long as the coordinator stays away): the mirror is monitoring, so close gives up on it."""
+    log = KafkaLog(own_broker.bootstrap, topics=TopicNames())
+    log.create_topics(3)
+    consumer = log.consumer("closing", log.topics.events, client_id="closing")
+    consumer.subscribe(lambda ps: {p: 0 for p in ps}, lambda ps: None)
+    deadline = time.monotonic() + 60
+    while not consumer.assignment() and time.monotonic() < deadline:
+        consumer.poll(10, 0.2)
+    assert consumer.assignment()
+    consumer.commit({p: 0 for p in consumer.assignment()})
+    consumer.commit({p: 1 for p in consumer.assignment()})  # a busy consumer's: not sent yet
+    own_broker.stop()
+    t0 = time.monotonic()
+    consumer.close()
+    elapsed = time.monotonic() - t0
+    print(f"closed after {elapsed:.1f}s")
+    assert elapsed < 8, f"close waited {elapsed:.1f}s on a broker that is down"
+
+
 @pytest.mark.parametrize("when", ["after_restart", "while_down"])
 def test_sigterm_ends_the_projector_promptly_around_a_broker_restart(
     own_broker: LocalKafka, tmp_path: Path, when: str
