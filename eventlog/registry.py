@@ -63,6 +63,9 @@ KEEPS_BACKWARD = frozenset({"BACKWARD", "BACKWARD_TRANSITIVE", "FULL", "FULL_TRA
 RAW_HEAD = b"\x00rsh"
 #: How long a read waits between two tries of a registry it cannot reach.
 RETRY_S = 2.0
+#: Seconds a registry request may take (confluent-kafka's client, which tries a request four
+#: times, has no bound of its own: a registry that accepts and never answers held a caller for good).
+REGISTRY_TIMEOUT_S = 5.0
 
 _WRAPPED = "checkpoint"
 _UNSEEN = object()
@@ -131,7 +134,7 @@ class RegistryFraming:
                     "pip install 'runstate[registry]'"
                 ) from e
             try:
-                self._client = SchemaRegistryClient({"url": self.url, **self.conf})
+                self._client = SchemaRegistryClient({"url": self.url, "timeout": REGISTRY_TIMEOUT_S, **self.conf})
             except Exception as e:  # a bad setting: the client's own message says which
                 raise LogConfigError(f"cannot use the schema registry at {self.url}: {e}") from e
         return self._client

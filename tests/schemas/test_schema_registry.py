@@ -80,11 +80,18 @@ def _patch_schema_text() -> str:
     return json.dumps(w.schema, indent=1)  # spaced otherwise than runstate registers it: another id
 
 
+def _registry_client(url: str) -> SchemaRegistryClient:
+    """confluent-kafka's client with a bound on each request (its own default waits for
+    good: a request Apicurio once left unanswered held a CI run until pytest's timeout);
+    a request that times out is tried again, up to its four tries."""
+    return SchemaRegistryClient({"url": url, "timeout": 10})
+
+
 def test_kafkas_own_deserializer_reads_every_record_runstate_writes_and_runstate_decides_its_serializers(
     kafka_bootstrap: str, kafka_topics: TopicNames, schema_registry: str, tmp_path: Path
 ) -> None:
     KafkaLog(kafka_bootstrap, topics=kafka_topics).create_topics(3)
-    registry = SchemaRegistryClient({"url": schema_registry})
+    registry = _registry_client(schema_registry)
     serve = ServeProcess(_env(kafka_bootstrap, kafka_topics, tmp_path / "state", schema_registry), tmp_path)
     try:
         serve.wait_ready(timeout_s=120)
@@ -197,7 +204,7 @@ def test_the_registry_checks_compatibility_and_an_incompatible_schema_stops_runs
     from runstate.eventlog.registry import RegistryFraming
     from runstate.schemas.errors import LogConfigError
 
-    registry = SchemaRegistryClient({"url": schema_registry})
+    registry = _registry_client(schema_registry)
     env = _env(kafka_bootstrap, kafka_topics, tmp_path / "state", schema_registry)
     assert _cli(env, "topics", "create", "--partitions", "1").exit_code == 0
     subject = f"{kafka_topics.events}-runstate.v.Patch"
@@ -245,7 +252,7 @@ def test_a_registry_that_is_down_or_a_record_of_another_schema_is_a_clear_answer
     # A record framed with a schema id that is not one of runstate's: a dead letter naming
     # it, and the patches around it decided.
     env = {**env, "RUNSTATE_SCHEMA_REGISTRY_URL": schema_registry}
-    registry = SchemaRegistryClient({"url": schema_registry})
+    registry = _registry_client(schema_registry)
     sid = registry.register_schema(
         f"{kafka_topics.events}-other", Schema('{"type":"record","name":"Other","fields":[]}', "AVRO")
     )
@@ -285,7 +292,7 @@ def test_sealed_records_are_read_as_envelopes_and_a_registry_lost_mid_run_stops_
         serve.wait_ready(timeout_s=120)
         with Client(serve.url) as rs:
             assert rs.submit("sealed-1", {"expected_revision": 0, "events": [start()]}).outcome == "accepted"
-            deserializer = AvroDeserializer(SchemaRegistryClient({"url": url}))
+            deserializer = AvroDeserializer(_registry_client(url))
             values = _values(kafka_bootstrap, kafka_topics.events)
             got = [deserializer(v, SerializationContext(kafka_topics.events, MessageField.VALUE)) for v in values]
             assert (
