@@ -18,7 +18,7 @@ import asyncio
 import random
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, unquote
@@ -136,6 +136,11 @@ def _raise(resp: httpx.Response) -> None:
 OWNERS_TTL_S = 10.0
 
 
+#: What a request's policy asks its client to do: ("owners", path), ("send", path or URL),
+#: ("sleep", seconds).
+_Step = tuple[str, str | float]
+
+
 class _Base:
     def __init__(self, url: str, token: str | None, retry_s: float, route: bool = False) -> None:
         self.url = url.rstrip("/")
@@ -184,6 +189,36 @@ class _Base:
         base = min(1.0, float(retry)) if retry and retry.isdigit() else 0.2
         return base * random.uniform(0.5, 1.0)
 
+    def _exchange(self, path: str) -> Generator[_Step, httpx.Response | httpx.TransportError | None, httpx.Response]:
+        """One request's policy, written once for both clients: it yields what to do (read
+        the owners, send to a URL, sleep) and is sent the outcome (the response, the
+        transport error, or None); it returns the answer, or raises runstate's error for it.
+        Owners are tried first; :attr:`url` (which forwards) is retried on transport errors
+        and :data:`RETRIED` statuses for :attr:`retry_s`."""
+        deadline = time.monotonic() + self.retry_s
+        while True:
+            if self._owners_due():
+                partitions = yield ("owners", "/partitions")
+                self._learn(partitions if isinstance(partitions, httpx.Response) else None)
+            target = self._target(path)
+            resp = yield ("send", target or path)
+            if isinstance(resp, httpx.TransportError):
+                if target is not None:
+                    self._missed()
+                    continue
+                if time.monotonic() >= deadline:
+                    raise ServiceUnreachable(self.url, resp, self.retry_s) from resp
+                yield ("sleep", 0.2)
+                continue
+            assert resp is not None
+            if target is not None and resp.status_code == 503:
+                self._missed()
+                continue
+            if resp.status_code not in RETRIED or time.monotonic() >= deadline:
+                _raise(resp)
+                return resp
+            yield ("sleep", self._pause(resp))
+
 
 class Client(_Base):
     """Synchronous client; one per thread (or share it: httpx.Client is thread-safe).
@@ -205,31 +240,23 @@ class Client(_Base):
         self.http = httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout_s)
 
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        deadline = time.monotonic() + self.retry_s
-        while True:
-            if self._owners_due():
-                try:
-                    self._learn(self.http.get("/partitions"))
-                except httpx.TransportError:
-                    self._learn(None)
-            target = self._target(path)
-            try:
-                resp = self.http.request(method, target or path, **kw)
-            except httpx.TransportError as e:
-                if target is not None:
-                    self._missed()
+        steps = self._exchange(path)
+        outcome: httpx.Response | httpx.TransportError | None = None
+        try:
+            while True:
+                what, arg = steps.send(outcome)
+                outcome = None
+                if what == "sleep":
+                    time.sleep(float(arg))
                     continue
-                if time.monotonic() >= deadline:
-                    raise ServiceUnreachable(self.url, e, self.retry_s) from e
-                time.sleep(0.2)
-                continue
-            if target is not None and resp.status_code == 503:
-                self._missed()
-                continue
-            if resp.status_code not in RETRIED or time.monotonic() >= deadline:
-                _raise(resp)
-                return resp
-            time.sleep(self._pause(resp))
+                try:
+                    outcome = self.http.request(
+                        "GET" if what == "owners" else method, str(arg), **({} if what == "owners" else kw)
+                    )
+                except httpx.TransportError as e:
+                    outcome = e
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     # -- RunProducer's verbs -----------------------------------------------------------
 
@@ -427,31 +454,23 @@ class AsyncClient(_Base):
         )
 
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        deadline = time.monotonic() + self.retry_s
-        while True:
-            if self._owners_due():
-                try:
-                    self._learn(await self.http.get("/partitions"))
-                except httpx.TransportError:
-                    self._learn(None)
-            target = self._target(path)
-            try:
-                resp = await self.http.request(method, target or path, **kw)
-            except httpx.TransportError as e:
-                if target is not None:
-                    self._missed()
+        steps = self._exchange(path)
+        outcome: httpx.Response | httpx.TransportError | None = None
+        try:
+            while True:
+                what, arg = steps.send(outcome)
+                outcome = None
+                if what == "sleep":
+                    await asyncio.sleep(float(arg))
                     continue
-                if time.monotonic() >= deadline:
-                    raise ServiceUnreachable(self.url, e, self.retry_s) from e
-                await asyncio.sleep(0.2)
-                continue
-            if target is not None and resp.status_code == 503:
-                self._missed()
-                continue
-            if resp.status_code not in RETRIED or time.monotonic() >= deadline:
-                _raise(resp)
-                return resp
-            await asyncio.sleep(self._pause(resp))
+                try:
+                    outcome = await self.http.request(
+                        "GET" if what == "owners" else method, str(arg), **({} if what == "owners" else kw)
+                    )
+                except httpx.TransportError as e:
+                    outcome = e
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     async def append(
         self, run_id: str, draft: PatchDraft | dict[str, Any], *, wait_s: float | None = None
