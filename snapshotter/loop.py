@@ -105,9 +105,10 @@ class CheckpointWriter:
         #: per partition, the runs the last retention check found due; erased since start
         self.retention_due: dict[int, int] = {}
         self.retention_erased = 0
-        #: per partition, per run: the bytes of its records since its last checkpoint, that
-        #: checkpoint's bytes, and how much it grew per byte of records (the policy's byte
-        #: budget); in memory only: after a restart a run's next trigger is taken
+        #: per partition, per run: the bytes of its records since its last checkpoint and that
+        #: checkpoint's head's (the policy's byte budget: a base's bundle is paid once, not
+        #: by every later checkpoint); in memory only: after a restart a run's next trigger
+        #: is taken
         self._weights: dict[int, dict[str, list[Any]]] = {}
         #: bytes of the checkpoints published since start
         self.written_bytes = 0
@@ -115,8 +116,8 @@ class CheckpointWriter:
         self._tracked: dict[int, _Tracking] = {}
         #: per partition, the pieces checkpoints of the batch being decided published, not stored yet
         self._staged: dict[int, dict[tuple[str, str], bytes]] = {}
-        #: (partition, run) -> the run's epoch and digest after its newest checkpoint of that batch
-        self._tallies: dict[tuple[int, str], tuple[int, pieces.Tally]] = {}
+        #: (partition, run) -> what the run's newest checkpoint stands on (epoch, digest, bundles)
+        self._published: dict[tuple[int, str], pieces.Published] = {}
         #: the partitions the projector owns now (set by :class:`Snapshotter`)
         self.owned: Callable[[], set[int]] = lambda: set(self.stores)
         self.producer = log_.producer()
@@ -170,7 +171,7 @@ class CheckpointWriter:
         weights = self._weights.setdefault(partition, {})
         w = weights.get(run)
         if w is None:
-            w = weights[run] = [0, 0]  # records' bytes since the last checkpoint, that checkpoint's bytes
+            w = weights[run] = [0, 0]  # records' bytes since the last checkpoint, that checkpoint's head's
         w[0] += batch.record_bytes
         tracking = self._tracking(partition)
         if run in tracking.based and batch.changes is not None:
@@ -199,23 +200,30 @@ class CheckpointWriter:
     ) -> tuple[int, CheckpointWrite]:
         """The run's checkpoint at ``doc``'s revision, covering the log up to ``covers``:
         the pieces that changed since its previous one (all of them for a base: the run's
-        first checkpoint since this snapshotter took its partition), then its head."""
+        first checkpoint since this snapshotter took its partition) in one bundle, which
+        absorbs the run's newest smaller bundles, or is a base again once the run's bundles
+        hold too much that newer ones superseded (:func:`pieces.absorbed`); then its head."""
         run = doc.header.run_id
         store = self.stores[partition]
         tracking = self._tracking(partition)
         staged = self._staged.setdefault(partition, {})
         unwritten = [d for d in batch.decisions if d.run_id == run] if batch is not None else []
         revision = doc.header.revision
-        prior = self._tallies.get((partition, run))
+        prior = self._published.get((partition, run))
+        older: list[str] = []  # format 4 pieces of the run on the topic, to empty
         if prior is None:
             raw = store.tally(run)
-            prior = None if raw is None else pieces.Tally.decode(raw)
-        out: dict[str, bytes] = {}
+            prior = None if raw is None else pieces.Published.decode(raw)
+            if raw is not None and prior is None:
+                older = list(store.pieces_at(run))
+        out: dict[str, bytes] = {}  # the pieces' new versions, for the local history
+        bundle: dict[str, bytes] | None = None
+        names: list[str] | None = None
         if doc.header.status == "erased":
             # Every piece the run had goes (content-free: the keys that sealed them are gone).
             for name in {*store.pieces_at(run), *(n for (r, n) in staged if r == run)}:
                 out[name] = b""
-            epoch, tally = 0, pieces.Tally()
+            state = pieces.Published(0, pieces.Tally(), 0, [])
             tracking.based.discard(run)
             tracking.segments.pop(run, None)
             erased: str | None = keys.encode_header(doc.header).decode()
@@ -227,19 +235,22 @@ class CheckpointWriter:
             if run not in tracking.based or prior is None:
                 # A base: every piece, in a new epoch (the revision, and random bits: two
                 # instances that based the run at one revision do not share an epoch).
-                epoch, tally = revision << 20 | secrets.randbits(20), pieces.Tally()
+                epoch = revision << 20 | secrets.randbits(20)
                 current = self._all_pieces(doc, store, unwritten, epoch)
                 for name in {*store.pieces_at(run), *(n for (r, n) in staged if r == run)} - current.keys():
-                    out[name] = b""  # of an older epoch: never restored, and gone from the topic
-                for name, (body, value) in current.items():
+                    out[name] = b""  # of an older epoch: not in this one
+                for name, (_body, value) in current.items():
                     out[name] = value
-                    tally = tally.add(name, epoch, body)
+                bundle = {name: body for name, (body, _v) in current.items()}
+                state = pieces.Published(
+                    epoch, pieces.tally_of(epoch, bundle.items()), sum(map(len, bundle.values())), []
+                )
                 tracking.based.add(run)
                 tracking.segments[run] = {
-                    n: len(b) // keys.PATCH_ID_DIGEST for n, (b, _v) in current.items() if pieces.is_ids(n)
+                    n: len(b) // keys.PATCH_ID_DIGEST for n, b in bundle.items() if pieces.is_ids(n)
                 }
             else:
-                epoch, tally = prior
+                epoch, tally, live, _b = prior
 
                 def was(name: str) -> bytes | None:
                     """The piece's body in the run's newest checkpoint (None: not there)."""
@@ -255,39 +266,91 @@ class CheckpointWriter:
                     old = was(name)
                     if old is not None:
                         tally = tally.remove(name, epoch, old)
+                        live -= len(old)
                     out[name] = pieces.piece_value(epoch, name, body or b"")
                     if body:
                         tally = tally.add(name, epoch, body)
+                        live += len(body)
+                delta = {name: body or b"" for name, body in bodies.items()}
+                m = pieces.absorbed(prior.bundles, pieces.bundle_raw(delta), live)
+                if m is None:  # based again, in the same epoch: only the live pieces
+                    segments = tracking.segments.get(run, {})
+                    bundle = {
+                        n: b
+                        for n in {*self._item_names(doc), *segments}
+                        if (b := delta[n] if n in delta else self._current(doc, n, was))
+                    }
+                    state = pieces.Published(epoch, tally, live, [])
+                else:
+                    # The newest bundles it absorbs hold the newest versions of their pieces:
+                    # their bodies now, or gone.
+                    bundle = {}
+                    for b in prior.bundles[len(prior.bundles) - m :]:
+                        for n in b.names or ():
+                            bundle[n] = self._current(doc, n, was) or b""
+                    bundle.update(delta)
+                    names = list(bundle)
+                    state = pieces.Published(epoch, tally, live, prior.bundles[: len(prior.bundles) - m])
+        records: list[tuple[str, bytes, bool]] = []
+        if bundle is not None:
+            slot = pieces.free_slot(prior.bundles if prior is not None else [])
+            value = pieces.bundle_value(state.epoch, revision, bundle)
+            records.append((pieces.slot_key(run, slot), value, False))
+            state = state._replace(
+                bundles=[
+                    *state.bundles,
+                    pieces.Bundle(slot, pieces.bundle_digest(value), pieces.bundle_raw(bundle), names),
+                ]
+            )
         header = erased.encode() if erased is not None else keys.encode_header(doc.header)
         head = pieces.make_head(
             run_id=run,
             revision=revision,
             partition=partition,
             covers_offset=covers,
-            epoch=epoch,
-            tally=tally,
+            epoch=state.epoch,
+            tally=state.tally,
             triggers=triggers,
             verdict=verdict_of_doc(doc),
             key=self.key,
             header=header,
             recent=recent,
+            bundles=state.bundles,
             erased=erased,
         )
         free = erased is not None
-        records = [(pieces.record_key(run, name), value, free) for name, value in out.items()]
         records.append((run, head, free))
+        if erased is not None:  # every slot the run may have used holds sealed content
+            records += [(pieces.slot_key(run, s), b"", True) for s in range(pieces.SLOTS)]
+            older = list(out)
+        # Pieces of format 4 are records of their own: emptied once the run's first bundle
+        # (or its erasure) is published.
+        records += [(pieces.record_key(run, name), b"", free) for name in older]
         # An erased run's history is gone: its tombstones are published, not kept (their
         # names are the run's item ids, content).
         kept = {} if erased is not None else out
-        cp = CheckpointWrite(head, kept, tally.encode(epoch), msgspec.msgpack.encode(records))
+        cp = CheckpointWrite(head, kept, state.encode(), msgspec.msgpack.encode(records))
         for name, value in kept.items():
             staged[(run, name)] = value
-        self._tallies[(partition, run)] = (epoch, tally)
+        self._published[(partition, run)] = state
         if batch is not None:
             batch.checkpoints[(run, revision)] = cp
         self.covered.setdefault(partition, {})[run] = covers
-        self._weights.setdefault(partition, {})[run] = [0, sum(len(v) for v in out.values()) + len(head)]
+        self._weights.setdefault(partition, {})[run] = [0, len(head)]
         return revision, cp
+
+    @staticmethod
+    def _item_names(doc: RunDoc) -> list[str]:
+        return [
+            pieces.item_piece(kind, id_)
+            for kind in COLLECTIONS
+            for id_, e in doc.entries(kind).items()
+            if e is not None
+        ]
+
+    def _current(self, doc: RunDoc, name: str, was: Callable[[str], bytes | None]) -> bytes | None:
+        """A piece's body now: an item's from the run, a segment of patch ids as published."""
+        return self._body(doc, name) if pieces.is_item(name) else was(name)
 
     def _ids_since(self, tracking: _Tracking, run: str, unwritten: list[Decision], covers: int) -> list[str]:
         """The patch ids the run decided since its previous checkpoint, up to ``covers``."""
@@ -534,8 +597,8 @@ class CheckpointWriter:
     def _forget_staged(self, partition: int) -> None:
         """What the partition's checkpoints staged is stored now: read it from the store."""
         self._staged.pop(partition, None)
-        for k in [k for k in self._tallies if k[0] == partition]:
-            del self._tallies[k]
+        for k in [k for k in self._published if k[0] == partition]:
+            del self._published[k]
 
     def close(self) -> None:
         self.producer.close()

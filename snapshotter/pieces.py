@@ -1,32 +1,39 @@
-"""Checkpoints as pieces (format 4): what a checkpoint writes is what changed since the
-run's previous one.
+"""Checkpoints as pieces in bundles (format 5): what a checkpoint writes is what changed
+since the run's previous one.
 
 A run's checkpoint is the store's own pieces of the run — one piece per item and the
-patch ids it decided, in a few segments — each a record of the compacted checkpoints topic
-keyed ``<run>\\0<piece>``, plus a **head** keyed ``<run>``: revision, covered offset,
-verdict, triggers, the run's header and last decisions (which change with every
-checkpoint, so they ride in the head rather than in pieces of their own) and a digest of
-the whole set of pieces, sealed, signed and compressed. A checkpoint publishes the pieces
-that changed since the run's previous checkpoint, then its head; compaction keeps the
-newest value of every key, so the topic holds each run's live pieces once, whatever its
-history (Kafka Streams' changelog topics work the same way).
+patch ids it decided, in a few segments — plus a **head** keyed ``<run>``: revision,
+covered offset, verdict, triggers, the run's header and last decisions (which change with
+every checkpoint, so they ride in the head), the digest of the whole set of pieces, and
+the **bundles** the pieces are in, sealed, signed and compressed.
+
+**Bundles.** A checkpoint publishes the pieces that changed since the run's previous one
+as one record, a bundle (compressed as one: a run's pieces share most of their words),
+into one of the run's ``SLOTS`` slots (key ``<run>\\0s<slot>``), then its head, which names
+the bundles it stands on in the order they apply, each by the SHA-256 of its record. A
+bundle goes to a slot the run's newest head does not name, so a crash before the new head
+leaves the older one whole. Bundles are merged size-tiered (:func:`absorbed`), and a run is
+based again once its bundles hold more superseded pieces than live ones: a run stands on
+a few bundles, and compaction, which keeps the newest record of each slot, bounds the
+topic by the live state. A restore reads a run's head and its few bundles — records per
+run, not per piece — and writes their bytes as they are.
 
 **Segments of patch ids** are merged as they pile up, sixteen of a size into one of the
 next (size-tiered, as an LSM tree's): a run holds a few dozen segments at most whatever its
 length, and each id is rewritten two or three times (patch ids are digests: they do not
 compress, so each rewrite costs what the id weighs).
 
-**Epochs.** Every piece value starts with the run's *epoch*: the revision of the run's
-last *base* checkpoint, one that wrote every piece (a run's first checkpoint, and its first
-after the snapshotter (re)started or took its partition over). A head trusts only pieces
-of its epoch, so pieces left by an older epoch — an item deleted while another instance
-owned the partition, whose tombstone this one never wrote — are never restored.
+**Epochs.** A run's *epoch* is the revision of its last *base* checkpoint, one that wrote
+every piece (a run's first checkpoint, and its first after the snapshotter (re)started or
+took its partition over), and random bits. The snapshotter's local history keeps each
+piece's versions with their epoch, so that time travel never mixes two bases.
 
 **The digest** is a multiset hash over ``(piece name, value)`` (each piece's SHA-256,
-expanded by SHAKE-256 to 2,048 bits, summed modulo 2^2048, as LtHash does), so that a
-checkpoint updates it per changed piece and a restore recomputes it from what it loaded. A
-missing, flipped, moved, stale or extra piece changes it; the head's own seal (a SHA-256
-over its canonical JSON, HMAC-signed with the checkpoint key) covers the digest.
+expanded by SHAKE-256 to 2,048 bits, summed modulo 2^2048, as LtHash does), updated per
+changed piece; time travel recomputes it from the local history. A restore checks each
+bundle's SHA-256 against the head and the number of pieces they add up to; the head's
+own seal (a SHA-256 over its canonical JSON, HMAC-signed with the checkpoint key) covers
+both.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from typing import Any, NamedTuple
 
 import typing
 
+import msgspec
 import orjson
 import pydantic
 
@@ -49,7 +57,7 @@ from runstate.schemas.state import COLLECTIONS, RunHeader
 from runstate.snapshotter.checkpoint import SigningKey, _check_seal, seal
 
 #: The format of a head and its pieces (3: the header and last decisions were pieces).
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 #: Pieces of one run: its items and its decided patch ids.
 _ITEM = "i\0"
 _IDS = "p\0"
@@ -167,7 +175,7 @@ def _zdict() -> bytes:
         '{"kind":"head","format_version":"versions":"run_id":"revision":"partition":"covers_offset":"epoch":'
         '"pieces":"pieces_digest":"triggers":["run_started","tasks_done","waiting","before_side_effect",'
         '"workspace","lease_released","terminal","age","every_"],"verdict":"erased":"header":"recent":'
-        '"digest":"signature":'
+        '"digest":"signature":"bundles":'
     )
     return (head + "".join(names) + ",".join(values) + "null,false,true,[],{},artifact://,T00:00:00Z").encode()
 
@@ -249,6 +257,143 @@ def live(value: bytes | None, epoch: int) -> bytes | None:
     return got[2] if got is not None and got[2] else None
 
 
+# --- bundles: the pieces as the checkpoints topic holds them ----------------------------------
+
+#: Slots of a run on the checkpoints topic (keys ``<run>\\0s<slot>``): each holds one bundle,
+#: compaction keeps its newest, so the topic holds at most this many bundles of a run.
+SLOTS = 16
+#: How a bundle record starts: then its entries, compressed.
+BUNDLE_MAGIC = b"\x00rsb"
+#: Bundles are merged size-tiered, as an LSM tree's files: a checkpoint's bundle absorbs
+#: the run's newest bundles while MERGE_FANOUT - 1 of them are of its size class (each
+#: class MERGE_FANOUT times the one below, from TIER_BYTES), so a run stands on a few
+#: bundles and a piece is rewritten about once per class.
+MERGE_FANOUT = 8
+TIER_BYTES = 1024
+#: A base is written again once the run's bundles weigh more than this many times its
+#: live pieces (what they hold that newer bundles superseded is then dropped) ...
+REBASE_RATIO = 2
+#: ... plus this many bytes (a tiny run is not based again for every few bytes).
+REBASE_FLOOR = 4096
+
+
+def slot_key(run_id: str, slot: int) -> str:
+    return f"{run_id}\0s{slot}"
+
+
+def slot_of(piece: str) -> int | None:
+    """The slot a checkpoints-topic key's suffix names, or None (a format 4 piece's)."""
+    if len(piece) == 2 and piece[0] == "s" and piece[1].isdigit() and int(piece[1]) < SLOTS:
+        return int(piece[1])
+    return None
+
+
+class Bundle(NamedTuple):
+    """One bundle a run's newest checkpoint stands on: its slot, its :func:`bundle_digest`,
+    the bytes of its entries before compression, and the names of its pieces (None for a
+    base, which is never absorbed)."""
+
+    slot: int
+    sha: str
+    raw: int
+    names: list[str] | None
+
+
+def bundle_value(epoch: int, revision: int, entries: dict[str, bytes]) -> bytes:
+    """A bundle as published: the run's epoch, the revision that wrote it and its entries
+    ``name -> body as stored`` (an empty body: the piece is gone), compressed as one (the
+    pieces of a run share most of their words, which compress poorly one by one)."""
+    raw = _BUNDLE.encode((epoch, revision, list(entries.items())))
+    return BUNDLE_MAGIC + _compress(raw)
+
+
+def bundle_entries(value: bytes) -> list[tuple[str, bytes]]:
+    """A bundle's entries, in the order they apply. Raises ``ValueError``."""
+    if not value.startswith(BUNDLE_MAGIC):
+        raise ValueError("not a bundle")
+    try:
+        return _UNBUNDLE.decode(_decompress(value[len(BUNDLE_MAGIC) :]))[2]
+    except (zlib.error, msgspec.DecodeError) as e:
+        raise ValueError(f"not a bundle: {e}") from e
+
+
+def bundle_digest(value: bytes) -> str:
+    """What a head names a bundle by: the first 128 bits of its record's SHA-256 (a head
+    names up to fifteen, and digests do not compress)."""
+    return hashlib.sha256(value).hexdigest()[:32]
+
+
+def bundle_raw(entries: dict[str, bytes]) -> int:
+    return sum(len(n) + len(b) for n, b in entries.items())
+
+
+_BUNDLE = msgspec.msgpack.Encoder()
+_UNBUNDLE = msgspec.msgpack.Decoder(tuple[int, int, list[tuple[str, bytes]]])
+
+
+def size_class(raw: int) -> int:
+    t = 0
+    while raw >= TIER_BYTES * MERGE_FANOUT**t:
+        t += 1
+    return t
+
+
+def absorbed(bundles: list[Bundle], raw: int, live: int) -> int | None:
+    """How many of the run's newest ``bundles`` a checkpoint writing ``raw`` bytes of changed
+    pieces absorbs into its own bundle, or None when it must be a base instead (too many
+    bundles, or too much of them superseded; ``live``: the bytes of the run's live pieces)."""
+    m, size = 0, raw
+    while True:
+        t, k = size_class(size), 0
+        for b in reversed(bundles[: len(bundles) - m]):
+            if b.names is None or size_class(b.raw) != t:
+                break
+            k += 1
+        if k < MERGE_FANOUT - 1:
+            break
+        size += sum(b.raw for b in bundles[len(bundles) - m - k : len(bundles) - m])
+        m += k
+    kept = bundles[: len(bundles) - m]
+    if len(kept) + 1 > SLOTS - 1 or sum(b.raw for b in kept) + size > REBASE_RATIO * live + REBASE_FLOOR:
+        return None
+    return m
+
+
+def free_slot(bundles: list[Bundle]) -> int:
+    """A slot no bundle of the run's newest checkpoint is in (its head stays whole on the
+    topic while the next checkpoint's bundle is written)."""
+    used = {b.slot for b in bundles}
+    return next(s for s in range(SLOTS) if s not in used)
+
+
+class Published(NamedTuple):
+    """What the snapshotter keeps of a run's newest checkpoint: its epoch, the digest of its
+    live pieces, their bytes, and its bundles in the order they apply."""
+
+    epoch: int
+    tally: Tally
+    live: int
+    bundles: list[Bundle]
+
+    def encode(self) -> bytes:
+        b = [[x.slot, x.sha, x.raw, x.names] for x in self.bundles]
+        t = self.tally
+        return _STATE_MAGIC + _BUNDLE.encode([self.epoch, t.count, t.acc.to_bytes(_ACC_BYTES, "little"), self.live, b])
+
+    @staticmethod
+    def decode(raw: bytes) -> Published | None:
+        """As :meth:`encode` wrote it; None for an older format's (format 4 kept only a tally)."""
+        if not raw.startswith(_STATE_MAGIC):
+            return None
+        epoch, count, acc, live, b = msgspec.msgpack.decode(raw[len(_STATE_MAGIC) :])
+        return Published(
+            epoch, Tally(count, int.from_bytes(acc, "little")), live, [Bundle(s, h, r, n) for s, h, r, n in b]
+        )
+
+
+_STATE_MAGIC = b"\x00rs5"
+
+
 # --- the multiset digest ----------------------------------------------------------------------
 
 
@@ -320,6 +465,8 @@ class Head(NamedTuple):
     header: bytes
     #: the run's last decisions: ``[offset, patch id, reused, decision JSON]``
     recent: list[Any]
+    #: the bundles its pieces are in, in the order they apply: ``[slot, SHA-256 of the record]``
+    bundles: list[Any]
     doc: dict[str, Any]
 
 
@@ -336,6 +483,7 @@ def make_head(
     key: SigningKey,
     header: bytes,
     recent: list[Any],
+    bundles: list[Bundle],
     erased: str | None = None,
 ) -> bytes:
     """A head as published: sealed (digest over all of it; signed with ``key``), then
@@ -358,6 +506,7 @@ def make_head(
             "erased": erased,
             "header": header.decode(),
             "recent": recent,
+            "bundles": [[b.slot, b.sha] for b in bundles],
         },
         key,
     )
@@ -410,6 +559,7 @@ def head_of(doc: dict[str, Any]) -> Head:
         doc.get("erased"),
         doc["header"].encode(),
         doc["recent"],
+        doc["bundles"],
         doc,
     )
 
@@ -439,6 +589,11 @@ def check_head(doc: dict[str, Any], key: SigningKey) -> Head:
         or type(head.run_id) is not str
         or type(head.pieces_digest) is not str
         or type(head.recent) is not list
+        or type(head.bundles) is not list
+        or not all(
+            type(b) is list and len(b) == 2 and type(b[0]) is int and 0 <= b[0] < SLOTS and type(b[1]) is str
+            for b in head.bundles
+        )
     ):
         raise CheckpointInvalid(run_id, "not a checkpoint head: wrong field types")
     return head

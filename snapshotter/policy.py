@@ -27,9 +27,10 @@ class CheckpointPolicy:
     end and a restore replays nothing of it.
 
     ``bytes_ratio``: the checkpoints a run writes for the periodic triggers (``every_K``,
-    ``age``) weigh at most this many times its records: such a trigger is taken once the
-    records since the run's last checkpoint weigh ``1 / bytes_ratio`` of that checkpoint's
-    bytes (it wrote only what changed, so this rarely defers one). The document's
+    ``age``, ``quiet``) weigh about this many times its records: such a trigger is taken once
+    the records since the run's last checkpoint weigh ``1 / bytes_ratio`` of that
+    checkpoint's head (what every checkpoint writes; its bundle follows what changed, which
+    the records bound). The document's
     boundaries (the run's start, a group of tasks done, entering a wait, before a
     side-effecting or costly call, a new workspace version, a lease released, the end, an
     erasure) are always taken. None: every trigger is taken."""

@@ -215,79 +215,90 @@ def restore_partition(
 def _restore_pieces(
     log_: EventLog, partition: int, end: int, store: ProjectionStore, heads: dict[str, Head], report: RestoreReport
 ) -> tuple[list[Head], int]:
-    """Write the pieces of the runs with a sound head (format 3) into ``store`` and check
-    each run's against its head; returns the heads of the runs restored and how many were
-    dropped."""
+    """Write the runs with a sound head into ``store``, each from the bundles its head
+    names (a bundle counts only when its SHA-256 is the head's), as soon as the last of
+    them is read; returns the heads of the runs restored and how many were dropped (a
+    bundle missing or not the head's, or pieces that do not add up to the head's)."""
     if not heads:
         return [], 0
-    ids: dict[str, dict[str, bytes | None]] = {}
+    restored: list[Head] = []
+    dropped: list[str] = []
+    want: dict[str, dict[int, str]] = {}
     chunk: list[tuple[str, str | None, str, bytes | None]] = []
-    for rec in log_.scan(log_.topics.checkpoints, partition, 0, end):
-        run, digest = pieces.split_key(rec.key)
-        if digest is None:
-            continue
-        head = heads.get(run)
-        if head is None or head.erased is not None:
-            continue
-        got = pieces.unpack(rec.value)
-        if got is None or pieces.record_key(run, got[1]) != rec.key.decode(errors="replace"):  # type: ignore[union-attr]
-            continue  # gone with an older epoch, or damaged: its key's newest value says nothing of it
-        epoch, name, body = got
-        body_or_gone = body if epoch == head.epoch and body else None
-        if pieces.is_item(name):
-            kind, id_ = pieces.item_of(name)
-            chunk.append((run, kind, id_, body_or_gone))
-        elif pieces.is_ids(name):
-            ids.setdefault(run, {})[name] = body_or_gone
-        else:
-            continue  # not a piece of this format: its head does not count it
-        if len(chunk) >= RESTORE_CHUNK * 10:
-            store.restore_pieces(chunk)
-            chunk = []
-    if chunk:
-        store.restore_pieces(chunk)
-    # What was loaded, counted against each head (the store's bytes, as the pieces' were).
-    tallies: dict[str, pieces.Tally] = {}
-    for run, kind, id_, body in store.stored_pieces():
-        head = heads.get(run)
-        if head is None or kind is None:
-            continue
-        tallies[run] = tallies.get(run, _EMPTY).add(pieces.item_piece(kind, id_), head.epoch, body)
-    restored, dropped = [], []
-    headers: list[tuple[str, str | None, str, bytes | None]] = []
+    marks: list[_Mark] = []
     for run, head in heads.items():
-        if len(headers) >= RESTORE_CHUNK * 10:
-            store.restore_pieces(headers)
-            headers = []
         if head.erased is not None:  # its header is the content-free tombstone
-            headers.append((run, None, "", head.header))
-            store.mark_restored(run, head.covers_offset, b"", ())
+            chunk.append((run, None, "", head.header))
+            marks.append((run, head.covers_offset, b"", ()))
             restored.append(head)
             continue
-        t = tallies.get(run, _EMPTY)
-        segments = {n: v for n, v in ids.get(run, {}).items() if v is not None}
-        for n, v in segments.items():
-            t = t.add(n, head.epoch, v)
-        try:
-            pieces.check_pieces(head, t)
-            decisions = [(o, p, reused, raw.encode()) for o, p, reused, raw in head.recent]
-        except (CheckpointInvalid, ValueError, TypeError) as e:
-            reason = e.reason if isinstance(e, CheckpointInvalid) else f"its last decisions cannot be read: {e}"
-            report.rejected.append((-1, reason))
-            log.warning("checkpoint of %r on partition %d skipped: %s", run, partition, reason)
-            dropped.append(run)
+        slots = {slot: sha for slot, sha in head.bundles}
+        if len(slots) != len(head.bundles) or not slots:
+            _reject(report, partition, run, "its head names a slot twice, or none", dropped)
             continue
-        patch_ids = b"".join(v for _n, v in sorted(segments.items()))
-        headers.append((run, None, "", head.header))
-        store.mark_restored(run, head.covers_offset, patch_ids, decisions)
-        restored.append(head)
-    store.restore_pieces(headers)
+        want[run] = slots
+    found: dict[str, dict[int, bytes]] = {}
+    for rec in log_.scan(log_.topics.checkpoints, partition, 0, end):
+        run, suffix = pieces.split_key(rec.key)
+        slots = want.get(run)
+        if slots is None or suffix is None or (slot := pieces.slot_of(suffix)) is None or slot not in slots:
+            continue
+        if pieces.bundle_digest(rec.value) != slots[slot]:
+            continue  # an older or newer bundle of that slot: not this head's
+        got = found.setdefault(run, {})
+        got[slot] = rec.value
+        if len(got) == len(slots):
+            del want[run], found[run]
+            bundles = [got[s] for s, _sha in heads[run].bundles]
+            _restore_run(heads[run], bundles, chunk, marks, restored, dropped, report)
+            if len(chunk) >= RESTORE_CHUNK * 10:
+                store.restore_pieces(chunk, marks)
+                chunk, marks = [], []
+    store.restore_pieces(chunk, marks)
+    for run in want:  # a head whose bundles never all arrived (a snapshotter SIGKILLed while publishing)
+        _reject(report, partition, run, "a bundle its head names is missing or is not the head's", dropped)
     if dropped:
         store.drop_runs(dropped)
     return restored, len(dropped)
 
 
-_EMPTY = pieces.Tally()
+_Mark = tuple[str, int, bytes, list[tuple[int, str, bool, bytes]] | tuple[()]]
+
+
+def _restore_run(
+    head: Head,
+    bundles: list[bytes],
+    chunk: list[tuple[str, str | None, str, bytes | None]],
+    marks: list[_Mark],
+    restored: list[Head],
+    dropped: list[str],
+    report: RestoreReport,
+) -> None:
+    """Add one run's pieces (its bundles folded in order) to ``chunk`` and its mark to
+    ``marks``, or drop it where its pieces are not its head's."""
+    run = head.run_id
+    live: dict[str, bytes] = {}
+    try:
+        for value in bundles:
+            live.update(pieces.bundle_entries(value))
+        items = [(pieces.item_of(n), b) for n, b in live.items() if b and pieces.is_item(n)]
+        ids = sorted((n, b) for n, b in live.items() if b and pieces.is_ids(n))
+        if len(items) + len(ids) != head.pieces:
+            raise CheckpointInvalid(run, f"its bundles hold {len(items) + len(ids)} pieces, its head {head.pieces}")
+        decisions = [(o, p, reused, raw.encode()) for o, p, reused, raw in head.recent]
+    except (CheckpointInvalid, ValueError, TypeError) as e:
+        _reject(report, head.partition, run, e.reason if isinstance(e, CheckpointInvalid) else str(e), dropped)
+        return
+    chunk += [(run, kind, id_, body) for (kind, id_), body in items]
+    chunk.append((run, None, "", head.header))
+    marks.append((run, head.covers_offset, b"".join(b for _n, b in ids), decisions))
+    restored.append(head)
+
+
+def _reject(report: RestoreReport, partition: int, run: str, reason: str, dropped: list[str]) -> None:
+    report.rejected.append((-1, reason))
+    log.warning("checkpoint of %r on partition %d skipped: %s", run, partition, reason)
+    dropped.append(run)
 
 
 def _restore_whole(

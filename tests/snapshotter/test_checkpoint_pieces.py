@@ -18,7 +18,6 @@ from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.read.replay import verify
 from runstate.projector.runtime.loop import Projector
 from runstate.snapshotter import pieces
-from runstate.snapshotter.checkpoint import is_coverage_key
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.snapshotter.policy import CheckpointPolicy
@@ -73,94 +72,138 @@ def _restored(log: EmbeddedLog, state: Path) -> RestoreReport:
     return rep
 
 
-def _piece(r: Record) -> str | None:
-    got = pieces.unpack(r.value) if pieces.split_key(r.key)[1] is not None else None
-    return None if got is None else got[1]
+def _newest_head(log: EmbeddedLog, run: str) -> pieces.Head:
+    raw = [r.value for r in log.scan(log.topics.checkpoints, 0, 0, 10**9) if r.key == run.encode()][-1]
+    return pieces.load_head(raw, None)
 
 
-def test_intact_pieces_restore_every_run_and_the_tail_starts_past_them(tmp_path: Path) -> None:
+def _bundles(log: EmbeddedLog, run: str) -> list[list[tuple[str, bytes]]]:
+    """The entries of the bundles the run's newest head names, in order."""
+    head = _newest_head(log, run)
+    by_sha = {
+        pieces.bundle_digest(r.value): r.value
+        for r in log.scan(log.topics.checkpoints, 0, 0, 10**9)
+        if pieces.split_key(r.key)[0] == run and pieces.split_key(r.key)[1] is not None
+    }
+    return [pieces.bundle_entries(by_sha[sha]) for _slot, sha in head.bundles]
+
+
+def test_intact_bundles_restore_every_run_and_the_tail_starts_past_them(tmp_path: Path) -> None:
     log = _snapshotted(tmp_path)
     rep = _restored(log, tmp_path / "state")
     assert rep.runs == 3 and rep.rejected == [] and rep.start_offset > 0
 
 
-def test_heads_without_their_pieces_restore_nothing_and_replay(tmp_path: Path) -> None:
+def test_heads_without_their_bundles_restore_nothing_and_replay(tmp_path: Path) -> None:
     log = _snapshotted(tmp_path)
     heads_only = _copy(log, tmp_path / "h.db", lambda r: pieces.split_key(r.key)[1] is None)
     rep = _restored(heads_only, tmp_path / "state")
     assert rep.runs == 0 and rep.start_offset == 0 and len(rep.rejected) == 3
 
 
-def test_pieces_without_a_head_restore_nothing_and_replay(tmp_path: Path) -> None:
+def test_bundles_without_a_head_restore_nothing_and_replay(tmp_path: Path) -> None:
     log = _snapshotted(tmp_path)
-    pieces_only = _copy(log, tmp_path / "p.db", lambda r: pieces.split_key(r.key)[1] is not None)
-    rep = _restored(pieces_only, tmp_path / "state")
+    bundles_only = _copy(log, tmp_path / "p.db", lambda r: pieces.split_key(r.key)[1] is not None)
+    rep = _restored(bundles_only, tmp_path / "state")
     assert rep.runs == 0 and rep.start_offset == 0
 
 
-def test_a_missing_piece_drops_its_run_only(tmp_path: Path) -> None:
+def test_a_missing_bundle_drops_its_run_only(tmp_path: Path) -> None:
     log = _snapshotted(tmp_path)
-    gone = pieces.record_key("run_b", pieces.item_piece("confirmed_facts", "f1")).encode()
+    slot = _newest_head(log, "run_b").bundles[-1][0]
+    gone = pieces.slot_key("run_b", slot).encode()
     missing = _copy(log, tmp_path / "m.db", lambda r: r.key != gone)
     rep = _restored(missing, tmp_path / "state")
     assert rep.runs == 2 and rep.start_offset == 0
-    assert [reason.split(" (")[0] for _, reason in rep.rejected] == ["its pieces do not match its head"]
+    assert [reason for _, reason in rep.rejected] == ["a bundle its head names is missing or is not the head's"]
 
 
-def test_a_piece_that_is_not_the_heads_drops_its_run(tmp_path: Path) -> None:
-    """A piece of the run's epoch that its head does not count (written by someone holding
-    the run's key, say): the run is replayed."""
+def test_a_flipped_bundle_drops_its_run(tmp_path: Path) -> None:
+    """A bit of a bundle the head names flipped on every copy of its slot: the run is
+    replayed. A bundle someone planted in a slot the head names, beside the head's own,
+    changes nothing."""
     log = _snapshotted(tmp_path)
-    ck = log.topics.checkpoints
-    item = [r for r in log.scan(ck, 0, 0, 10**9) if pieces.is_item(_piece(r) or "") and r.key.startswith(b"run_c\0")][
-        -1
-    ]
-    epoch = pieces.unpack(item.value)[0]  # type: ignore[index]
-    name = pieces.item_piece("confirmed_facts", "planted")
-    log.producer().append(ck, pieces.record_key("run_c", name), pieces.piece_value(epoch, name, b"x" * 20), partition=0)
-    rep = _restored(log, tmp_path / "state")
+    slot = _newest_head(log, "run_c").bundles[0][0]
+    key = pieces.slot_key("run_c", slot).encode()
+    log.producer().append(log.topics.checkpoints, key.decode(), pieces.bundle_value(1, 99, {"x": b"y"}), partition=0)
+    assert _restored(log, tmp_path / "planted").runs == 3
+
+    flipped = EmbeddedLog(tmp_path / "f.db", partitions=1)
+    prod = flipped.producer()
+    for r in log.scan(log.topics.events, 0, 0, 10**9):
+        prod.append(flipped.topics.events, r.key.decode() if r.key else "", r.value)
+    for r in log.scan(log.topics.checkpoints, 0, 0, 10**9):
+        value = r.value[:-3] + bytes([r.value[-3] ^ 1]) + r.value[-2:] if r.key == key else r.value
+        prod.append(flipped.topics.checkpoints, (r.key or b"").decode(), value, partition=0)
+    rep = _restored(flipped, tmp_path / "state")
     assert rep.runs == 2 and rep.start_offset == 0
+
+
+def test_a_snapshotter_killed_between_a_bundle_and_its_head_leaves_the_older_checkpoint_whole(tmp_path: Path) -> None:
+    """A checkpoint's bundle goes to a slot its run's newest head does not name: a SIGKILL
+    after the bundle is on the topic and before its head leaves the older head with every
+    bundle it names, and the run is restored from it (the coverage record, published after
+    the head, is not there either)."""
+    log = _snapshotted(tmp_path)
+    recs = list(log.scan(log.topics.checkpoints, 0, 0, 10**9))
+    last_head = max(i for i, r in enumerate(recs) if r.key == b"run_a")
+    assert pieces.split_key(recs[last_head - 1].key) == ("run_a", recs[last_head - 1].key.decode().split("\0")[1])
+    cut = {r.offset for r in recs[last_head:]}
+    crashed = _copy(log, tmp_path / "c.db", lambda r: r.offset not in cut)
+    rep = _restored(crashed, tmp_path / "state")
+    assert rep.runs == 3 and rep.rejected == []
 
 
 def test_two_snapshotters_on_one_topic_each_base_in_its_own_epoch(tmp_path: Path) -> None:
     """A second snapshotter (a partition taken over, its own store) writes every run's
-    pieces again in an epoch of its own. A piece of another epoch that no head counts (a
-    late write of an instance that lost the partition) is left on the topic and never
+    bundles again in an epoch of its own; what the first left in other slots is never
     restored."""
     log = _snapshotted(tmp_path)
     Snapshotter(log, str(tmp_path / "other"), policy=CheckpointPolicy(every=4, bytes_ratio=None), group_id="other").run(
         until_caught_up=True, poll_timeout_s=0.01
-    )
-    name = pieces.item_piece("pending_tool_calls", "zombie")
-    log.producer().append(
-        log.topics.checkpoints, pieces.record_key("run_a", name), pieces.piece_value(7, name, b"x" * 20), partition=0
     )
     rep = _restored(log, tmp_path / "state")
     assert rep.runs == 3 and rep.rejected == []
 
 
 def test_a_checkpoint_writes_what_changed_and_history_rebuilds_every_revision(tmp_path: Path) -> None:
-    """After a run's first checkpoint, one writes its header, its last decisions, its new
-    patch ids and the items that changed, not the run; the local history still gives the
-    whole checkpoint at every revision, equal to the state the projector had there."""
+    """After a run's first checkpoint, one writes a bundle of what changed (and of the newer
+    bundles it absorbs), not the run; the local history still gives the whole checkpoint at
+    every revision, equal to the state the projector had there."""
     log = _snapshotted(tmp_path)
     ck = log.topics.checkpoints
-    per_head: list[list[str]] = [[]]
-    for r in log.scan(ck, 0, 0, 10**9):
-        if is_coverage_key(r.key) or not r.key.startswith(b"run_a"):
-            continue
-        if pieces.split_key(r.key)[1] is None:
-            per_head.append([])
-        else:
-            per_head[-1].append(_piece(r) or "")
-    later = [names for names in per_head[2:] if names]
-    assert later and all(len([n for n in names if pieces.is_item(n)]) <= 4 for names in later)
+    sizes = [
+        len(pieces.bundle_entries(r.value))
+        for r in log.scan(ck, 0, 0, 10**9)
+        if pieces.split_key(r.key)[0] == "run_a" and pieces.split_key(r.key)[1] is not None
+    ]
+    assert len(sizes) >= 4 and sizes[-1] < max(sizes), sizes  # a checkpoint of few changes after a bigger one
     with CheckpointHistory(snapshotter_dir(tmp_path / "snap-runstate-snapshotter")) as hist:
         cps = hist.of("run_a")
         assert len(cps) >= 4
         for cp in cps:
             assert hist.nearest("run_a", cp.revision) == cp
             assert len(cp.state.confirmed_facts) == cp.revision - 1 - sum(1 for i in (3, 6) if i < cp.revision - 1)
+
+
+def test_a_run_stands_on_few_bundles_and_is_based_again_when_they_hold_mostly_superseded_pieces() -> None:
+    """The layout's rule: a checkpoint's bundle absorbs the newest bundles while
+    MERGE_FANOUT - 1 of them are of its size class (cascading); a base again when more than
+    SLOTS - 1 would remain, or the bundles outweigh REBASE_RATIO times the live pieces."""
+    B = pieces.Bundle
+    base = B(0, "", 100_000, None)
+    n = pieces.MERGE_FANOUT - 1
+    small = [B(i, "", 150, [f"n{i}"]) for i in range(1, n + 1)]
+    assert pieces.absorbed([base], 100, 100_000) == 0
+    assert pieces.absorbed([base, *small[:-1]], 100, 100_000) == 0
+    assert pieces.absorbed([base, *small], 100, 100_000) == n  # a class's worth of its class
+    mid = [B(i, "", 2000, [f"m{i}"]) for i in range(n + 1, 2 * n + 1)]
+    assert pieces.absorbed([base, *mid, *small], 100, 100_000) == 2 * n  # 1,150 bytes then: a class up, and on
+    assert pieces.absorbed([base, B(1, "", 150_000, ["a"])], 100, 100_000) is None  # mostly superseded
+    many = [base, *(B(i, "", pieces.TIER_BYTES * pieces.MERGE_FANOUT**i, ["x"]) for i in range(1, pieces.SLOTS - 1))]
+    assert pieces.absorbed(many[:-1], 1, 10**15) == 0
+    assert pieces.absorbed(many, 1, 10**15) is None  # one more would take the last free slot
+    assert pieces.free_slot([B(0, "", 1, None), B(2, "", 1, ["a"])]) == 1
 
 
 def test_segments_of_patch_ids_merge_sixteen_of_a_size_and_a_long_run_keeps_few() -> None:
@@ -173,8 +216,9 @@ def test_segments_of_patch_ids_merge_sixteen_of_a_size_and_a_long_run_keeps_few(
     bigger = {f"b{i:02d}": 16 + i for i in range(n - 1)}
     assert pieces.merged_segments({**bigger, **small}) == [sorted(small)[:n], [*sorted(bigger), sorted(small)[-1]]]
 
-    # A run checkpointed at every one of its 200 patches holds a handful of segments, and
-    # a restore from them answers every patch id as decided (equal to a full replay).
+    # A run checkpointed at every one of its 200 patches holds a handful of segments in a
+    # few bundles, the topic holds a bounded number of its records once compacted, and a
+    # restore from them answers every patch id as decided (equal to a full replay).
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -183,12 +227,15 @@ def test_segments_of_patch_ids_merge_sixteen_of_a_size_and_a_long_run_keeps_few(
         Snapshotter(log, str(Path(tmp) / "snap"), policy=CheckpointPolicy(every=1, bytes_ratio=None)).run(
             until_caught_up=True, poll_timeout_s=0.01
         )
-        newest: dict[bytes, bytes] = {}
-        for r in log.scan(log.topics.checkpoints, 0, 0, 10**9):
-            newest[r.key or b""] = r.value
-        live = [got[1] for v in newest.values() if (got := pieces.unpack(v)) is not None and got[2]]
-        segments = [n for n in live if pieces.is_ids(n)]
+        bundles = _bundles(log, "long")
+        assert 1 <= len(bundles) <= pieces.SLOTS - 1
+        live: dict[str, bytes] = {}
+        for entries in bundles:
+            live.update(entries)
+        segments = [n for n, b in live.items() if b and pieces.is_ids(n)]
         assert 1 <= len(segments) <= 3 * (pieces.SEGMENT_FANOUT - 1), segments
+        keys = {r.key for r in log.scan(log.topics.checkpoints, 0, 0, 10**9)}
+        assert len(keys) <= pieces.SLOTS + 2, keys  # the head, its slots, the coverage record
         rep = _restored(log, Path(tmp) / "state")
         assert rep.runs == 1 and rep.rejected == []
         log.close()

@@ -292,9 +292,9 @@ def test_a_restore_writes_pieces_in_bounded_chunks_and_a_crash_midway_is_started
     written: list[int] = []
     real = ProjectionStore.restore_pieces
 
-    def counted(self: ProjectionStore, chunk: list[object]) -> None:
+    def counted(self: ProjectionStore, chunk: list[object], marks: list[object]) -> None:
         written.append(len(chunk))
-        real(self, chunk)  # type: ignore[arg-type]
+        real(self, chunk, marks)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ProjectionStore, "restore_pieces", counted)
     _restore(log, tmp_path / "chunked")
@@ -302,12 +302,12 @@ def test_a_restore_writes_pieces_in_bounded_chunks_and_a_crash_midway_is_started
 
     calls = 0
 
-    def dies_after_one_chunk(self: ProjectionStore, chunk: list[object]) -> None:
+    def dies_after_one_chunk(self: ProjectionStore, chunk: list[object], marks: list[object]) -> None:
         nonlocal calls
         calls += 1
         if calls == 2:
             raise _Died
-        real(self, chunk)  # type: ignore[arg-type]
+        real(self, chunk, marks)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ProjectionStore, "restore_pieces", dies_after_one_chunk)
     with pytest.raises(_Died):

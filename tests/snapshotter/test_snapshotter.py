@@ -322,8 +322,8 @@ def test_lost_projection_recovers_from_checkpoints_plus_tail(tmp_path: Path) -> 
     log.close()
 
 
-def test_a_damaged_piece_or_head_is_never_restored_the_run_is_replayed(tmp_path: Path) -> None:
-    """A piece flipped in transit (run_0) and a head that is not one (run_1): neither run is
+def test_a_damaged_bundle_or_head_is_never_restored_the_run_is_replayed(tmp_path: Path) -> None:
+    """A bundle flipped in place (run_0) and a head that is not one (run_1): neither run is
     restored from its checkpoint, the tail starts at 0, and the projection equals a replay."""
     from runstate.snapshotter import pieces
 
@@ -333,24 +333,26 @@ def test_a_damaged_piece_or_head_is_never_restored_the_run_is_replayed(tmp_path:
     Projector(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
     Snapshotter(log, str(state), policy=CheckpointPolicy(every=5)).run(until_caught_up=True, poll_timeout_s=0.01)
     ck = log.topics.checkpoints
-    newest = [
-        r
-        for r in log.scan(ck, 0, 0, log.end_offsets(ck)[0])
-        if r.key.startswith(b"run_0\0") and (got := pieces.unpack(r.value)) is not None and pieces.is_item(got[1])
-    ][-1]
-    epoch, name, body = pieces.unpack(newest.value)  # type: ignore[misc]
-    flipped = pieces.piece_value(epoch, name, body[:-2] + bytes([body[-2] ^ 1]) + body[-1:])  # a bit flip, say
-    assert flipped != newest.value
-    log.producer().append(ck, newest.key.decode(), flipped, partition=0)
+    head = [pieces.load_head(r.value, None) for r in log.scan(ck, 0, 0, 10**9) if r.key == b"run_0"][-1]
+    slot = pieces.slot_key("run_0", head.bundles[-1][0]).encode()
+    damaged = EmbeddedLog(tmp_path / "damaged.db", partitions=1)  # the same log, that bundle flipped in place
+    prod = damaged.producer()
+    for r in log.scan(log.topics.events, 0, 0, 10**9):
+        prod.append(damaged.topics.events, r.key.decode() if r.key else "", r.value)
+    for r in log.scan(ck, 0, 0, 10**9):
+        value = r.value[:-2] + bytes([r.value[-2] ^ 1]) + r.value[-1:] if r.key == slot else r.value  # a bit flip, say
+        prod.append(ck, (r.key or b"").decode(), value, partition=0)
+    log.close()
+    log = damaged
     log.producer().append(ck, "run_1", b"garbage")
-    shutil.rmtree(state / "p000")
+    state = tmp_path / "restored"
     reports = []
     Projector(log, str(state), restore=lambda p, s: reports.append(restore_partition(log, p, s))).run(
         until_caught_up=True, poll_timeout_s=0.01
     )
     [rep] = reports
     reasons = sorted(reason.split(" (")[0].split(":")[0] for _, reason in rep.rejected)
-    assert reasons == ["its pieces do not match its head", "not JSON"], reasons
+    assert reasons == ["a bundle its head names is missing or is not the head's", "not JSON"], reasons
     assert rep.runs == 0 and rep.start_offset == 0
     assert verify(log, str(state)).ok
     log.close()
