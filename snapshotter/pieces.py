@@ -423,16 +423,6 @@ class Tally(NamedTuple):
     def digest(self) -> str:
         return hashlib.sha256(self.count.to_bytes(8, "big") + self.acc.to_bytes(_ACC_BYTES, "little")).hexdigest()
 
-    def encode(self, epoch: int) -> bytes:
-        return epoch.to_bytes(8, "big") + self.count.to_bytes(8, "big") + self.acc.to_bytes(_ACC_BYTES, "little")
-
-    @staticmethod
-    def decode(raw: bytes) -> tuple[int, Tally]:
-        """``(epoch, tally)`` as :meth:`encode` wrote them."""
-        return int.from_bytes(raw[:8], "big"), Tally(
-            int.from_bytes(raw[8:16], "big"), int.from_bytes(raw[16:], "little")
-        )
-
 
 def tally_of(epoch: int, bodies: Iterable[tuple[str, bytes]]) -> Tally:
     """The digest of pieces of ``epoch``: ``(name, body)`` (summed, then reduced once)."""

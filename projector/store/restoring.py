@@ -42,7 +42,9 @@ class Restoring(RocksStore):
         """Write pieces of runs restored from checkpoints, as the store's own bytes:
         ``(run, kind, id, body)``, the run's header where ``kind`` is None, else one item;
         a body of None deletes it (a newer version of the piece says it is gone). ``marks``:
-        :meth:`mark_restored`'s arguments of runs whose pieces are all written with these."""
+        runs whose pieces are all written with these, restored up to ``covers_offset``,
+        having decided ``patch_ids`` (digests), with their last decisions as
+        ``(offset, patch_id, reused, decision JSON)``."""
         wb = WriteBatch(raw_mode=True)
         for run, kind, id_, body in pieces:
             k = keys.header_key(run) if kind is None else keys.item_key(run, kind, id_)
@@ -51,7 +53,12 @@ class Restoring(RocksStore):
             else:
                 wb.put(k, body)
         for run_id, covers_offset, patch_ids, decisions in marks:
-            self._mark(wb, run_id, covers_offset, patch_ids, decisions)
+            for offset, patch_id, reused, raw in decisions:
+                wb.put(keys.history_key(run_id, offset), raw)
+                if not reused:
+                    wb.put(keys.dedupe_key(run_id, patch_id), keys.encode_int(offset))
+            wb.put(keys.restored_key(run_id), keys.encode_int(covers_offset))
+            wb.put(keys.restored_ids_key(run_id), patch_ids)
         self._apply(wb)
 
     def stored_pieces(self) -> Iterator[tuple[str, str | None, str, bytes]]:
@@ -61,31 +68,6 @@ class Restoring(RocksStore):
         for k, v in self._prefix(b"i:"):
             run, kind, id_ = k[2:].split(b"\0", 2)
             yield run.decode(), kind.decode(), id_.decode(), v
-
-    def mark_restored(
-        self, run_id: str, covers_offset: int, patch_ids: bytes, decisions: Iterable[tuple[int, str, bool, bytes]]
-    ) -> None:
-        """A run whose pieces :meth:`restore_pieces` wrote is restored up to ``covers_offset``,
-        having decided ``patch_ids`` (digests); ``decisions``: its last ones as
-        ``(offset, patch_id, reused, decision JSON)``."""
-        wb = WriteBatch(raw_mode=True)
-        self._mark(wb, run_id, covers_offset, patch_ids, decisions)
-        self._apply(wb)
-
-    @staticmethod
-    def _mark(
-        wb: WriteBatch,
-        run_id: str,
-        covers_offset: int,
-        patch_ids: bytes,
-        decisions: Iterable[tuple[int, str, bool, bytes]],
-    ) -> None:
-        for offset, patch_id, reused, raw in decisions:
-            wb.put(keys.history_key(run_id, offset), raw)
-            if not reused:
-                wb.put(keys.dedupe_key(run_id, patch_id), keys.encode_int(offset))
-        wb.put(keys.restored_key(run_id), keys.encode_int(covers_offset))
-        wb.put(keys.restored_ids_key(run_id), patch_ids)
 
     def drop_runs(self, runs: Iterable[str]) -> None:
         """Delete everything stored of ``runs`` (a restore that could not trust them)."""
