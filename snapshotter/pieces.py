@@ -58,9 +58,10 @@ from runstate.snapshotter.checkpoint import SigningKey, _check_seal, seal
 
 #: The format of a head and its pieces (3: the header and last decisions were pieces).
 FORMAT_VERSION = 5
-#: Pieces of one run: its items and its decided patch ids.
-_ITEM = "i\0"
-_IDS = "p\0"
+#: Pieces of one run: its items and its decided patch ids. An item's name after its prefix,
+#: ``<kind>\0<id>``, is its key in the store after the run's items prefix (a restore writes it so).
+ITEM_PREFIX = "i\0"
+IDS_PREFIX = "p\0"
 EPOCH_BYTES = 8
 #: Modulus of the multiset hash (2,048-bit elements, as LtHash).
 _MOD_BITS = 2048
@@ -69,13 +70,13 @@ _ACC_BYTES = _MOD_BITS // 8
 
 
 def item_piece(kind: str, id_: str) -> str:
-    return f"{_ITEM}{kind}\0{id_}"
+    return f"{ITEM_PREFIX}{kind}\0{id_}"
 
 
 def ids_piece(revision: int) -> str:
     """A segment of the patch ids a run decided, named by the revision of the checkpoint
     that wrote it (see :func:`merged_segments`)."""
-    return f"{_IDS}{revision:016x}"
+    return f"{IDS_PREFIX}{revision:016x}"
 
 
 #: Segments of patch ids merge this many of a size into one (see :func:`merged_segments`):
@@ -112,15 +113,15 @@ def merged_segments(segments: dict[str, int]) -> list[list[str]]:
 
 
 def is_item(name: str) -> bool:
-    return name.startswith(_ITEM)
+    return name.startswith(ITEM_PREFIX)
 
 
 def is_ids(name: str) -> bool:
-    return name.startswith(_IDS)
+    return name.startswith(IDS_PREFIX)
 
 
 def item_of(name: str) -> tuple[str, str]:
-    kind, id_ = name[len(_ITEM) :].split("\0", 1)
+    kind, id_ = name[len(ITEM_PREFIX) :].split("\0", 1)
     return kind, id_
 
 

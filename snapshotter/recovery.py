@@ -35,6 +35,7 @@ import pydantic
 from runstate.eventlog.base import EventLog
 from runstate.projector.core.working import RunDoc
 from runstate.projector.store.partition import ProjectionStore, RestoredRun
+from runstate.projector.store.restoring import RestoredPieces
 from runstate.schemas.errors import CheckpointInvalid, describe_validation_error
 from runstate.snapshotter import pieces
 from runstate.snapshotter.pieces import Head, load_head
@@ -68,7 +69,7 @@ class RestoreReport:
 
 
 #: Runs written to the store per WriteBatch during a restore: what a restore holds at once.
-RESTORE_CHUNK = 2_000
+RESTORE_CHUNK = 1_000
 
 
 def _checkpoint_offsets(
@@ -217,19 +218,18 @@ def _restore_pieces(
 ) -> tuple[list[Head], int]:
     """Write the runs with a sound head into ``store``, each from the bundles its head
     names (a bundle counts only when its SHA-256 is the head's), as soon as the last of
-    them is read; returns the heads of the runs restored and how many were dropped (a
-    bundle missing or not the head's, or pieces that do not add up to the head's)."""
+    them is read, :data:`RESTORE_CHUNK` runs a batch; returns the heads of the runs
+    restored and how many were dropped (a bundle missing or not the head's, or pieces that
+    do not add up to the head's)."""
     if not heads:
         return [], 0
     restored: list[Head] = []
     dropped: list[str] = []
     want: dict[str, dict[int, str]] = {}
-    chunk: list[tuple[str, str | None, str, bytes | None]] = []
-    marks: list[_Mark] = []
+    chunk: list[RestoredPieces] = []
     for run, head in heads.items():
         if head.erased is not None:  # its header is the content-free tombstone
-            chunk.append((run, None, "", head.header))
-            marks.append((run, head.covers_offset, b"", ()))
+            chunk.append(RestoredPieces(run, head.header, [], head.covers_offset, b"", ()))
             restored.append(head)
             continue
         slots = {slot: sha for slot, sha in head.bundles}
@@ -249,12 +249,16 @@ def _restore_pieces(
         got[slot] = rec.value
         if len(got) == len(slots):
             del want[run], found[run]
-            bundles = [got[s] for s, _sha in heads[run].bundles]
-            _restore_run(heads[run], bundles, chunk, marks, restored, dropped, report)
-            if len(chunk) >= RESTORE_CHUNK * 10:
-                store.restore_pieces(chunk, marks)
-                chunk, marks = [], []
-    store.restore_pieces(chunk, marks)
+            head = heads[run]
+            try:
+                chunk.append(_run_pieces(head, [got[s] for s, _sha in head.bundles]))
+                restored.append(head)
+            except CheckpointInvalid as e:
+                _reject(report, partition, run, e.reason, dropped)
+            if len(chunk) >= RESTORE_CHUNK:
+                store.restore_pieces(chunk)
+                chunk = []
+    store.restore_pieces(chunk)
     for run in want:  # a head whose bundles never all arrived (a snapshotter SIGKILLed while publishing)
         _reject(report, partition, run, "a bundle its head names is missing or is not the head's", dropped)
     if dropped:
@@ -262,37 +266,27 @@ def _restore_pieces(
     return restored, len(dropped)
 
 
-_Mark = tuple[str, int, bytes, list[tuple[int, str, bool, bytes]] | tuple[()]]
-
-
-def _restore_run(
-    head: Head,
-    bundles: list[bytes],
-    chunk: list[tuple[str, str | None, str, bytes | None]],
-    marks: list[_Mark],
-    restored: list[Head],
-    dropped: list[str],
-    report: RestoreReport,
-) -> None:
-    """Add one run's pieces (its bundles folded in order) to ``chunk`` and its mark to
-    ``marks``, or drop it where its pieces are not its head's."""
+def _run_pieces(head: Head, bundles: list[bytes]) -> RestoredPieces:
+    """A run's pieces (its bundles folded in order) as the store writes them. Raises
+    :class:`CheckpointInvalid` where they are not its head's."""
     run = head.run_id
     live: dict[str, bytes] = {}
     try:
         for value in bundles:
             live.update(pieces.bundle_entries(value))
-        items = [(pieces.item_of(n), b) for n, b in live.items() if b and pieces.is_item(n)]
-        ids = sorted((n, b) for n, b in live.items() if b and pieces.is_ids(n))
-        if len(items) + len(ids) != head.pieces:
-            raise CheckpointInvalid(run, f"its bundles hold {len(items) + len(ids)} pieces, its head {head.pieces}")
         decisions = [(o, p, reused, raw.encode()) for o, p, reused, raw in head.recent]
-    except (CheckpointInvalid, ValueError, TypeError) as e:
-        _reject(report, head.partition, run, e.reason if isinstance(e, CheckpointInvalid) else str(e), dropped)
-        return
-    chunk += [(run, kind, id_, body) for (kind, id_), body in items]
-    chunk.append((run, None, "", head.header))
-    marks.append((run, head.covers_offset, b"".join(b for _n, b in ids), decisions))
-    restored.append(head)
+    except (ValueError, TypeError) as e:
+        raise CheckpointInvalid(run, str(e)) from e
+    # The names' prefixes inline (pieces.is_item and is_ids): this runs once per piece.
+    items = [(n[_ITEM_LEN:], b) for n, b in live.items() if b and n.startswith(_ITEM)]
+    ids = sorted((n, b) for n, b in live.items() if b and n.startswith(_IDS))
+    if len(items) + len(ids) != head.pieces:
+        raise CheckpointInvalid(run, f"its bundles hold {len(items) + len(ids)} pieces, its head {head.pieces}")
+    return RestoredPieces(run, head.header, items, head.covers_offset, b"".join(b for _n, b in ids), decisions)
+
+
+_ITEM, _IDS = pieces.ITEM_PREFIX, pieces.IDS_PREFIX
+_ITEM_LEN = len(_ITEM)
 
 
 def _reject(report: RestoreReport, partition: int, run: str, reason: str, dropped: list[str]) -> None:

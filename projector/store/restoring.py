@@ -4,12 +4,29 @@ restored run (the offset its checkpoint covered, the patch ids it had decided)."
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 from rocksdict import WriteBatch
 
 from runstate.projector.store import keys
 from runstate.projector.store.rocks import RocksStore
+
+
+class RestoredPieces(NamedTuple):
+    """A run as a restore from checkpoints' pieces writes it."""
+
+    run_id: str
+    #: its header, as the store holds it
+    header: bytes
+    #: its items: ``("<kind>\0<id>", body as the store holds it)``
+    items: list[tuple[str, bytes]]
+    #: the last log offset its checkpoint covered
+    covers_offset: int
+    #: the digests of the patch ids it decided, concatenated
+    patch_ids: bytes
+    #: its last decisions: ``(offset, patch id, reused, decision JSON)``
+    decisions: Sequence[tuple[int, str, bool, bytes]]
 
 
 class Restoring(RocksStore):
@@ -34,35 +51,28 @@ class Restoring(RocksStore):
         self._apply(wb)
         self._restored_ids.clear()
 
-    def restore_pieces(
-        self,
-        pieces: Iterable[tuple[str, str | None, str, bytes | None]],
-        marks: Iterable[tuple[str, int, bytes, Iterable[tuple[int, str, bool, bytes]]]] = (),
-    ) -> None:
-        """Write pieces of runs restored from checkpoints, as the store's own bytes:
-        ``(run, kind, id, body)``, the run's header where ``kind`` is None, else one item;
-        a body of None deletes it (a newer version of the piece says it is gone). ``marks``:
-        runs whose pieces are all written with these, restored up to ``covers_offset``,
-        having decided ``patch_ids`` (digests), with their last decisions as
-        ``(offset, patch_id, reused, decision JSON)``."""
+    def restore_pieces(self, runs: Iterable[RestoredPieces]) -> None:
+        """Write runs restored from checkpoints' pieces, as the store's own bytes, in one
+        batch: each run's header, its items, the patch ids it had decided (digests), its
+        last decisions, and the mark that it is restored up to ``covers_offset``."""
         wb = WriteBatch(raw_mode=True)
-        for run, kind, id_, body in pieces:
-            k = keys.header_key(run) if kind is None else keys.item_key(run, kind, id_)
-            if body is None:
-                wb.delete(k)
-            else:
-                wb.put(k, body)
-        for run_id, covers_offset, patch_ids, decisions in marks:
+        put = wb.put
+        for run_id, header, items, covers_offset, patch_ids, decisions in runs:
+            put(keys.header_key(run_id), header)
+            prefix = keys.run_items_prefix(run_id)
+            for tail, body in items:
+                put(prefix + tail.encode(), body)
             for offset, patch_id, reused, raw in decisions:
-                wb.put(keys.history_key(run_id, offset), raw)
+                put(keys.history_key(run_id, offset), raw)
                 if not reused:
-                    wb.put(keys.dedupe_key(run_id, patch_id), keys.encode_int(offset))
-            wb.put(keys.restored_key(run_id), keys.encode_int(covers_offset))
-            wb.put(keys.restored_ids_key(run_id), patch_ids)
+                    put(keys.dedupe_key(run_id, patch_id), keys.encode_int(offset))
+            put(keys.restored_key(run_id), keys.encode_int(covers_offset))
+            put(keys.restored_ids_key(run_id), patch_ids)
         self._apply(wb)
 
     def stored_pieces(self) -> Iterator[tuple[str, str | None, str, bytes]]:
-        """Every run's header and items as :meth:`restore_pieces` takes them (headers first)."""
+        """Every run's header and items: ``(run, kind, id, body)``, ``kind`` None for the
+        header (headers first)."""
         for k, v in self._prefix(keys.HEADERS):
             yield keys.run_of(k, keys.HEADERS), None, "", v
         for k, v in self._prefix(b"i:"):

@@ -277,8 +277,9 @@ def test_a_restore_writes_pieces_in_bounded_chunks_and_a_crash_midway_is_started
     store), and ends equal to a full replay."""
     import runstate.snapshotter.recovery as recovery
     from runstate.projector.store.partition import ProjectionStore
+    from runstate.projector.store.restoring import RestoredPieces
 
-    monkeypatch.setattr(recovery, "RESTORE_CHUNK", 1)  # chunks of 10 pieces
+    monkeypatch.setattr(recovery, "RESTORE_CHUNK", 1)  # a run a chunk
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     runs = [f"run-{i:02d}" for i in range(10)]
     append_all(log, [patch(r, 0, start()) for r in runs] + [patch(r, 1, fact("f1")) for r in runs])
@@ -292,22 +293,22 @@ def test_a_restore_writes_pieces_in_bounded_chunks_and_a_crash_midway_is_started
     written: list[int] = []
     real = ProjectionStore.restore_pieces
 
-    def counted(self: ProjectionStore, chunk: list[object], marks: list[object]) -> None:
-        written.append(len(chunk))
-        real(self, chunk, marks)  # type: ignore[arg-type]
+    def counted(self: ProjectionStore, chunk: list[RestoredPieces]) -> None:
+        written.append(sum(1 + len(r.items) for r in chunk))
+        real(self, chunk)
 
     monkeypatch.setattr(ProjectionStore, "restore_pieces", counted)
     _restore(log, tmp_path / "chunked")
-    assert max(written) == 10 and sum(written) == 20 and _digests(tmp_path / "chunked") == want  # a fact, a header
+    assert max(written) == 2 and sum(written) == 20 and _digests(tmp_path / "chunked") == want  # a fact, a header
 
     calls = 0
 
-    def dies_after_one_chunk(self: ProjectionStore, chunk: list[object], marks: list[object]) -> None:
+    def dies_after_one_chunk(self: ProjectionStore, chunk: list[RestoredPieces]) -> None:
         nonlocal calls
         calls += 1
         if calls == 2:
             raise _Died
-        real(self, chunk, marks)  # type: ignore[arg-type]
+        real(self, chunk)
 
     monkeypatch.setattr(ProjectionStore, "restore_pieces", dies_after_one_chunk)
     with pytest.raises(_Died):
