@@ -17,6 +17,8 @@ changes K). Then:
   restores each partition from the checkpoints topic and replays the tail.
 
 Each process's peak memory is read from the kernel. The log is filled at its native speed.
+Beside the restore's rate in MB/s of state loaded, the same run measures RocksDB's own rate
+of loading those bytes from Python (sorted SST files ingested; write batches): the floor.
 
 Both must end with identical state digests for every run (checked).
 """
@@ -33,6 +35,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+
+from rocksdict import AccessType, IngestExternalFileOptions, Options, Rdict, SstFileWriter, WriteBatch
 
 from benchkit import TRUST, bench_patch
 from runstate.eventlog.embedded import EmbeddedLog
@@ -138,6 +142,43 @@ def project_process(log_path: Path, state: Path) -> tuple[float, int, str]:
     return dt, peak, out.stdout + out.stderr
 
 
+def rocksdb_floor(state: Path) -> tuple[int, float, float]:
+    """RocksDB's own rate of loading the recovered state's bytes (every key and value of
+    its partition stores), from Python, into fresh databases: ``(bytes, seconds as sorted
+    SST files ingested, seconds as write batches)``. What a restore that writes the same
+    bytes could approach at best."""
+    total, sst_s, batch_s = 0, 0.0, 0.0
+    for part in sorted(state.glob("p[0-9][0-9][0-9]")):
+        src = Rdict(str(part), Options(raw_mode=True), access_type=AccessType.read_only())
+        kv = list(src.items())
+        src.close()
+        total += sum(len(k) + len(v) for k, v in kv)
+        scratch = Path(tempfile.mkdtemp(prefix="runstate-bench-floor-"))
+        try:
+            t = time.perf_counter()
+            w = SstFileWriter(Options(raw_mode=True))
+            w.open(str(scratch / "all.sst"))
+            for k, v in kv:
+                w[k] = v
+            w.finish()
+            db = Rdict(str(scratch / "sst"), Options(raw_mode=True))
+            db.ingest_external_file([str(scratch / "all.sst")], IngestExternalFileOptions())
+            db.close()
+            sst_s += time.perf_counter() - t
+            t = time.perf_counter()
+            db = Rdict(str(scratch / "batches"), Options(raw_mode=True))
+            for i in range(0, len(kv), 20_000):
+                wb = WriteBatch(raw_mode=True)
+                for k, v in kv[i : i + 20_000]:
+                    wb.put(k, v)
+                db.write(wb)
+            db.close()
+            batch_s += time.perf_counter() - t
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return total, sst_s, batch_s
+
+
 def log_bytes(log: EmbeddedLog) -> int:
     """The events' bytes on the log."""
     t = log.topics.events
@@ -212,6 +253,14 @@ def main() -> None:
             )
             with Projection(d / "full") as a, Projection(d / "recovered") as b:
                 assert a.digests() == b.digests(), "recovered projection differs from the full replay"
+            state_b, sst_s, batch_s = rocksdb_floor(d / "recovered")
+            print(
+                f"  state loaded: {state_b / 1e6:,.1f} MB of store keys and values, {state_b / 1e6 / rec_s:,.0f} MB/s "
+                f"by the restore (its whole process); RocksDB's own from Python, the floor: "
+                f"{state_b / 1e6 / sst_s:,.0f} MB/s as SST files ingested ({sst_s:.1f}s), "
+                f"{state_b / 1e6 / batch_s:,.0f} MB/s as write batches ({batch_s:.1f}s)",
+                flush=True,
+            )
             rows.append((events, full_s, rec_s, full_peak, rec_peak))
             shutil.rmtree(d)
         print()
