@@ -38,7 +38,7 @@ from pathlib import Path
 
 from rocksdict import AccessType, IngestExternalFileOptions, Options, Rdict, SstFileWriter, WriteBatch
 
-from benchkit import TRUST, bench_patch
+from benchkit import PRINT_PEAK, TRUST, bench_patch
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.read.queries import Projection
 from runstate.schemas.codec import encode
@@ -131,9 +131,8 @@ def project_process(log_path: Path, state: Path) -> tuple[float, int, str]:
     memory (kB) and what it printed."""
     env = {**os.environ, "RUNSTATE_LOG": str(log_path), "RUNSTATE_STATE_DIR": str(state), "RUNSTATE_BATCH_SIZE": "5000"}
     code = (
-        "import resource, sys\nfrom runstate.cli import main\n"
-        "try:\n    main(['project', '--until-caught-up', '--quiet'])\nexcept SystemExit:\n    pass\n"
-        "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)"
+        "import sys\nfrom runstate.cli import main\n"
+        "try:\n    main(['project', '--until-caught-up', '--quiet'])\nexcept SystemExit:\n    pass\n" + PRINT_PEAK
     )
     t = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=7200)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from benchkit import AUTHOR, TRUST
+from benchkit import AUTHOR, PRINT_PEAK, TRUST
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Patch
@@ -102,11 +102,10 @@ def project(work: Path) -> tuple[float, int]:
         [
             sys.executable,
             "-c",
-            "import resource, sys\n"
+            "import sys\n"
             "from runstate.cli import main\n"
             "try:\n    main(['project', '--until-caught-up', '--quiet'])\n"
-            "except SystemExit as e:\n    code = e.code\n"
-            "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)",
+            "except SystemExit as e:\n    code = e.code\n" + PRINT_PEAK,
         ],
         env=env,
         capture_output=True,

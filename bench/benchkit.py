@@ -19,6 +19,15 @@ AUTHOR = Author(agent_id="bench", agent_version="1")
 TRUST = {"external_evidence_schemes": ["artifact"]}
 
 
+#: Source that prints a process's own peak memory (kB) to stderr as ``PEAK <kB>``: the
+#: kernel's high-water mark of its address space. Not ``ru_maxrss``: after a fork and exec
+#: it starts at the parent's resident size, so a child of a big bench reported the bench.
+PRINT_PEAK = (
+    "print('PEAK', next(int(ln.split()[1]) for ln in open('/proc/self/status') if ln.startswith('VmHWM')), "
+    "file=sys.stderr)"
+)
+
+
 def bench_patch(run: str, rev: int, events: list[dict[str, Any]], at: datetime, patch_id: str) -> Patch:
     """One validated patch of the workloads, by ``AUTHOR``."""
     return Patch.model_validate(
