@@ -284,9 +284,10 @@ def slot_key(run_id: str, slot: int) -> str:
 
 def slot_of(piece: str) -> int | None:
     """The slot a checkpoints-topic key's suffix names, or None (a format 4 piece's)."""
-    if len(piece) == 2 and piece[0] == "s" and piece[1].isdigit() and int(piece[1]) < SLOTS:
-        return int(piece[1])
-    return None
+    digits = piece[1:]
+    if piece[:1] != "s" or not (digits.isascii() and digits.isdigit()) or str(int(digits)) != digits:
+        return None
+    return int(digits) if int(digits) < SLOTS else None
 
 
 class Bundle(NamedTuple):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from helpers import append_all, ev, fact, patch, start
 
 from runstate.eventlog.base import Record
@@ -92,6 +93,26 @@ def test_intact_bundles_restore_every_run_and_the_tail_starts_past_them(tmp_path
     log = _snapshotted(tmp_path)
     rep = _restored(log, tmp_path / "state")
     assert rep.runs == 3 and rep.rejected == [] and rep.start_offset > 0
+
+
+def test_a_run_standing_on_every_slot_restores_from_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bundles in slots 10 to 15 (keys ``<run>\\0s10`` ...) are found by a restore like the
+    first ten: a long run's layout uses them, and a slot a restore cannot name would drop
+    the run to a replay."""
+    monkeypatch.setattr(pieces, "MERGE_FANOUT", 10**6)  # no merging: a bundle per checkpoint
+    monkeypatch.setattr(pieces, "REBASE_RATIO", 10**6)
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(
+        log, [patch("run_a", 0, start()), *(patch("run_a", i + 1, fact(f"f{i}")) for i in range(pieces.SLOTS - 2))]
+    )
+    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1, bytes_ratio=None)).run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
+    slots = [slot for slot, _sha in _newest_head(log, "run_a").bundles]
+    assert sorted(slots) == list(range(pieces.SLOTS - 1))
+    assert [pieces.slot_of(pieces.slot_key("run_a", s).split("\0", 1)[1]) for s in slots] == slots
+    rep = _restored(log, tmp_path / "state")
+    assert rep.runs == 1 and rep.rejected == []
 
 
 def test_heads_without_their_bundles_restore_nothing_and_replay(tmp_path: Path) -> None:
