@@ -145,11 +145,6 @@ def run_of_key(key: str) -> str:
     return key.partition("\0")[0]
 
 
-#: Bodies from this size on are published zlib-compressed with :data:`ZDICT` (flag byte 1;
-#: 0: as stored) when that is smaller.
-COMPRESS_FROM = 64
-
-
 def _field_names(model: type[pydantic.BaseModel], seen: set[type]) -> list[str]:
     out: list[str] = []
     if model in seen:
@@ -221,13 +216,14 @@ def _decompress(payload: bytes) -> bytes:
 
 
 def piece_value(epoch: int, name: str, body: bytes) -> bytes:
-    """A piece as published: its epoch, its name, then the store's bytes, compressed when
-    that pays (an empty body: the piece is gone in this epoch). An empty value is a piece
-    gone with its epoch (a base's or an erasure's)."""
+    """A piece as the snapshotter's history keeps it: its epoch, its name, then the store's
+    bytes (an empty body: the piece is gone in this epoch). An empty value is a piece gone
+    with its epoch (a base's or an erasure's). Not compressed here (flag byte 0): the
+    store's block compression does that in RocksDB's own threads, off the snapshotter's;
+    flag 1 (zlib with :data:`ZDICT`), which format 4 published and older histories hold, is
+    still read."""
     n = name.encode()
-    packed = _compress(body) if len(body) >= COMPRESS_FROM else b""
-    flag, payload = (b"\x01", packed) if packed and len(packed) < len(body) else (b"\x00", body)
-    return epoch.to_bytes(EPOCH_BYTES, "big") + len(n).to_bytes(2, "big") + n + flag + payload
+    return epoch.to_bytes(EPOCH_BYTES, "big") + len(n).to_bytes(2, "big") + n + b"\x00" + body
 
 
 def unpack(value: bytes) -> tuple[int, str, bytes] | None:
