@@ -262,8 +262,8 @@ SLOTS = 16
 #: How a bundle record starts: then its entries, compressed.
 BUNDLE_MAGIC = b"\x00rsb"
 #: Bundles are merged size-tiered, as an LSM tree's files: a checkpoint's bundle absorbs
-#: the run's newest bundles while MERGE_FANOUT - 1 of them are of its size class (each
-#: class MERGE_FANOUT times the one below, from TIER_BYTES), so a run stands on a few
+#: the run's newest bundles while MERGE_FANOUT - 1 of them are of its size class or smaller
+#: (each class MERGE_FANOUT times the one below, from TIER_BYTES), so a run stands on a few
 #: bundles and a piece is rewritten about once per class.
 MERGE_FANOUT = 8
 TIER_BYTES = 1024
@@ -344,7 +344,7 @@ def absorbed(bundles: list[Bundle], raw: int, live: int) -> int | None:
     while True:
         t, k = size_class(size), 0
         for b in reversed(bundles[: len(bundles) - m]):
-            if b.names is None or size_class(b.raw) != t:
+            if b.names is None or size_class(b.raw) > t:
                 break
             k += 1
         if k < MERGE_FANOUT - 1:

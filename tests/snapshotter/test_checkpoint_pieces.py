@@ -209,7 +209,7 @@ def test_a_checkpoint_writes_what_changed_and_history_rebuilds_every_revision(tm
 
 def test_a_run_stands_on_few_bundles_and_is_based_again_when_they_hold_mostly_superseded_pieces() -> None:
     """The layout's rule: a checkpoint's bundle absorbs the newest bundles while
-    MERGE_FANOUT - 1 of them are of its size class (cascading); a base again when more than
+    MERGE_FANOUT - 1 of them are of its size class or smaller (cascading); a base again when more than
     SLOTS - 1 would remain, or the bundles outweigh REBASE_RATIO times the live pieces."""
     B = pieces.Bundle
     base = B(0, "", 100_000, None)
@@ -225,6 +225,11 @@ def test_a_run_stands_on_few_bundles_and_is_based_again_when_they_hold_mostly_su
     assert pieces.absorbed(many[:-1], 1, 10**15) == 0
     assert pieces.absorbed(many, 1, 10**15) is None  # one more would take the last free slot
     assert pieces.free_slot([B(0, "", 1, None), B(2, "", 1, ["a"])]) == 1
+    # Checkpoints of two sizes in turn (a boundary's, a periodic one's) still merge: the
+    # smaller classes count towards a class, else no class ever holds seven in a row and
+    # the run is based again (all its live pieces rewritten) every fifteen checkpoints.
+    mixed = [B(i, "", 2000 if i % 2 else 150, [f"x{i}"]) for i in range(1, n + 1)]
+    assert pieces.absorbed([base, *mixed], 2000, 100_000) == n
 
 
 def test_segments_of_patch_ids_merge_sixteen_of_a_size_and_a_long_run_keeps_few() -> None:
