@@ -19,6 +19,7 @@ format); :meth:`write` raises :class:`StoreError` and then nothing of the batch 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import os
 import time
@@ -31,7 +32,16 @@ from typing import Any, Literal
 import msgspec
 import orjson
 import pydantic
-from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Cache,
+    Options,
+    Rdict,
+    WriteBatch,
+    WriteBufferManager,
+    WriteOptions,
+)
 
 from runstate.projector.core.outcomes import DeadLetter
 from runstate.projector.core.working import Changes, Entry, Header, RunDoc
@@ -133,8 +143,19 @@ _CURRENT_VERSION_JSON = b'{"schema_version":' + _CURRENT_VERSION + b","
 
 _ERASED = status_span("erased")
 
-#: Block cache per partition store (bytes).
-BLOCK_CACHE_BYTES = 64 << 20
+#: The block cache every store of a process shares (bytes): the projector's partitions and
+#: the snapshotter's, however many a process holds.
+BLOCK_CACHE_BYTES = 256 << 20
+#: What the memtables of every store of a process may hold together (bytes; RocksDB's write
+#: buffer manager flushes the largest when they reach it). Without it each store could hold
+#: two 64 MB memtables, and a restore or replay of many partitions held them all.
+WRITE_BUFFERS_BYTES = 256 << 20
+
+
+@functools.cache
+def shared_memory() -> tuple[Cache, WriteBufferManager]:
+    """The block cache and the write buffer manager every store of this process uses."""
+    return Cache(BLOCK_CACHE_BYTES), WriteBufferManager(WRITE_BUFFERS_BYTES, False)
 
 
 def _options(*, create: bool = True) -> Options:
@@ -146,8 +167,10 @@ def _options(*, create: bool = True) -> Options:
     opts.create_if_missing(create)
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
-    table.set_block_cache(Cache(BLOCK_CACHE_BYTES))
+    cache, buffers = shared_memory()
+    table.set_block_cache(cache)
     opts.set_block_based_table_factory(table)
+    opts.set_write_buffer_manager(buffers)
     return opts
 
 

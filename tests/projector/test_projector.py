@@ -224,6 +224,28 @@ def test_store_is_exclusive_to_one_writer(tmp_path: Path) -> None:
     a.close()
 
 
+def test_the_stores_of_a_process_share_one_block_cache_and_one_memtable_budget(tmp_path: Path) -> None:
+    """A process's memory for RocksDB is bounded whatever the number of partitions it
+    holds (the projector's stores and the snapshotter's): every store uses one block cache
+    and one write buffer manager, not a cache and two 64 MB memtables each."""
+    from runstate.projector.store.partition import WRITE_BUFFERS_BYTES, shared_memory
+
+    a, b = ProjectionStore(tmp_path / "a"), ProjectionStore(tmp_path / "b")
+    a.write(PendingBatch(next_offset=1, puts={b"i:r\0facts\0f%06d" % i: b"x" * 100 for i in range(5_000)}))
+    a.close()
+    a = ProjectionStore(tmp_path / "a")
+    assert all(v is not None for v in a._db.get([b"i:r\0facts\0f%06d" % i for i in range(5_000)]))
+    used = int(a._db.property_value("rocksdb.block-cache-usage"))
+    assert used > 100_000 and int(b._db.property_value("rocksdb.block-cache-usage")) == used
+    _cache, buffers = shared_memory()
+    assert buffers.get_buffer_size() == WRITE_BUFFERS_BYTES
+    before = buffers.get_usage()
+    b.write(PendingBatch(next_offset=1, puts={b"i:s\0facts\0f%06d" % i: b"y" * 100 for i in range(5_000)}))
+    assert buffers.get_usage() > before
+    a.close()
+    b.close()
+
+
 @pytest.mark.parametrize("read_only", [False, True], ids=["read-write", "read-only"])
 def test_a_reopened_store_keeps_its_bloom_filters_and_block_cache(tmp_path: Path, read_only: bool) -> None:
     """The store's table options hold on every open, not only on the one that created it:
