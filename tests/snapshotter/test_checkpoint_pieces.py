@@ -19,6 +19,7 @@ from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.read.replay import verify
 from runstate.projector.runtime.loop import Projector
 from runstate.snapshotter import pieces
+from runstate.snapshotter.checkpoint import seal
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.snapshotter.policy import CheckpointPolicy
@@ -158,6 +159,29 @@ def test_a_flipped_bundle_drops_its_run(tmp_path: Path) -> None:
         prod.append(flipped.topics.checkpoints, (r.key or b"").decode(), value, partition=0)
     rep = _restored(flipped, tmp_path / "state")
     assert rep.runs == 2 and rep.start_offset == 0
+
+
+def test_a_sealed_head_over_a_malformed_bundle_drops_its_run(tmp_path: Path) -> None:
+    """Without a checkpoint key anyone who can write the topic can seal a head: one that
+    names a bundle of malformed entries (an item piece with no kind, a body that is not
+    bytes) gets its run replayed with the reason, never junk keys in the store."""
+    log = _snapshotted(tmp_path)
+    head = _newest_head(log, "run_a")
+    for bad, why in (
+        ({"i\0nokind": b"x"}, "an item piece without a kind and an id"),
+        ({"i\0facts\0f1": "not bytes"}, "not a bundle's entries: not a bundle: Expected `bytes`, got `str`"),
+    ):
+        bundle = pieces.bundle_value(head.epoch, head.revision, bad)  # type: ignore[arg-type]
+        doc = {k: v for k, v in head.doc.items() if k not in ("digest", "signature")}
+        doc.update(pieces=1, bundles=[[15, pieces.bundle_digest(bundle)]])
+        forged = _copy(log, tmp_path / f"forged-{len(str(bad))}.db", lambda r: True)
+        prod = forged.producer()
+        prod.append(forged.topics.checkpoints, pieces.slot_key("run_a", 15), bundle, partition=0)
+        prod.append(forged.topics.checkpoints, "run_a", pieces.head_value(seal(doc, None)), partition=0)
+        rep = _restored(forged, tmp_path / f"state-{len(str(bad))}")
+        assert rep.runs == 2 and rep.start_offset == 0
+        [(_offset, reason)] = rep.rejected
+        assert reason.startswith(why)
 
 
 def test_a_snapshotter_killed_between_a_bundle_and_its_head_leaves_the_older_checkpoint_whole(tmp_path: Path) -> None:
