@@ -12,9 +12,9 @@ from runstate.schemas.patch import Patch
 from runstate.schemas.state import TERMINAL_STATUSES
 
 _TASK_ENDS = frozenset({"TaskCompleted", "TaskFailed", "TaskCancelled"})
-#: The purely periodic triggers, which the byte budget may defer (with ``every_K``); every
-#: boundary of the document is always taken.
-BUDGETED = frozenset({"age", "quiet"})
+#: The purely periodic triggers the byte budget defers (with ``every_K``); every boundary of
+#: the document is always taken, and so is ``age``, which bounds a restore's tail.
+BUDGETED = frozenset({"quiet"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,8 +26,9 @@ class CheckpointPolicy:
     checkpoint is checkpointed (trigger ``quiet``), so that a quiet log is covered to its
     end and a restore replays nothing of it.
 
-    ``bytes_ratio``: the checkpoints a run writes for the periodic triggers (``every_K``,
-    ``age``, ``quiet``) weigh about this many times its records: such a trigger is taken once
+    ``bytes_ratio``: the checkpoints a run writes for the periodic triggers ``every_K`` and
+    ``quiet`` weigh about this many times its records (``age`` is always taken: it bounds
+    the restore's tail): such a trigger is taken once
     the records since the run's last checkpoint weigh ``1 / bytes_ratio`` of that
     checkpoint's head (what every checkpoint writes; its bundle follows what changed, which
     the records bound). The document's
