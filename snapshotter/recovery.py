@@ -275,9 +275,8 @@ def _run_pieces(head: Head, bundles: list[bytes]) -> RestoredPieces:
         for value in bundles:
             live.update(pieces.bundle_entries(value))
         decisions = [(o, p, reused, raw.encode()) for o, p, reused, raw in head.recent]
-        # The names' prefixes inline (pieces.is_item and is_ids): this runs once per piece.
-        items = [(n[_ITEM_LEN:], b) for n, b in live.items() if b and n.startswith(_ITEM)]
-        ids = sorted((n, b) for n, b in live.items() if b and n.startswith(_IDS))
+        items = [(n[len(pieces.ITEM_PREFIX) :], b) for n, b in live.items() if b and pieces.is_item(n)]
+        ids = sorted((n, b) for n, b in live.items() if b and pieces.is_ids(n))
     except (ValueError, TypeError, AttributeError) as e:
         raise CheckpointInvalid(run, f"not a bundle's entries: {e}") from e
     if not all("\0" in tail for tail, _b in items):
@@ -285,10 +284,6 @@ def _run_pieces(head: Head, bundles: list[bytes]) -> RestoredPieces:
     if len(items) + len(ids) != head.pieces:
         raise CheckpointInvalid(run, f"its bundles hold {len(items) + len(ids)} pieces, its head {head.pieces}")
     return RestoredPieces(run, head.header, items, head.covers_offset, b"".join(b for _n, b in ids), decisions)
-
-
-_ITEM, _IDS = pieces.ITEM_PREFIX, pieces.IDS_PREFIX
-_ITEM_LEN = len(_ITEM)
 
 
 def _reject(report: RestoreReport, partition: int, run: str, reason: str, dropped: list[str]) -> None:
