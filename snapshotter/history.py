@@ -124,7 +124,7 @@ class CheckpointHistory:
                 if pieces.is_item(name):
                     lists[pieces.item_of(name)[0]].append((keys.decode_int(body[:8]), orjson.loads(body[8:])))
             return assembled(
-                orjson.loads(head.header),
+                orjson.loads(pieces.header_of(head, live.get(pieces.HEADER_PIECE))),
                 {k: [item for _, item in sorted(v, key=lambda e: e[0])] for k, v in lists.items()},
             )
         except (KeyError, ValueError) as e:
@@ -142,7 +142,7 @@ class CheckpointHistory:
                 if pieces.is_item(name):
                     kind, id_ = pieces.item_of(name)
                     items[kind][id_] = keys.decode_item(kind, value)
-            return RunDoc(keys.decode_working_header(head.header), items)
+            return RunDoc(keys.decode_working_header(pieces.header_of(head, live.get(pieces.HEADER_PIECE))), items)
         except (KeyError, ValueError, pydantic.ValidationError) as e:
             raise CheckpointInvalid(run_id, f"its pieces cannot be read: {e}") from e
 

@@ -219,6 +219,8 @@ class CheckpointWriter:
         out: dict[str, bytes] = {}  # the pieces' new versions, for the local history
         bundle: dict[str, bytes] | None = None
         names: list[str] | None = None
+        header = keys.encode_header(doc.header)
+        changes: dict[str, Any] = {}
         if doc.header.status == "erased":
             # Every piece the run had goes (content-free: the keys that sealed them are gone).
             for name in {*store.pieces_at(run), *(n for (r, n) in staged if r == run)}:
@@ -236,7 +238,7 @@ class CheckpointWriter:
                 # A base: every piece, in a new epoch (the revision, and random bits: two
                 # instances that based the run at one revision do not share an epoch).
                 epoch = revision << 20 | secrets.randbits(20)
-                current = self._all_pieces(doc, store, unwritten, epoch)
+                current = self._all_pieces(doc, store, unwritten, epoch, header)
                 for name in {*store.pieces_at(run), *(n for (r, n) in staged if r == run)} - current.keys():
                     out[name] = b""  # of an older epoch: not in this one
                 for name, (_body, value) in current.items():
@@ -260,6 +262,12 @@ class CheckpointWriter:
                 bodies: dict[str, bytes | None] = {
                     name: self._body(doc, name) for name in tracking.changed.pop(run, ())
                 }
+                piece = was(pieces.HEADER_PIECE)
+                got = pieces.header_changes(header, piece)
+                if got is None or len(orjson.dumps(got)) > len(header) // 2:
+                    bodies[pieces.HEADER_PIECE] = header  # its piece again; the head then carries no changes
+                else:
+                    changes = got
                 if ids:
                     bodies.update(self._segments(tracking.segments.setdefault(run, {}), revision, ids, was))
                 for name, body in bodies.items():
@@ -277,7 +285,7 @@ class CheckpointWriter:
                     segments = tracking.segments.get(run, {})
                     bundle = {
                         n: b
-                        for n in {*self._item_names(doc), *segments}
+                        for n in {*self._item_names(doc), *segments, pieces.HEADER_PIECE}
                         if (b := delta[n] if n in delta else self._current(doc, n, was))
                     }
                     state = pieces.Published(epoch, tally, live, [])
@@ -299,10 +307,9 @@ class CheckpointWriter:
             state = state._replace(
                 bundles=[
                     *state.bundles,
-                    pieces.Bundle(slot, pieces.bundle_digest(value), pieces.bundle_raw(bundle), names),
+                    pieces.Bundle(slot, revision, pieces.bundle_digest(value), pieces.bundle_raw(bundle), names),
                 ]
             )
-        header = erased.encode() if erased is not None else keys.encode_header(doc.header)
         head = pieces.make_head(
             run_id=run,
             revision=revision,
@@ -313,7 +320,7 @@ class CheckpointWriter:
             triggers=triggers,
             verdict=verdict_of_doc(doc),
             key=self.key,
-            header=header,
+            header_changes=changes,
             recent=recent,
             bundles=state.bundles,
             erased=erased,
@@ -380,11 +387,12 @@ class CheckpointWriter:
         return bodies
 
     def _all_pieces(
-        self, doc: RunDoc, store: ProjectionStore, unwritten: list[Decision], epoch: int
+        self, doc: RunDoc, store: ProjectionStore, unwritten: list[Decision], epoch: int, header: bytes
     ) -> dict[str, tuple[bytes, bytes]]:
-        """Every piece of the run now: ``name -> (body, value as published in epoch)``."""
+        """Every piece of the run now: ``name -> (body, value as published in epoch)``
+        (``header``: the run's, as the store holds it)."""
         run = doc.header.run_id
-        bodies = {}
+        bodies = {pieces.HEADER_PIECE: header}
         for kind in COLLECTIONS:
             for id_, e in doc.entries(kind).items():
                 if e is not None:

@@ -1,22 +1,29 @@
-"""Checkpoints as pieces in bundles (format 5): what a checkpoint writes is what changed
+"""Checkpoints as pieces in bundles (format 6): what a checkpoint writes is what changed
 since the run's previous one.
 
-A run's checkpoint is the store's own pieces of the run — one piece per item and the
-patch ids it decided, in a few segments — plus a **head** keyed ``<run>``: revision,
-covered offset, verdict, triggers, the run's header and last decisions (which change with
-every checkpoint, so they ride in the head), the digest of the whole set of pieces, and
-the **bundles** the pieces are in, sealed, signed and compressed.
+A run's checkpoint is the store's own pieces of the run — one piece per item, the patch
+ids it decided in a few segments, and its header — plus a **head** keyed ``<run>``:
+revision, covered offset, verdict, triggers, the header's fields that changed since its
+piece was written and the run's last decisions (which change with every checkpoint, so
+they ride in the head), the digest of the whole set of pieces, and the **bundles** the
+pieces are in, sealed, signed and compressed.
 
 **Bundles.** A checkpoint publishes the pieces that changed since the run's previous one
 as one record, a bundle (compressed as one: a run's pieces share most of their words),
 into one of the run's ``SLOTS`` slots (key ``<run>\\0s<slot>``), then its head, which names
-the bundles it stands on in the order they apply, each by the SHA-256 of its record. A
-bundle goes to a slot the run's newest head does not name, so a crash before the new head
-leaves the older one whole. Bundles are merged size-tiered (:func:`absorbed`), and a run is
-based again once its bundles hold more superseded pieces than live ones: a run stands on
-a few bundles, and compaction, which keeps the newest record of each slot, bounds the
-topic by the live state. A restore reads a run's head and its few bundles — records per
-run, not per piece — and writes their bytes as they are.
+the bundles it stands on in the order they apply, each by its slot and the revision that
+wrote it (a bundle says its epoch and revision before its compressed entries), and seals
+them with one digest over their records' SHA-256s. A bundle goes to a slot the run's
+newest head does not name, so a crash before the new head leaves the older one whole.
+Bundles are merged size-tiered (:func:`absorbed`), and a run is based again once its
+bundles hold more superseded pieces than live ones: a run stands on a few bundles, and
+compaction, which keeps the newest record of each slot, bounds the topic by the live
+state. A restore reads a run's head and its few bundles — records per run, not per piece
+— and writes their bytes as they are.
+
+**The header** changes with every patch (revision, time, counters) but only in a few of
+its fields: its piece is written again in a base or a merge, or when the fields that
+changed since weigh more than half of it; in between a head carries only those fields.
 
 **Segments of patch ids** are merged as they pile up, sixteen of a size into one of the
 next (size-tiered, as an LSM tree's): a run holds a few dozen segments at most whatever its
@@ -30,10 +37,10 @@ piece's versions with their epoch, so that time travel never mixes two bases.
 
 **The digest** is a multiset hash over ``(piece name, value)`` (each piece's SHA-256,
 expanded by SHAKE-256 to 2,048 bits, summed modulo 2^2048, as LtHash does), updated per
-changed piece; time travel recomputes it from the local history. A restore checks each
-bundle's SHA-256 against the head and the number of pieces they add up to; the head's
-own seal (a SHA-256 over its canonical JSON, HMAC-signed with the checkpoint key) covers
-both.
+changed piece; time travel recomputes it from the local history. A restore checks the
+bundles' SHA-256s against the head's digest of them and the number of pieces they add up
+to; the head's own seal (a SHA-256 over its
+canonical JSON, HMAC-signed with the checkpoint key) covers both.
 """
 
 from __future__ import annotations
@@ -57,11 +64,16 @@ from runstate.schemas.state import COLLECTIONS, RunHeader
 from runstate.snapshotter.checkpoint import SigningKey, _check_seal, seal
 
 #: The format of a head and its pieces (3: the header and last decisions were pieces).
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
+#: The format before, still read: the header whole in every head, each bundle named by
+#: its SHA-256 (its bundles start ``\\x00rsb`` and hold their epoch and revision inside).
+FORMAT_5 = 5
 #: Pieces of one run: its items and its decided patch ids. An item's name after its prefix,
 #: ``<kind>\0<id>``, is its key in the store after the run's items prefix (a restore writes it so).
 ITEM_PREFIX = "i\0"
 IDS_PREFIX = "p\0"
+#: The run's header, as the store holds it (see :func:`header_changes`).
+HEADER_PIECE = "h\0"
 EPOCH_BYTES = 8
 #: Modulus of the multiset hash (2,048-bit elements, as LtHash).
 _MOD_BITS = 2048
@@ -118,6 +130,10 @@ def is_item(name: str) -> bool:
 
 def is_ids(name: str) -> bool:
     return name.startswith(IDS_PREFIX)
+
+
+def is_header(name: str) -> bool:
+    return name == HEADER_PIECE
 
 
 def item_of(name: str) -> tuple[str, str]:
@@ -258,9 +274,11 @@ def live(value: bytes | None, epoch: int) -> bytes | None:
 
 #: Slots of a run on the checkpoints topic (keys ``<run>\\0s<slot>``): each holds one bundle,
 #: compaction keeps its newest, so the topic holds at most this many bundles of a run.
-SLOTS = 16
-#: How a bundle record starts: then its entries, compressed.
-BUNDLE_MAGIC = b"\x00rsb"
+SLOTS = 32
+#: How a bundle record starts: then the run's epoch and the revision that wrote it (8 bytes
+#: each, big-endian), then its entries, compressed. (Format 5's started ``\\x00rsb``.)
+BUNDLE_MAGIC = b"\x00rb6"
+_NAME_END = len(BUNDLE_MAGIC) + 16
 #: Bundles are merged size-tiered, as an LSM tree's files: a checkpoint's bundle absorbs
 #: the run's newest bundles while MERGE_FANOUT - 1 of them are of its size class or smaller
 #: (each class MERGE_FANOUT times the one below, from TIER_BYTES), so a run stands on a few
@@ -287,38 +305,56 @@ def slot_of(piece: str) -> int | None:
 
 
 class Bundle(NamedTuple):
-    """One bundle a run's newest checkpoint stands on: its slot, its :func:`bundle_digest`,
-    the bytes of its entries before compression, and the names of its pieces (None for a
-    base, which is never absorbed)."""
+    """One bundle a run's newest checkpoint stands on: its slot, the revision that wrote it,
+    its :func:`bundle_digest`, the bytes of its entries before compression, and the names
+    of its pieces (None for a base, which is never absorbed)."""
 
     slot: int
+    revision: int
     sha: str
     raw: int
     names: list[str] | None
 
 
 def bundle_value(epoch: int, revision: int, entries: dict[str, bytes]) -> bytes:
-    """A bundle as published: the run's epoch, the revision that wrote it and its entries
-    ``name -> body as stored`` (an empty body: the piece is gone), compressed as one (the
-    pieces of a run share most of their words, which compress poorly one by one)."""
-    raw = _BUNDLE.encode((epoch, revision, list(entries.items())))
-    return BUNDLE_MAGIC + _compress(raw)
+    """A bundle as published: the run's epoch and the revision that wrote it, then its
+    entries ``name -> body as stored`` (an empty body: the piece is gone), compressed as
+    one (the pieces of a run share most of their words, which compress poorly one by one)."""
+    name = epoch.to_bytes(8, "big") + revision.to_bytes(8, "big")
+    return BUNDLE_MAGIC + name + _compress(_BUNDLE.encode(list(entries.items())))
+
+
+def bundle_name(value: bytes) -> tuple[int, int] | None:
+    """``(epoch, revision)`` a bundle record says it is of, read without decompressing it;
+    None for what is not a bundle of this format."""
+    if len(value) < _NAME_END or not value.startswith(BUNDLE_MAGIC):
+        return None
+    start = len(BUNDLE_MAGIC)
+    return int.from_bytes(value[start : start + 8], "big"), int.from_bytes(value[start + 8 : _NAME_END], "big")
 
 
 def bundle_entries(value: bytes) -> list[tuple[str, bytes]]:
-    """A bundle's entries, in the order they apply. Raises ``ValueError``."""
-    if not value.startswith(BUNDLE_MAGIC):
-        raise ValueError("not a bundle")
+    """A bundle's entries (of this format or format 5), in the order they apply. Raises
+    ``ValueError``."""
     try:
-        return _UNBUNDLE.decode(_decompress(value[len(BUNDLE_MAGIC) :]))[2]
+        if bundle_name(value) is not None:
+            return _UNBUNDLE.decode(_decompress(value[_NAME_END:]))
+        if value.startswith(_BUNDLE5_MAGIC):
+            return _UNBUNDLE5.decode(_decompress(value[len(_BUNDLE5_MAGIC) :]))[2]
     except (zlib.error, msgspec.DecodeError) as e:
         raise ValueError(f"not a bundle: {e}") from e
+    raise ValueError("not a bundle")
 
 
 def bundle_digest(value: bytes) -> str:
-    """What a head names a bundle by: the first 128 bits of its record's SHA-256 (a head
-    names up to fifteen, and digests do not compress)."""
+    """A bundle record's SHA-256 (the first 128 bits), of which a head seals its bundles'."""
     return hashlib.sha256(value).hexdigest()[:32]
+
+
+def bundles_digest(shas: Iterable[str]) -> str:
+    """What a head names its bundles' contents by: one digest over their
+    :func:`bundle_digest`, in the order they apply."""
+    return hashlib.sha256("".join(shas).encode()).hexdigest()[:32]
 
 
 def bundle_raw(entries: dict[str, bytes]) -> int:
@@ -326,7 +362,9 @@ def bundle_raw(entries: dict[str, bytes]) -> int:
 
 
 _BUNDLE = msgspec.msgpack.Encoder()
-_UNBUNDLE = msgspec.msgpack.Decoder(tuple[int, int, list[tuple[str, bytes]]])
+_UNBUNDLE = msgspec.msgpack.Decoder(list[tuple[str, bytes]])
+_BUNDLE5_MAGIC = b"\x00rsb"
+_UNBUNDLE5 = msgspec.msgpack.Decoder(tuple[int, int, list[tuple[str, bytes]]])
 
 
 def size_class(raw: int) -> int:
@@ -374,22 +412,28 @@ class Published(NamedTuple):
     bundles: list[Bundle]
 
     def encode(self) -> bytes:
-        b = [[x.slot, x.sha, x.raw, x.names] for x in self.bundles]
+        b = [[x.slot, x.revision, x.sha, x.raw, x.names] for x in self.bundles]
         t = self.tally
         return _STATE_MAGIC + _BUNDLE.encode([self.epoch, t.count, t.acc.to_bytes(_ACC_BYTES, "little"), self.live, b])
 
     @staticmethod
     def decode(raw: bytes) -> Published | None:
-        """As :meth:`encode` wrote it; None for an older format's (format 4 kept only a tally)."""
-        if not raw.startswith(_STATE_MAGIC):
+        """As :meth:`encode` wrote it; None for an older format's (format 4 kept only a tally).
+        Format 5's bundles had no revision (-1 here): the run's next checkpoint is a base,
+        which only needs to know the slots they hold."""
+        if raw.startswith(_STATE_MAGIC):
+            epoch, count, acc, live, b = msgspec.msgpack.decode(raw[len(_STATE_MAGIC) :])
+            bundles = [Bundle(*x) for x in b]
+        elif raw.startswith(_STATE5_MAGIC):
+            epoch, count, acc, live, b = msgspec.msgpack.decode(raw[len(_STATE5_MAGIC) :])
+            bundles = [Bundle(s, -1, h, r, n) for s, h, r, n in b]
+        else:
             return None
-        epoch, count, acc, live, b = msgspec.msgpack.decode(raw[len(_STATE_MAGIC) :])
-        return Published(
-            epoch, Tally(count, int.from_bytes(acc, "little")), live, [Bundle(s, h, r, n) for s, h, r, n in b]
-        )
+        return Published(epoch, Tally(count, int.from_bytes(acc, "little")), live, bundles)
 
 
-_STATE_MAGIC = b"\x00rs5"
+_STATE_MAGIC = b"\x00rs6"
+_STATE5_MAGIC = b"\x00rs5"
 
 
 # --- the multiset digest ----------------------------------------------------------------------
@@ -449,12 +493,17 @@ class Head(NamedTuple):
     verdict: str
     #: an erased run's tombstone header (content-free), or None
     erased: str | None
-    #: the run's header as the store holds it
-    header: bytes
+    #: the header's fields that differ from its piece's (see :func:`header_of`)
+    header_changes: dict[str, Any]
     #: the run's last decisions: ``[offset, patch id, reused, decision JSON]``
     recent: list[Any]
-    #: the bundles its pieces are in, in the order they apply: ``[slot, SHA-256 of the record]``
+    #: the bundles its pieces are in, in the order they apply: ``[slot, revision that wrote it]``
     bundles: list[Any]
+    #: :func:`bundles_digest` of those bundles' records
+    bundles_digest: str
+    #: a format 5 head's: the run's whole header as the store holds it (its bundles are
+    #: named ``[slot, SHA-256 of the record]``, ``bundles_digest`` is empty), else None
+    header5: bytes | None
     doc: dict[str, Any]
 
 
@@ -469,14 +518,14 @@ def make_head(
     triggers: list[str],
     verdict: str,
     key: SigningKey,
-    header: bytes,
+    header_changes: dict[str, Any],
     recent: list[Any],
     bundles: list[Bundle],
     erased: str | None = None,
 ) -> bytes:
     """A head as published: sealed (digest over all of it; signed with ``key``), then
-    compressed behind :data:`HEAD_MAGIC`. ``header``: the run's header as the store holds
-    it (the state's schema version and time are its); ``recent``: its last decisions."""
+    compressed behind :data:`HEAD_MAGIC`. ``header_changes``: the header's fields that
+    differ from its piece's (:func:`header_changes`); ``recent``: its last decisions."""
     doc = seal(
         {
             "kind": "head",
@@ -492,9 +541,10 @@ def make_head(
             "triggers": triggers,
             "verdict": verdict,
             "erased": erased,
-            "header": header.decode(),
+            "header": header_changes,
             "recent": recent,
-            "bundles": [[b.slot, b.sha] for b in bundles],
+            "bundles": [[b.slot, b.revision] for b in bundles],
+            "bundles_digest": bundles_digest(b.sha for b in bundles),
         },
         key,
     )
@@ -534,6 +584,8 @@ def head_document(raw: bytes) -> Any:
 def head_of(doc: dict[str, Any]) -> Head:
     """A head document's fields, not checked (:func:`check_head` checks them). Raises
     ``KeyError`` for a missing one."""
+    v5 = doc.get("format_version") == FORMAT_5
+    header5 = doc["header"] if v5 else None
     return Head(
         doc["run_id"],
         doc["revision"],
@@ -545,9 +597,11 @@ def head_of(doc: dict[str, Any]) -> Head:
         doc["triggers"],
         doc["verdict"],
         doc.get("erased"),
-        doc["header"].encode(),
+        {} if v5 else doc["header"],
         doc["recent"],
         doc["bundles"],
+        "" if v5 else doc["bundles_digest"],
+        header5.encode() if type(header5) is str else None,
         doc,
     )
 
@@ -556,9 +610,9 @@ def check_head(doc: dict[str, Any], key: SigningKey) -> Head:
     """A head record's promise, once its seal, versions and shape are checked. Raises
     :class:`CheckpointInvalid`."""
     run_id = doc.get("run_id")
-    if doc.get("format_version") != FORMAT_VERSION:
+    if doc.get("format_version") not in (FORMAT_VERSION, FORMAT_5):
         raise CheckpointInvalid(
-            run_id, f"format_version {doc.get('format_version')!r}, this runstate reads {FORMAT_VERSION}"
+            run_id, f"format_version {doc.get('format_version')!r}, this runstate reads {FORMAT_VERSION} and {FORMAT_5}"
         )
     _check_seal(doc, key, run_id if isinstance(run_id, str) else None)
     if doc.get("versions") != VERSIONS:
@@ -576,10 +630,17 @@ def check_head(doc: dict[str, Any], key: SigningKey) -> Head:
         not all(type(v) is int for v in (head.revision, head.partition, head.covers_offset, head.epoch, head.pieces))
         or type(head.run_id) is not str
         or type(head.pieces_digest) is not str
+        or type(head.header_changes) is not dict
         or type(head.recent) is not list
         or type(head.bundles) is not list
+        or type(head.bundles_digest) is not str
+        or (head.header5 is None) != (doc["format_version"] == FORMAT_VERSION)
         or not all(
-            type(b) is list and len(b) == 2 and type(b[0]) is int and 0 <= b[0] < SLOTS and type(b[1]) is str
+            type(b) is list
+            and len(b) == 2
+            and type(b[0]) is int
+            and 0 <= b[0] < SLOTS
+            and type(b[1]) is (int if head.header5 is None else str)
             for b in head.bundles
         )
     ):
@@ -595,6 +656,44 @@ def load_head(raw: bytes, key: SigningKey) -> Head:
     if not is_head(doc):
         raise CheckpointInvalid(doc.get("run_id") if isinstance(doc, dict) else None, "not a checkpoint head")
     return check_head(doc, key)
+
+
+def header_changes(header: bytes, piece: bytes | None) -> dict[str, Any] | None:
+    """The fields of ``header`` (as the store holds it) that differ from its ``piece``'s,
+    from which :func:`header_of` makes its exact bytes again; None where it cannot (no
+    piece, other fields, or bytes JSON would not write back alike): the piece is written
+    again."""
+    if piece is None:
+        return None
+    if piece == header:
+        return {}
+    now, was = orjson.loads(header), orjson.loads(piece)
+    if now.keys() != was.keys():
+        return None
+    changes = {k: v for k, v in now.items() if was[k] != v}
+    return changes if _merged(was, changes) == header else None
+
+
+def header_of(head: Head, piece: bytes | None) -> bytes:
+    """The run's header as the store holds it, from its piece and the head's changes (an
+    erased run's: its tombstone; a format 5 head's: its own). Raises ``ValueError`` for a header piece missing or not
+    a JSON object, or changes naming a field it does not have."""
+    if head.erased is not None:
+        return head.erased.encode()
+    if head.header5 is not None:
+        return head.header5
+    if piece is None:
+        raise ValueError("no header piece")
+    if not head.header_changes:
+        return piece
+    was = orjson.loads(piece)
+    if type(was) is not dict or not head.header_changes.keys() <= was.keys():
+        raise ValueError("the head's header changes do not fit its header piece")
+    return _merged(was, head.header_changes)
+
+
+def _merged(was: dict[str, Any], changes: dict[str, Any]) -> bytes:
+    return orjson.dumps({**was, **changes})
 
 
 def check_pieces(head: Head, tally: Tally) -> None:

@@ -25,10 +25,12 @@ checkpoints are all invalid. Never trusted blindly, never lost.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pydantic
 
@@ -217,47 +219,69 @@ def _restore_pieces(
     log_: EventLog, partition: int, end: int, store: ProjectionStore, heads: dict[str, Head], report: RestoreReport
 ) -> tuple[list[Head], int]:
     """Write the runs with a sound head into ``store``, each from the bundles its head
-    names (a bundle counts only when its SHA-256 is the head's), as soon as the last of
-    them is read, :data:`RESTORE_CHUNK` runs a batch; returns the heads of the runs
-    restored and how many were dropped (a bundle missing or not the head's, or pieces that
-    do not add up to the head's)."""
+    names (by slot, and the epoch and revision a bundle says it is of), as soon as the
+    last of them is read, :data:`RESTORE_CHUNK` runs a batch; returns the heads of the
+    runs restored and how many were dropped (a bundle missing, bundles whose SHA-256s are
+    not the head's, or pieces that do not add up to the head's)."""
     if not heads:
         return [], 0
     restored: list[Head] = []
     dropped: list[str] = []
-    want: dict[str, dict[int, str]] = {}
+    want: dict[str, dict[int, Any]] = {}  # run -> slot -> what its bundle must be named
     chunk: list[RestoredPieces] = []
     for run, head in heads.items():
         if head.erased is not None:  # its header is the content-free tombstone
-            chunk.append(RestoredPieces(run, head.header, [], head.covers_offset, b"", ()))
+            chunk.append(RestoredPieces(run, head.erased.encode(), [], head.covers_offset, b"", ()))
             restored.append(head)
             continue
-        slots = {slot: sha for slot, sha in head.bundles}
+        # by its epoch and revision (format 5: by its SHA-256)
+        slots = {slot: (head.epoch, name) if head.header5 is None else name for slot, name in head.bundles}
         if len(slots) != len(head.bundles) or not slots:
             _reject(report, partition, run, "its head names a slot twice, or none", dropped)
             continue
         want[run] = slots
-    found: dict[str, dict[int, bytes]] = {}
+    # run -> slot -> the records named as its head's bundle there (one, unless another was
+    # planted under that name: then the head's digest of its bundles tells which)
+    found: dict[str, dict[int, list[bytes]]] = {}
+    contested: set[str] = set()
+
+    def take(run: str, bundles: list[bytes]) -> None:
+        nonlocal chunk
+        try:
+            chunk.append(_run_pieces(heads[run], bundles))
+            restored.append(heads[run])
+        except CheckpointInvalid as e:
+            _reject(report, partition, run, e.reason, dropped)
+        if len(chunk) >= RESTORE_CHUNK:
+            store.restore_pieces(chunk)
+            chunk = []
+
     for rec in log_.scan(log_.topics.checkpoints, partition, 0, end):
         run, suffix = pieces.split_key(rec.key)
         slots = want.get(run)
         if slots is None or suffix is None or (slot := pieces.slot_of(suffix)) is None or slot not in slots:
             continue
-        if pieces.bundle_digest(rec.value) != slots[slot]:
+        named = slots[slot]
+        if (pieces.bundle_name(rec.value) if type(named) is tuple else pieces.bundle_digest(rec.value)) != named:
             continue  # an older or newer bundle of that slot: not this head's
         got = found.setdefault(run, {})
-        got[slot] = rec.value
-        if len(got) == len(slots):
-            del want[run], found[run]
-            head = heads[run]
-            try:
-                chunk.append(_run_pieces(head, [got[s] for s, _sha in head.bundles]))
-                restored.append(head)
-            except CheckpointInvalid as e:
-                _reject(report, partition, run, e.reason, dropped)
-            if len(chunk) >= RESTORE_CHUNK:
-                store.restore_pieces(chunk)
-                chunk = []
+        got.setdefault(slot, []).append(rec.value)
+        if len(got) == len(slots) and run not in contested:
+            bundles = [got[s][-1] for s, _name in heads[run].bundles]
+            if _sound(heads[run], bundles):
+                del want[run], found[run]
+                take(run, bundles)
+            else:  # looked for again once the partition is read
+                contested.add(run)
+    for run in contested:
+        head, got = heads[run], found.pop(run)
+        del want[run]
+        choices = itertools.islice(itertools.product(*(got[s] for s, _name in head.bundles)), MAX_CONTESTED)
+        bundles = next((list(c) for c in choices if _sound(head, list(c))), None)
+        if bundles is None:
+            _reject(report, partition, run, NOT_THE_HEADS, dropped)
+        else:
+            take(run, bundles)
     store.restore_pieces(chunk)
     for run in want:  # a head whose bundles never all arrived (a snapshotter SIGKILLed while publishing)
         _reject(report, partition, run, "a bundle its head names is missing or is not the head's", dropped)
@@ -281,9 +305,27 @@ def _run_pieces(head: Head, bundles: list[bytes]) -> RestoredPieces:
         raise CheckpointInvalid(run, f"not a bundle's entries: {e}") from e
     if not all("\0" in tail for tail, _b in items):
         raise CheckpointInvalid(run, "an item piece without a kind and an id")
-    if len(items) + len(ids) != head.pieces:
-        raise CheckpointInvalid(run, f"its bundles hold {len(items) + len(ids)} pieces, its head {head.pieces}")
-    return RestoredPieces(run, head.header, items, head.covers_offset, b"".join(b for _n, b in ids), decisions)
+    try:
+        header = pieces.header_of(head, live.get(pieces.HEADER_PIECE) or None)
+    except ValueError as e:
+        raise CheckpointInvalid(run, f"its header: {e}") from e
+    held = len(items) + len(ids) + (head.header5 is None)  # and the header's (format 6)
+    if held != head.pieces:
+        raise CheckpointInvalid(run, f"its bundles hold {held} pieces, its head {head.pieces}")
+    return RestoredPieces(run, header, items, head.covers_offset, b"".join(b for _n, b in ids), decisions)
+
+
+#: Why a run whose head's bundles are all there, by name, is replayed.
+NOT_THE_HEADS = "its bundles are not the ones its head names (damaged, or not this checkpoint's)"
+#: Combinations of the records named as a head's bundles tried when some name was written
+#: twice (a bundle planted under it): each is a SHA-256 over the run's bundles.
+MAX_CONTESTED = 64
+
+
+def _sound(head: Head, bundles: list[bytes]) -> bool:
+    """Whether ``bundles`` are the ones ``head`` names: their SHA-256s, digested in order,
+    are its digest of them (a format 5 head's were each found by its own SHA-256)."""
+    return head.header5 is not None or pieces.bundles_digest(map(pieces.bundle_digest, bundles)) == head.bundles_digest
 
 
 def _reject(report: RestoreReport, partition: int, run: str, reason: str, dropped: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""Checkpoints as pieces (format 4): a checkpoint writes what changed since the run's
+"""Checkpoints as pieces (format 6): a checkpoint writes what changed since the run's
 previous one, and a restore trusts a run's pieces only when they are exactly its head's.
 
 Each fault the design must answer is made on a real embedded log and a real RocksDB: a
@@ -8,6 +8,7 @@ full replay (``verify``), with the damaged runs replayed rather than restored.""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from helpers import append_all, ev, fact, patch, start
 from runstate.eventlog.base import Record
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.read.replay import verify
+from runstate.projector.store import keys
+from runstate.projector.store.partition import ProjectionStore
+from runstate.projector.store.statedir import Layout
 from runstate.projector.runtime.loop import Projector
 from runstate.snapshotter import pieces
 from runstate.snapshotter.checkpoint import seal
@@ -26,6 +30,8 @@ from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.recovery import RestoreReport, restore_partition
 
 RUNS = ("run_a", "run_b", "run_c")
+RUNS_B = {r.encode() for r in RUNS}
+DATA = Path(__file__).parent.parent / "data"
 
 
 def _workload() -> list:  # type: ignore[type-arg]
@@ -82,12 +88,12 @@ def _newest_head(log: EmbeddedLog, run: str) -> pieces.Head:
 def _bundles(log: EmbeddedLog, run: str) -> list[list[tuple[str, bytes]]]:
     """The entries of the bundles the run's newest head names, in order."""
     head = _newest_head(log, run)
-    by_sha = {
-        pieces.bundle_digest(r.value): r.value
+    by_name = {
+        (pieces.slot_of(suffix), pieces.bundle_name(r.value)): r.value
         for r in log.scan(log.topics.checkpoints, 0, 0, 10**9)
-        if pieces.split_key(r.key)[0] == run and pieces.split_key(r.key)[1] is not None
+        if pieces.split_key(r.key)[0] == run and (suffix := pieces.split_key(r.key)[1]) is not None
     }
-    return [pieces.bundle_entries(by_sha[sha]) for _slot, sha in head.bundles]
+    return [pieces.bundle_entries(by_name[slot, (head.epoch, rev)]) for slot, rev in head.bundles]
 
 
 def test_intact_bundles_restore_every_run_and_the_tail_starts_past_them(tmp_path: Path) -> None:
@@ -109,7 +115,7 @@ def test_a_run_standing_on_every_slot_restores_from_them(tmp_path: Path, monkeyp
     Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1, bytes_ratio=None)).run(
         until_caught_up=True, poll_timeout_s=0.01
     )
-    slots = [slot for slot, _sha in _newest_head(log, "run_a").bundles]
+    slots = [slot for slot, _rev in _newest_head(log, "run_a").bundles]
     assert sorted(slots) == list(range(pieces.SLOTS - 1))
     assert [pieces.slot_of(pieces.slot_key("run_a", s).split("\0", 1)[1]) for s in slots] == slots
     rep = _restored(log, tmp_path / "state")
@@ -161,6 +167,110 @@ def test_a_flipped_bundle_drops_its_run(tmp_path: Path) -> None:
     assert rep.runs == 2 and rep.start_offset == 0
 
 
+def test_a_bundle_planted_under_the_heads_own_name_is_never_restored(tmp_path: Path) -> None:
+    """A head names its bundles by slot and revision, which anyone who writes the topic can
+    copy. A bundle of other content under the name of one the head stands on (its slot,
+    epoch and revision), written just before the head's own or just after it (before the
+    head's other bundles): the run is restored from the head's, which the head's digest of
+    its bundles tells apart. In its place: the run is replayed, never restored from the
+    planted pieces."""
+    log = _snapshotted(tmp_path)
+    head = _newest_head(log, "run_c")
+    assert len(head.bundles) >= 2
+    slot, revision = head.bundles[0]
+    planted = pieces.bundle_value(head.epoch, revision, {"i\0confirmed_facts\0f0": b"planted"})
+    assert pieces.bundle_name(planted) == (head.epoch, revision)
+    key = pieces.slot_key("run_c", slot)
+    for where in ("before", "after"):
+        out = EmbeddedLog(tmp_path / f"{where}.db", partitions=1)
+        prod = out.producer()
+        for r in log.scan(log.topics.events, 0, 0, 10**9):
+            prod.append(out.topics.events, r.key.decode() if r.key else "", r.value)
+        for r in log.scan(log.topics.checkpoints, 0, 0, 10**9):
+            genuine = r.key == key.encode() and pieces.bundle_name(r.value) == (head.epoch, revision)
+            if genuine and where == "before":
+                prod.append(out.topics.checkpoints, key, planted, partition=0)
+            prod.append(out.topics.checkpoints, (r.key or b"").decode(), r.value, partition=0)
+            if genuine and where == "after":
+                prod.append(out.topics.checkpoints, key, planted, partition=0)
+        rep = _restored(out, tmp_path / where)
+        assert rep.runs == 3 and rep.rejected == [], where
+
+    instead = _copy(log, tmp_path / "instead.db", lambda r: r.key != key.encode())
+    instead.producer().append(instead.topics.checkpoints, key, planted, partition=0)
+    rep = _restored(instead, tmp_path / "instead")
+    assert rep.runs == 2 and rep.start_offset == 0
+    assert [reason.split(" (")[0] for _o, reason in rep.rejected] == ["its bundles are not the ones its head names"]
+
+
+def test_checkpoints_of_format_5_are_restored_and_the_next_ones_are_of_format_6(tmp_path: Path) -> None:
+    """A topic the previous format wrote (``tests/data/checkpoints_format5.db``: this file's
+    workload, checkpointed every four revisions by runstate's format 5) restores every run
+    from it, nothing rejected; a snapshotter of this format then writes format 6, and a
+    restore reads both side by side."""
+    shutil.copy(DATA / "checkpoints_format5.db", tmp_path / "log.db")
+    log = EmbeddedLog(tmp_path / "log.db", create=False)
+    heads = [pieces.head_document(r.value) for r in log.scan(log.topics.checkpoints, 0, 0, 10**9) if r.key in RUNS_B]
+    assert {h["format_version"] for h in heads} == {5}
+    rep = _restored(log, tmp_path / "v5")
+    assert rep.runs == 3 and rep.rejected == [] and rep.start_offset > 0
+
+    v5_end = log.end_offsets(log.topics.checkpoints)[0]
+    append_all(log, [patch("run_a", 13 + i, fact(f"g{i}")) for i in range(4)])
+    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=4, bytes_ratio=None)).run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
+    assert _newest_head(log, "run_a").header5 is None
+    rep = _restored(log, tmp_path / "v6")
+    assert rep.runs == 3 and rep.rejected == []
+    # run_a's checkpoints of format 6 over the others' of format 5, on one topic
+    mixed = _copy(log, tmp_path / "mixed.db", lambda r: r.offset < v5_end or pieces.split_key(r.key)[0] == "run_a")
+    assert _newest_head(mixed, "run_a").header5 is None and _newest_head(mixed, "run_b").header5 is not None
+    rep = _restored(mixed, tmp_path / "mixed")
+    assert rep.runs == 3 and rep.rejected == []
+
+
+def test_a_head_carries_the_headers_changed_fields_and_a_restore_writes_its_exact_bytes(tmp_path: Path) -> None:
+    """The header's piece is written in a base or a merge; the heads between carry only the
+    fields that changed since (the revision, the time, ...), and a restore writes the
+    header byte for byte as the projector stored it."""
+    log = _snapshotted(tmp_path)
+    changed = [
+        pieces.load_head(r.value, None).header_changes
+        for r in log.scan(log.topics.checkpoints, 0, 0, 10**9)
+        if r.key == b"run_a" and pieces.is_head_record(r.value)
+    ]
+    assert any("revision" in c for c in changed)
+    assert all("goal" not in c and "policy" not in c for c in changed)
+    _restored(log, tmp_path / "restored")
+    Projector(log, str(tmp_path / "replayed")).run(until_caught_up=True, poll_timeout_s=0.01)
+    headers = []
+    for d in ("restored", "replayed"):
+        with ProjectionStore(Layout(tmp_path / d).store_path(0), read_only=True) as st:
+            headers.append([st._get(keys.header_key(r)) for r in RUNS])
+    assert headers[0] == headers[1] and all(headers[0])
+
+
+@pytest.mark.parametrize(
+    "was, now",
+    [
+        ({"a": 1, "t": "x", "f": 0.1}, {"a": 2, "t": "café ✓", "f": 1e-07}),
+        ({"a": 1, "n": None}, {"a": 1, "n": {"deep": [1.5, "\u2028"]}}),
+        ({"a": 1}, {"a": 1}),
+    ],
+)
+def test_header_changes_give_the_headers_bytes_back(was: dict, now: dict) -> None:  # type: ignore[type-arg]
+    import orjson
+
+    piece, header = orjson.dumps(was), orjson.dumps(now)
+    changes = pieces.header_changes(header, piece)
+    assert changes is not None and set(changes) <= set(now)
+    head = pieces.Head("r", 1, 0, 0, 0, 1, "", [], "safe", None, changes, [], [], "", None, {})
+    assert pieces.header_of(head, piece) == header
+    assert pieces.header_changes(orjson.dumps({**now, "new": 1}), piece) is None  # other fields: the piece again
+    assert pieces.header_changes(header, None) is None
+
+
 def test_a_sealed_head_over_a_malformed_bundle_drops_its_run(tmp_path: Path) -> None:
     """Without a checkpoint key anyone who can write the topic can seal a head: one that
     names a bundle of malformed entries (an item piece with no kind, a body that is not
@@ -173,7 +283,11 @@ def test_a_sealed_head_over_a_malformed_bundle_drops_its_run(tmp_path: Path) -> 
     ):
         bundle = pieces.bundle_value(head.epoch, head.revision, bad)  # type: ignore[arg-type]
         doc = {k: v for k, v in head.doc.items() if k not in ("digest", "signature")}
-        doc.update(pieces=1, bundles=[[15, pieces.bundle_digest(bundle)]])
+        doc.update(
+            pieces=1,
+            bundles=[[15, head.revision]],
+            bundles_digest=pieces.bundles_digest([pieces.bundle_digest(bundle)]),
+        )
         forged = _copy(log, tmp_path / f"forged-{len(str(bad))}.db", lambda r: True)
         prod = forged.producer()
         prod.append(forged.topics.checkpoints, pieces.slot_key("run_a", 15), bundle, partition=0)
@@ -236,23 +350,23 @@ def test_a_run_stands_on_few_bundles_and_is_based_again_when_they_hold_mostly_su
     MERGE_FANOUT - 1 of them are of its size class or smaller (cascading); a base again when more than
     SLOTS - 1 would remain, or the bundles outweigh REBASE_RATIO times the live pieces."""
     B = pieces.Bundle
-    base = B(0, "", 100_000, None)
+    base = B(0, 0, "", 100_000, None)
     n = pieces.MERGE_FANOUT - 1
-    small = [B(i, "", 150, [f"n{i}"]) for i in range(1, n + 1)]
+    small = [B(i, 0, "", 150, [f"n{i}"]) for i in range(1, n + 1)]
     assert pieces.absorbed([base], 100, 100_000) == 0
     assert pieces.absorbed([base, *small[:-1]], 100, 100_000) == 0
     assert pieces.absorbed([base, *small], 100, 100_000) == n  # a class's worth of its class
-    mid = [B(i, "", 2000, [f"m{i}"]) for i in range(n + 1, 2 * n + 1)]
+    mid = [B(i, 0, "", 2000, [f"m{i}"]) for i in range(n + 1, 2 * n + 1)]
     assert pieces.absorbed([base, *mid, *small], 100, 100_000) == 2 * n  # 1,150 bytes then: a class up, and on
-    assert pieces.absorbed([base, B(1, "", 150_000, ["a"])], 100, 100_000) is None  # mostly superseded
-    many = [base, *(B(i, "", pieces.TIER_BYTES * pieces.MERGE_FANOUT**i, ["x"]) for i in range(1, pieces.SLOTS - 1))]
-    assert pieces.absorbed(many[:-1], 1, 10**15) == 0
-    assert pieces.absorbed(many, 1, 10**15) is None  # one more would take the last free slot
-    assert pieces.free_slot([B(0, "", 1, None), B(2, "", 1, ["a"])]) == 1
+    assert pieces.absorbed([base, B(1, 0, "", 150_000, ["a"])], 100, 100_000) is None  # mostly superseded
+    many = [base, *(B(i, 0, "", pieces.TIER_BYTES * pieces.MERGE_FANOUT**i, ["x"]) for i in range(1, pieces.SLOTS - 1))]
+    assert pieces.absorbed(many[:-1], 1, 10**40) == 0
+    assert pieces.absorbed(many, 1, 10**40) is None  # one more would take the last free slot
+    assert pieces.free_slot([B(0, 0, "", 1, None), B(2, 0, "", 1, ["a"])]) == 1
     # Checkpoints of two sizes in turn (a boundary's, a periodic one's) still merge: the
     # smaller classes count towards a class, else no class ever holds seven in a row and
     # the run is based again (all its live pieces rewritten) every fifteen checkpoints.
-    mixed = [B(i, "", 2000 if i % 2 else 150, [f"x{i}"]) for i in range(1, n + 1)]
+    mixed = [B(i, 0, "", 2000 if i % 2 else 150, [f"x{i}"]) for i in range(1, n + 1)]
     assert pieces.absorbed([base, *mixed], 2000, 100_000) == n
 
 

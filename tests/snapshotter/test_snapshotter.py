@@ -352,7 +352,7 @@ def test_a_damaged_bundle_or_head_is_never_restored_the_run_is_replayed(tmp_path
     )
     [rep] = reports
     reasons = sorted(reason.split(" (")[0].split(":")[0] for _, reason in rep.rejected)
-    assert reasons == ["a bundle its head names is missing or is not the head's", "not JSON"], reasons
+    assert reasons == ["its bundles are not the ones its head names", "not JSON"], reasons
     assert rep.runs == 0 and rep.start_offset == 0
     assert verify(log, str(state)).ok
     log.close()
