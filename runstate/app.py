@@ -58,7 +58,7 @@ from runstate.schemas.errors import (
     RunstateError,
 )
 from runstate.snapshotter.checkpoint import Checkpoint, SigningKey, decode_patch_ids
-from runstate.snapshotter.history import CheckpointHistory, LiveStores
+from runstate.snapshotter.history import CheckpointHistory, LiveStores, StateDataCache
 from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.projector.store.partition import ProjectionStore
 from runstate.projector.store.statedir import Layout
@@ -448,8 +448,10 @@ def nearest_checkpoint(settings: Settings, live: LiveStores | None = None) -> Ne
     :meth:`CheckpointHistory.nearest_state_data`). ``live``: the stores of the snapshotter
     running in this process (serve's), read where it has the run's partition."""
 
+    cache = StateDataCache()  # a state rebuilt at nearby revisions starts from one checkpoint
+
     def nearest(run_id: str, revision: int) -> dict[str, Any] | None:
-        history = CheckpointHistory(snapshotter_dir(settings.state_dir), settings.checkpoint_key_bytes(), live)
+        history = CheckpointHistory(snapshotter_dir(settings.state_dir), settings.checkpoint_key_bytes(), live, cache)
         with history as hist:
             return hist.nearest_state_data(run_id, revision)  # checked: digest, signature, versions
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import os
-from collections import defaultdict
+import threading
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any, TypeVar
 
 import orjson
@@ -25,22 +27,66 @@ from runstate.snapshotter.checkpoint import Checkpoint, SigningKey, of_state, st
 
 #: What a check of a checkpoint record gives.
 T = TypeVar("T")
+_first = itemgetter(0)
 #: ``live(partition)``: the store a snapshotter running in this process keeps for the
 #: partition now, or None (the history then opens the store read-only, as another process).
 LiveStores = Callable[[int], ProjectionStore | None]
+
+
+class StateDataCache:
+    """Checkpoints' states as plain JSON data, once checked, by run, revision and head
+    record; the least recently used dropped past ``max_bytes``. A checkpoint never changes
+    once written (a new base at a revision is another head record), and one erased or
+    expired is not looked up any more (the history no longer lists it), so an entry is
+    never stale. Kept as JSON bytes and parsed on each hit, so that what a caller changes
+    in its copy is not the next one's. Thread-safe."""
+
+    def __init__(self, max_bytes: int = 32 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[str, int, bytes], bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int, bytes]) -> dict[str, Any] | None:
+        with self._lock:
+            raw = self._entries.get(key)
+            if raw is None:
+                return None
+            self._entries.move_to_end(key)
+        return orjson.loads(raw)  # type: ignore[no-any-return]
+
+    def put(self, key: tuple[str, int, bytes], data: dict[str, Any]) -> None:
+        raw = orjson.dumps(data)
+        if len(raw) > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._entries:
+                return
+            self._entries[key] = raw
+            self._bytes += len(raw)
+            while self._bytes > self.max_bytes:
+                _k, old = self._entries.popitem(last=False)
+                self._bytes -= len(old)
 
 
 class CheckpointHistory:
     """Read-only view of the checkpoints the snapshotter wrote under ``<state_dir>/snapshotter``."""
 
     def __init__(
-        self, snapshotter_dir: str | os.PathLike[str], key: SigningKey = None, live: LiveStores | None = None
+        self,
+        snapshotter_dir: str | os.PathLike[str],
+        key: SigningKey = None,
+        live: LiveStores | None = None,
+        cache: StateDataCache | None = None,
     ) -> None:
         """``live``: the stores of a snapshotter in this process, read where it has one (no
-        open per read, and what it wrote a moment ago: an erasure, say, at once)."""
+        open per read, and what it wrote a moment ago: an erasure, say, at once).
+        ``cache``: checkpoints' states already checked, shared by the histories a
+        long-lived caller opens with one key (else this history's own)."""
         self.layout = Layout(snapshotter_dir)
         self.key = key
         self.live = live
+        self.cache = StateDataCache() if cache is None else cache
         self._stores: dict[int, ProjectionStore] = {}
 
     def available(self) -> bool:
@@ -101,11 +147,7 @@ class CheckpointHistory:
         """The head at ``revision`` and the bodies of its pieces, checked against it unless
         ``key`` is False. Raises :class:`CheckpointInvalid`."""
         head = pieces.head_of(pieces.head_document(raw)) if key is False else pieces.load_head(raw, key)  # type: ignore[arg-type]
-        live = {
-            n: b
-            for n, (_r, v) in st.pieces_at(run_id, revision).items()
-            if (b := pieces.live(v, head.epoch)) is not None
-        }
+        live = pieces.live_bodies(((n, v) for n, (_r, v) in st.pieces_at(run_id, revision).items()), head.epoch)
         if key is not False:
             pieces.check_pieces(head, pieces.tally_of(head.epoch, live.items()))
         return head, live
@@ -119,13 +161,15 @@ class CheckpointHistory:
         try:
             if head.erased is not None:
                 return self._doc(run_id, head, live).to_state_data()
-            lists: dict[str, list[tuple[int, Any]]] = defaultdict(list)
-            for name, body in live.items():
-                if pieces.is_item(name):
-                    lists[pieces.item_of(name)[0]].append((keys.decode_int(body[:8]), orjson.loads(body[8:])))
+            found = [(pieces.item_of(name)[0], body) for name, body in live.items() if pieces.is_item(name)]
+            # every item's JSON in one parse: a body is its insertion number, then its JSON
+            parsed = orjson.loads(b"[" + b",".join(body[8:] for _k, body in found) + b"]")
+            lists: dict[str, list[tuple[bytes, Any]]] = defaultdict(list)
+            for (kind, body), item in zip(found, parsed, strict=True):
+                lists[kind].append((body[:8], item))  # big-endian: ordered as bytes
             return assembled(
                 orjson.loads(pieces.header_of(head, live.get(pieces.HEADER_PIECE))),
-                {k: [item for _, item in sorted(v, key=lambda e: e[0])] for k, v in lists.items()},
+                {k: [item for _, item in sorted(v, key=_first)] for k, v in lists.items()},
             )
         except (KeyError, ValueError) as e:
             raise CheckpointInvalid(run_id, f"its pieces cannot be read: {e}") from e
@@ -167,7 +211,12 @@ class CheckpointHistory:
             try:
                 if pieces.is_head_record(raw):
                     if check is state_data_of:
-                        return self._state_data(st, run_id, rev, raw)  # type: ignore[return-value]
+                        key = (run_id, rev, raw)
+                        data = self.cache.get(key)
+                        if data is None:
+                            data = self._state_data(st, run_id, rev, raw)
+                            self.cache.put(key, data)
+                        return data  # type: ignore[return-value]
                     return self._whole(st, run_id, rev, raw, self.key)  # type: ignore[return-value]
                 return check(raw, self.key)
             except CheckpointInvalid:

@@ -270,6 +270,25 @@ def live(value: bytes | None, epoch: int) -> bytes | None:
     return got[2] if got is not None and got[2] else None
 
 
+def live_bodies(values: Iterable[tuple[str, bytes]], epoch: int) -> dict[str, bytes]:
+    """:func:`live` of many pieces (``(name, value)``): the bodies of those of ``epoch``
+    not gone. An uncompressed body (flag 0, as this runstate keeps them) is sliced out
+    without decoding the value's name again."""
+    ep = epoch.to_bytes(EPOCH_BYTES, "big")
+    out: dict[str, bytes] = {}
+    for name, value in values:
+        if value[:EPOCH_BYTES] != ep:
+            continue
+        start = EPOCH_BYTES + 2 + int.from_bytes(value[EPOCH_BYTES : EPOCH_BYTES + 2], "big")
+        if len(value) > start and value[start] == 0:
+            body: bytes | None = value[start + 1 :]
+        else:
+            body = live(value, epoch)
+        if body:
+            out[name] = body
+    return out
+
+
 # --- bundles: the pieces as the checkpoints topic holds them ----------------------------------
 
 #: Slots of a run on the checkpoints topic (keys ``<run>\\0s<slot>``): each holds one bundle,

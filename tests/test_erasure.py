@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import os
 from pathlib import Path
 from typing import Any
@@ -119,6 +121,24 @@ def test_erased_run_leaves_every_file_and_other_runs_are_unchanged(sealed: Setti
     # Erasing twice: the first record stands.
     again = app.erase(sealed, "victim", "another reason", "someone-else")
     assert not again.first and again.erasure == done.erasure
+
+
+def test_a_checkpoint_state_kept_by_time_travel_is_not_served_after_its_run_is_erased(sealed: Settings) -> None:
+    """serve's time travel keeps the checkpoints' states it checked (one long-lived
+    ``nearest``); once the run is erased, its checkpoints are gone or content-free
+    tombstones (other head records) and nothing kept of them is answered."""
+    publish_all(sealed, "victim", marked_patches(MARKER))
+    app.project(sealed, until_caught_up=True)
+    app.snapshot(sealed, until_caught_up=True, every=1)
+    nearest = app.nearest_checkpoint(sealed)
+    kept = nearest("victim", 2)
+    assert kept is not None and MARKER in kept["goal"]["statement"]
+    assert nearest("victim", 2) == kept  # from what it kept
+    app.erase(sealed, "victim", "the customer asked", "ops@example")
+    app.project(sealed, until_caught_up=True)
+    app.snapshot(sealed, until_caught_up=True)
+    for n in (1, 2):
+        assert MARKER not in json.dumps(nearest("victim", n))
 
 
 def test_a_projector_rebuilt_from_the_log_or_from_checkpoints_never_resurrects_an_erased_run(

@@ -42,10 +42,14 @@ class CheckpointRecords(RocksStore):
         """Each piece of the run as its newest checkpoint at or below ``revision`` (None:
         the newest) published it: ``name -> (revision, value)``."""
         out: dict[str, tuple[int, bytes]] = {}
-        for k, v in self._prefix(keys.pieces_prefix(run_id)):
-            piece, rev = keys.piece_and_revision(k, run_id)
-            if revision is None or rev <= revision:
-                out[piece] = (rev, v)  # versions of a piece come oldest first
+        prefix = keys.pieces_prefix(run_id)
+        n = len(prefix)
+        # A version's revision is fixed-width hex: compared as bytes, in order.
+        upto = None if revision is None else keys.revision_suffix(revision)
+        for k, v in self._prefix(prefix):
+            piece, rev = k[n:].rsplit(b"\0", 1)
+            if upto is None or rev <= upto:
+                out[piece.decode()] = (int(rev, 16), v)  # versions of a piece come oldest first
         return out
 
     def piece(self, run_id: str, piece: str) -> bytes | None:

@@ -132,7 +132,12 @@ def pieces_prefix(run_id: str) -> bytes:
 
 
 def piece_version_key(run_id: str, piece: str, revision: int) -> bytes:
-    return pieces_prefix(run_id) + piece.encode() + b"\0" + f"{revision:016x}".encode()
+    return pieces_prefix(run_id) + piece.encode() + b"\0" + revision_suffix(revision)
+
+
+def revision_suffix(revision: int) -> bytes:
+    """How a piece version's key ends: its revision in fixed-width hex (ordered as bytes)."""
+    return f"{revision:016x}".encode()
 
 
 def piece_and_revision(key: bytes, run_id: str) -> tuple[str, int]:

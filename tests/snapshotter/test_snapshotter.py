@@ -35,7 +35,7 @@ from runstate.snapshotter.checkpoint import (
 from runstate.snapshotter.checkpoint import encode as encode_cp
 from runstate.schemas import structs
 from runstate.snapshotter import pieces
-from runstate.snapshotter.history import CheckpointHistory
+from runstate.snapshotter.history import CheckpointHistory, StateDataCache
 from runstate.projector.store.partition import ProjectionStore
 from runstate.projector.store.statedir import Layout
 from runstate.snapshotter.policy import CheckpointPolicy
@@ -477,6 +477,47 @@ def test_time_travel_reads_a_live_snapshotter_store_without_opening_one(tmp_path
             assert live._stores == {} and seen and set(seen) == {0}  # nothing opened beside it
     finally:
         store.close()
+    log.close()
+
+
+def test_time_travel_keeps_the_checked_checkpoint_states_and_gives_each_caller_its_own_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint's state is rebuilt from its pieces and checked once (a run's revisions
+    near one checkpoint all start from it); a caller changing what it got changes nothing
+    for the next; the kept states stay within their byte bound, the least recently used
+    dropped first."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, workload(runs=1, per_run=25))
+    state = tmp_path / "state"
+    Snapshotter(log, str(state), policy=CheckpointPolicy(every=10, bytes_ratio=None)).run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
+    with CheckpointHistory(snapshotter_dir(state)) as hist:
+        revs = sorted(cp.revision for cp in hist.of("run_0"))
+    # a checkpoint with two revisions after it before the next, and one before it
+    c = next(r for r, after in zip(revs, revs[1:], strict=False) if after - r >= 3 and r > revs[0])
+    older = revs[revs.index(c) - 1]
+    rebuilt: list[int] = []
+    real = CheckpointHistory._state_data
+    monkeypatch.setattr(
+        CheckpointHistory,
+        "_state_data",
+        lambda self, st, run, rev, raw: rebuilt.append(rev) or real(self, st, run, rev, raw),
+    )
+    with CheckpointHistory(snapshotter_dir(state)) as hist:
+        first = hist.nearest_state_data("run_0", c + 2)
+        assert first is not None and rebuilt == [c]
+        first["goal"]["statement"] = "changed by a caller"
+        for n in (c, c + 1, c + 2):
+            again = hist.nearest_state_data("run_0", n)
+            assert again is not None and again["goal"]["statement"] != "changed by a caller"
+        assert rebuilt == [c]
+        one = len(orjson.dumps(again))
+    with CheckpointHistory(snapshotter_dir(state), cache=StateDataCache(max_bytes=one + one // 4)) as hist:
+        for n in (older, c, older, c):
+            hist.nearest_state_data("run_0", n)
+        assert rebuilt == [c, older, c, older, c]  # room for one: each evicts the other
     log.close()
 
 
