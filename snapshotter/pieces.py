@@ -46,6 +46,7 @@ canonical JSON, HMAC-signed with the checkpoint key) covers both.
 from __future__ import annotations
 
 import hashlib
+import threading
 import zlib
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -55,6 +56,7 @@ import typing
 import msgspec
 import orjson
 import pydantic
+import zstandard
 
 from runstate.projector.core.reducer import REDUCER_VERSION
 from runstate.projector.store import keys
@@ -176,7 +178,7 @@ def _field_names(model: type[pydantic.BaseModel], seen: set[type]) -> list[str]:
 
 
 def _zdict() -> bytes:
-    """zlib's preset dictionary for pieces and heads: the field names of a head, the header,
+    """The compression dictionary of pieces and heads: the field names of a head, the header,
     decisions and every item (a piece is one small JSON document, which compresses poorly
     on its own).
     Derived from the models, so its digest is in every head (:data:`ZDICT_ID`)."""
@@ -221,14 +223,49 @@ ZDICT_ID = hashlib.sha256(ZDICT).hexdigest()[:16]
 VERSIONS = f"{REDUCER_VERSION}/{keys.STORE_FORMAT.decode()}/{ZDICT_ID}"
 
 
+#: Heads and bundles are compressed with Zstandard (level 3) and :data:`ZDICT` as its raw
+#: content dictionary; format 5 and older local histories used zlib with the same one.
+ZSTD_LEVEL = 3
+#: The most a head or bundle may decompress to: a frame that names more is refused.
+MAX_DECOMPRESSED = 1 << 30
+_ZSTD_FRAME = b"\x28\xb5\x2f\xfd"  # how a Zstandard frame starts (a zlib stream starts 0x78)
+_ZSTD_DICT = zstandard.ZstdCompressionDict(ZDICT, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+_codecs = threading.local()  # a Zstandard context serves one thread at a time
+
+
+def _zstd() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
+    pair = getattr(_codecs, "pair", None)
+    if pair is None:
+        pair = _codecs.pair = (
+            zstandard.ZstdCompressor(
+                level=ZSTD_LEVEL,
+                dict_data=_ZSTD_DICT,
+                write_content_size=True,
+                write_checksum=False,
+                write_dict_id=False,
+            ),
+            zstandard.ZstdDecompressor(dict_data=_ZSTD_DICT),
+        )
+    return pair  # type: ignore[no-any-return]
+
+
 def _compress(body: bytes) -> bytes:
-    c = zlib.compressobj(6, zlib.DEFLATED, 15, 9, zlib.Z_DEFAULT_STRATEGY, ZDICT)
-    return c.compress(body) + c.flush()
+    return _zstd()[0].compress(body)  # type: ignore[no-any-return]
 
 
 def _decompress(payload: bytes) -> bytes:
-    d = zlib.decompressobj(15, ZDICT)
-    return d.decompress(payload) + d.flush()
+    """A head's or bundle's payload (Zstandard, or zlib as format 5 wrote it) decompressed.
+    Raises ``ValueError``."""
+    try:
+        if payload[:4] == _ZSTD_FRAME:
+            size = zstandard.frame_content_size(payload)
+            if not 0 <= size <= MAX_DECOMPRESSED:
+                raise ValueError(f"a compressed frame of {size} bytes (unknown: -1) is refused")
+            return _zstd()[1].decompress(payload)  # type: ignore[no-any-return]
+        d = zlib.decompressobj(15, ZDICT)
+        return d.decompress(payload) + d.flush()
+    except (zlib.error, zstandard.ZstdError) as e:
+        raise ValueError(f"cannot decompress: {e}") from e
 
 
 def piece_value(epoch: int, name: str, body: bytes) -> bytes:
@@ -255,7 +292,7 @@ def unpack(value: bytes) -> tuple[int, str, bytes] | None:
         name = value[start : start + n].decode()
         flag, payload = value[start + n], value[start + n + 1 :]
         body = payload if flag == 0 else _decompress(payload) if flag == 1 else None
-    except (UnicodeDecodeError, zlib.error):
+    except (UnicodeDecodeError, ValueError):
         return None
     if body is None:
         return None
@@ -360,7 +397,7 @@ def bundle_entries(value: bytes) -> list[tuple[str, bytes]]:
             return _UNBUNDLE.decode(_decompress(value[_NAME_END:]))
         if value.startswith(_BUNDLE5_MAGIC):
             return _UNBUNDLE5.decode(_decompress(value[len(_BUNDLE5_MAGIC) :]))[2]
-    except (zlib.error, msgspec.DecodeError) as e:
+    except (ValueError, msgspec.DecodeError) as e:
         raise ValueError(f"not a bundle: {e}") from e
     raise ValueError("not a bundle")
 
@@ -596,7 +633,7 @@ def head_document(raw: bytes) -> Any:
     too. Raises ``ValueError``."""
     try:
         return orjson.loads(_decompress(raw[len(HEAD_MAGIC) :]) if raw.startswith(HEAD_MAGIC) else raw)
-    except zlib.error as e:
+    except ValueError as e:
         raise ValueError(f"not a compressed head: {e}") from e
 
 

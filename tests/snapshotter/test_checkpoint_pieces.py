@@ -22,6 +22,7 @@ from runstate.projector.store import keys
 from runstate.projector.store.partition import ProjectionStore
 from runstate.projector.store.statedir import Layout
 from runstate.projector.runtime.loop import Projector
+from runstate.schemas.errors import CheckpointInvalid
 from runstate.snapshotter import pieces
 from runstate.snapshotter.checkpoint import seal
 from runstate.snapshotter.history import CheckpointHistory
@@ -228,6 +229,21 @@ def test_checkpoints_of_format_5_are_restored_and_the_next_ones_are_of_format_6(
     assert _newest_head(mixed, "run_a").header5 is None and _newest_head(mixed, "run_b").header5 is not None
     rep = _restored(mixed, tmp_path / "mixed")
     assert rep.runs == 3 and rep.rejected == []
+
+
+def test_a_compressed_head_or_bundle_naming_more_than_the_bound_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Zstandard frame says how much it decompresses to: past ``MAX_DECOMPRESSED`` the
+    record is refused before anything is allocated (a forged frame cannot claim memory),
+    and its run is replayed."""
+    log = _snapshotted(tmp_path)
+    monkeypatch.setattr(pieces, "MAX_DECOMPRESSED", 64)
+    raw = [r.value for r in log.scan(log.topics.checkpoints, 0, 0, 10**9) if r.key == b"run_a"][-1]
+    with pytest.raises(CheckpointInvalid, match="refused"):
+        pieces.load_head(raw, None)
+    rep = _restored(log, tmp_path / "state")
+    assert rep.runs == 0 and rep.start_offset == 0
 
 
 def test_a_head_carries_the_headers_changed_fields_and_a_restore_writes_its_exact_bytes(tmp_path: Path) -> None:
