@@ -223,9 +223,9 @@ ZDICT_ID = hashlib.sha256(ZDICT).hexdigest()[:16]
 VERSIONS = f"{REDUCER_VERSION}/{keys.STORE_FORMAT.decode()}/{ZDICT_ID}"
 
 
-#: Heads and bundles are compressed with Zstandard (level 3) and :data:`ZDICT` as its raw
+#: Heads and bundles are compressed with Zstandard (level 6) and :data:`ZDICT` as its raw
 #: content dictionary; format 5 and older local histories used zlib with the same one.
-ZSTD_LEVEL = 3
+ZSTD_LEVEL = 6
 #: The most a head or bundle may decompress to: a frame that names more is refused.
 MAX_DECOMPRESSED = 1 << 30
 _ZSTD_FRAME = b"\x28\xb5\x2f\xfd"  # how a Zstandard frame starts (a zlib stream starts 0x78)

@@ -458,15 +458,21 @@ def test_time_travel_starts_from_the_nearest_checkpoint(tmp_path: Path) -> None:
     log.close()
 
 
-def test_time_travel_reads_a_live_snapshotter_store_without_opening_one(tmp_path: Path) -> None:
-    """serve's history reads the store its snapshotter holds (no open per request; what it
-    wrote a moment ago seen at once), and answers as a read-only open does."""
+def _one_run_checkpointed(tmp_path: Path) -> tuple[EmbeddedLog, Path]:
+    """One run of 25 patches, checkpointed every 10 revisions (and at its boundaries)."""
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     append_all(log, workload(runs=1, per_run=25))
     state = tmp_path / "state"
     Snapshotter(log, str(state), policy=CheckpointPolicy(every=10, bytes_ratio=None)).run(
         until_caught_up=True, poll_timeout_s=0.01
     )
+    return log, state
+
+
+def test_time_travel_reads_a_live_snapshotter_store_without_opening_one(tmp_path: Path) -> None:
+    """serve's history reads the store its snapshotter holds (no open per request; what it
+    wrote a moment ago seen at once), and answers as a read-only open does."""
+    log, state = _one_run_checkpointed(tmp_path)
     with CheckpointHistory(snapshotter_dir(state)) as opened:
         want = [opened.nearest_state_data("run_0", n) for n in range(27)]
     store = ProjectionStore(Layout(snapshotter_dir(state)).store_path(0))  # as the snapshotter opens it
@@ -487,12 +493,7 @@ def test_time_travel_keeps_the_checked_checkpoint_states_and_gives_each_caller_i
     near one checkpoint all start from it); a caller changing what it got changes nothing
     for the next; the kept states stay within their byte bound, the least recently used
     dropped first."""
-    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
-    append_all(log, workload(runs=1, per_run=25))
-    state = tmp_path / "state"
-    Snapshotter(log, str(state), policy=CheckpointPolicy(every=10, bytes_ratio=None)).run(
-        until_caught_up=True, poll_timeout_s=0.01
-    )
+    log, state = _one_run_checkpointed(tmp_path)
     with CheckpointHistory(snapshotter_dir(state)) as hist:
         revs = sorted(cp.revision for cp in hist.of("run_0"))
     # a checkpoint with two revisions after it before the next, and one before it
