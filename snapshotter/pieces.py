@@ -39,8 +39,8 @@ piece's versions with their epoch, so that time travel never mixes two bases.
 expanded by SHAKE-256 to 2,048 bits, summed modulo 2^2048, as LtHash does), updated per
 changed piece; time travel recomputes it from the local history. A restore checks the
 bundles' SHA-256s against the head's digest of them and the number of pieces they add up
-to; the head's own seal (a SHA-256 over its
-canonical JSON, HMAC-signed with the checkpoint key) covers both.
+to; the head's own seal (a SHA-256 over its canonical JSON, HMAC-signed with the
+checkpoint key) covers both.
 """
 
 from __future__ import annotations
@@ -132,10 +132,6 @@ def is_item(name: str) -> bool:
 
 def is_ids(name: str) -> bool:
     return name.startswith(IDS_PREFIX)
-
-
-def is_header(name: str) -> bool:
-    return name == HEADER_PIECE
 
 
 def item_of(name: str) -> tuple[str, str]:
@@ -631,10 +627,13 @@ def is_head_record(raw: bytes) -> bool:
 def head_document(raw: bytes) -> Any:
     """A head record's JSON document, parsed (not checked); a whole checkpoint's (format 2)
     too. Raises ``ValueError``."""
+    if not raw.startswith(HEAD_MAGIC):
+        return orjson.loads(raw)
     try:
-        return orjson.loads(_decompress(raw[len(HEAD_MAGIC) :]) if raw.startswith(HEAD_MAGIC) else raw)
+        doc = _decompress(raw[len(HEAD_MAGIC) :])
     except ValueError as e:
         raise ValueError(f"not a compressed head: {e}") from e
+    return orjson.loads(doc)
 
 
 def head_of(doc: dict[str, Any]) -> Head:
@@ -732,8 +731,8 @@ def header_changes(header: bytes, piece: bytes | None) -> dict[str, Any] | None:
 
 def header_of(head: Head, piece: bytes | None) -> bytes:
     """The run's header as the store holds it, from its piece and the head's changes (an
-    erased run's: its tombstone; a format 5 head's: its own). Raises ``ValueError`` for a header piece missing or not
-    a JSON object, or changes naming a field it does not have."""
+    erased run's: its tombstone; a format 5 head's: its own). Raises ``ValueError`` for a
+    header piece missing or not a JSON object, or changes naming a field it does not have."""
     if head.erased is not None:
         return head.erased.encode()
     if head.header5 is not None:

@@ -140,12 +140,6 @@ def revision_suffix(revision: int) -> bytes:
     return f"{revision:016x}".encode()
 
 
-def piece_and_revision(key: bytes, run_id: str) -> tuple[str, int]:
-    """``(piece, revision)`` of a ``v:`` key of ``run_id``."""
-    piece, rev = key[len(pieces_prefix(run_id)) :].rsplit(b"\0", 1)
-    return piece.decode(), int(rev, 16)
-
-
 def tally_key(run_id: str) -> bytes:
     return TALLIES + _run(run_id)
 
