@@ -26,7 +26,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -259,9 +259,7 @@ class CheckpointWriter:
                     old = staged.get((run, name))
                     return pieces.live(store.piece(run, name) if old is None else old, epoch)
 
-                bodies: dict[str, bytes | None] = {
-                    name: self._body(doc, name) for name in tracking.changed.pop(run, ())
-                }
+                bodies = self._item_bodies(store, run, tracking.changed.pop(run, ()), batch)
                 piece = was(pieces.HEADER_PIECE)
                 got = pieces.header_changes(header, piece)
                 if got is None or len(orjson.dumps(got)) > len(header) // 2:
@@ -283,19 +281,19 @@ class CheckpointWriter:
                 m = pieces.absorbed(prior.bundles, pieces.bundle_raw(delta), live)
                 if m is None:  # based again, in the same epoch: only the live pieces
                     segments = tracking.segments.get(run, {})
+                    now = self._item_bodies(store, run, [n for n in self._item_names(doc) if n not in delta], batch)
                     bundle = {
                         n: b
                         for n in {*self._item_names(doc), *segments, pieces.HEADER_PIECE}
-                        if (b := delta[n] if n in delta else self._current(doc, n, was))
+                        if (b := delta[n] if n in delta else now[n] if n in now else was(n))
                     }
                     state = pieces.Published(epoch, tally, live, [])
                 else:
                     # The newest bundles it absorbs hold the newest versions of their pieces:
                     # their bodies now, or gone.
-                    bundle = {}
-                    for b in prior.bundles[len(prior.bundles) - m :]:
-                        for n in b.names or ():
-                            bundle[n] = self._current(doc, n, was) or b""
+                    absorbed = [n for b in prior.bundles[len(prior.bundles) - m :] for n in b.names or ()]
+                    now = self._item_bodies(store, run, [n for n in absorbed if pieces.is_item(n)], batch)
+                    bundle = {n: (now[n] if n in now else was(n)) or b"" for n in absorbed}
                     bundle.update(delta)
                     names = list(bundle)
                     state = pieces.Published(epoch, tally, live, prior.bundles[: len(prior.bundles) - m])
@@ -355,9 +353,29 @@ class CheckpointWriter:
             if e is not None
         ]
 
-    def _current(self, doc: RunDoc, name: str, was: Callable[[str], bytes | None]) -> bytes | None:
-        """A piece's body now: an item's from the run, a segment of patch ids as published."""
-        return self._body(doc, name) if pieces.is_item(name) else was(name)
+    @staticmethod
+    def _item_bodies(
+        store: ProjectionStore, run: str, names: Iterable[str], batch: PendingBatch | None
+    ) -> dict[str, bytes | None]:
+        """Item pieces' bodies now, as the store holds the items (None: gone): as ``batch``
+        staged them where it changed them, else as the store has them (it holds everything
+        before the batch). The store's own bytes, read, rather than the items encoded again."""
+        out: dict[str, bytes | None] = {}
+        rest: list[tuple[str, tuple[str, str]]] = []
+        puts, deletes = (batch.puts, batch.deletes) if batch is not None else ({}, set())
+        for name in names:
+            kind, id_ = pieces.item_of(name)
+            k = keys.item_key(run, kind, id_)
+            if k in puts:
+                out[name] = puts[k]
+            elif k in deletes:
+                out[name] = None
+            else:
+                rest.append((name, (kind, id_)))
+        if rest:
+            for (name, _w), raw in zip(rest, store.item_bytes(run, [w for _n, w in rest]), strict=True):
+                out[name] = raw
+        return out
 
     def _ids_since(self, tracking: _Tracking, run: str, unwritten: list[Decision], covers: int) -> list[str]:
         """The patch ids the run decided since its previous checkpoint, up to ``covers``."""
@@ -403,20 +421,19 @@ class CheckpointWriter:
         return {name: (body, pieces.piece_value(epoch, name, body)) for name, body in bodies.items()}
 
     @staticmethod
-    def _body(doc: RunDoc, name: str) -> bytes | None:
-        """An item piece's bytes as the store holds them now (None: the item is gone)."""
-        kind, id_ = pieces.item_of(name)
-        e = doc.entry(kind, id_)
-        return None if e is None else keys.encode_item(e)
-
-    @staticmethod
     def _recent(store: ProjectionStore, run: str, unwritten: list[Decision]) -> list[Any]:
         """The run's last decisions (for a restored projector's answers to retries), as a
         head holds them."""
         recent = unwritten[-RECENT_DECISIONS:]
-        if len(recent) < RECENT_DECISIONS:
-            recent = store.recent_history(run, RECENT_DECISIONS - len(recent)) + recent
-        return [[d.offset, d.patch_id, d.reason == "patch_id_reused", keys.dump(d).decode()] for d in recent]
+        out = [[d.offset, d.patch_id, d.reason == "patch_id_reused", keys.dump(d).decode()] for d in recent]
+        if len(recent) < RECENT_DECISIONS:  # the store's own JSON, not decoded and written again
+            stored = [
+                (orjson.loads(raw), raw) for raw in store.recent_history_json(run, RECENT_DECISIONS - len(recent))
+            ]
+            out = [
+                [d["offset"], d["patch_id"], d["reason"] == "patch_id_reused", raw.decode()] for d, raw in stored
+            ] + out
+        return out
 
     def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
         self._settle(partition, batch)

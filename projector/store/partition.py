@@ -538,15 +538,24 @@ class ProjectionStore(Restoring, CheckpointRecords, GraphReads, RocksStore):
 
     def recent_history(self, run_id: str, n: int) -> list[Decision]:
         """The run's last ``n`` decisions in log order (reads only those)."""
+        return [keys.decode_decision(v) for v in self.recent_history_json(run_id, n)]
+
+    def recent_history_json(self, run_id: str, n: int) -> list[bytes]:
+        """:meth:`recent_history` as the store holds it (each decision's JSON)."""
         prefix = keys.history_prefix(run_id)
-        out: list[Decision] = []
+        out: list[bytes] = []
         if n <= 0:
             return out
         for _, v in self._prefix_reversed(prefix, prefix + b"\xff"):
-            out.append(keys.decode_decision(v))
+            out.append(v)
             if len(out) >= n:
                 break
         return out[::-1]
+
+    def item_bytes(self, run_id: str, wanted: list[tuple[str, str]]) -> list[bytes | None]:
+        """The run's items ``(kind, id)`` as the store holds them (None: not there), in one
+        MultiGet."""
+        return self._multi_get([keys.item_key(run_id, kind, id_) for kind, id_ in wanted])
 
     def headers(self) -> Iterator[RunHeader]:
         for _, v in self._prefix(keys.HEADERS):
