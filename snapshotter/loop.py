@@ -281,10 +281,11 @@ class CheckpointWriter:
                 m = pieces.absorbed(prior.bundles, pieces.bundle_raw(delta), live)
                 if m is None:  # based again, in the same epoch: only the live pieces
                     segments = tracking.segments.get(run, {})
-                    now = self._item_bodies(store, run, [n for n in self._item_names(doc) if n not in delta], batch)
+                    items = self._item_names(doc)
+                    now = self._item_bodies(store, run, [n for n in items if n not in delta], batch)
                     bundle = {
                         n: b
-                        for n in {*self._item_names(doc), *segments, pieces.HEADER_PIECE}
+                        for n in {*items, *segments, pieces.HEADER_PIECE}
                         if (b := delta[n] if n in delta else now[n] if n in now else was(n))
                     }
                     state = pieces.Published(epoch, tally, live, [])
