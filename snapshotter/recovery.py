@@ -298,7 +298,9 @@ def _run_pieces(head: Head, bundles: list[bytes]) -> RestoredPieces:
     try:
         for value in bundles:
             live.update(pieces.bundle_entries(value))
+        # a format 6 head's own, else the pieces'
         decisions = [(o, p, reused, raw.encode()) for o, p, reused, raw in head.recent]
+        decisions += sorted((*pieces.decision_of(n), b) for n, b in live.items() if b and pieces.is_decision(n))
         items = [(n[len(pieces.ITEM_PREFIX) :], b) for n, b in live.items() if b and pieces.is_item(n)]
         ids = sorted((n, b) for n, b in live.items() if b and pieces.is_ids(n))
     except (ValueError, TypeError, AttributeError) as e:
@@ -309,7 +311,7 @@ def _run_pieces(head: Head, bundles: list[bytes]) -> RestoredPieces:
         header = pieces.header_of(head, live.get(pieces.HEADER_PIECE) or None)
     except ValueError as e:
         raise CheckpointInvalid(run, f"its header: {e}") from e
-    held = len(items) + len(ids) + (head.header5 is None)  # and the header's (format 6)
+    held = len(items) + len(ids) + len(decisions) - len(head.recent) + (head.header5 is None)  # and the header's
     if held != head.pieces:
         raise CheckpointInvalid(run, f"its bundles hold {held} pieces, its head {head.pieces}")
     return RestoredPieces(run, header, items, head.covers_offset, b"".join(b for _n, b in ids), decisions)
