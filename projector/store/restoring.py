@@ -10,7 +10,7 @@ from typing import NamedTuple
 from rocksdict import WriteBatch
 
 from runstate.projector.store import keys
-from runstate.projector.store.rocks import RocksStore
+from runstate.projector.store.rocks import RocksStore, write_error
 
 
 class RestoredPieces(NamedTuple):
@@ -44,7 +44,13 @@ class Restoring(RocksStore):
         return self._get(keys.RESTORING) is not None
 
     def finish_restore(self, next_offset: int) -> None:
-        """The restore is complete; the projector goes on from ``next_offset``."""
+        """The restore is complete; the projector goes on from ``next_offset``. What it
+        wrote (without the write-ahead log) is flushed to table files first: a crash before
+        the mark is cleared starts the restore over, never trusts half of it."""
+        try:
+            self._db.flush()
+        except Exception as e:
+            raise write_error(self.path, e) from e
         wb = WriteBatch(raw_mode=True)
         wb.put(keys.NEXT_OFFSET, keys.encode_int(next_offset))
         wb.delete(keys.RESTORING)
@@ -68,7 +74,7 @@ class Restoring(RocksStore):
                     put(keys.dedupe_key(run_id, patch_id), keys.encode_int(offset))
             put(keys.restored_key(run_id), keys.encode_int(covers_offset))
             put(keys.restored_ids_key(run_id), patch_ids)
-        self._apply(wb)
+        self._apply_unlogged(wb)
 
     def stored_pieces(self) -> Iterator[tuple[str, str | None, str, bytes]]:
         """Every run's header and items: ``(run, kind, id, body)``, ``kind`` None for the

@@ -41,6 +41,16 @@ class RocksStore:
         except Exception as e:
             raise write_error(self.path, e) from e
 
+    def _apply_unlogged(self, wb: WriteBatch) -> None:
+        """Write ``wb`` atomically without the write-ahead log: for what a crash may lose
+        because it is written again (a restore, marked until it is flushed)."""
+        opts = WriteOptions()
+        opts.disable_wal = True
+        try:
+            self._db.write(wb, opts)
+        except Exception as e:
+            raise write_error(self.path, e) from e
+
     def _get(self, key: bytes) -> bytes | None:
         try:
             return self._db.get(key)  # type: ignore[no-any-return]

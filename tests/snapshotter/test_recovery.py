@@ -9,6 +9,9 @@ and a checkpoint whose position, decisions or state could be edited undetected.
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from typing import Any
@@ -21,6 +24,8 @@ from hypothesis import strategies as st
 
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.runtime.loop import Projector
+from runstate.projector.store.partition import ProjectionStore
+from runstate.projector.store.statedir import Layout
 from runstate.projector.read.queries import Projection
 from runstate.projector.read.replay import verify
 from runstate.schemas.errors import CheckpointInvalid
@@ -319,6 +324,39 @@ def test_a_restore_writes_pieces_in_bounded_chunks_and_a_crash_midway_is_started
     _restore(log, tmp_path / "crashed")
     assert _digests(tmp_path / "crashed") == want
     assert verify(log, str(tmp_path / "crashed")).ok
+
+
+def test_a_restore_killed_right_after_it_finished_is_whole(tmp_path: Path) -> None:
+    """A restore writes without the write-ahead log (a crash midway starts it over), so it
+    must be on disk before the store says it is done: a projector SIGKILLed the moment its
+    restore returned leaves a store the next projector goes on from, equal to a full replay."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    runs = [f"run-{i:02d}" for i in range(20)]
+    append_all(log, [patch(r, 0, start()) for r in runs] + [patch(r, 1, fact("f1")) for r in runs])
+    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1, bytes_ratio=None)).run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
+    append_all(log, [patch(r, 2, fact("f2")) for r in runs])
+    Projector(log, str(tmp_path / "full"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    state = tmp_path / "state"
+    code = (
+        "import os, signal\n"
+        "from runstate.eventlog.embedded import EmbeddedLog\n"
+        "from runstate.projector.runtime.loop import Projector\n"
+        "from runstate.snapshotter.recovery import restore_partition\n"
+        f"log = EmbeddedLog({str(tmp_path / 'log.db')!r}, create=False)\n"
+        "def restore(p, s):\n"
+        "    rep = restore_partition(log, p, s)\n"
+        "    assert rep.runs == 20, rep\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"Projector(log, {str(state)!r}, restore=restore).run(until_caught_up=True, poll_timeout_s=0.01)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    with ProjectionStore(Layout(str(state)).store_path(0)) as st_:
+        assert not st_.restoring() and len(st_.restored()) == 20
+    _restore(log, state)
+    assert _digests(state) == _digests(tmp_path / "full")
 
 
 @settings(max_examples=examples(20), deadline=None)
