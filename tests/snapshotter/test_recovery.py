@@ -61,6 +61,20 @@ def _checkpoint_keys(log: EmbeddedLog) -> list[bytes]:
     ]
 
 
+def _checkpointed_then_one_more(tmp_path: Path, runs: int) -> EmbeddedLog:
+    """``runs`` runs of two patches, each checkpointed (every revision), then a third patch
+    each; the full replay of it all in ``tmp_path / "full"``."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    names = [f"run-{i:02d}" for i in range(runs)]
+    append_all(log, [patch(r, 0, start()) for r in names] + [patch(r, 1, fact("f1")) for r in names])
+    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1, bytes_ratio=None)).run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
+    append_all(log, [patch(r, 2, fact("f2")) for r in names])
+    Projector(log, str(tmp_path / "full"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    return log
+
+
 class _Died(BaseException):
     """Stands for the process dying (not an Exception: nothing may catch it)."""
 
@@ -285,14 +299,7 @@ def test_a_restore_writes_pieces_in_bounded_chunks_and_a_crash_midway_is_started
     from runstate.projector.store.restoring import RestoredPieces
 
     monkeypatch.setattr(recovery, "RESTORE_CHUNK", 1)  # a run a chunk
-    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
-    runs = [f"run-{i:02d}" for i in range(10)]
-    append_all(log, [patch(r, 0, start()) for r in runs] + [patch(r, 1, fact("f1")) for r in runs])
-    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1, bytes_ratio=None)).run(
-        until_caught_up=True, poll_timeout_s=0.01
-    )
-    append_all(log, [patch(r, 2, fact("f2")) for r in runs])
-    Projector(log, str(tmp_path / "full"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    log = _checkpointed_then_one_more(tmp_path, 10)
     want = _digests(tmp_path / "full")
 
     written: list[int] = []
@@ -330,14 +337,7 @@ def test_a_restore_killed_right_after_it_finished_is_whole(tmp_path: Path) -> No
     """A restore writes without the write-ahead log (a crash midway starts it over), so it
     must be on disk before the store says it is done: a projector SIGKILLed the moment its
     restore returned leaves a store the next projector goes on from, equal to a full replay."""
-    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
-    runs = [f"run-{i:02d}" for i in range(20)]
-    append_all(log, [patch(r, 0, start()) for r in runs] + [patch(r, 1, fact("f1")) for r in runs])
-    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1, bytes_ratio=None)).run(
-        until_caught_up=True, poll_timeout_s=0.01
-    )
-    append_all(log, [patch(r, 2, fact("f2")) for r in runs])
-    Projector(log, str(tmp_path / "full"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    log = _checkpointed_then_one_more(tmp_path, 20)
     state = tmp_path / "state"
     code = (
         "import os, signal\n"
