@@ -145,11 +145,11 @@ _ERASED = status_span("erased")
 
 #: The block cache every store of a process shares (bytes): the projector's partitions and
 #: the snapshotter's, however many a process holds.
-BLOCK_CACHE_BYTES = 256 << 20
+BLOCK_CACHE_BYTES = 128 << 20
 #: What the memtables of every store of a process may hold together (bytes; RocksDB's write
 #: buffer manager flushes the largest when they reach it). Without it each store could hold
 #: two 64 MB memtables, and a restore or replay of many partitions held them all.
-WRITE_BUFFERS_BYTES = 256 << 20
+WRITE_BUFFERS_BYTES = 128 << 20
 
 
 @functools.cache
