@@ -124,8 +124,7 @@ class CheckpointHistory:
         head's seal with it and its pieces against the head (False: do not check)."""
         head, live = self._live(st, run_id, revision, raw, key)
         state = self._doc(run_id, head, live).to_state()
-        recent = [Decision.model_validate_json(d) for _o, _p, _r, d in head.recent]  # format 6
-        recent += [Decision.model_validate_json(live[n]) for n in sorted(live) if pieces.is_decision(n)]
+        recent = [Decision.model_validate_json(d) for _o, _p, _r, d in head.recent]
         ids = b"".join(body for name, body in sorted(live.items()) if pieces.is_ids(name))
         return Checkpoint(
             **of_state(state),

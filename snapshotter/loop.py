@@ -82,8 +82,6 @@ class _Tracking:
     ids_upto: dict[str, int] = field(default_factory=dict)
     #: run -> its live segments of patch ids: name -> how many ids
     segments: dict[str, dict[str, int]] = field(default_factory=dict)
-    #: run -> the names of its live decision pieces (its last decisions)
-    decisions: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class CheckpointWriter:
@@ -230,21 +228,17 @@ class CheckpointWriter:
             state = pieces.Published(0, pieces.Tally(), 0, [])
             tracking.based.discard(run)
             tracking.segments.pop(run, None)
-            tracking.decisions.pop(run, None)
             erased: str | None = keys.encode_header(doc.header).decode()
+            recent: list[Any] = []
         else:
             erased = None
-            ids = self._ids_since(tracking, run, unwritten, covers)
             recent = self._recent(store, run, unwritten)
-            decisions = {pieces.decision_piece(o, p, reused): raw for o, p, reused, raw in recent}
-            # what its previous checkpoint had of them (this snapshotter wrote it)
-            before = tracking.decisions.get(run, ())
-            tracking.decisions[run] = tuple(decisions)
+            ids = self._ids_since(tracking, run, unwritten, covers)
             if run not in tracking.based or prior is None:
                 # A base: every piece, in a new epoch (the revision, and random bits: two
                 # instances that based the run at one revision do not share an epoch).
                 epoch = revision << 20 | secrets.randbits(20)
-                current = self._all_pieces(doc, store, unwritten, epoch, header, decisions)
+                current = self._all_pieces(doc, store, unwritten, epoch, header)
                 for name in {*store.pieces_at(run), *(n for (r, n) in staged if r == run)} - current.keys():
                     out[name] = b""  # of an older epoch: not in this one
                 for name, (_body, value) in current.items():
@@ -274,9 +268,6 @@ class CheckpointWriter:
                     changes = got
                 if ids:
                     bodies.update(self._segments(tracking.segments.setdefault(run, {}), revision, ids, was))
-                # its last decisions: those newer than its previous checkpoint in, as many out
-                bodies.update((name, None) for name in before if name not in decisions)
-                bodies.update((name, raw) for name, raw in decisions.items() if name not in before)
                 for name, body in bodies.items():
                     old = was(name)
                     if old is not None:
@@ -294,7 +285,7 @@ class CheckpointWriter:
                     now = self._item_bodies(store, run, [n for n in items if n not in delta], batch)
                     bundle = {
                         n: b
-                        for n in {*items, *segments, *decisions, pieces.HEADER_PIECE}
+                        for n in {*items, *segments, pieces.HEADER_PIECE}
                         if (b := delta[n] if n in delta else now[n] if n in now else was(n))
                     }
                     state = pieces.Published(epoch, tally, live, [])
@@ -329,6 +320,7 @@ class CheckpointWriter:
             verdict=verdict_of_doc(doc),
             key=self.key,
             header_changes=changes,
+            recent=recent,
             bundles=state.bundles,
             erased=erased,
         )
@@ -414,18 +406,12 @@ class CheckpointWriter:
         return bodies
 
     def _all_pieces(
-        self,
-        doc: RunDoc,
-        store: ProjectionStore,
-        unwritten: list[Decision],
-        epoch: int,
-        header: bytes,
-        decisions: dict[str, bytes],
+        self, doc: RunDoc, store: ProjectionStore, unwritten: list[Decision], epoch: int, header: bytes
     ) -> dict[str, tuple[bytes, bytes]]:
         """Every piece of the run now: ``name -> (body, value as published in epoch)``
-        (``header``: the run's, as the store holds it; ``decisions``: its last ones' pieces)."""
+        (``header``: the run's, as the store holds it)."""
         run = doc.header.run_id
-        bodies = {pieces.HEADER_PIECE: header, **decisions}
+        bodies = {pieces.HEADER_PIECE: header}
         for kind in COLLECTIONS:
             for id_, e in doc.entries(kind).items():
                 if e is not None:
@@ -436,16 +422,18 @@ class CheckpointWriter:
         return {name: (body, pieces.piece_value(epoch, name, body)) for name, body in bodies.items()}
 
     @staticmethod
-    def _recent(store: ProjectionStore, run: str, unwritten: list[Decision]) -> list[tuple[int, str, bool, bytes]]:
-        """The run's last decisions (for a restored projector's answers to retries), oldest
-        first: ``(offset, patch id, reused, JSON as the store holds it)`` (``unwritten``: the
-        poll batch's, not stored yet)."""
-        n = RECENT_DECISIONS
-        recent = unwritten[-n:]
-        out = [(d.offset, d.patch_id, d.reason == "patch_id_reused", keys.dump(d)) for d in recent]
-        if len(recent) < n:  # the store's own JSON, not decoded and written again
-            stored = [(orjson.loads(raw), raw) for raw in store.recent_history_json(run, n - len(recent))]
-            out = [(d["offset"], d["patch_id"], d["reason"] == "patch_id_reused", raw) for d, raw in stored] + out
+    def _recent(store: ProjectionStore, run: str, unwritten: list[Decision]) -> list[Any]:
+        """The run's last decisions (for a restored projector's answers to retries), as a
+        head holds them."""
+        recent = unwritten[-RECENT_DECISIONS:]
+        out = [[d.offset, d.patch_id, d.reason == "patch_id_reused", keys.dump(d).decode()] for d in recent]
+        if len(recent) < RECENT_DECISIONS:  # the store's own JSON, not decoded and written again
+            stored = [
+                (orjson.loads(raw), raw) for raw in store.recent_history_json(run, RECENT_DECISIONS - len(recent))
+            ]
+            out = [
+                [d["offset"], d["patch_id"], d["reason"] == "patch_id_reused", raw.decode()] for d, raw in stored
+            ] + out
         return out
 
     def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:

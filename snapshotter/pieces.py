@@ -66,10 +66,7 @@ from runstate.schemas.state import COLLECTIONS, RunHeader
 from runstate.snapshotter.checkpoint import SigningKey, _check_seal, seal
 
 #: The format of a head and its pieces (3: the header and last decisions were pieces).
-FORMAT_VERSION = 7
-#: The format before, still read: the run's last decisions whole in every head (format 7
-#: keeps each as a piece, written once). Its bundles and names are format 7's.
-FORMAT_6 = 6
+FORMAT_VERSION = 6
 #: The format before, still read: the header whole in every head, each bundle named by
 #: its SHA-256 (its bundles start ``\\x00rsb`` and hold their epoch and revision inside).
 FORMAT_5 = 5
@@ -79,9 +76,6 @@ ITEM_PREFIX = "i\0"
 IDS_PREFIX = "p\0"
 #: The run's header, as the store holds it (see :func:`header_changes`).
 HEADER_PIECE = "h\0"
-#: One of the run's last decisions (:data:`~runstate.snapshotter.checkpoint.RECENT_DECISIONS`),
-#: its body the decision's JSON as the store holds it: see :func:`decision_piece`.
-DECISION_PREFIX = "d\0"
 EPOCH_BYTES = 8
 #: Modulus of the multiset hash (2,048-bit elements, as LtHash).
 _MOD_BITS = 2048
@@ -130,25 +124,6 @@ def merged_segments(segments: dict[str, int]) -> list[list[str]]:
         out.append(group)
         total = sum(sizes.pop(n) for n in group)
         sizes[group[-1]] = total
-
-
-def decision_piece(offset: int, patch_id: str, reused: bool) -> str:
-    """The piece of a decision made at ``offset``: what a restore writes of it (its history
-    and, unless it answered a reused patch id, its patch id's) is in the name, so that the
-    body, its JSON, is written back without being parsed."""
-    return f"{DECISION_PREFIX}{offset:016x}{'r' if reused else '-'}{patch_id}"
-
-
-def is_decision(name: str) -> bool:
-    return name.startswith(DECISION_PREFIX)
-
-
-def decision_of(name: str) -> tuple[int, str, bool]:
-    """``(offset, patch id, reused)`` of a decision piece's name. Raises ``ValueError``."""
-    tail = name[len(DECISION_PREFIX) :]
-    if len(tail) < 17 or tail[16] not in "r-":
-        raise ValueError(f"not a decision piece: {name!r}")
-    return int(tail[:16], 16), tail[17:], tail[16] == "r"
 
 
 def is_item(name: str) -> bool:
@@ -572,8 +547,7 @@ class Head(NamedTuple):
     erased: str | None
     #: the header's fields that differ from its piece's (see :func:`header_of`)
     header_changes: dict[str, Any]
-    #: a format 6 or 5 head's: the run's last decisions, ``[offset, patch id, reused,
-    #: decision JSON]`` (format 7 keeps them as pieces: :func:`decision_piece`)
+    #: the run's last decisions: ``[offset, patch id, reused, decision JSON]``
     recent: list[Any]
     #: the bundles its pieces are in, in the order they apply: ``[slot, revision that wrote it]``
     bundles: list[Any]
@@ -597,12 +571,13 @@ def make_head(
     verdict: str,
     key: SigningKey,
     header_changes: dict[str, Any],
+    recent: list[Any],
     bundles: list[Bundle],
     erased: str | None = None,
 ) -> bytes:
     """A head as published: sealed (digest over all of it; signed with ``key``), then
     compressed behind :data:`HEAD_MAGIC`. ``header_changes``: the header's fields that
-    differ from its piece's (:func:`header_changes`)."""
+    differ from its piece's (:func:`header_changes`); ``recent``: its last decisions."""
     doc = seal(
         {
             "kind": "head",
@@ -619,6 +594,7 @@ def make_head(
             "verdict": verdict,
             "erased": erased,
             "header": header_changes,
+            "recent": recent,
             "bundles": [[b.slot, b.revision] for b in bundles],
             "bundles_digest": bundles_digest(b.sha for b in bundles),
         },
@@ -663,8 +639,7 @@ def head_document(raw: bytes) -> Any:
 def head_of(doc: dict[str, Any]) -> Head:
     """A head document's fields, not checked (:func:`check_head` checks them). Raises
     ``KeyError`` for a missing one."""
-    fmt = doc.get("format_version")
-    v5 = fmt == FORMAT_5
+    v5 = doc.get("format_version") == FORMAT_5
     header5 = doc["header"] if v5 else None
     return Head(
         doc["run_id"],
@@ -678,7 +653,7 @@ def head_of(doc: dict[str, Any]) -> Head:
         doc["verdict"],
         doc.get("erased"),
         {} if v5 else doc["header"],
-        [] if fmt == FORMAT_VERSION else doc["recent"],
+        doc["recent"],
         doc["bundles"],
         "" if v5 else doc["bundles_digest"],
         header5.encode() if type(header5) is str else None,
@@ -690,11 +665,9 @@ def check_head(doc: dict[str, Any], key: SigningKey) -> Head:
     """A head record's promise, once its seal, versions and shape are checked. Raises
     :class:`CheckpointInvalid`."""
     run_id = doc.get("run_id")
-    if doc.get("format_version") not in (FORMAT_VERSION, FORMAT_6, FORMAT_5):
+    if doc.get("format_version") not in (FORMAT_VERSION, FORMAT_5):
         raise CheckpointInvalid(
-            run_id,
-            f"format_version {doc.get('format_version')!r}, this runstate reads {FORMAT_VERSION}, "
-            f"{FORMAT_6} and {FORMAT_5}",
+            run_id, f"format_version {doc.get('format_version')!r}, this runstate reads {FORMAT_VERSION} and {FORMAT_5}"
         )
     _check_seal(doc, key, run_id if isinstance(run_id, str) else None)
     if doc.get("versions") != VERSIONS:
@@ -716,7 +689,7 @@ def check_head(doc: dict[str, Any], key: SigningKey) -> Head:
         or type(head.recent) is not list
         or type(head.bundles) is not list
         or type(head.bundles_digest) is not str
-        or (head.header5 is None) != (doc["format_version"] != FORMAT_5)
+        or (head.header5 is None) != (doc["format_version"] == FORMAT_VERSION)
         or not all(
             type(b) is list
             and len(b) == 2

@@ -298,9 +298,9 @@ def _run_pieces(head: Head, bundles: list[bytes]) -> RestoredPieces:
     try:
         for value in bundles:
             live.update(pieces.bundle_entries(value))
+        decisions = [(o, p, reused, raw.encode()) for o, p, reused, raw in head.recent]
         items: list[tuple[str, bytes]] = []
         ids: list[tuple[str, bytes]] = []
-        decided: list[tuple[int, str, bool, bytes]] = []
         for n, b in live.items():  # one pass, by prefix: a run has dozens of pieces, restores have many runs
             if not b:
                 continue  # gone
@@ -308,12 +308,7 @@ def _run_pieces(head: Head, bundles: list[bytes]) -> RestoredPieces:
                 items.append((n[_ITEM_LEN:], b))
             elif n.startswith(_IDS):
                 ids.append((n, b))
-            elif n.startswith(_DECISION):
-                decided.append((*pieces.decision_of(n), b))
         ids.sort()
-        decided.sort()
-        # a format 6 head's own, else the pieces'
-        decisions = [(o, p, reused, raw.encode()) for o, p, reused, raw in head.recent] + decided
     except (ValueError, TypeError, AttributeError) as e:
         raise CheckpointInvalid(run, f"not a bundle's entries: {e}") from e
     if not all("\0" in tail for tail, _b in items):
@@ -322,13 +317,13 @@ def _run_pieces(head: Head, bundles: list[bytes]) -> RestoredPieces:
         header = pieces.header_of(head, live.get(pieces.HEADER_PIECE) or None)
     except ValueError as e:
         raise CheckpointInvalid(run, f"its header: {e}") from e
-    held = len(items) + len(ids) + len(decided) + (head.header5 is None)  # and the header's (format 6 on)
+    held = len(items) + len(ids) + (head.header5 is None)  # and the header's (format 6)
     if held != head.pieces:
         raise CheckpointInvalid(run, f"its bundles hold {held} pieces, its head {head.pieces}")
     return RestoredPieces(run, header, items, head.covers_offset, b"".join(b for _n, b in ids), decisions)
 
 
-_ITEM, _IDS, _DECISION = pieces.ITEM_PREFIX, pieces.IDS_PREFIX, pieces.DECISION_PREFIX
+_ITEM, _IDS = pieces.ITEM_PREFIX, pieces.IDS_PREFIX
 _ITEM_LEN = len(_ITEM)
 
 #: Why a run whose head's bundles are all there, by name, is replayed.

@@ -24,7 +24,7 @@ from runstate.projector.store.statedir import Layout
 from runstate.projector.runtime.loop import Projector
 from runstate.schemas.errors import CheckpointInvalid
 from runstate.snapshotter import pieces
-from runstate.snapshotter.checkpoint import RECENT_DECISIONS, seal
+from runstate.snapshotter.checkpoint import seal
 from runstate.snapshotter.history import CheckpointHistory
 from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
 from runstate.snapshotter.policy import CheckpointPolicy
@@ -204,10 +204,10 @@ def test_a_bundle_planted_under_the_heads_own_name_is_never_restored(tmp_path: P
     assert [reason.split(" (")[0] for _o, reason in rep.rejected] == ["its bundles are not the ones its head names"]
 
 
-def test_checkpoints_of_format_5_are_restored_and_the_next_ones_are_of_format_7(tmp_path: Path) -> None:
+def test_checkpoints_of_format_5_are_restored_and_the_next_ones_are_of_format_6(tmp_path: Path) -> None:
     """A topic the previous format wrote (``tests/data/checkpoints_format5.db``: this file's
     workload, checkpointed every four revisions by runstate's format 5) restores every run
-    from it, nothing rejected; a snapshotter of this format then writes format 7, and a
+    from it, nothing rejected; a snapshotter of this format then writes format 6, and a
     restore reads both side by side."""
     shutil.copy(DATA / "checkpoints_format5.db", tmp_path / "log.db")
     log = EmbeddedLog(tmp_path / "log.db", create=False)
@@ -224,79 +224,11 @@ def test_checkpoints_of_format_5_are_restored_and_the_next_ones_are_of_format_7(
     assert _newest_head(log, "run_a").header5 is None
     rep = _restored(log, tmp_path / "v6")
     assert rep.runs == 3 and rep.rejected == []
-    # run_a's checkpoints of format 7 over the others' of format 5, on one topic
+    # run_a's checkpoints of format 6 over the others' of format 5, on one topic
     mixed = _copy(log, tmp_path / "mixed.db", lambda r: r.offset < v5_end or pieces.split_key(r.key)[0] == "run_a")
     assert _newest_head(mixed, "run_a").header5 is None and _newest_head(mixed, "run_b").header5 is not None
     rep = _restored(mixed, tmp_path / "mixed")
     assert rep.runs == 3 and rep.rejected == []
-
-
-def _last_decisions(state: Path, run: str) -> list[bytes]:
-    """The run's last decisions as the store at ``state`` holds them (what answers a
-    producer's retry)."""
-    with ProjectionStore(Layout(str(state)).store_path(0), read_only=True) as st:
-        return st.recent_history_json(run, RECENT_DECISIONS)
-
-
-def test_a_runs_last_decisions_are_pieces_each_written_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A checkpoint per revision (no merging): each bundle adds the one new decision as a
-    piece and empties the one that fell out of the last four; no head carries decisions. A
-    restore writes back the same last decisions a full replay has."""
-    monkeypatch.setattr(pieces, "MERGE_FANOUT", 10**6)
-    monkeypatch.setattr(pieces, "REBASE_RATIO", 10**6)
-    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
-    append_all(log, [patch("run_a", 0, start()), *(patch("run_a", i + 1, fact(f"f{i}")) for i in range(9))])
-    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=1, bytes_ratio=None)).run(
-        until_caught_up=True, poll_timeout_s=0.01
-    )
-    records = list(log.scan(log.topics.checkpoints, 0, 0, 10**9))
-    heads = [pieces.head_document(r.value) for r in records if r.key == b"run_a"]
-    assert len(heads) == 10 and all("recent" not in h and h["format_version"] == 7 for h in heads)
-    per_bundle = [
-        [(n, bool(b)) for n, b in pieces.bundle_entries(r.value) if pieces.is_decision(n)]
-        for r in records
-        if pieces.bundle_name(r.value) is not None
-    ]
-    for i, entries in enumerate(per_bundle):
-        assert [pieces.decision_of(n)[0] for n, live in entries if live] == [i]  # the patch at offset i's
-        assert [pieces.decision_of(n)[0] for n, live in entries if not live] == ([i - 4] if i >= 4 else [])
-    replayed = tmp_path / "replayed"
-    Projector(log, str(replayed)).run(until_caught_up=True, poll_timeout_s=0.01)
-    rep = _restored(log, tmp_path / "state")
-    assert rep.runs == 1 and rep.rejected == [] and rep.start_offset == 10
-    assert len(_last_decisions(tmp_path / "state", "run_a")) == RECENT_DECISIONS
-    assert _last_decisions(tmp_path / "state", "run_a") == _last_decisions(replayed, "run_a")
-
-
-def test_checkpoints_of_format_6_are_restored_and_the_next_ones_are_of_format_7(tmp_path: Path) -> None:
-    """A topic format 6 wrote (``tests/data/checkpoints_format6.db``: this file's workload,
-    checkpointed every four revisions, the last decisions whole in each head) restores
-    every run with its last decisions, nothing rejected; a snapshotter of this format then
-    writes format 7 (decisions as pieces), and a restore reads both side by side."""
-    shutil.copy(DATA / "checkpoints_format6.db", tmp_path / "log.db")
-    log = EmbeddedLog(tmp_path / "log.db", create=False)
-    heads = [pieces.head_document(r.value) for r in log.scan(log.topics.checkpoints, 0, 0, 10**9) if r.key in RUNS_B]
-    assert {h["format_version"] for h in heads} == {6} and all(len(h["recent"]) == 4 for h in heads[3:])
-    replayed = tmp_path / "replayed"
-    Projector(log, str(replayed)).run(until_caught_up=True, poll_timeout_s=0.01)
-    rep = _restored(log, tmp_path / "v6")
-    assert rep.runs == 3 and rep.rejected == [] and rep.start_offset > 0
-    for run in RUNS:
-        assert _last_decisions(tmp_path / "v6", run) == _last_decisions(replayed, run)
-
-    v6_end = log.end_offsets(log.topics.checkpoints)[0]
-    append_all(log, [patch("run_a", 13 + i, fact(f"g{i}")) for i in range(4)])
-    Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=4, bytes_ratio=None)).run(
-        until_caught_up=True, poll_timeout_s=0.01
-    )
-    assert _newest_head(log, "run_a").doc["format_version"] == 7
-    mixed = _copy(log, tmp_path / "mixed.db", lambda r: r.offset < v6_end or pieces.split_key(r.key)[0] == "run_a")
-    assert _newest_head(mixed, "run_a").recent == [] and len(_newest_head(mixed, "run_b").recent) == 4
-    rep = _restored(mixed, tmp_path / "mixed")
-    assert rep.runs == 3 and rep.rejected == []
-    Projector(mixed, str(tmp_path / "mixed-replayed")).run(until_caught_up=True, poll_timeout_s=0.01)
-    for run in RUNS:
-        assert _last_decisions(tmp_path / "mixed", run) == _last_decisions(tmp_path / "mixed-replayed", run)
 
 
 def test_a_compressed_head_or_bundle_naming_more_than_the_bound_is_refused(
