@@ -304,9 +304,9 @@ def _run_pieces(head: Head, bundles: list[bytes]) -> RestoredPieces:
         for n, b in live.items():  # one pass, by prefix: a run has dozens of pieces, restores have many runs
             if not b:
                 continue  # gone
-            if n.startswith(_ITEM):
-                items.append((n[_ITEM_LEN:], b))
-            elif n.startswith(_IDS):
+            if pieces.is_item(n):
+                items.append((n[len(pieces.ITEM_PREFIX) :], b))
+            elif pieces.is_ids(n):
                 ids.append((n, b))
         ids.sort()
     except (ValueError, TypeError, AttributeError) as e:
@@ -322,9 +322,6 @@ def _run_pieces(head: Head, bundles: list[bytes]) -> RestoredPieces:
         raise CheckpointInvalid(run, f"its bundles hold {held} pieces, its head {head.pieces}")
     return RestoredPieces(run, header, items, head.covers_offset, b"".join(b for _n, b in ids), decisions)
 
-
-_ITEM, _IDS = pieces.ITEM_PREFIX, pieces.IDS_PREFIX
-_ITEM_LEN = len(_ITEM)
 
 #: Why a run whose head's bundles are all there, by name, is replayed.
 NOT_THE_HEADS = "its bundles are not the ones its head names (damaged, or not this checkpoint's)"
