@@ -299,16 +299,8 @@ def _run_pieces(head: Head, bundles: list[bytes]) -> RestoredPieces:
         for value in bundles:
             live.update(pieces.bundle_entries(value))
         decisions = [(o, p, reused, raw.encode()) for o, p, reused, raw in head.recent]
-        items: list[tuple[str, bytes]] = []
-        ids: list[tuple[str, bytes]] = []
-        for n, b in live.items():  # one pass, by prefix: a run has dozens of pieces, restores have many runs
-            if not b:
-                continue  # gone
-            if pieces.is_item(n):
-                items.append((n[len(pieces.ITEM_PREFIX) :], b))
-            elif pieces.is_ids(n):
-                ids.append((n, b))
-        ids.sort()
+        items = [(n[len(pieces.ITEM_PREFIX) :], b) for n, b in live.items() if b and pieces.is_item(n)]
+        ids = sorted((n, b) for n, b in live.items() if b and pieces.is_ids(n))
     except (ValueError, TypeError, AttributeError) as e:
         raise CheckpointInvalid(run, f"not a bundle's entries: {e}") from e
     if not all("\0" in tail for tail, _b in items):

@@ -74,7 +74,7 @@ class Restoring(RocksStore):
                     put(keys.dedupe_key(run_id, patch_id), keys.encode_int(offset))
             put(keys.restored_key(run_id), keys.encode_int(covers_offset))
             put(keys.restored_ids_key(run_id), patch_ids)
-        self._apply_unlogged(wb)
+        self._apply(wb, logged=False)
 
     def stored_pieces(self) -> Iterator[tuple[str, str | None, str, bytes]]:
         """Every run's header and items: ``(run, kind, id, body)``, ``kind`` None for the

@@ -24,6 +24,10 @@ def write_error(path: Path, e: Exception) -> StoreError:
     return StoreError(f"write to {path} failed: {text}")
 
 
+_UNLOGGED = WriteOptions()
+_UNLOGGED.disable_wal = True
+
+
 class RocksStore:
     """A partition store's RocksDB (opened by :class:`~runstate.projector.store.partition.ProjectionStore`)."""
 
@@ -34,20 +38,12 @@ class RocksStore:
     #: A read-only store's one iterator, reused by :meth:`_scan`.
     _iter: Any
 
-    def _apply(self, wb: WriteBatch) -> None:
-        """Write ``wb`` atomically. Raises :class:`StoreError`."""
+    def _apply(self, wb: WriteBatch, *, logged: bool = True) -> None:
+        """Write ``wb`` atomically. ``logged=False``: without the write-ahead log, for what a
+        crash may lose because it is written again (a restore, marked until it is flushed).
+        Raises :class:`StoreError`."""
         try:
-            self._db.write(wb, self._wopts)
-        except Exception as e:
-            raise write_error(self.path, e) from e
-
-    def _apply_unlogged(self, wb: WriteBatch) -> None:
-        """Write ``wb`` atomically without the write-ahead log: for what a crash may lose
-        because it is written again (a restore, marked until it is flushed)."""
-        opts = WriteOptions()
-        opts.disable_wal = True
-        try:
-            self._db.write(wb, opts)
+            self._db.write(wb, self._wopts if logged else _UNLOGGED)
         except Exception as e:
             raise write_error(self.path, e) from e
 
