@@ -16,13 +16,11 @@ checkpoint bytes ≤ 2x the events' bytes, and the snapshotter keeps pace with t
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from benchkit import AUTHOR, TRUST
+from benchkit import AUTHOR, TRUST, scratch
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.runtime.loop import Projector
 from runstate.schemas.codec import encode
@@ -134,8 +132,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     runs, patches = (20, 1000) if args.quick else (args.runs, args.patches)
-    work = Path(tempfile.mkdtemp(prefix="runstate-bench-checkpoints-"))
-    try:
+    with scratch("runstate-bench-checkpoints-") as work:
         log = EmbeddedLog(work / "log.db", partitions=4)
         t = time.perf_counter()
         events_bytes = fill(log, runs, patches)
@@ -157,8 +154,6 @@ def main() -> None:
                 f"{size / events_bytes:.2f}x the events' bytes (goal <= 2x); {dt:.1f} s = "
                 f"{dt / projector_s:.2f}x the projector's time"
             )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,11 @@ import argparse
 import os
 import shutil
 import statistics
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from benchkit import AUTHOR, TRUST, kafka_broker
+from benchkit import AUTHOR, TRUST, kafka_broker, scratch
 
 from runstate.eventlog.base import EventLog, TopicNames
 from runstate.eventlog.kafka import KafkaLog
@@ -129,11 +128,10 @@ def main() -> None:
     runs, per_run = (100, 10) if args.quick else (1000, 20)
     rounds = 1 if args.quick else args.rounds
     with kafka_broker() as (bootstrap, _pid):
-        work = Path(tempfile.mkdtemp(prefix="runstate-bench-erasure-"))
         master = MasterKey(os.urandom(32))
         ds = drafts(runs, per_run)
         n_events = sum(len(d["events"]) for _, d in ds)
-        try:
+        with scratch("runstate-bench-erasure-") as work:
             first: dict[bool, list[float]] = {False: [], True: []}
             cost: dict[bool, list[float]] = {False: [], True: []}
             rate: dict[bool, list[float]] = {False: [], True: []}
@@ -165,8 +163,6 @@ def main() -> None:
                 f"RESULT erase one run of {per_run + 1} patches among {runs // 10} (embedded log, until the "
                 f"projector dropped and compacted it): {took * 1000:.0f} ms"
             )
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -22,13 +22,12 @@ import argparse
 import random
 import shutil
 import statistics
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 
-from benchkit import TRUST, bench_patch, fact_event
+from benchkit import TRUST, bench_patch, fact_event, scratch
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.read.context import render_context
 from runstate.projector.runtime.loop import Projector
@@ -192,8 +191,7 @@ def main() -> None:
     runs, small, large, tail_events, qruns = (1000, 20, args.large, 24_000, 10_000)
     if args.quick:
         runs, small, large, tail_events, qruns = (100, 20, 100, 2_000, 500)
-    root = Path(tempfile.mkdtemp(prefix="runstate-bench-"))
-    try:
+    with scratch("runstate-bench-") as root:
         print(f"decode+validate alone: {bench_decode(root):,.0f} events/s")
         print(f"state size ~{small} facts/run:")
         w_small, c_small = bench_size(root, runs, small, tail_events)
@@ -219,8 +217,6 @@ def main() -> None:
             f"RESULT context on the same runs: p50 {c50:.3f} ms, p99 {c99:.3f} ms; rendered from the validated "
             f"state p50 {v50:.3f} ms, p99 {v99:.3f} ms ({v50 / c50:.2f}x / {v99 / c99:.2f}x)"
         )
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

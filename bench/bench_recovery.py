@@ -30,7 +30,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,7 +37,7 @@ from pathlib import Path
 
 from rocksdict import AccessType, IngestExternalFileOptions, Options, Rdict, SstFileWriter, WriteBatch
 
-from benchkit import PRINT_PEAK, TRUST, bench_patch
+from benchkit import PRINT_PEAK, TRUST, bench_patch, scratch
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.read.queries import Projection
 from runstate.schemas.codec import encode
@@ -152,20 +151,19 @@ def rocksdb_floor(state: Path) -> tuple[int, float, float]:
         kv = list(src.items())
         src.close()
         total += sum(len(k) + len(v) for k, v in kv)
-        scratch = Path(tempfile.mkdtemp(prefix="runstate-bench-floor-"))
-        try:
+        with scratch("runstate-bench-floor-") as tmp:
             t = time.perf_counter()
             w = SstFileWriter(Options(raw_mode=True))
-            w.open(str(scratch / "all.sst"))
+            w.open(str(tmp / "all.sst"))
             for k, v in kv:
                 w[k] = v
             w.finish()
-            db = Rdict(str(scratch / "sst"), Options(raw_mode=True))
-            db.ingest_external_file([str(scratch / "all.sst")], IngestExternalFileOptions())
+            db = Rdict(str(tmp / "sst"), Options(raw_mode=True))
+            db.ingest_external_file([str(tmp / "all.sst")], IngestExternalFileOptions())
             db.close()
             sst_s += time.perf_counter() - t
             t = time.perf_counter()
-            db = Rdict(str(scratch / "batches"), Options(raw_mode=True))
+            db = Rdict(str(tmp / "batches"), Options(raw_mode=True))
             for i in range(0, len(kv), 20_000):
                 wb = WriteBatch(raw_mode=True)
                 for k, v in kv[i : i + 20_000]:
@@ -173,8 +171,6 @@ def rocksdb_floor(state: Path) -> tuple[int, float, float]:
                 db.write(wb)
             db.close()
             batch_s += time.perf_counter() - t
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
     return total, sst_s, batch_s
 
 
@@ -208,9 +204,8 @@ def main() -> None:
     ap.add_argument("--updates", default="21,46", help="4-event updates per run after the first 20 events, per history")
     args = ap.parse_args()
     runs, lengths = (500, (21, 46)) if args.quick else (args.runs, tuple(int(x) for x in args.updates.split(",")))
-    root = Path(tempfile.mkdtemp(prefix="runstate-bench-recovery-"))
     rows = []
-    try:
+    with scratch("runstate-bench-recovery-") as root:
         for updates in lengths:
             d = root / f"h{updates}"
             t = time.perf_counter()
@@ -269,8 +264,6 @@ def main() -> None:
                 f"{rec_s:.1f}s, ratio {full_s / rec_s:.1f}x; peak memory {full_peak / 1024:.0f} / "
                 f"{rec_peak / 1024:.0f} MB (goal >= 50x, < 1 GB)"
             )
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

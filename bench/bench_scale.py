@@ -19,19 +19,17 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 
-from benchkit import AUTHOR, PRINT_PEAK, TRUST
+from benchkit import AUTHOR, PRINT_PEAK, TRUST, scratch
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Patch
@@ -171,8 +169,7 @@ def main() -> None:
     args = ap.parse_args()
     big = 100_000 if args.quick else args.runs
     n_tail = 5_000 if args.quick else args.tail
-    root = Path(tempfile.mkdtemp(prefix="runstate-bench-scale-"))
-    try:
+    with scratch("runstate-bench-scale-") as root:
         rates, peaks = {}, {}
         for runs in (1000, big):
             work = root / f"r{runs}"
@@ -204,8 +201,6 @@ def main() -> None:
             f"RESULT serve on {big:,} runs: peak memory {peak / 1024:.0f} MB (goal < 1 GB); GET /runs first "
             f"page {page_ms:.0f} ms"
         )
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

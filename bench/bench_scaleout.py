@@ -28,7 +28,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -36,7 +35,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from benchkit import AUTHOR, TRUST, kafka_broker
+from benchkit import AUTHOR, TRUST, kafka_broker, scratch
 
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import PRODUCER_DEFAULTS, KafkaLog
@@ -136,8 +135,7 @@ def main() -> None:
     runs, per_run = (200, 20) if args.quick else (1000, 500)
     rounds = 1 if args.quick else args.rounds
     with kafka_broker() as (bootstrap, broker_pid):
-        work = Path(tempfile.mkdtemp(prefix="runstate-bench-scaleout-"))
-        try:
+        with scratch("runstate-bench-scaleout-") as work:
             topics = TopicNames.with_prefix(f"s{uuid.uuid4().hex[:8]}")
             events = fill(bootstrap, topics, runs, per_run)
             records = runs * (per_run + 1)
@@ -171,8 +169,6 @@ def main() -> None:
                         f"MODEL {k:2d} instances, {brokers} broker{'s' if brokers > 1 else ''} (a core each): "
                         f"{rate:,.0f} events/s"
                     )
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from runstate.schemas.patch import Author, Patch
@@ -26,6 +27,13 @@ PRINT_PEAK = (
     "print('PEAK', next(int(ln.split()[1]) for ln in open('/proc/self/status') if ln.startswith('VmHWM')), "
     "file=sys.stderr)"
 )
+
+
+@contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A directory for one run of a bench, removed with whatever the bench left in it."""
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as d:
+        yield Path(d)
 
 
 def bench_patch(run: str, rev: int, events: list[dict[str, Any]], at: datetime, patch_id: str) -> Patch:

@@ -60,6 +60,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchkit import fact_event
+
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_VENV = ROOT / ".bench-peers"
 #: The peers, and what importing runstate's codec needs besides what Quix brings (runstate
@@ -71,17 +73,6 @@ PATCHES_PER_COMMIT = 500
 
 
 # -- shared workload ----------------------------------------------------------------------------
-
-
-def fact_event(i: int) -> dict[str, Any]:
-    return {
-        "type": "FactConfirmed",
-        "fact": {
-            "id": f"f{i}",
-            "statement": f"observation number {i} about the system",
-            "evidence": f"artifact://test-output/{i}",
-        },
-    }
 
 
 def budget_event() -> dict[str, Any]:
