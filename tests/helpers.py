@@ -21,6 +21,11 @@ T0 = datetime(2026, 8, 11, 8, 0, tzinfo=UTC)
 THOROUGH = os.environ.get("CI", "").lower() in ("1", "true", "yes") or bool(os.environ.get("RUNSTATE_THOROUGH"))
 
 
+def embedded_env(where: Path) -> dict[str, str]:
+    """The settings (environment) of runstate on an embedded log in ``where``: ``log.db``, ``state/``."""
+    return {"RUNSTATE_LOG": str(where / "log.db"), "RUNSTATE_STATE_DIR": str(where / "state")}
+
+
 def examples(n: int, floor: int = 15) -> int:
     """How many examples a property with ``n`` in the thorough run draws in this run."""
     return n if THOROUGH else max(floor, n // 6)
@@ -160,6 +165,13 @@ def append_all(log: EventLog, patches: list[Patch]) -> list[tuple[Patch, int, in
         out.append((p, a.partition, a.offset))
     prod.close()
     return out
+
+
+def project_all(log: EventLog, state_dir: str | Path) -> None:
+    """Project ``log`` into the stores in ``state_dir`` until it is caught up (no dead-letter topic)."""
+    from runstate.projector import Projector
+
+    Projector(log, str(state_dir), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
 
 
 def fold(placed: list[tuple[Patch, int, int]]) -> RunBook:

@@ -10,6 +10,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,22 @@ class ServeProcess:
                 self.proc.wait(10)
         self._err.close()
         return self.proc.returncode
+
+
+@contextmanager
+def serving(env: dict[str, str], workdir: Path, *args: str) -> Iterator[ServeProcess]:
+    """A :class:`ServeProcess` that answers /healthz for the block and is stopped after it;
+    after a block that passed, the serve must also have exited 0 (else its log is the
+    failure). A block that failed keeps its own error."""
+    proc = ServeProcess(env, workdir, *args)
+    try:
+        proc.wait_ready()
+        yield proc
+    except BaseException:
+        proc.stop()
+        raise
+    code = proc.stop()
+    assert code == 0, proc.log()
 
 
 def mcp_session(url: str, token: str | None, calls: Any) -> Any:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import ev, patch, start
+from helpers import ev, patch, start, embedded_env, append_all, project_all
 
 from runstate.cli import main
 from runstate.eventlog.base import Record
@@ -53,7 +53,7 @@ def test_a_partition_moves_on_past_a_key_that_is_not_utf8(tmp_path: Path) -> Non
     prod.append(log.topics.events, "r", encode(patch("r", 0, start())))
     prod.close()
     for _ in range(2):  # and again after a restart
-        Projector(log, str(tmp_path / "s"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+        project_all(log, tmp_path / "s")
     with Projection(tmp_path / "s") as proj:
         assert [d.reason for d in proj.dead_letters()] == ["key_not_utf8"]
         assert proj.state("r").revision == 1
@@ -90,7 +90,7 @@ def test_budget_arithmetic_cannot_overflow_what_the_codec_carries(tmp_path: Path
     ]:
         prod.append(log.topics.events, p.run_id, encode(p))
     prod.close()
-    Projector(log, str(tmp_path / "s"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    project_all(log, tmp_path / "s")
     with Projection(tmp_path / "s") as proj:
         last = proj.history("r")[-1]
         assert (last.outcome, last.rule) == ("rejected", "budget.overflow")
@@ -102,7 +102,7 @@ def test_budget_arithmetic_cannot_overflow_what_the_codec_carries(tmp_path: Path
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    return {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    return embedded_env(tmp_path)
 
 
 def _publish_file(env: dict[str, str], path: Path) -> tuple[int, str]:
@@ -158,11 +158,8 @@ def test_a_reused_patch_id_with_other_content_is_rejected(tmp_path: Path) -> Non
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     first = patch("r", 1, ev("PhaseChanged", phase="a"), patch_id="same")
     again = patch("r", 1, ev("PhaseChanged", phase="b"), patch_id="same")
-    prod = log.producer()
-    for p in [patch("r", 0, start()), first, first, again]:
-        prod.append(log.topics.events, p.run_id, encode(p))
-    prod.close()
-    Projector(log, str(tmp_path / "s"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    append_all(log, [patch("r", 0, start()), first, first, again])
+    project_all(log, tmp_path / "s")
     with Projection(tmp_path / "s") as proj:
         hist = proj.history("r")
         assert [(d.outcome, d.reason) for d in hist] == [
@@ -188,11 +185,8 @@ def test_a_resend_built_again_is_a_duplicate_even_when_both_copies_reach_the_log
     first = patch("r", 1, ev("PhaseChanged", phase="a"), patch_id="same")
     resent = first.model_copy(update={"created_at": first.created_at + timedelta(seconds=3)})
     other = patch("r", 1, ev("PhaseChanged", phase="b"), patch_id="same")
-    prod = log.producer()
-    for p in [patch("r", 0, start()), first, resent, other]:
-        prod.append(log.topics.events, p.run_id, encode(p))
-    prod.close()
-    Projector(log, str(tmp_path / "s"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    append_all(log, [patch("r", 0, start()), first, resent, other])
+    project_all(log, tmp_path / "s")
     with Projection(tmp_path / "s") as proj:
         hist = proj.history("r")
         assert [(d.patch_id, d.outcome, d.reason) for d in hist] == [
@@ -213,14 +207,14 @@ def test_a_reused_patch_id_is_answered_as_reused_by_publish_wait_and_by_serve(tm
     still answered with the first decision."""
     import threading
 
-    from servekit import ServeProcess
+    from servekit import serving
 
     from runstate.client import Client
 
     same = {"patch_id": "same-id", "expected_revision": 1}
-    serve = ServeProcess({"RUNSTATE_LOG": str(tmp_path / "s.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "s")}, tmp_path)
-    try:
-        serve.wait_ready()
+    with serving(
+        {"RUNSTATE_LOG": str(tmp_path / "s.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "s")}, tmp_path
+    ) as serve:
         with Client(serve.url) as rs:
             assert rs.submit("r", {"expected_revision": 0, "events": [start()]}).outcome == "accepted"
             first = rs.submit("r", {**same, "events": [ev("PhaseChanged", phase="a")]})
@@ -230,10 +224,8 @@ def test_a_reused_patch_id_is_answered_as_reused_by_publish_wait_and_by_serve(tm
             assert (reused.outcome, reused.reason) == ("rejected", "patch_id_reused"), reused
             assert [d.reason for d in rs.history("r")] == [None, None, "patch_id_reused"]
             assert rs.state("r").phase == "a"
-    finally:
-        assert serve.stop() == 0, serve.log()
 
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    env = embedded_env(tmp_path)
     cli = CliRunner()
     assert (
         cli.invoke(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import append_all, fact, patch, start
+from helpers import append_all, fact, patch, start, embedded_env
 
 from runstate.cli import main
 from runstate.eventlog.embedded import EmbeddedLog
@@ -333,7 +333,7 @@ def test_acknowledged_records_lost_from_the_wal_are_an_error_naming_the_lost_off
     bad frame, and acknowledged appends vanish. Where the projection saw them, `status`,
     `project` and `verify` name the lost offsets instead of reporting negative lag."""
     _appended_then_wal_damaged(tmp_path, 39, projected=True)
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    env = embedded_env(tmp_path)
     from click.testing import CliRunner
 
     from runstate.cli import main
@@ -356,7 +356,7 @@ def test_acknowledged_records_lost_from_the_wal_before_any_reader_saw_them_are_r
     """The same damage where no reader saw the records: the log itself knows how far it
     acknowledged (``log.db.acked``) and refuses to open short of it; every command says so."""
     _appended_then_wal_damaged(tmp_path, 20, projected=False)
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    env = embedded_env(tmp_path)
     for args in (["status"], ["project", "--until-caught-up", "--quiet"], ["verify", "--quiet"], ["publish", "r", "-"]):
         r = CliRunner().invoke(main, args, env=env, input='{"expected_revision": 21, "events": []}')
         assert r.exit_code == 1 and "Traceback" not in r.output, (args, r.output)

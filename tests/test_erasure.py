@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers import ev, fact, start
+from helpers import ev, fact, start, embedded_env
 from storekit import files_holding
 
 from runstate import app
@@ -73,6 +73,18 @@ def sealed(tmp_path: Path) -> Settings:
         state_dir=str(tmp_path / "state"),
         master_key=MasterKey.generate(),
         checkpoint_every=1,
+    )
+
+
+def _sealed_on_kafka(bootstrap: str, topics: Any, tmp_path: Path, **more: Any) -> Settings:
+    """Sealed runs on the test's Kafka topics (three partitions), with ``more`` settings."""
+    return Settings(
+        log=f"kafka://{bootstrap}",
+        topic_prefix=topics.events.rsplit(".", 1)[0],
+        state_dir=str(tmp_path / "state"),
+        master_key=MasterKey.generate(),
+        partitions=3,
+        **more,
     )
 
 
@@ -232,7 +244,7 @@ def test_master_key_is_never_written_and_run_keys_are_wrapped(sealed: Settings, 
 @pytest.mark.slow
 def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_path: Path) -> None:
     import httpx
-    from servekit import ServeProcess, mcp_error, mcp_session
+    from servekit import serving, mcp_error, mcp_session
 
     from runstate.service.auth import add_token
 
@@ -240,16 +252,13 @@ def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_p
     writer, operator = add_token(tf, "agent-1"), add_token(tf, "ops", erase=True)
     channel = {"authorization": f"Bearer {add_token(tf, 'user')}"}  # the user channel's token
     env = {
-        "RUNSTATE_LOG": str(tmp_path / "log.db"),
-        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        **embedded_env(tmp_path),
         "RUNSTATE_TOKENS_FILE": tf,
         "RUNSTATE_MASTER_KEY": MasterKey.generate(),
         "RUNSTATE_RETENTION": "completed=30d",
         "RUNSTATE_RETENTION_CHECK_S": "0.1",
     }
-    proc = ServeProcess(env, tmp_path)
-    try:
-        proc.wait_ready()
+    with serving(env, tmp_path) as proc:
         http = httpx.Client(base_url=proc.url, timeout=30)
         auth = {"authorization": f"Bearer {writer}"}
         for p in marked_patches(MARKER):
@@ -288,8 +297,6 @@ def test_delete_through_serve_answers_410_after_and_needs_an_erasing_token(tmp_p
         # The page shows the erasure.
         r = http.get("/runs", headers=auth)
         assert [x["status"] for x in r.json() if x["run_id"] == "victim"] == ["erased"]
-    finally:
-        assert proc.stop() == 0, proc.log()
     assert "Traceback" not in proc.log()
     assert files_holding(tmp_path, MARKER.encode()) == []
 
@@ -375,17 +382,10 @@ def test_on_kafka_the_marker_never_reaches_the_broker_and_the_erased_key_leaves_
 
     from runstate.eventlog.kafka import KafkaLog
 
-    prefix = kafka_topics.events.rsplit(".", 1)[0]
     # Uncompressed batches: what the broker's files hold is then the records' own bytes, so
     # that looking for a marker (or a key) in them can find it.
-    settings = Settings(
-        log=f"kafka://{kafka_bootstrap}",
-        topic_prefix=prefix,
-        state_dir=str(tmp_path / "state"),
-        master_key=MasterKey.generate(),
-        partitions=3,
-        key_purge_s=1,
-        kafka_config={"producer.compression.type": "none"},
+    settings = _sealed_on_kafka(
+        kafka_bootstrap, kafka_topics, tmp_path, key_purge_s=1, kafka_config={"producer.compression.type": "none"}
     )
     app.create_topics(settings)
     publish_all(settings, "victim", marked_patches(MARKER))
@@ -619,15 +619,7 @@ def test_retention_cut_short_is_finished_on_restart(sealed: Settings, tmp_path: 
 def test_on_kafka_an_erasure_killed_at_each_step_is_finished(
     kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path
 ) -> None:
-    prefix = kafka_topics.events.rsplit(".", 1)[0]
-    s = Settings(
-        log=f"kafka://{kafka_bootstrap}",
-        topic_prefix=prefix,
-        state_dir=str(tmp_path / "state"),
-        master_key=MasterKey.generate(),
-        partitions=3,
-        checkpoint_every=1,
-    )
+    s = _sealed_on_kafka(kafka_bootstrap, kafka_topics, tmp_path, checkpoint_every=1)
     app.create_topics(s)
     publish_all(s, "victim", marked_patches(MARKER))
     publish_all(s, "other", marked_patches("kept"))

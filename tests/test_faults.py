@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from faultkit import append_slowly, drill, workload
-from helpers import fact, patch, start
+from helpers import fact, patch, start, embedded_env
 
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.projector.read.queries import Projection
@@ -29,7 +29,7 @@ def test_sigkill_at_any_moment_then_restart_equals_full_replay(tmp_path: Path) -
     rng = random.Random(seed)
     log = EmbeddedLog(tmp_path / "log.db", partitions=4)
     patches = workload(runs=20, per_run=60, rng=rng)
-    env = {**os.environ, "RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    env = {**os.environ, **embedded_env(tmp_path)}
 
     def position() -> int:
         """Records the projection has stored (0 before the first store exists)."""

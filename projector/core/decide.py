@@ -23,6 +23,8 @@ handling needs the decision store, so it is the caller's first step
 
 from __future__ import annotations
 
+import functools
+
 from datetime import datetime
 
 from runstate.projector.core.outcomes import Decided
@@ -199,12 +201,10 @@ def decide(
     a new doc for ``RunStarted``, with ``changes`` listing what to persist.
     """
     types = [e.type for e in patch.events]
+    # Every refusal below is of this patch, where it stands in the log.
+    refuse = functools.partial(_refused, patch, partition, offset, digest)
     if doc is not None and doc.header.status == "erased":
-        return _refused(
-            patch,
-            partition,
-            offset,
-            digest,
+        return refuse(
             doc.header.revision,
             "run_erased",
             message=_erased_message(patch.run_id, doc.header),
@@ -213,11 +213,7 @@ def decide(
         return _erase(doc, patch, partition, offset, digest)
     if doc is None:
         if types[0] != "RunStarted" or patch.expected_revision != 0:
-            return _refused(
-                patch,
-                partition,
-                offset,
-                digest,
+            return refuse(
                 0,
                 "unknown_run",
                 message=f"run {patch.run_id!r} was never started (first event must be RunStarted at revision 0)",
@@ -230,22 +226,14 @@ def decide(
         # Deleting a LangGraph thread or some of its checkpoints is accepted in any status
         # (what LangGraph deletes must go).
         if header.status in FINISHED_STATUSES and not set(types) <= ev.ANY_STATUS_EVENT_TYPES:
-            return _refused(
-                patch,
-                partition,
-                offset,
-                digest,
+            return refuse(
                 current,
                 "run_terminal",
                 message=f"run {patch.run_id!r} is {header.status}; nothing is accepted after a terminal status",
             )
 
     if header is not None and patch.author.agent_id in header.revoked_agents:
-        return _refused(
-            patch,
-            partition,
-            offset,
-            digest,
+        return refuse(
             current,
             "unauthorized",
             message=f"agent {patch.author.agent_id!r}'s permission to write run {patch.run_id!r} was revoked",
@@ -256,11 +244,7 @@ def decide(
         and patch.author.agent_id not in header.policy.writers
         and not _channel_inputs(header.policy, patch)
     ):
-        return _refused(
-            patch,
-            partition,
-            offset,
-            digest,
+        return refuse(
             current,
             "unauthorized",
             message=f"agent {patch.author.agent_id!r} may not write run {patch.run_id!r} "
@@ -272,11 +256,7 @@ def decide(
         # (a run whose creator was not recorded keeps the earlier rule: any writer).
         revokers = header.policy.revokers or ([header.created_by] if header.created_by else [])
         if revokers and patch.author.agent_id not in revokers:
-            return _refused(
-                patch,
-                partition,
-                offset,
-                digest,
+            return refuse(
                 current,
                 "unauthorized",
                 message=f"agent {patch.author.agent_id!r} may not revoke permissions on run "
@@ -290,11 +270,7 @@ def decide(
         # based before the last control event would silently undo it. A cancel always applies.
         wins = control_only and "GoalChanged" not in types
         if header is not None and patch.expected_revision < header.last_control_revision and not wins:
-            return _refused(
-                patch,
-                partition,
-                offset,
-                digest,
+            return refuse(
                 current,
                 "superseded",
                 message=f"based on revision {patch.expected_revision}, "
@@ -305,11 +281,7 @@ def decide(
         elif patch.rebase and patch.expected_revision < current and all(commutes(e) for e in patch.events):
             rebased = True
         else:
-            return _refused(
-                patch,
-                partition,
-                offset,
-                digest,
+            return refuse(
                 current,
                 "revision_conflict",
                 message=f"expected revision {patch.expected_revision}, run is at {current}",
@@ -333,11 +305,7 @@ def decide(
                 raise RuleViolation("run.terminal", f"event {i} ({event.type}) comes after the run became {status}")
             apply_event(draft, event, ctx)
         except RuleViolation as v:
-            return _refused(
-                patch,
-                partition,
-                offset,
-                digest,
+            return refuse(
                 current,
                 "invalid",
                 rule=v.rule,

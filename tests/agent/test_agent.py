@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from servekit import ServeProcess
+from servekit import serving
 
-from helpers import ROOT
+from helpers import ROOT, embedded_env
 
 from runstate.agent import PatchRejected, RevisionConflict, events, open_run
 from runstate.schemas.errors import ContractError
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 
 def _cli(work: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"), **extra}
+    env = {**os.environ, **embedded_env(work), **extra}
     return subprocess.run(
         [sys.executable, "-m", "runstate.cli", *args], env=env, capture_output=True, text=True, timeout=120
     )
@@ -194,16 +194,13 @@ def test_the_same_handle_works_against_a_real_serve(tmp_path: Path) -> None:
 
     tokens = str(tmp_path / "tokens.json")
     token = add_token(tokens, "remote-agent")
-    serve = ServeProcess(
+    with serving(
         {
-            "RUNSTATE_LOG": str(tmp_path / "log.db"),
-            "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+            **embedded_env(tmp_path),
             "RUNSTATE_TOKENS_FILE": tokens,
         },
         tmp_path,
-    )
-    try:
-        serve.wait_ready()
+    ) as serve:
         with open_run(serve.url, "r4", agent_id="remote-agent", agent_version="3.0", token=token) as run:
             assert run.revision == 0
             run.start("remote work")
@@ -213,8 +210,6 @@ def test_the_same_handle_works_against_a_real_serve(tmp_path: Path) -> None:
             assert (d.agent_id, d.agent_version) == ("remote-agent", "3.0")
             assert "[f1] found it" in run.context()
             assert run.state().revision == run.revision == 4
-    finally:
-        assert serve.stop() == 0, serve.log()
 
 
 def test_the_async_twin_does_the_same_on_the_local_log_and_on_a_serve(tmp_path: Path) -> None:
@@ -245,19 +240,14 @@ def test_the_async_twin_does_the_same_on_the_local_log_and_on_a_serve(tmp_path: 
     asyncio.run(work(str(tmp_path / "local")))
     tokens = str(tmp_path / "tokens.json")
     token = add_token(tokens, "async-agent")
-    serve = ServeProcess(
+    with serving(
         {
-            "RUNSTATE_LOG": str(tmp_path / "log.db"),
-            "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+            **embedded_env(tmp_path),
             "RUNSTATE_TOKENS_FILE": tokens,
         },
         tmp_path,
-    )
-    try:
-        serve.wait_ready()
+    ) as serve:
         asyncio.run(work(serve.url, token))
-    finally:
-        assert serve.stop() == 0, serve.log()
 
 
 def test_two_handles_on_one_directory_both_work_at_full_speed(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from helpers import CLIENT_EXAMPLE, fact, start
+from helpers import CLIENT_EXAMPLE, fact, start, embedded_env
 
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.cli import main
@@ -19,7 +19,7 @@ from runstate.cli import main
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    return {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    return embedded_env(tmp_path)
 
 
 def cli(env: dict[str, str], *args: str, input: str | None = None) -> Result:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ROOT, start
-from servekit import ServeProcess, free_port
+from helpers import ROOT, start, embedded_env
+from servekit import ServeProcess, serving, free_port
 
 from runstate.schemas.state import HEADER_INTERNAL_FIELDS, RunHeader, RunSummary
 
@@ -76,7 +76,7 @@ def test_an_unreachable_kafka_is_one_line_without_the_client_s_log(tmp_path: Pat
 def open_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProcess, Path]]:
     """``serve --port 0`` on an embedded log, without tokens."""
     work = tmp_path_factory.mktemp("first-hour")
-    env = {"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state")}
+    env = embedded_env(work)
     proc = ServeProcess(env, work)
     proc.proc.kill()
     proc.proc.wait()
@@ -117,7 +117,7 @@ def test_serve_on_port_0_announces_the_port_it_got_and_a_port_in_use_is_one_line
 ) -> None:
     proc, _ = open_serve
     assert httpx.get(proc.url + "/healthz").status_code == 200
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    env = embedded_env(tmp_path)
     line = one_line_error(cli("serve", "--port", str(proc.port), cwd=tmp_path, env=env))
     assert f"port {proc.port} on 127.0.0.1 is in use" in line
 
@@ -169,8 +169,7 @@ def test_the_http_edges_answer_as_the_rest_of_the_api(open_serve: tuple[ServePro
 
 def test_the_cli_prints_words_not_python(tmp_path: Path) -> None:
     env = {
-        "RUNSTATE_LOG": str(tmp_path / "log.db"),
-        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        **embedded_env(tmp_path),
         "RUNSTATE_AGENT_VERSION": "1.0",
     }
     patch = '{"expected_revision": 0, "events": [%s, {"type": "TaskCreated", "task": {"id": "t1", "title": "look"}}]}'
@@ -243,14 +242,11 @@ def test_aborted_and_slow_request_bodies_leave_no_traceback_and_hold_nothing(tmp
     import time
 
     env = {
-        "RUNSTATE_LOG": str(tmp_path / "log.db"),
-        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        **embedded_env(tmp_path),
         "RUNSTATE_BODY_TIMEOUT_S": "1",
         "RUNSTATE_REQUEST_TIMEOUT_S": "2",
     }
-    proc = ServeProcess(env, tmp_path)
-    try:
-        proc.wait_ready()
+    with serving(env, tmp_path) as proc:
         head = (
             b"POST /runs/r/patches HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: 1000\r\n\r\n"
@@ -323,8 +319,6 @@ def test_aborted_and_slow_request_bodies_leave_no_traceback_and_hold_nothing(tmp
         assert 'runstate_http_slow_clients_total{phase="body"} 3.0' in metrics, metrics
         time.sleep(0.3)
         assert "Traceback" not in proc.log() and "ClientDisconnect" not in proc.log(), proc.log()
-    finally:
-        assert proc.stop() == 0, proc.log()
 
 
 def test_a_wrong_serve_url_is_one_typed_error_naming_it() -> None:
@@ -342,7 +336,7 @@ def test_a_wrong_serve_url_is_one_typed_error_naming_it() -> None:
 def test_a_second_serve_on_one_embedded_log_is_one_line_before_any_announcement(tmp_path: Path) -> None:
     from servekit import ServeProcess
 
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    env = embedded_env(tmp_path)
     first = ServeProcess(env, tmp_path)
     try:
         first.wait_ready()
@@ -370,8 +364,7 @@ def test_readyz_answers_only_once_every_run_is_answered(tmp_path: Path) -> None:
     from servekit import ServeProcess
 
     env = {
-        "RUNSTATE_LOG": str(tmp_path / "log.db"),
-        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        **embedded_env(tmp_path),
         "RUNSTATE_PARTITIONS": "16",
     }
     proc = ServeProcess(env, tmp_path)

@@ -22,7 +22,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
 import approval_graph
-from helpers import ROOT, readme_blocks
+from helpers import ROOT, readme_blocks, embedded_env
 from runstate.integrations.langgraph import JsonSerializer, RunstateSaver
 from servekit import ServeProcess
 
@@ -114,7 +114,7 @@ def test_an_approval_crosses_processes_and_languages(built: Path, tmp_path: Path
     """LangGraph.js asks for approval in one process and is resumed by another; Python audits
     the thread, continues it with the same graph, and each language resumes an interrupt
     the other raised."""
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    env = embedded_env(tmp_path)
     serve = ServeProcess(env, tmp_path)
     try:
         serve.wait_ready()
@@ -180,7 +180,7 @@ def test_an_approval_crosses_processes_and_languages(built: Path, tmp_path: Path
 
 def test_the_readmes_typescript_block_runs_as_written(built: Path, tmp_path: Path) -> None:
     [block] = readme_blocks("ts")
-    env = {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}
+    env = embedded_env(tmp_path)
     serve = ServeProcess(env, tmp_path)
     # Inside the package, so that "@runstate/client" resolves to the checkout's build.
     script = TS / "test" / f".readme-{uuid.uuid4().hex[:8]}.mjs"

@@ -18,9 +18,9 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from langgraph.channels.delta import DeltaChannel
-from servekit import ServeProcess
+from servekit import ServeProcess, serving
 
-from helpers import ROOT
+from helpers import ROOT, embedded_env
 
 from runstate.agent import PatchRejected
 from runstate.integrations.langgraph import AsyncRunstateSaver, JsonSerializer, RunstateSaver
@@ -87,15 +87,9 @@ def test_langgraph_conformance_sync_saver_on_the_embedded_log(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_langgraph_conformance_through_a_serve(tmp_path: Path) -> None:
-    serve = ServeProcess(
-        {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}, tmp_path
-    )
-    try:
-        serve.wait_ready()
+    with serving(embedded_env(tmp_path), tmp_path) as serve:
         report = _validate("AsyncRunstateSaver (serve)", lambda: AsyncRunstateSaver.from_conn_string(serve.url))
         _assert_every_check_passes(report)
-    finally:
-        assert serve.stop() == 0, serve.log()
 
 
 @pytest.mark.kafka
@@ -136,7 +130,7 @@ def _cli(where: Path, *args: str) -> str:
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "RUNSTATE_LOG": str(where / "log.db"), "RUNSTATE_STATE_DIR": str(where / "state")},
+        env={**os.environ, **embedded_env(where)},
     )
     assert out.returncode == 0, out.stderr
     return out.stdout
@@ -290,11 +284,7 @@ def test_pending_writes_come_back_in_langgraphs_order_and_a_delta_channel_rebuil
     the run produced, whichever parallel task finished first."""
     from langgraph.checkpoint.memory import InMemorySaver
 
-    serve = ServeProcess(
-        {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}, tmp_path
-    )
-    try:
-        serve.wait_ready()
+    with serving(embedded_env(tmp_path), tmp_path) as serve:
         with (
             RunstateSaver.from_conn_string(tmp_path / "rs") as embedded,
             RunstateSaver.from_conn_string(serve.url) as served,
@@ -307,8 +297,6 @@ def test_pending_writes_come_back_in_langgraphs_order_and_a_delta_channel_rebuil
                 assert graph.get_state(cfg).values["items"] == live, name
                 # The next step continues from the value the run produced.
                 assert graph.invoke({"items": ["next"]}, cfg)["items"] == [*live, "next", "a", "b"], name
-    finally:
-        assert serve.stop() == 0, serve.log()
 
 
 class _SeqDeltaState(TypedDict):
@@ -407,15 +395,9 @@ def test_a_channel_value_is_stored_once_per_version(tmp_path: Path) -> None:
     with Projection(tmp_path / "rs" / "state") as proj:
         assert [(v.channel, v.version) for v in proj.state("t").graph_values] == [("big", "1")]  # n: in its checkpoints
         assert proj.state("t copy").graph_values == []
-    serve = ServeProcess(
-        {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}, tmp_path
-    )
-    try:
-        serve.wait_ready()
+    with serving(embedded_env(tmp_path), tmp_path) as serve:
         with RunstateSaver.from_conn_string(serve.url) as served:
             puts(served, tmp_path / "log.db")
-    finally:
-        assert serve.stop() == 0, serve.log()
 
 
 def test_a_thread_saved_whole_with_numbered_versions_goes_on(tmp_path: Path) -> None:
@@ -513,18 +495,12 @@ def test_the_patch_limit_is_the_setting_on_every_path_and_too_large_is_patch_too
         saver.put(generate_config("big"), big, generate_metadata(), {})
         assert saver.get_tuple(generate_config("big")) is not None
     monkeypatch.delenv("RUNSTATE_MAX_PATCH_BYTES")
-    serve = ServeProcess(
-        {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}, tmp_path
-    )
-    try:
-        serve.wait_ready()
+    with serving(embedded_env(tmp_path), tmp_path) as serve:
         with (
             RunstateSaver.from_conn_string(serve.url) as served,
             pytest.raises(PatchTooLarge, match="RUNSTATE_MAX_PATCH_BYTES"),
         ):
             served.put(generate_config("big"), big, generate_metadata(), {})
-    finally:
-        assert serve.stop() == 0, serve.log()
 
 
 class _ChatState(TypedDict):
@@ -593,11 +569,7 @@ def test_a_deleted_thread_id_starts_a_new_conversation_with_a_master_key_and_thr
     ):
         _clear_the_chat_and_keep_the_id(saver, again)
     assert "RunErased" in _cli(tmp_path / "rs", "history", "chat 7")
-    serve = ServeProcess(
-        {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}, tmp_path
-    )
-    try:
-        serve.wait_ready()
+    with serving(embedded_env(tmp_path), tmp_path) as serve:
 
         async def through_serve() -> None:
             async with (
@@ -607,8 +579,6 @@ def test_a_deleted_thread_id_starts_a_new_conversation_with_a_master_key_and_thr
                 await asyncio.to_thread(_clear_the_chat_and_keep_the_id, saver, again)
 
         asyncio.run(through_serve())
-    finally:
-        assert serve.stop() == 0, serve.log()
     assert "RunErased" in _cli(tmp_path, "history", "chat 7~2")
 
 

@@ -32,6 +32,7 @@ from langgraph.types import Command, Send, interrupt
 from servekit import ServeProcess
 
 from runstate.integrations.langgraph import RunstateSaver
+from helpers import embedded_env
 
 pytestmark = pytest.mark.slow
 
@@ -276,9 +277,7 @@ def test_real_graphs_on_the_embedded_log_match_langgraphs_in_memory_saver(tmp_pa
 
 
 def test_real_graphs_through_a_serve_match_langgraphs_in_memory_saver(tmp_path: Path) -> None:
-    with _serve(
-        {"RUNSTATE_LOG": str(tmp_path / "log.db"), "RUNSTATE_STATE_DIR": str(tmp_path / "state")}, tmp_path
-    ) as url:
+    with _serve(embedded_env(tmp_path), tmp_path) as url:
         _compare(lambda: RunstateSaver.from_conn_string(url))
 
 

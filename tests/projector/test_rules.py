@@ -7,7 +7,7 @@ from typing import Any
 from pathlib import Path
 
 import pytest
-from helpers import ev, fact, patch, start, task
+from helpers import ev, fact, patch, start, task, project_all
 
 from runstate.projector.core.runbook import RunBook
 from runstate.projector.core.working import RunDoc
@@ -790,7 +790,6 @@ def test_time_rules_use_the_log_s_time_not_the_time_a_patch_claims(tmp_path: Pat
     from runstate.producers.run_producer import RunProducer
     from runstate.projector.read.queries import Projection
     from runstate.projector.read.replay import replay
-    from runstate.projector.runtime.loop import Projector
     from runstate.schemas.patch import Author
 
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
@@ -802,7 +801,7 @@ def test_time_rules_use_the_log_s_time_not_the_time_a_patch_claims(tmp_path: Pat
     # Stamped two days ago, before the deadline, but appended now, after it.
     prod.append(prod.events("r", 2, [ev("TaskStarted", task_id="t1")]))
     prod.close()
-    Projector(log, str(tmp_path / "s"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    project_all(log, tmp_path / "s")
     with Projection(tmp_path / "s") as proj:
         last = proj.history("r")[-1]
         assert (last.outcome, last.rule) == ("rejected", "deadline.passed"), last

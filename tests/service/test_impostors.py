@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import fact, start
+from helpers import fact, start, embedded_env
 
 from runstate import app
 from runstate.client import Client
@@ -178,14 +178,19 @@ def test_an_impostor_in_the_projector_group_gets_no_token_no_patch_and_no_say(
         theirs = [f"run_{i}" for i in range(40) if partition_for(f"run_{i}", 4) in held][:3]
         assert theirs
         auth = {"authorization": f"Bearer {token}"}
-        for run_id in theirs:
-            r = httpx.post(
+
+        def start_run(run_id: str) -> httpx.Response:
+            """The run's first patch, sent to instance a (its resend: the same patch id)."""
+            return httpx.post(
                 f"{a.url}/runs/{run_id}/patches",
                 params={"wait": "5"},
                 headers=auth,
                 timeout=30,
                 json={"patch_id": f"{run_id}-p1", "expected_revision": 0, "events": [start()]},
             )
+
+        for run_id in theirs:
+            r = start_run(run_id)
             assert r.status_code == 503, r.text  # never the impostor's "decided"
         assert not any("authorization" in h for _m, _p, h, _b in _Impostor.seen), _Impostor.seen
         assert not any(p.startswith("/runs/") for _m, p, _h, _b in _Impostor.seen), _Impostor.seen
@@ -206,13 +211,7 @@ def test_an_impostor_in_the_projector_group_gets_no_token_no_patch_and_no_say(
         deadline = time.monotonic() + 60
         for run_id in theirs:
             while True:
-                r = httpx.post(
-                    f"{a.url}/runs/{run_id}/patches",
-                    params={"wait": "5"},
-                    headers=auth,
-                    timeout=30,
-                    json={"patch_id": f"{run_id}-p1", "expected_revision": 0, "events": [start()]},
-                )
+                r = start_run(run_id)
                 if r.status_code != 503 or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
@@ -244,8 +243,7 @@ def test_a_forwarded_request_is_answered_only_when_an_instance_signed_it_for_thi
 
     add_token(str(tokens), "someone", "write")
     env = {
-        "RUNSTATE_LOG": str(tmp_path / "log.db"),
-        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        **embedded_env(tmp_path),
         "RUNSTATE_TOKENS_FILE": str(tokens),
         "RUNSTATE_INSTANCE_SECRET": SECRET,
     }

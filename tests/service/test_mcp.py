@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import start
-from servekit import ServeProcess, mcp_error, mcp_session
+from helpers import start, embedded_env
+from servekit import ServeProcess, serving, mcp_error, mcp_session
 
 import runstate
 from runstate.service.auth import add_token
@@ -29,15 +29,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProc
         "reader": add_token(tf, "auditor", "read"),
         "team": add_token(tf, "team-bot", runs=["team-*"]),
     }
-    proc = ServeProcess(
-        {"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state"), "RUNSTATE_TOKENS_FILE": tf},
+    with serving(
+        {**embedded_env(work), "RUNSTATE_TOKENS_FILE": tf},
         work,
-    )
-    try:
-        proc.wait_ready()
+    ) as proc:
         yield proc, tokens
-    finally:
-        assert proc.stop() == 0, proc.log()
 
 
 def test_tool_errors_carry_runstate_s_code_and_message_as_http_does_without_a_traceback(served: Any) -> None:
@@ -189,12 +185,8 @@ def test_the_tool_list_is_small_and_propose_patch_still_names_every_event_type(s
 def open_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     """A serve without a tokens file (loopback only: anyone on the machine may write)."""
     work = tmp_path_factory.mktemp("mcp-open")
-    proc = ServeProcess({"RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state")}, work)
-    try:
-        proc.wait_ready()
+    with serving(embedded_env(work), work) as proc:
         yield proc
-    finally:
-        assert proc.stop() == 0, proc.log()
 
 
 def test_patches_without_a_token_are_recorded_as_anonymous_with_their_channel(open_server: ServeProcess) -> None:

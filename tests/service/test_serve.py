@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import doc_blocks, examples, fact, start
-from servekit import ServeProcess
+from helpers import doc_blocks, examples, fact, start, embedded_env
+from servekit import ServeProcess, serving
 
 from runstate.client import AsyncClient, Client, ServiceError
 from runstate.schemas.errors import ContractError, RunNotFound
@@ -52,8 +52,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "ops": add_token(tf, "ops", policy=True),
     }
     env = {
-        "RUNSTATE_LOG": str(work / "log.db"),
-        "RUNSTATE_STATE_DIR": str(work / "state"),
+        **embedded_env(work),
         "RUNSTATE_TOKENS_FILE": tf,
         "RUNSTATE_CHECKPOINT_EVERY": "2",
         "RUNSTATE_CHECKPOINT_BYTES_RATIO": "0",
@@ -507,18 +506,13 @@ def test_metrics_are_public_only_by_choice_where_tokens_are_needed(tmp_path: Pat
     tokens = str(tmp_path / "tokens.json")
     add_token(tokens, "agent")
     env = {
-        "RUNSTATE_LOG": str(tmp_path / "log.db"),
-        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        **embedded_env(tmp_path),
         "RUNSTATE_TOKENS_FILE": tokens,
         "RUNSTATE_METRICS_PUBLIC": "true",
     }
-    proc = ServeProcess(env, tmp_path)
-    try:
-        proc.wait_ready()
+    with serving(env, tmp_path) as proc:
         assert httpx.get(proc.url + "/metrics").status_code == 200
         assert httpx.get(proc.url + "/runs").status_code == 401  # only the metrics were made public
-    finally:
-        assert proc.stop() == 0, proc.log()
 
 
 def test_an_overloaded_instance_sheds_at_once_fairly_and_health_and_metrics_still_answer(tmp_path: Path) -> None:
@@ -535,8 +529,7 @@ def test_an_overloaded_instance_sheds_at_once_fairly_and_health_and_metrics_stil
     tokens = tmp_path / "tokens.json"
     a, b, c = (add_token(str(tokens), name, "write") for name in ("a", "b", "c"))
     env = {
-        "RUNSTATE_LOG": str(tmp_path / "log.db"),
-        "RUNSTATE_STATE_DIR": str(tmp_path / "state"),
+        **embedded_env(tmp_path),
         "RUNSTATE_TOKENS_FILE": str(tokens),
         "RUNSTATE_MAX_IN_FLIGHT": "4",
         "RUNSTATE_METRICS_PUBLIC": "true",

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ROOT, ev, fact, start, task
+from helpers import ROOT, ev, fact, start, task, embedded_env
 from servekit import ServeProcess
 
 from runstate.client import Client
@@ -53,8 +53,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServeProc
     # Content sealed (a master key), as a deployment that must be able to erase runs runs.
     serve = ServeProcess(
         {
-            "RUNSTATE_LOG": str(work / "log.db"),
-            "RUNSTATE_STATE_DIR": str(work / "state"),
+            **embedded_env(work),
             "RUNSTATE_CHECKPOINT_EVERY": "3",
             "RUNSTATE_MASTER_KEY": "ab" * 32,
         },
@@ -310,8 +309,7 @@ def test_unknown_runs_dead_letters_and_a_page_that_needs_a_token(
     work.mkdir()
     guarded = ServeProcess(
         {
-            "RUNSTATE_LOG": str(work / "log.db"),
-            "RUNSTATE_STATE_DIR": str(work / "state"),
+            **embedded_env(work),
             "RUNSTATE_TOKENS_FILE": tokens,
         },
         work,

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
-from helpers import append_all, ev, examples, fact, fold, patch, start
+from helpers import append_all, ev, examples, fact, fold, patch, start, project_all
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -71,7 +71,7 @@ def _checkpointed_then_one_more(tmp_path: Path, runs: int) -> EmbeddedLog:
         until_caught_up=True, poll_timeout_s=0.01
     )
     append_all(log, [patch(r, 2, fact("f2")) for r in names])
-    Projector(log, str(tmp_path / "full"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    project_all(log, tmp_path / "full")
     return log
 
 
@@ -148,7 +148,7 @@ def test_an_old_rebased_resend_after_a_restore_is_not_applied_twice(tmp_path: Pa
     patches = [patch("r", 0, start()), spend, *(patch("r", i, fact(f"f{i}")) for i in range(2, 12))]
     append_all(log, patches)
     state = tmp_path / "state"
-    Projector(log, str(state), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    project_all(log, state)
     Snapshotter(log, str(state), policy=CheckpointPolicy(every=3)).run(until_caught_up=True, poll_timeout_s=0.01)
     before = _digests(state)
     shutil.rmtree(state / "p000")
@@ -222,7 +222,7 @@ def test_a_restore_with_a_key_refuses_unsigned_checkpoints_and_replays_instead(t
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     append_all(log, [patch("r", 0, start()), *(patch("r", i, fact(f"f{i}")) for i in range(1, 8))])
     state = tmp_path / "state"
-    Projector(log, str(state), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+    project_all(log, state)
     Snapshotter(log, str(state), policy=CheckpointPolicy(every=2)).run(until_caught_up=True, poll_timeout_s=0.01)
     before = _digests(state)
     shutil.rmtree(state / "p000")
@@ -400,7 +400,7 @@ def test_a_restore_from_the_dense_coverage_equals_a_full_replay(
             batch_size=batch,
         ).run(until_caught_up=True, poll_timeout_s=0.01)
         append_all(log, [next_patch(1000 + i, n) for i, n in enumerate(after)])
-        Projector(log, str(root / "full"), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+        project_all(log, root / "full")
         _restore(log, root / "restored")
         assert _digests(root / "restored") == _digests(root / "full")
         assert verify(log, str(root / "restored")).ok
