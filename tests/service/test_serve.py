@@ -90,6 +90,30 @@ def test_append_and_wait_then_read_your_writes(served: Served) -> None:
         assert "rw-1" in [h.run_id for h in rs.runs()]
 
 
+def test_the_patch_route_answers_bad_parameters_as_the_other_routes_do(served: Served) -> None:
+    """``POST …/patches`` (the hot route) answers a bad ``wait`` or run id as ``DELETE
+    /runs/{id}``, whose parameters have the same types, does: 422 naming the field, the
+    same message; and its requests are counted under its route."""
+    auth = {"authorization": f"Bearer {served.tokens['planner']}"}
+    draft = {"expected_revision": 0, "events": [start()]}
+    cases = [
+        ("bad-params", {"wait": "-1"}, "wait"),
+        ("bad-params", {"wait": "soon"}, "wait"),
+        ("bad-params", {"wait": "61"}, "wait"),
+        ("x" * 201, {}, "run_id"),  # 200 characters at most
+        ("%01", {}, "run_id"),  # no control characters
+        ("%ff", {}, "run_id"),  # UTF-8
+        ("%25" * 801, {}, "run_id"),  # longer than any encoded id
+    ]
+    for run, query, field in cases:
+        got = httpx.post(f"{served.url}/runs/{run}/patches", params=query, json=draft, headers=auth, timeout=30)
+        same = httpx.delete(f"{served.url}/runs/{run}", params={"reason": "r", **query}, headers=auth, timeout=30)
+        assert (got.status_code, same.status_code) == (422, 422), (run, query, got.text, same.text)
+        assert got.json() == same.json() and got.json()["error"]["field"] == field, (got.text, same.text)
+    text = httpx.get(served.url + "/metrics", headers=auth, timeout=30).text
+    assert 'runstate_http_requests_total{route="/runs/{run_id}/patches",status="422"}' in text
+
+
 def test_etag_is_the_revision_and_min_revision_waits_for_the_projector(served: Served) -> None:
     with served.client() as rs:
         started(rs, "etag-1")
