@@ -307,17 +307,19 @@ def _ident(request: Request) -> Identity:
 _KEEP = (b"last-event-id", b"content-type")
 
 
-def _fwd(request: Request, body: bytes | None = None) -> Forward:
-    # From the raw ASGI header list: built for every request, forwarded for few.
-    raw = request.scope["headers"]
+def _fwd(request: Request, body: bytes | None = None, who: Identity | None = None) -> Forward:
+    # From the raw ASGI scope (as Starlette's URL and QueryParams read it, without building
+    # them): built for every request, forwarded for few. ``who``: the caller, when known.
+    scope = request.scope
+    raw = scope["headers"]
     return Forward(
-        request.method,
-        request.url.path,
-        tuple(request.query_params.multi_items()),
+        scope["method"],
+        scope["path"].replace("?", "%3F").replace("#", "%23").replace("\\", "%5C"),
+        tuple(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)),
         tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in raw if k in _KEEP),
         body,
         forwarded=any(k == FORWARDED_B for k, _v in raw),
-        who=_ident(request),
+        who=_ident(request) if who is None else who,
     )
 
 
@@ -400,7 +402,7 @@ async def post_patch(request: Request, run_id: RUN_ID, wait: WAIT = None) -> Res
     bad = unencodable(data)
     if bad is not None:
         raise ContractError(f"invalid patch: {bad}: a string that UTF-8 cannot encode", field=bad)
-    out = await ctx(request).service.submit(who, run_id, data, wait, _fwd(request, body))
+    out = await ctx(request).service.submit(who, run_id, data, wait, _fwd(request, body, who))
     return _json_out(out, 200 if out.status == "decided" else 202)
 
 
