@@ -310,8 +310,9 @@ def main() -> None:
         }
         pg_url = None
         try:
-            pg_url = stack.enter_context(postgresql())
-            savers["PostgresSaver"] = postgres(pg_url)
+            started = stack.enter_context(postgresql())
+            savers["PostgresSaver"] = postgres(started)
+            pg_url = started  # only with its saver: without langgraph-checkpoint-postgres, no PostgreSQL rows
         except (RuntimeError, ImportError, subprocess.CalledProcessError) as e:
             detail = e.stderr.decode(errors="replace").strip() if isinstance(e, subprocess.CalledProcessError) else e
             print(f"PostgresSaver left out: {detail}", file=sys.stderr)
