@@ -80,6 +80,8 @@ SESSION_TIMEOUT_S = (
 #: A send slot finding this many patches in flight is skipped and counted: a server that
 #: fell this far behind is saturated, and more sockets would only exhaust the generator's.
 MAX_IN_FLIGHT = 2_000
+#: how long the overload phase sends at the calm rate after its burst (s)
+CALM_S = 10.0
 
 
 class Instance:
@@ -132,6 +134,14 @@ class Instance:
             name = "rdk:*" if comm.startswith("rdk:") else comm
             out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
         return out
+
+    def peak_mb(self) -> float:
+        """The process's peak resident memory so far (``VmHWM``), MB; 0 once it has exited."""
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return 0.0
+        return next(int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmHWM")) / 1024
 
     def health(self) -> tuple[set[int], set[int]]:
         """The partitions it serves, and those it is restoring."""
@@ -212,6 +222,15 @@ class Load:
         #: after the kill: when the survivor began restoring the dead one's partitions, and
         #: when it served them all (perf_counter)
         self.takeover: dict[str, float] = {}
+        #: answers 429 (admission control: shed at once, not sent again here), their latency
+        self.shed_lat: list[float] = []
+        #: (when it was first sent, since the start; its latency) of each patch decided at the first try
+        self.first_try: list[tuple[float, float]] = []
+        #: latencies of ``GET /metrics`` asked every half second during the phase
+        self.metrics_lat: list[float] = []
+        self.t0 = 0.0
+        #: GETs answered 429
+        self.get_shed = 0
 
     def other(self, inst: Instance) -> Instance:
         return self.instances[1 - self.instances.index(inst)]
@@ -259,6 +278,9 @@ class Load:
             decision = json.loads(data).get("decision") if status == 200 else None
             if decision is not None:
                 break
+            if status == 429:  # shed: nothing was done, and this client does not send it again
+                self.shed_lat.append(time.perf_counter() - t0)
+                return
             if status not in (0, 202, 503) or time.perf_counter() - t0 > 120:
                 self.errors.append(f"POST {run} on {inst.name}: {status} {data[:200]!r}")
                 return
@@ -273,6 +295,7 @@ class Load:
         self.longest = max(self.longest, dt)
         if tries == 1:
             self.append_lat.append(dt)
+            self.first_try.append((t0 - self.t0, dt))
             if forwarded:
                 self.append_forwarded.append(dt)
         if decision["outcome"] == "accepted":
@@ -297,21 +320,56 @@ class Load:
         if status == 200:
             self.get_lat.append(time.perf_counter() - t)
             return
+        if status == 429:  # shed by admission control, as a patch may be
+            self.get_shed += 1
+            return
         if status == 0:
             await asyncio.sleep(0.5)  # a connection cut by the kill: the process may not be reaped yet
         if non_owner.alive():
             self.errors.append(f"GET {run} on {non_owner.name}: {status} {data[:200]!r}")
 
-    async def run(self, rate: float, seconds: float, get_rate: float, kill_at: float | None) -> float | None:
-        """Returns when the instance was killed (perf_counter), if it was."""
+    async def watch_metrics(self, until: float) -> None:
+        """``GET /metrics`` of the first instance every half second until ``until`` (perf_counter)."""
+        async with httpx.AsyncClient(timeout=30) as client:
+            while time.perf_counter() < until:
+                t = time.perf_counter()
+                try:
+                    (await client.get(self.instances[0].url + "/metrics")).raise_for_status()
+                    self.metrics_lat.append(time.perf_counter() - t)
+                except httpx.HTTPError as e:
+                    self.errors.append(f"GET /metrics: {e!r}")
+                await asyncio.sleep(0.5)
+
+    async def run(
+        self,
+        rate: float,
+        seconds: float,
+        get_rate: float,
+        kill_at: float | None,
+        calm_rate: float = 0.0,
+        calm_s: float = 0.0,
+    ) -> float | None:
+        """``rate`` patches/s for ``seconds``, then ``calm_rate`` for ``calm_s``. Returns when
+        the instance was killed (perf_counter), if it was."""
         tasks: list[asyncio.Task[None]] = []
         killed = None
-        t0 = time.perf_counter()
+        t0 = self.t0 = time.perf_counter()
+        burst = int(seconds * rate)
+
+        def sent_by(now: float) -> int:  # how many patches are due by ``now``
+            return int(min(now, seconds) * rate) + int(max(0.0, now - seconds) * calm_rate) + 1
+
+        def due_at(k: int) -> float:
+            return k / rate if k < burst or not calm_rate else seconds + (k - burst) / calm_rate
+
+        if calm_s:
+            tasks.append(asyncio.create_task(self.watch_metrics(t0 + seconds + calm_s)))
+        seconds_all = seconds + (calm_s if calm_rate else 0.0)
         k = g = 0
         for inst in self.instances:
             inst.owned_cache = inst.owned()
         refreshed = t0
-        while (now := time.perf_counter() - t0) < seconds:
+        while (now := time.perf_counter() - t0) < seconds_all:
             if kill_at is not None and killed is None and now >= kill_at:
                 self.instances[0].proc.send_signal(signal.SIGKILL)
                 killed = time.perf_counter()
@@ -326,7 +384,7 @@ class Load:
                         self.takeover["restoring"] = refreshed
                     if owned == set(range(PARTITIONS)):
                         self.takeover["served"] = refreshed
-            while k < int(now * rate) + 1:
+            while k < sent_by(now):
                 run = f"run_{self.rng.randrange(self.runs)}"
                 if self.in_flight >= MAX_IN_FLIGHT:
                     self.skipped += 1
@@ -336,7 +394,7 @@ class Load:
             while get_rate and g < int(now * get_rate) + 1:
                 tasks.append(asyncio.create_task(self.get_through_non_owner()))
                 g += 1
-            due = min(k / rate, g / get_rate) if get_rate else k / rate
+            due = min(due_at(k), g / get_rate) if get_rate else due_at(k)
             await asyncio.sleep(max(0.0, due - (time.perf_counter() - t0)))
         await asyncio.gather(*tasks)
         for inst in self.instances:  # its connections belong to this event loop
@@ -406,6 +464,8 @@ def phase(
     kill: bool,
     forwarded: float | None = None,
     get_rate: float = 100.0,
+    calm_rate: float = 0.0,
+    calm_s: float = 0.0,
 ) -> dict[str, object]:
     topics = TopicNames.with_prefix(f"bench-{uuid.uuid4().hex[:8]}")
     log = KafkaLog(bootstrap, topics=topics)
@@ -424,7 +484,10 @@ def phase(
         cpu0, wall0 = time.process_time(), time.perf_counter()
         inst0 = a.cpu_s() + b.cpu_s()
         threads0 = [a.cpu_by_thread(), b.cpu_by_thread()]
-        killed = asyncio.run(load.run(rate, seconds, get_rate, seconds / 2 if kill else None))
+        killed = asyncio.run(
+            load.run(rate, seconds, get_rate, seconds / 2 if kill else None, calm_rate=calm_rate, calm_s=calm_s)
+        )
+        peaks = [a.peak_mb(), b.peak_mb()]
         threads = {}  # a killed instance's threads are no longer counted
         for inst, before in zip((a, b), threads0, strict=True):
             for name, cpu in inst.cpu_by_thread().items():
@@ -439,6 +502,9 @@ def phase(
             "threads": threads,
             "rate": rate,
             "seconds": seconds,
+            "calm_rate": calm_rate,
+            "calm_s": calm_s,
+            "peaks_mb": peaks,
             **check(load, [a, b], topics, bootstrap, work),
         }
     finally:
@@ -460,6 +526,13 @@ def main() -> None:
     )
     ap.add_argument("--gets", type=float, default=100.0, help="GETs per second through the non-owner [%(default)s]")
     ap.add_argument("--steady-only", action="store_true", help="no SIGKILL phase (the capacity model's runs)")
+    ap.add_argument(
+        "--overload",
+        action="store_true",
+        help="one phase instead: --rate for --seconds (offer about twice what the instances decide), then "
+        "--calm-rate for 10 s; what is shed (429), what is admitted, and how fast it is normal again",
+    )
+    ap.add_argument("--calm-rate", type=float, default=100.0, help="patches/s after the overload [%(default)s]")
     args = ap.parse_args()
     rate = args.rate or (200.0 if args.quick else 1_000.0)
     seconds = args.seconds or (10.0 if args.quick else 60.0)
@@ -467,8 +540,12 @@ def main() -> None:
     try:
         with kafka_broker() as (bootstrap, _pid):
             more = {"forwarded": args.forwarded, "get_rate": args.gets}
-            results = [phase("steady", bootstrap, work, args.runs, rate, seconds, kill=False, **more)]  # type: ignore[arg-type]
-            if not args.steady_only:
+            if args.overload:
+                more.update(calm_rate=args.calm_rate, calm_s=CALM_S)
+                results = [phase("overload", bootstrap, work, args.runs, rate, seconds, kill=False, **more)]  # type: ignore[arg-type]
+            else:
+                results = [phase("steady", bootstrap, work, args.runs, rate, seconds, kill=False, **more)]  # type: ignore[arg-type]
+            if not args.steady_only and not args.overload:
                 results.append(phase("sigkill", bootstrap, work, args.runs, rate, seconds, kill=True, **more))  # type: ignore[arg-type]
     finally:
         if args.keep:
@@ -478,7 +555,7 @@ def main() -> None:
     print()
     for res in results:
         load: Load = res["load"]  # type: ignore[assignment]
-        title = "SIGKILL at the middle" if res["killed"] else "steady"
+        title = "SIGKILL at the middle" if res["killed"] else "overload" if res["calm_s"] else "steady"
         n = len(load.append_lat) + load.retries
         print(
             f"{title}: {res['rate']:,.0f} patches/s for {res['seconds']:.0f}s, "
@@ -510,6 +587,8 @@ def main() -> None:
             "    by thread, ms per decided patch: "
             + ", ".join(f"{name} {1000 * cpu / decided:.2f}" for name, cpu in by_thread if cpu > 0)
         )
+        if res["calm_s"]:
+            overload_report(load, res)
         if res["killed"] is not None:
             silence = load.longest_silence(res["killed"])  # type: ignore[arg-type]
             t = {k: v - res["killed"] for k, v in load.takeover.items()}  # type: ignore[operator]
@@ -529,6 +608,39 @@ def main() -> None:
             f"the client seeing it accepted: {res['unacknowledged']}; "
             "verify (restored projection against a full replay): "
             f"{'passes' if res['verify'] else 'FAILS'}"
+        )
+
+
+def overload_report(load: Load, res: dict[str, object]) -> None:
+    """The overload phase's figures against the issue's goals."""
+    burst_s: float = res["seconds"]  # type: ignore[assignment]
+    during = [dt for at, dt in load.first_try if at < burst_s]
+    after_0_5 = [dt for at, dt in load.first_try if burst_s <= at < burst_s + 5]
+    after_5 = [dt for at, dt in load.first_try if at >= burst_s + 5]
+    goodput = len(during) / burst_s
+    longest = max([dt for _, dt in load.first_try] + load.shed_lat + [load.longest], default=0.0)
+    print(
+        f"  admitted during the burst, append -> decision (ms)  {pct(during)}  n={len(during)}"
+        f"  (goal p99 < 250: {'met' if during and p99(during) < 0.25 else 'not met'})"
+    )
+    shed_goal = "none shed" if not load.shed_lat else "met" if p99(load.shed_lat) < 0.05 else "not met"
+    print(
+        f"  shed at once, 429 (ms)                             {pct(load.shed_lat)}  n={len(load.shed_lat)}"
+        f"  (goal p99 < 50: {shed_goal})"
+    )
+    print(
+        f"  goodput {goodput:,.0f} decided patches/s of {res['rate']:,.0f}/s offered; the longest any request "
+        f"waited {longest:.2f}s (goal < 10 s); peak memory per instance "
+        + " / ".join(f"{mb:.0f} MB" for mb in res["peaks_mb"])  # type: ignore[attr-defined]
+    )
+    print(
+        f"  after the burst, at {res['calm_rate']:,.0f}/s (ms): sent in its first 5 s {pct(after_0_5)}  "
+        f"n={len(after_0_5)}; later {pct(after_5)}  n={len(after_5)}"
+    )
+    print(f"  GETs shed (429): {load.get_shed}")
+    if load.metrics_lat:
+        print(
+            f"  GET /metrics every 0.5 s (ms)                       {pct(load.metrics_lat)}  n={len(load.metrics_lat)}"
         )
 
 
