@@ -16,16 +16,21 @@ checkpoint bytes ≤ 2x the events' bytes, and the snapshotter keeps pace with t
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from benchkit import AUTHOR, TRUST, scratch
 from runstate.eventlog.embedded import EmbeddedLog
-from runstate.projector.runtime.loop import Projector
+from runstate.projector.runtime.loop import DEFAULT_GROUP, Projector
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Patch
-from runstate.snapshotter.loop import Snapshotter
+from runstate.snapshotter.loop import GROUP, Snapshotter
 from runstate.snapshotter.policy import CheckpointPolicy
 
 T0 = datetime(2026, 11, 2, tzinfo=UTC)
@@ -72,6 +77,20 @@ def fill(log: EmbeddedLog, runs: int, patches: int) -> int:
     """Every run's patches (round robin over the runs); returns the events' bytes."""
     total = 0
     batch: list[tuple[str, str, bytes, tuple, None]] = []
+    for record in records(log, runs, patches):
+        batch.append(record)
+        if len(batch) >= 20_000:
+            total += sum(len(v) for _, _, v, _, _ in batch)
+            log._append_many(batch)
+            batch = []
+    if batch:
+        total += sum(len(v) for _, _, v, _, _ in batch)
+        log._append_many(batch)
+    return total
+
+
+def records(log: EmbeddedLog, runs: int, patches: int) -> Iterator[tuple[str, str, bytes, tuple, None]]:
+    """The workload's records, encoded, in append order."""
     for r in range(runs):
         run = f"long-{r:03d}"
         p = Patch.model_validate(
@@ -84,7 +103,7 @@ def fill(log: EmbeddedLog, runs: int, patches: int) -> int:
                 "created_at": T0,
             }
         )
-        batch.append((log.topics.events, run, encode(p), (), None))
+        yield (log.topics.events, run, encode(p), (), None)
     for i in range(1, patches):
         for r in range(runs):
             run = f"long-{r:03d}"
@@ -98,15 +117,7 @@ def fill(log: EmbeddedLog, runs: int, patches: int) -> int:
                     "created_at": T0 + timedelta(seconds=i),
                 }
             )
-            batch.append((log.topics.events, run, encode(p), (), None))
-        if len(batch) >= 20_000:
-            total += sum(len(v) for _, _, v, _, _ in batch)
-            log._append_many(batch)
-            batch = []
-    if batch:
-        total += sum(len(v) for _, _, v, _, _ in batch)
-        log._append_many(batch)
-    return total
+            yield (log.topics.events, run, encode(p), (), None)
 
 
 def snapshot(path: Path, work: Path, policy: CheckpointPolicy, name: str) -> tuple[float, int, int]:
@@ -118,6 +129,69 @@ def snapshot(path: Path, work: Path, policy: CheckpointPolicy, name: str) -> tup
     dt = time.perf_counter() - t
     log.close()
     return dt, snap.writer.written, snap.writer.written_bytes
+
+
+def pace(work: Path, runs: int, patches: int, rate: float) -> None:
+    """The projector and the snapshotter (default policy), each a process of its own
+    (``runstate project``, ``runstate snapshot``), follow a log filled at ``rate`` patches/s;
+    their lag (records behind the log's end, from each group's position mirror, written
+    about once a second) printed every second, then how long each took to catch up after
+    the last append."""
+    path = work / "pace.db"
+    log = EmbeddedLog(path, partitions=4)
+    todo = list(records(log, runs, patches))
+    env = {**os.environ, "RUNSTATE_LOG": str(path), "RUNSTATE_STATE_DIR": str(work / "pace-state")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "runstate.cli", cmd, "--quiet"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for cmd in ("project", "snapshot")
+    ]
+    topic = log.topics.events
+    groups = {"projector": DEFAULT_GROUP, "snapshotter": GROUP}
+    worst = dict.fromkeys(groups, 0)
+    caught: dict[str, float] = {}
+
+    def lags() -> dict[str, int]:
+        end = sum(log.end_offsets(topic).values())
+        return {name: end - sum(log.committed(g, topic).values()) for name, g in groups.items()}
+
+    try:
+        t0 = next_print = time.perf_counter()
+        sent = 0
+        print(f"pace: {len(todo):,} patches at {rate:,.0f}/s (the projector's full rate alone); lag in records:")
+        while True:
+            now = time.perf_counter() - t0
+            due = min(len(todo), int(now * rate))
+            if due > sent:
+                log._append_many(todo[sent:due])
+                sent = due
+            if time.perf_counter() >= next_print:
+                next_print += 1.0
+                lag = lags()
+                for name, n in lag.items():
+                    worst[name] = max(worst[name], n)
+                    if sent == len(todo) and n == 0 and name not in caught:
+                        caught[name] = now - len(todo) / rate
+                print(f"  {now:5.0f} s  appended {sent:,}  " + "  ".join(f"{k} {v:,}" for k, v in lag.items()))
+                if len(caught) == len(groups) or now > len(todo) / rate + 600:
+                    break
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+        log.close()
+    print(
+        "RESULT pace: largest lag "
+        + ", ".join(f"{k} {v:,} records" for k, v in worst.items())
+        + "; caught up after the last append: "
+        + ", ".join(f"{k} {caught[k]:.0f} s" if k in caught else f"{k} not within 600 s" for k in groups)
+        + " (goal: the snapshotter keeps pace, its lag bounded)"
+    )
 
 
 def main() -> None:
@@ -154,6 +228,7 @@ def main() -> None:
                 f"{size / events_bytes:.2f}x the events' bytes (goal <= 2x); {dt:.1f} s = "
                 f"{dt / projector_s:.2f}x the projector's time"
             )
+        pace(work, runs, patches, runs * patches / projector_s)
 
 
 if __name__ == "__main__":
