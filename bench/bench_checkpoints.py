@@ -9,8 +9,10 @@ with long runs: each patch a new fact, an observation of one of five subjects, a
 started or finished, a budget use, or a task created, started or completed; the state grows
 with the facts. Then, side by side in one run, on the same log: the projector, and the
 snapshotter at the default policy without and with the byte budget (a run's next
-checkpoint waits until the events since its last one weigh half of that checkpoint). Goal:
-checkpoint bytes ≤ 2x the events' bytes, and the snapshotter keeps pace with the projector.
+checkpoint waits until the events since its last one weigh half of that checkpoint); last,
+both following a log filled at the projector's full rate, their lag printed every second.
+Goal: checkpoint bytes ≤ 2x the events' bytes, and the snapshotter keeps pace with the
+projector (its lag bounded).
 """
 
 from __future__ import annotations
