@@ -24,7 +24,6 @@ handling needs the decision store, so it is the caller's first step
 from __future__ import annotations
 
 import functools
-
 from datetime import datetime
 
 from runstate.projector.core.outcomes import Decided

@@ -788,8 +788,8 @@ class RawPaths:
 
 class PatchRoute:
     """``POST /runs/{run_id}/patches``, the route every write takes, dispatched straight to
-    :func:`post_patch`: FastAPI's routing and parameter solving cost a sixth of serve's
-    CPU per patch (the performance page). The parameters are validated by the route's own
+    :func:`post_patch`, because FastAPI's routing and parameter solving are a share of
+    serve's CPU per patch worth saving (the performance page). The parameters are validated by the route's own
     types (``RUN_ID``, ``WAIT``) and answered as FastAPI answers them, errors by the app's
     exception handlers, and the route is recorded in the scope (``CountRequests``). Any
     other request, and a path this does not take whole (a ``.``/``..`` segment, a trailing
