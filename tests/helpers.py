@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from runstate.eventlog.base import EventLog
+from runstate.projector import Projector
 from runstate.projector.core.runbook import RunBook
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Author, Decision, Patch
@@ -167,11 +168,12 @@ def append_all(log: EventLog, patches: list[Patch]) -> list[tuple[Patch, int, in
     return out
 
 
-def project_all(log: EventLog, state_dir: str | Path) -> None:
-    """Project ``log`` into the stores in ``state_dir`` until it is caught up (no dead-letter topic)."""
-    from runstate.projector import Projector
-
-    Projector(log, str(state_dir), publish_dead_letters=False).run(until_caught_up=True, poll_timeout_s=0.01)
+def project_all(log: EventLog, state_dir: str | Path, **kw: Any) -> Projector:
+    """Project ``log`` into the stores in ``state_dir`` until it is caught up; ``kw`` for the
+    :class:`Projector` (no dead-letter topic unless ``publish_dead_letters``)."""
+    pr = Projector(log, str(state_dir), **{"publish_dead_letters": False, **kw})
+    pr.run(until_caught_up=True, poll_timeout_s=0.01)
+    return pr
 
 
 def fold(placed: list[tuple[Patch, int, int]]) -> RunBook:

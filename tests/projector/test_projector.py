@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from helpers import append_all, ev, fact, fold, patch, start, task
+from helpers import append_all, ev, fact, fold, patch, project_all, start, task
 from rocksdict import Options, Rdict
 
 from runstate.eventlog.embedded import EmbeddedLog
@@ -22,9 +22,7 @@ from runstate.schemas.patch import Patch
 
 
 def project(log: EmbeddedLog, state_dir: Path, **kw: object) -> Projector:
-    pr = Projector(log, str(state_dir), **kw)  # type: ignore[arg-type]
-    pr.run(until_caught_up=True, poll_timeout_s=0.01)
-    return pr
+    return project_all(log, state_dir, **{"publish_dead_letters": True, **kw})
 
 
 def story(run_id: str) -> list[Patch]:
