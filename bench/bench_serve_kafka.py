@@ -7,6 +7,8 @@ and are forwarded to its owner.
     .venv/bin/python bench/bench_serve_kafka.py --quick    # 200 patches/s for 10 s, twice
     .venv/bin/python bench/bench_serve_kafka.py --rate 250 --seconds 20 --forwarded 0 --gets 0 --steady-only
                                     # the capacity model's runs: what a patch costs, forwarded or not
+    .venv/bin/python bench/bench_serve_kafka.py --overload --rate 1000 --seconds 60
+                                    # overload: what is shed (429), what is admitted, and after
 
 Two phases, each on fresh topics and fresh instances:
 
