@@ -272,6 +272,9 @@ def test_broker_restart_while_producing_loses_and_duplicates_nothing(
             producer.append_async(p, lambda r, e: errors.append(e) if e else receipts.append(r))  # type: ignore[arg-type]
             if i == len(patches) // 3:
                 producer.flush(30)
+                # The projector running (not still starting: one that starts while the broker
+                # is down gives up after its probe window), then the restart.
+                wait_drained(log, state, timeout_s=120)
                 own_broker.restart()  # in-flight and queued records must be retried, not lost or doubled
             if i % 25 == 0:
                 time.sleep(0.02)
