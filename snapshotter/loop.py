@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import orjson
@@ -84,6 +84,55 @@ class _Tracking:
     segments: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
+class _Newest:
+    """What this writer's stored checkpoints of recently checkpointed runs stand on: their
+    :class:`pieces.Published` and the newest values of the pieces it wrote, so that a run's
+    next checkpoint does not read them back from the store (a reverse seek per piece).
+    Only what is stored enters (:meth:`keep`, after the store's write); least recently
+    checkpointed runs leave once the values pass ``budget`` bytes. A run kept since a base
+    is *whole*: a piece it lacks is not in the store either (a new item's, most often).
+    Otherwise a miss is read from the store, so dropping an entry is always safe."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.size = 0
+        self._runs: OrderedDict[tuple[int, str], _Kept] = OrderedDict()
+
+    def get(self, partition: int, run: str) -> _Kept | None:
+        return self._runs.get((partition, run))
+
+    def keep(self, partition: int, run: str, state: pieces.Published, values: dict[str, bytes], base: bool) -> None:
+        """The run's newest checkpoint is stored: ``state``, and ``values`` of the pieces it
+        wrote (every piece of the run, for a ``base``)."""
+        old = self._runs.pop((partition, run), None)
+        size = sum(map(len, values.values()))
+        if old is None:
+            kept = _Kept(state, dict(values), base, size)
+        else:
+            self.size -= old.size
+            old.values.update(values)
+            kept = _Kept(state, old.values, old.whole or base, old.size + size)
+        self._runs[(partition, run)] = kept
+        self.size += kept.size
+        while self.size > self.budget and self._runs:
+            self.size -= self._runs.popitem(last=False)[1].size
+
+    def drop(self, partition: int, run: str | None = None) -> None:
+        """Forget the run (None: every run of the partition)."""
+        for k in [k for k in self._runs if k[0] == partition and run in (None, k[1])]:
+            self.size -= self._runs.pop(k).size
+
+
+class _Kept(NamedTuple):
+    """A run's entry in :class:`_Newest` (``size``: the bytes of ``values``, an upper bound
+    once a piece was written twice)."""
+
+    state: pieces.Published
+    values: dict[str, bytes]
+    whole: bool
+    size: int
+
+
 class CheckpointWriter:
     """The projector hooks that turn accepted patches into checkpoints. ``key`` signs
     them (HMAC-SHA256; ``RUNSTATE_CHECKPOINT_KEY``)."""
@@ -95,6 +144,7 @@ class CheckpointWriter:
         key: SigningKey = None,
         retention: RetentionPolicy | None = None,
         retention_every_s: float = 60.0,
+        newest_bytes: int = 32 << 20,
     ) -> None:
         self.log = log_
         self.policy = policy
@@ -116,8 +166,15 @@ class CheckpointWriter:
         self._tracked: dict[int, _Tracking] = {}
         #: per partition, the pieces checkpoints of the batch being decided published, not stored yet
         self._staged: dict[int, dict[tuple[str, str], bytes]] = {}
-        #: (partition, run) -> what the run's newest checkpoint stands on (epoch, digest, bundles)
+        #: (partition, run) -> what the run's newest checkpoint of the batch being decided
+        #: stands on (epoch, digest, bundles), not stored yet
         self._published: dict[tuple[int, str], pieces.Published] = {}
+        #: the same of stored checkpoints, for the runs checkpointed lately
+        self._newest = _Newest(newest_bytes)
+        #: the batch's decisions by run (see :meth:`_decided`)
+        self._index: tuple[list[Decision], list[int], dict[str, list[Decision]]] | None = None
+        #: (partition, run) based by the batch being decided
+        self._based: set[tuple[int, str]] = set()
         #: the partitions the projector owns now (set by :class:`Snapshotter`)
         self.owned: Callable[[], set[int]] = lambda: set(self.stores)
         self.producer = log_.producer()
@@ -152,6 +209,7 @@ class CheckpointWriter:
         # checkpoint here is a base, in an epoch of its own.
         self._tracked[partition] = _Tracking()
         self._staged.pop(partition, None)
+        self._newest.drop(partition)
         covered: dict[str, int] = {}
         for run, value in store.all_checkpoints():
             covers = int(pieces.head_document(value)["covers_offset"])
@@ -189,6 +247,19 @@ class CheckpointWriter:
         if triggers:
             self._checkpoint(partition, doc, decision.offset, triggers, batch)
 
+    def _decided(self, batch: PendingBatch, run: str) -> list[Decision]:
+        """The batch's decisions of ``run`` so far: indexed by run as the batch grows rather
+        than scanned at each checkpoint (a batch holds hundreds of one run's checkpoints).
+        An erasure replaces the batch's list: then indexed again."""
+        index = self._index
+        if index is None or index[0] is not batch.decisions:
+            index = self._index = (batch.decisions, [0], {})
+        decisions, seen, by_run = index
+        for d in decisions[seen[0] :]:
+            by_run.setdefault(d.run_id, []).append(d)
+        seen[0] = len(decisions)
+        return by_run.get(run, [])
+
     def _tracking(self, partition: int) -> _Tracking:
         t = self._tracked.get(partition)
         if t is None:
@@ -207,9 +278,12 @@ class CheckpointWriter:
         store = self.stores[partition]
         tracking = self._tracking(partition)
         staged = self._staged.setdefault(partition, {})
-        unwritten = [d for d in batch.decisions if d.run_id == run] if batch is not None else []
+        unwritten = self._decided(batch, run) if batch is not None else []
         revision = doc.header.revision
         prior = self._published.get((partition, run))
+        newest = self._newest.get(partition, run)
+        if prior is None and newest is not None:
+            prior = newest.state
         older: list[str] = []  # format 4 pieces of the run on the topic, to empty
         if prior is None:
             raw = store.tally(run)
@@ -229,6 +303,7 @@ class CheckpointWriter:
             tracking.based.discard(run)
             tracking.segments.pop(run, None)
             erased: str | None = keys.encode_header(doc.header).decode()
+            self._newest.drop(partition, run)
             recent: list[Any] = []
         else:
             erased = None
@@ -248,6 +323,7 @@ class CheckpointWriter:
                     epoch, pieces.tally_of(epoch, bundle.items()), sum(map(len, bundle.values())), []
                 )
                 tracking.based.add(run)
+                self._based.add((partition, run))
                 tracking.segments[run] = {
                     n: len(b) // keys.PATCH_ID_DIGEST for n, b in bundle.items() if pieces.is_ids(n)
                 }
@@ -257,6 +333,10 @@ class CheckpointWriter:
                 def was(name: str) -> bytes | None:
                     """The piece's body in the run's newest checkpoint (None: not there)."""
                     old = staged.get((run, name))
+                    if old is None and newest is not None:
+                        old = newest.values.get(name)
+                        if old is None and newest.whole:
+                            return None
                     return pieces.live(store.piece(run, name) if old is None else old, epoch)
 
                 bodies = self._item_bodies(store, run, tracking.changed.pop(run, ()), batch)
@@ -437,6 +517,7 @@ class CheckpointWriter:
         return out
 
     def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
+        self._index = None
         self._settle(partition, batch)
         self._track(partition, batch)
         aged = self._age(partition, batch.next_offset, store)
@@ -446,7 +527,7 @@ class CheckpointWriter:
     def _settle(self, partition: int, batch: PendingBatch) -> None:
         """After ``batch`` is stored: what its checkpoints staged is in the store now, and
         the patch ids decided after a run's newest checkpoint wait for its next one."""
-        self._forget_staged(partition)
+        self._keep_staged(partition)
         tracking = self._tracking(partition)
         for d in batch.decisions:
             if d.run_id in tracking.based and d.offset > tracking.ids_upto.get(d.run_id, -1):
@@ -617,14 +698,18 @@ class CheckpointWriter:
             dirty.pop(run, None)
         if out:
             store.put_checkpoints(out)
-            self._forget_staged(partition)
+            self._keep_staged(partition)
         return out
 
-    def _forget_staged(self, partition: int) -> None:
-        """What the partition's checkpoints staged is stored now: read it from the store."""
-        self._staged.pop(partition, None)
+    def _keep_staged(self, partition: int) -> None:
+        """What the partition's checkpoints staged is stored now: kept as the newest."""
+        staged = self._staged.pop(partition, {})
+        values: dict[str, dict[str, bytes]] = {}
+        for (run, name), value in staged.items():
+            values.setdefault(run, {})[name] = value
         for k in [k for k in self._published if k[0] == partition]:
-            del self._published[k]
+            self._newest.keep(partition, k[1], self._published.pop(k), values.get(k[1], {}), k in self._based)
+            self._based.discard(k)
 
     def close(self) -> None:
         self.producer.close()

@@ -66,10 +66,8 @@ class CheckpointPolicy:
             out.append("run_started")
         if revision % self.every == 0:
             out.append(f"every_{self.every}")
-        if types & _TASK_ENDS:
-            tasks = doc.entries("tasks").values()
-            if not any(e is not None and e[1].status == "running" for e in tasks):
-                out.append("tasks_done")
+        if types & _TASK_ENDS and not doc.header.running_task_ids:  # the header's, not a walk of every task
+            out.append("tasks_done")
         if "WaitingStarted" in types:
             out.append("waiting")
         if any(e.type == "ToolCallStarted" and (e.side_effect or e.costly) for e in patch.events):  # type: ignore[attr-defined]

@@ -341,6 +341,31 @@ def test_two_snapshotters_on_one_topic_each_base_in_its_own_epoch(tmp_path: Path
     assert rep.runs == 3 and rep.rejected == []
 
 
+@pytest.mark.parametrize("budget", [0, 2_000, 32 << 20])
+def test_checkpoints_over_many_batches_stand_on_what_the_store_holds_whatever_the_writer_keeps(
+    tmp_path: Path, budget: int
+) -> None:
+    """The writer keeps what its stored checkpoints stand on in memory (the runs' newest
+    pieces, up to a byte budget) instead of reading it back per piece: decided in batches
+    of three records, with nothing kept, a few runs kept in turn, or every run kept, each
+    run's newest head digests exactly the pieces a restore finds, and the history gives the
+    projector's state at every revision."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, _workload())
+    snap = Snapshotter(log, str(tmp_path / "snap"), policy=CheckpointPolicy(every=2, bytes_ratio=None), batch_size=3)
+    snap.writer._newest.budget = budget
+    snap.run(until_caught_up=True, poll_timeout_s=0.01)
+    rep = _restored(log, tmp_path / "state")
+    assert rep.runs == 3 and rep.rejected == []
+    with CheckpointHistory(snapshotter_dir(tmp_path / "snap")) as hist:
+        for run in RUNS:
+            cps = hist.of(run)
+            assert len(cps) >= 6
+            for cp in cps:
+                assert len(cp.state.confirmed_facts) == cp.revision - 1 - sum(1 for i in (3, 6) if i < cp.revision - 1)
+                assert [c.call_id for c in cp.state.pending_tool_calls] == (["c1"] if 5 <= cp.revision <= 7 else [])
+
+
 def test_a_checkpoint_writes_what_changed_and_history_rebuilds_every_revision(tmp_path: Path) -> None:
     """After a run's first checkpoint, one writes a bundle of what changed (and of the newer
     bundles it absorbs), not the run; the local history still gives the whole checkpoint at
