@@ -105,13 +105,13 @@ class _Newest:
         """The run's newest checkpoint is stored: ``state``, and ``values`` of the pieces it
         wrote (every piece of the run, for a ``base``)."""
         old = self._runs.pop((partition, run), None)
-        size = sum(map(len, values.values()))
         if old is None:
-            kept = _Kept(state, dict(values), base, size)
+            kept = _Kept(state, dict(values), base, sum(map(len, values.values())))
         else:
             self.size -= old.size
+            size = old.size + sum(len(v) - len(old.values.get(n, b"")) for n, v in values.items())
             old.values.update(values)
-            kept = _Kept(state, old.values, old.whole or base, old.size + size)
+            kept = _Kept(state, old.values, old.whole or base, size)
         self._runs[(partition, run)] = kept
         self.size += kept.size
         while self.size > self.budget and self._runs:
@@ -124,8 +124,7 @@ class _Newest:
 
 
 class _Kept(NamedTuple):
-    """A run's entry in :class:`_Newest` (``size``: the bytes of ``values``, an upper bound
-    once a piece was written twice)."""
+    """A run's entry in :class:`_Newest` (``size``: the bytes of ``values``)."""
 
     state: pieces.Published
     values: dict[str, bytes]

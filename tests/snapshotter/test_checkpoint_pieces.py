@@ -26,7 +26,7 @@ from runstate.schemas.errors import CheckpointInvalid
 from runstate.snapshotter import pieces
 from runstate.snapshotter.checkpoint import seal
 from runstate.snapshotter.history import CheckpointHistory
-from runstate.snapshotter.loop import Snapshotter, snapshotter_dir
+from runstate.snapshotter.loop import Snapshotter, _Newest, snapshotter_dir
 from runstate.snapshotter.policy import CheckpointPolicy
 from runstate.snapshotter.recovery import RestoreReport, restore_partition
 
@@ -473,3 +473,19 @@ def test_quiet_waits_for_a_quiet_partition_and_respects_the_byte_budget() -> Non
     policy = CheckpointPolicy()
     assert policy.quiet_s > 0 and policy.budgeted(["quiet"])
     assert Settings(checkpoint_quiet_s=30).checkpoint_policy().quiet_s == 30
+
+
+def test_the_writers_memory_of_stored_checkpoints_counts_a_piece_written_again_once() -> None:
+    """A long run writes the same pieces again and again: what the writer keeps of it is
+    the pieces' newest values, weighed as such, so that a hot run is not evicted for its
+    history; past the budget the least recently checkpointed run leaves."""
+    newest = _Newest(budget=300)
+    state = pieces.Published(1, pieces.Tally(), 0, [])
+    for i in range(50):
+        newest.keep(0, "long", state, {"header": b"h" * 100, f"item{i % 2}": b"i" * 50}, base=i == 0)
+    kept = newest.get(0, "long")
+    assert kept is not None and kept.whole and newest.size == kept.size == 200
+    newest.keep(0, "other", state, {"header": b"o" * 150}, base=True)
+    assert newest.get(0, "long") is None and newest.size == 150  # 350 passes 300: the older run left
+    newest.drop(0)
+    assert newest.get(0, "other") is None and newest.size == 0
