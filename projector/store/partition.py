@@ -536,12 +536,9 @@ class ProjectionStore(Restoring, CheckpointRecords, GraphReads, RocksStore):
             return int(k[len(prefix) :], 16)
         return None
 
-    def recent_history(self, run_id: str, n: int) -> list[Decision]:
-        """The run's last ``n`` decisions in log order (reads only those)."""
-        return [keys.decode_decision(v) for v in self.recent_history_json(run_id, n)]
-
     def recent_history_json(self, run_id: str, n: int) -> list[bytes]:
-        """:meth:`recent_history` as the store holds it (each decision's JSON)."""
+        """The run's last ``n`` decisions in log order, as the store holds them (each
+        decision's JSON; reads only those)."""
         prefix = keys.history_prefix(run_id)
         out: list[bytes] = []
         if n <= 0:
