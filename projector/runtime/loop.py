@@ -157,8 +157,14 @@ class Projector:
         client_id: str | None = None,
         destroy_erased_keys: bool = False,
         decision_keys: InstanceKeys | None = None,
+        linger_s: float = 0.0,
     ) -> None:
         self.log = log_
+        #: After a batch smaller than ``batch_size``, wait this long before the next poll, so
+        #: that records gather into fewer, larger batches (each batch has a fixed cost: the
+        #: store's write, the hooks, the commit). For a consumer nobody waits on (the
+        #: snapshotter); the projector answers callers and never lingers.
+        self.linger_s = linger_s
         #: A live projector (not a replay) finishes the erasures it takes: the run's keys
         #: destroyed, whoever appended the erasure and whether or not it lived to do so.
         self.destroy_erased_keys = destroy_erased_keys
@@ -321,6 +327,11 @@ class Projector:
                         consumer.commit({p: part.next_offset for p, part in self.parts.items()})
                     except LogError as e:  # the mirror is for lag monitoring; positions live in the stores
                         log.warning("cannot mirror positions: %s", e)
+                    if self.linger_s and len(records) < self.batch_size and not until_caught_up:
+                        if stop is None:
+                            time.sleep(self.linger_s)
+                        else:
+                            stop.wait(self.linger_s)
                 now = time.monotonic()
                 if not records and self.tune_gc:
                     gc_policy.collect_when_idle()

@@ -4,6 +4,8 @@ recovery of a lost projection, corrupted checkpoints."""
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -277,6 +279,43 @@ def workload(runs: int = 6, per_run: int = 30) -> list[Patch]:
                 evs = [ev("ToolCallStarted", call_id="deploy", tool="deploy", side_effect=True)]
             out.append(patch(f"run_{r}", i + 1, *evs))
     return out
+
+
+def test_a_trickle_of_patches_is_checkpointed_in_few_batches_at_every_boundary(tmp_path: Path) -> None:
+    """Patches arriving one at a time are decided by the snapshotter in batches of many (it
+    lingers after a small batch: nobody waits on it), and every checkpoint a snapshotter
+    reading them all at once makes is made, at the same revision for the same triggers."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=2)
+    patches = workload(runs=4, per_run=20)
+    policy = CheckpointPolicy(every=4, bytes_ratio=None)
+    trickled = Snapshotter(log, str(tmp_path / "trickled"), policy=policy, group_id="trickled")
+    stop = threading.Event()
+    runner = threading.Thread(target=lambda: trickled.run(stop=stop, poll_timeout_s=0.01))
+    runner.start()
+    try:
+        for p in patches:
+            append_all(log, [p])
+            time.sleep(0.01)
+        deadline = time.monotonic() + 30
+        while trickled.projector.stats.records < len(patches) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        runner.join()
+    assert trickled.projector.stats.records == len(patches)
+    assert trickled.projector.stats.batches <= len(patches) // 4, trickled.projector.stats
+    Snapshotter(log, str(tmp_path / "at_once"), policy=policy, group_id="at_once").run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
+
+    def made(where: str) -> dict[str, list[tuple[int, list[str]]]]:
+        with CheckpointHistory(snapshotter_dir(tmp_path / where)) as hist:
+            return {
+                f"run_{r}": [(c.revision, c.triggers) for c in hist.of(f"run_{r}") if c.triggers != ["quiet"]]
+                for r in range(4)
+            }
+
+    assert made("trickled") == made("at_once")
 
 
 def test_lost_projection_recovers_from_checkpoints_plus_tail(tmp_path: Path) -> None:
