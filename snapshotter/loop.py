@@ -123,7 +123,11 @@ class _Newest:
 
     def drop(self, partition: int, run: str | None = None) -> None:
         """Forget the run (None: every run of the partition)."""
-        for k in [k for k in self._runs if k[0] == partition and run in (None, k[1])]:
+        if run is not None:
+            gone = self._runs.pop((partition, run), None)
+            self.size -= 0 if gone is None else gone.size
+            return
+        for k in [k for k in self._runs if k[0] == partition]:
             self.size -= self._runs.pop(k).size
 
 

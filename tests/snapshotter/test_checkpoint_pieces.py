@@ -487,5 +487,8 @@ def test_the_writers_memory_of_stored_checkpoints_counts_a_piece_written_again_o
     assert kept is not None and kept.whole and newest.size == kept.size == 200
     newest.keep(0, "other", state, {"header": b"o" * 150}, base=True)
     assert newest.get(0, "long") is None and newest.size == 150  # 350 passes 300: the older run left
-    newest.drop(0)
-    assert newest.get(0, "other") is None and newest.size == 0
+    newest.keep(1, "other", state, {"header": b"p" * 50}, base=True)
+    newest.drop(0, "other")
+    assert newest.get(0, "other") is None and newest.get(1, "other") is not None and newest.size == 50
+    newest.drop(1)
+    assert newest.get(1, "other") is None and newest.size == 0
