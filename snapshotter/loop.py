@@ -179,7 +179,7 @@ class CheckpointWriter:
         #: the same of stored checkpoints, for the runs checkpointed lately
         self._newest = _Newest(newest_bytes)
         #: the batch's decisions by run (see :meth:`_decided`)
-        self._index: tuple[list[Decision], list[int], dict[str, list[Decision]]] | None = None
+        self._index: tuple[list[Decision], int, dict[str, list[Decision]]] | None = None
         #: (partition, run) based by the batch being decided
         self._based: set[tuple[int, str]] = set()
         #: the partitions the projector owns now (set by :class:`Snapshotter`)
@@ -260,11 +260,11 @@ class CheckpointWriter:
         An erasure replaces the batch's list: then indexed again."""
         index = self._index
         if index is None or index[0] is not batch.decisions:
-            index = self._index = (batch.decisions, [0], {})
+            index = (batch.decisions, 0, {})
         decisions, seen, by_run = index
-        for d in decisions[seen[0] :]:
+        for d in decisions[seen:]:
             by_run.setdefault(d.run_id, []).append(d)
-        seen[0] = len(decisions)
+        self._index = (decisions, len(decisions), by_run)
         return by_run.get(run, [])
 
     def _tracking(self, partition: int) -> _Tracking:
