@@ -60,9 +60,10 @@ _RETENTION = Author(agent_id="runstate-retention", agent_version="1")
 #: Without new checkpoints, the coverage record is republished only after this many records
 #: (a batch without checkpoints then costs no round trip to the log).
 COVERAGE_EVERY = 1000
-#: After a batch smaller than the batch size the snapshotter waits this long before its next
-#: poll: nobody waits on it, and a batch's fixed cost (the store's write, the outbox, the
-#: commit, a cold start of the code) then falls on several records instead of one or two.
+#: Once a batch smaller than the batch size has drained the log, the snapshotter waits this
+#: long before its next poll: nobody waits on it, and a batch's fixed cost (the store's
+#: write, the outbox, the commit, a cold start of the code) then falls on several records
+#: instead of one or two.
 LINGER_S = 0.2
 
 
@@ -725,7 +726,7 @@ class CheckpointWriter:
 class Snapshotter:
     """``run()`` consumes the events topic with its own group into its own store and
     writes checkpoints. Same loop and pure core as the projector; unlike the projector it
-    lingers (``linger_s``) after a small batch, except while catching up."""
+    lingers (``linger_s``) once a small batch has drained the log, except while catching up."""
 
     def __init__(
         self,

@@ -160,10 +160,10 @@ class Projector:
         linger_s: float = 0.0,
     ) -> None:
         self.log = log_
-        #: After a batch smaller than ``batch_size``, wait this long before the next poll, so
-        #: that records gather into fewer, larger batches (each batch has a fixed cost: the
-        #: store's write, the hooks, the commit). For a consumer nobody waits on (the
-        #: snapshotter); the projector answers callers and never lingers.
+        #: After a batch smaller than ``batch_size`` that drained the log, wait this long
+        #: before the next poll, so that records gather into fewer, larger batches (each
+        #: batch has a fixed cost: the store's write, the hooks, the commit). For a consumer
+        #: nobody waits on (the snapshotter); the projector answers callers and never lingers.
         self.linger_s = linger_s
         #: A live projector (not a replay) finishes the erasures it takes: the run's keys
         #: destroyed, whoever appended the erasure and whether or not it lived to do so.
@@ -318,8 +318,22 @@ class Projector:
             # Inside the try: a store that cannot be opened on assignment (damaged, locked)
             # must not leave this consumer holding its group membership.
             consumer.subscribe(self.assign, self.release)
+            linger = False
             while stop is None or not stop.is_set():
-                records = consumer.poll(self.batch_size, poll_timeout_s)
+                records = consumer.poll(self.batch_size, 0.0 if linger else poll_timeout_s)
+                if linger and not records:
+                    # The log is drained: let the next records gather. (A poll gives less than
+                    # the batch size while records wait, a share per partition: a backlog
+                    # is read on at once.) Stopped meanwhile, what gathered is decided first,
+                    # as it would have been without the wait (an erasure, say).
+                    linger = False
+                    if stop is None:
+                        time.sleep(self.linger_s)
+                        continue
+                    if not stop.wait(self.linger_s):
+                        continue
+                    records = consumer.poll(self.batch_size, 0.0)
+                linger = False
                 if records:
                     with gc_policy.batch():
                         self.process(records)
@@ -327,11 +341,7 @@ class Projector:
                         consumer.commit({p: part.next_offset for p, part in self.parts.items()})
                     except LogError as e:  # the mirror is for lag monitoring; positions live in the stores
                         log.warning("cannot mirror positions: %s", e)
-                    if self.linger_s and len(records) < self.batch_size and not until_caught_up:
-                        if stop is None:
-                            time.sleep(self.linger_s)
-                        else:
-                            stop.wait(self.linger_s)
+                    linger = bool(self.linger_s) and len(records) < self.batch_size and not until_caught_up
                 now = time.monotonic()
                 if not records and self.tune_gc:
                     gc_policy.collect_when_idle()

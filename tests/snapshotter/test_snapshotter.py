@@ -318,6 +318,50 @@ def test_a_trickle_of_patches_is_checkpointed_in_few_batches_at_every_boundary(t
     assert made("trickled") == made("at_once")
 
 
+def test_a_backlog_is_drained_without_lingering_between_its_batches(tmp_path: Path) -> None:
+    """A poll returns less than the batch size while records wait (the embedded log gives
+    each partition its share; Kafka what it has fetched): the snapshotter lingers only
+    after a batch of a few records, so a backlog is not read at one share per linger."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=4)
+    run = "run_0"
+    p0 = log.partitions(log.topics.events)
+    append_all(log, [patch(run, 0, start()), *(patch(run, i, fact(f"f{i}")) for i in range(1, 1200))])
+    snap = Snapshotter(log, str(tmp_path / "s"), policy=CheckpointPolicy(), batch_size=400, linger_s=30.0)
+    stop = threading.Event()
+    runner = threading.Thread(target=lambda: snap.run(stop=stop, poll_timeout_s=0.01))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while snap.projector.stats.records < 1200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        runner.join()
+    assert p0 == 4 and snap.projector.stats.records == 1200, snap.projector.stats
+
+
+def test_a_stop_while_the_snapshotter_lingers_decides_what_gathered_first(tmp_path: Path) -> None:
+    """What arrives while the snapshotter waits for records to gather is decided before a
+    stop returns, as it would have been without the wait: an erasure appended just before
+    serve stops leaves no content in the snapshotter's store."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    append_all(log, [patch("run_0", 0, start())])
+    snap = Snapshotter(log, str(tmp_path / "s"), linger_s=30.0)
+    stop = threading.Event()
+    runner = threading.Thread(target=lambda: snap.run(stop=stop, poll_timeout_s=0.01))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while snap.projector.stats.records < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # the log drained: it waits now
+        append_all(log, [patch("run_0", 1, fact("f1"))])
+    finally:
+        stop.set()
+        runner.join(20)
+    assert snap.projector.stats.records == 2, snap.projector.stats
+
+
 def test_lost_projection_recovers_from_checkpoints_plus_tail(tmp_path: Path) -> None:
     log = EmbeddedLog(tmp_path / "log.db", partitions=2)
     patches = workload()
