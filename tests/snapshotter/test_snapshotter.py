@@ -6,6 +6,8 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +283,26 @@ def workload(runs: int = 6, per_run: int = 30) -> list[Patch]:
     return out
 
 
+@contextmanager
+def _following(snap: Snapshotter) -> Iterator[Callable[[int, float], None]]:
+    """``snap`` following the log in a thread (as serve runs it) for the block, stopped and
+    joined after it; yields ``until(n, within_s)``, which waits until it decided ``n`` records."""
+    stop = threading.Event()
+    runner = threading.Thread(target=lambda: snap.run(stop=stop, poll_timeout_s=0.01))
+    runner.start()
+
+    def until(n: int, within_s: float) -> None:
+        deadline = time.monotonic() + within_s
+        while snap.projector.stats.records < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    try:
+        yield until
+    finally:
+        stop.set()
+        runner.join(20)
+
+
 def test_a_trickle_of_patches_is_checkpointed_in_few_batches_at_every_boundary(tmp_path: Path) -> None:
     """Patches arriving one at a time are decided by the snapshotter in batches of many (it
     lingers after a small batch: nobody waits on it), and every checkpoint a snapshotter
@@ -289,19 +311,11 @@ def test_a_trickle_of_patches_is_checkpointed_in_few_batches_at_every_boundary(t
     patches = workload(runs=4, per_run=20)
     policy = CheckpointPolicy(every=4, bytes_ratio=None)
     trickled = Snapshotter(log, str(tmp_path / "trickled"), policy=policy, group_id="trickled")
-    stop = threading.Event()
-    runner = threading.Thread(target=lambda: trickled.run(stop=stop, poll_timeout_s=0.01))
-    runner.start()
-    try:
+    with _following(trickled) as until:
         for p in patches:
             append_all(log, [p])
             time.sleep(0.01)
-        deadline = time.monotonic() + 30
-        while trickled.projector.stats.records < len(patches) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        stop.set()
-        runner.join()
+        until(len(patches), 30)
     assert trickled.projector.stats.records == len(patches)
     assert trickled.projector.stats.batches <= len(patches) // 4, trickled.projector.stats
     Snapshotter(log, str(tmp_path / "at_once"), policy=policy, group_id="at_once").run(
@@ -327,16 +341,8 @@ def test_a_backlog_is_drained_without_lingering_between_its_batches(tmp_path: Pa
     p0 = log.partitions(log.topics.events)
     append_all(log, [patch(run, 0, start()), *(patch(run, i, fact(f"f{i}")) for i in range(1, 1200))])
     snap = Snapshotter(log, str(tmp_path / "s"), policy=CheckpointPolicy(), batch_size=400, linger_s=30.0)
-    stop = threading.Event()
-    runner = threading.Thread(target=lambda: snap.run(stop=stop, poll_timeout_s=0.01))
-    runner.start()
-    try:
-        deadline = time.monotonic() + 20
-        while snap.projector.stats.records < 1200 and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        stop.set()
-        runner.join()
+    with _following(snap) as until:
+        until(1200, 20)
     assert p0 == 4 and snap.projector.stats.records == 1200, snap.projector.stats
 
 
@@ -347,18 +353,10 @@ def test_a_stop_while_the_snapshotter_lingers_decides_what_gathered_first(tmp_pa
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     append_all(log, [patch("run_0", 0, start())])
     snap = Snapshotter(log, str(tmp_path / "s"), linger_s=30.0)
-    stop = threading.Event()
-    runner = threading.Thread(target=lambda: snap.run(stop=stop, poll_timeout_s=0.01))
-    runner.start()
-    try:
-        deadline = time.monotonic() + 10
-        while snap.projector.stats.records < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with _following(snap) as until:
+        until(1, 10)
         time.sleep(0.2)  # the log drained: it waits now
         append_all(log, [patch("run_0", 1, fact("f1"))])
-    finally:
-        stop.set()
-        runner.join(20)
     assert snap.projector.stats.records == 2, snap.projector.stats
 
 
