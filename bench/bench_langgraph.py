@@ -39,7 +39,6 @@ import argparse
 import os
 import random
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -59,6 +58,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
+
+from benchkit import free_port
 
 from runstate.integrations.langgraph import RunstateSaver
 
@@ -151,7 +152,7 @@ def postgresql() -> Iterator[str]:
     if os.geteuid() == 0:
         shutil.chown(data, "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
+    port = free_port()
     run = {"check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
     subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "bench"], **run)  # type: ignore[call-overload]
     subprocess.run(
@@ -253,15 +254,9 @@ def embedded(work: Path) -> Iterator[BaseCheckpointSaver[Any]]:
         yield saver
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def serve(env: dict[str, str]) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "runstate.cli", "serve", "--port", str(port)],
         env={**os.environ, **env},

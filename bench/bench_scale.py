@@ -20,7 +20,6 @@ import argparse
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from benchkit import AUTHOR, PRINT_PEAK, TRUST, scratch
+from benchkit import AUTHOR, PRINT_PEAK, TRUST, free_port, scratch
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Patch
@@ -117,12 +116,6 @@ def project(work: Path) -> tuple[float, int]:
 
 def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve_peak(work: Path, runs: int) -> tuple[int, float]:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 
-from benchkit import AUTHOR, TRUST
+from benchkit import AUTHOR, TRUST, free_port, metrics, wait_for
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.producers.run_producer import RunProducer
 from runstate.projector.read.queries import Projection, decision_reader
@@ -46,14 +46,6 @@ from runstate.schemas.codec import encode
 from runstate.schemas.patch import Patch
 
 PARTITIONS = 4
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pct(xs: list[float]) -> str:
@@ -100,26 +92,15 @@ def seed(log_path: Path, runs: int) -> None:
 
 
 def wait_caught_up(url: str, runs: int, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            text = httpx.get(url + "/metrics", timeout=5).text
-            # the projector and the in-process snapshotter (checkpointing every seeded run)
-            lags = [
-                float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines()
-                if line.startswith(("runstate_lag_records{", "runstate_snapshotter_lag_records{"))
-            ]
-            if (
-                len(lags) == 2 * PARTITIONS
-                and sum(lags) == 0
-                and len(httpx.get(url + "/runs", timeout=30).json()) >= runs
-            ):
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("serve did not catch up")
+    def done() -> bool:
+        # the projector and the in-process snapshotter (checkpointing every seeded run)
+        m = metrics(url)
+        lags = m.get("runstate_lag_records", []) + m.get("runstate_snapshotter_lag_records", [])
+        return (
+            len(lags) == 2 * PARTITIONS and sum(lags) == 0 and len(httpx.get(url + "/runs", timeout=30).json()) >= runs
+        )
+
+    wait_for(done, timeout_s, "serve did not catch up")
 
 
 def start_serve(work: Path, port: int) -> subprocess.Popen[bytes]:

@@ -55,8 +55,8 @@ import uuid
 from pathlib import Path
 
 import httpx
-from bench_serve import LeanPool, free_port, p99, pct
-from benchkit import AUTHOR, TRUST, kafka_broker
+from bench_serve import LeanPool, p99, pct
+from benchkit import AUTHOR, TRUST, free_port, kafka_broker
 
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import CONSUMER_DEFAULTS, KafkaLog

@@ -18,7 +18,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,9 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 
-from benchkit import AUTHOR, TRUST
+from benchkit import AUTHOR, TRUST, free_port, metrics, wait_for
 from runstate.eventlog.embedded import EmbeddedLog
 from runstate.schemas.codec import encode
 from runstate.schemas.patch import Patch
@@ -73,31 +71,13 @@ def seed(log_path: Path, runs: int, patches: int) -> int:
     return runs + patches
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def caught_up(url: str, records: int, timeout_s: float = 900) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            text = httpx.get(url + "/metrics", timeout=5).text
-            done = [
-                float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines()
-                if line.startswith("runstate_projector_records ")
-            ]
-            lags = [
-                float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("runstate_lag_records{")
-            ]
-            if done and done[0] >= records and lags and sum(lags) == 0:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("the serve did not catch up")
+    def done() -> bool:
+        m = metrics(url)
+        lags = m.get("runstate_lag_records", [])
+        return m.get("runstate_projector_records", [0])[0] >= records and bool(lags) and sum(lags) == 0
+
+    wait_for(done, timeout_s, "the serve did not catch up")
 
 
 def paint(browser: object, url: str, selector: str) -> float:
@@ -126,7 +106,7 @@ def main() -> None:
         t0 = time.perf_counter()
         records = seed(work / "log.db", runs, patches)
         print(f"appended {records:,} records in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [sys.executable, "-m", "runstate.cli", "serve", "--port", str(port)],
             env={**os.environ, "RUNSTATE_LOG": str(work / "log.db"), "RUNSTATE_STATE_DIR": str(work / "state")},

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from runstate.schemas.patch import Author, Patch
 
@@ -27,6 +31,37 @@ PRINT_PEAK = (
     "print('PEAK', next(int(ln.split()[1]) for ln in open('/proc/self/status') if ln.startswith('VmHWM')), "
     "file=sys.stderr)"
 )
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def metrics(url: str) -> dict[str, list[float]]:
+    """serve's ``/metrics`` at ``url``: each metric's values (one a label set), by name."""
+    out: dict[str, list[float]] = {}
+    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out.setdefault(name.split("{", 1)[0], []).append(float(value))
+    return out
+
+
+def wait_for(done: Callable[[], bool], timeout_s: float, failure: str) -> None:
+    """Call ``done`` every half second until it is true (an HTTP error counts as not yet);
+    exit with ``failure`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if done():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(failure)
 
 
 @contextmanager

@@ -9,11 +9,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from runstate import app
 from runstate.eventlog.base import EventLog
 from runstate.projector import Projector
+from runstate.projector.core.outcomes import DeadLetter
 from runstate.projector.core.runbook import RunBook
 from runstate.schemas.codec import encode
+from runstate.schemas.errors import RunNotFound
 from runstate.schemas.patch import Author, Decision, Patch
+from runstate.settings import Settings
 
 T0 = datetime(2026, 8, 11, 8, 0, tzinfo=UTC)
 
@@ -25,6 +29,34 @@ THOROUGH = os.environ.get("CI", "").lower() in ("1", "true", "yes") or bool(os.e
 def embedded_env(where: Path) -> dict[str, str]:
     """The settings (environment) of runstate on an embedded log in ``where``: ``log.db``, ``state/``."""
     return {"RUNSTATE_LOG": str(where / "log.db"), "RUNSTATE_STATE_DIR": str(where / "state")}
+
+
+def cli_env(settings: Settings, master_key: str | None = None) -> dict[str, str]:
+    """The environment of a CLI command on ``settings``' embedded log: its state directory,
+    partitions and master key (``master_key`` instead of the settings' own)."""
+    if master_key is None and settings.master_key is not None:
+        master_key = settings.master_key.get_secret_value()
+    env = {"RUNSTATE_LOG": settings.log, "RUNSTATE_STATE_DIR": settings.state_dir}
+    env["RUNSTATE_PARTITIONS"] = str(settings.partitions)
+    if master_key is not None:
+        env["RUNSTATE_MASTER_KEY"] = master_key
+    return env
+
+
+def publish_all(settings: Settings, run_id: str, patches: list[dict[str, Any]]) -> None:
+    """Publish ``patches`` to ``run_id`` in order, without waiting for their decisions."""
+    for p in patches:
+        app.publish(settings, run_id, p, where="test")
+
+
+def unservable_letters(settings: Settings, run_id: str) -> list[DeadLetter]:
+    """Project the log, check that ``run_id`` has no state to serve, and return its dead letters."""
+    app.project(settings, until_caught_up=True)
+    try:
+        app.get_state(settings, run_id)
+    except RunNotFound:
+        return [d for d in app.dead_letters(settings) if d.key == run_id]
+    raise AssertionError(f"run {run_id!r} has a state")
 
 
 def examples(n: int, floor: int = 15) -> int:

@@ -240,20 +240,13 @@ def test_a_reused_patch_id_is_answered_as_reused_by_publish_wait_and_by_serve(tm
     )
     t.start()
     try:
-        r = cli.invoke(
-            main,
-            ["publish", "r", "-", "--wait"],
-            env=env,
-            input=json.dumps({**same, "events": [ev("PhaseChanged", phase="a")]}),
-        )
-        assert r.exit_code == 0 and json.loads(r.output)["outcome"] == "accepted", r.output
-        r = cli.invoke(
-            main,
-            ["publish", "r", "-", "--wait"],
-            env=env,
-            input=json.dumps({**same, "events": [ev("PhaseChanged", phase="b")]}),
-        )
-        assert r.exit_code == 3 and json.loads(r.output)["reason"] == "patch_id_reused", r.output
+        for phase, code, (field, answer) in (
+            ("a", 0, ("outcome", "accepted")),
+            ("b", 3, ("reason", "patch_id_reused")),
+        ):
+            body = json.dumps({**same, "events": [ev("PhaseChanged", phase=phase)]})
+            r = cli.invoke(main, ["publish", "r", "-", "--wait"], env=env, input=body)
+            assert r.exit_code == code and json.loads(r.output)[field] == answer, r.output
     finally:
         stop.set()
         t.join()

@@ -34,6 +34,17 @@ def _run_history(n: int = 6) -> list:
     return [patch("r", 0, start()), *(patch("r", i, fact(f"f{i}")) for i in range(1, n))]
 
 
+def _projected(tmp_path: Path) -> tuple[Path, EmbeddedLog, Path]:
+    """A one-partition log in ``tmp_path`` holding :func:`_run_history`, projected into
+    ``state``: the log's path, the log, the state directory."""
+    path = tmp_path / "log.db"
+    log = EmbeddedLog(path, partitions=1)
+    append_all(log, _run_history())
+    state = tmp_path / "state"
+    _project(log, state)
+    return path, log, state
+
+
 def test_a_changed_byte_in_a_record_is_a_checksum_dead_letter_and_verify_says_so(tmp_path: Path) -> None:
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     placed = append_all(log, _run_history())
@@ -59,11 +70,7 @@ def test_a_changed_byte_in_a_record_is_a_checksum_dead_letter_and_verify_says_so
 
 
 def test_a_log_recreated_empty_is_refused_naming_both_logs(tmp_path: Path) -> None:
-    path = tmp_path / "log.db"
-    log = EmbeddedLog(path, partitions=1)
-    append_all(log, _run_history())
-    state = tmp_path / "state"
-    _project(log, state)
+    path, log, state = _projected(tmp_path)
     old_id = log.identity()
     log.close()
     for suffix in ("", "-wal", "-shm"):
@@ -78,11 +85,7 @@ def test_a_log_recreated_empty_is_refused_naming_both_logs(tmp_path: Path) -> No
 
 
 def test_a_projection_ahead_of_its_log_is_an_error_not_negative_lag(tmp_path: Path) -> None:
-    path = tmp_path / "log.db"
-    log = EmbeddedLog(path, partitions=1)
-    append_all(log, _run_history())
-    state = tmp_path / "state"
-    _project(log, state)
+    path, log, state = _projected(tmp_path)
     db = sqlite3.connect(path)  # the log lost its last records (say, a damaged WAL)
     db.execute("DELETE FROM records WHERE topic='runstate.events' AND offset >= 3")
     db.execute("UPDATE heads SET next_offset=3 WHERE topic='runstate.events'")

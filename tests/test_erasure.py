@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers import ev, fact, start, embedded_env
+from helpers import cli_env, embedded_env, ev, fact, publish_all, start, unservable_letters
 from storekit import files_holding
 
 from runstate import app
@@ -86,11 +86,6 @@ def _sealed_on_kafka(bootstrap: str, topics: Any, tmp_path: Path, **more: Any) -
         partitions=3,
         **more,
     )
-
-
-def publish_all(settings: Settings, run_id: str, patches: list[dict[str, Any]]) -> None:
-    for p in patches:
-        app.publish(settings, run_id, p, where="test")
 
 
 def test_erased_run_leaves_every_file_and_other_runs_are_unchanged(sealed: Settings, tmp_path: Path) -> None:
@@ -190,11 +185,7 @@ def test_a_projector_rebuilt_from_the_log_or_from_checkpoints_never_resurrects_a
 
 def test_erase_bad_input(sealed: Settings, tmp_path: Path) -> None:
     publish_all(sealed, "r", marked_patches("x"))
-    env = {
-        "RUNSTATE_LOG": sealed.log,
-        "RUNSTATE_STATE_DIR": sealed.state_dir,
-        "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value(),
-    }  # type: ignore[union-attr]
+    env = cli_env(sealed)
     r = CliRunner().invoke(main, ["erase", "nope", "--reason", "x", "--wait", "0"], env=env)
     assert r.exit_code == 1 and "'nope'" in r.output
     r = CliRunner().invoke(main, ["erase", "r", "--reason", "asked", "--by", "ops", "--wait", "0"], env=env)
@@ -459,10 +450,7 @@ def test_a_damaged_key_record_makes_that_run_unreadable_and_says_so_the_partitio
         partition=partition_for("hurt", n),
     )
     raw.close()
-    app.project(sealed, until_caught_up=True)
-    with pytest.raises(RunNotFound):
-        app.get_state(sealed, "hurt")
-    letters = [d for d in app.dead_letters(sealed) if d.key == "hurt"]
+    letters = unservable_letters(sealed, "hurt")
     assert [d.reason for d in letters] == ["key_damaged", "key_damaged"]
     assert "unreadable" in letters[0].detail
     assert app.get_state(sealed, "fine").revision == 2
@@ -472,11 +460,7 @@ def test_the_master_key_rotates_and_the_old_one_is_then_refused(sealed: Settings
     publish_all(sealed, "r", marked_patches("x"))
     new_key = MasterKey.generate()
     (tmp_path / "new.key").write_text(new_key)
-    env = {
-        "RUNSTATE_LOG": sealed.log,
-        "RUNSTATE_STATE_DIR": sealed.state_dir,
-        "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value(),
-    }  # type: ignore[union-attr]
+    env = cli_env(sealed)
     r = CliRunner().invoke(main, ["keys", "rotate", "--new-key-file", str(tmp_path / "new.key")], env=env)
     assert r.exit_code == 0 and "1 run key" in r.output, r.output
     rotated = sealed.model_copy(update={"master_key": None, "master_key_file": str(tmp_path / "new.key")})
@@ -576,12 +560,8 @@ def test_an_erasure_killed_at_each_step_is_finished_by_the_next_process(sealed: 
     r = CliRunner().invoke(
         main,
         ["status"],
-        env={
-            "RUNSTATE_LOG": sealed.log,
-            "RUNSTATE_STATE_DIR": sealed.state_dir,
-            "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value(),
-        },
-    )  # type: ignore[union-attr]
+        env=cli_env(sealed),
+    )
     assert r.exit_code == 0 and "erasures not finished: victim" in r.output, r.output
     # Restarted: each finishes what it left, then goes on.
     for i in range(3):
@@ -643,11 +623,7 @@ def test_erase_on_the_embedded_log_with_no_projector_running_finishes_the_erasur
     this machine), so `state` no longer shows the content and `verify` passes at once."""
     publish_all(sealed, "r", marked_patches("x"))
     app.project(sealed, until_caught_up=True)
-    env = {
-        "RUNSTATE_LOG": sealed.log,
-        "RUNSTATE_STATE_DIR": sealed.state_dir,
-        "RUNSTATE_MASTER_KEY": sealed.master_key.get_secret_value(),
-    }  # type: ignore[union-attr]
+    env = cli_env(sealed)
     r = CliRunner().invoke(main, ["erase", "r", "--reason", "asked", "--by", "ops"], env=env)
     assert r.exit_code == 0 and "dropped its state" in r.output, r.output
     state = CliRunner().invoke(main, ["state", "r"], env=env)

@@ -63,15 +63,7 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
         "assert state.pending_tool_calls == []\n"
     )
     for _second in (False, True):  # run again, as a reader trying it twice does: it works again
-        out = subprocess.run(
-            [sys.executable, "-c", script],
-            cwd=tmp_path.parent / f"{tmp_path.name}-agent",
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert out.returncode == 0, out.stderr
+        _python(script, tmp_path.parent / f"{tmp_path.name}-agent", env)
     examples = [b for b in doc_blocks("python") if "RunProducer" in b]
     assert len(examples) == 1, "docs/python.md's"
     for i, api in enumerate(examples):
@@ -89,15 +81,13 @@ def test_quick_tour_and_python_api_run_as_written(tmp_path: Path) -> None:
                 "    assert data == state.model_dump(mode='json')\n"
                 "finally:\n    stop.set()\n    t.join()\n"
             )
-            out = subprocess.run(
-                [sys.executable, "-c", script],
-                cwd=tmp_path.parent / f"{tmp_path.name}-{i}",
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert out.returncode == 0, out.stderr
+            _python(script, tmp_path.parent / f"{tmp_path.name}-{i}", env)
+
+
+def _python(script: str, cwd: Path, env: dict[str, str]) -> None:
+    """Run ``script`` in a fresh interpreter in ``cwd``; it must exit 0 (else its stderr is the failure)."""
+    out = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
 
 
 def test_every_example_in_the_readme_and_the_docs_is_run_by_a_test() -> None:

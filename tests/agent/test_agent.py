@@ -8,10 +8,11 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from servekit import serving
+from servekit import ServeProcess, serving
 
 from helpers import ROOT, embedded_env
 
@@ -189,18 +190,19 @@ def test_a_crash_between_effect_started_and_committed_leaves_it_to_reconcile(loc
     assert "NEEDS_RECONCILIATION" in plan and "reconcile effect pay_1: payment on bank/transfers" in plan
 
 
-def test_the_same_handle_works_against_a_real_serve(tmp_path: Path) -> None:
+@contextmanager
+def _serving_as(tmp_path: Path, agent_id: str) -> Iterator[tuple[ServeProcess, str]]:
+    """A serve of an embedded log in ``tmp_path`` that takes tokens, and a token for ``agent_id``."""
     from runstate.service.auth import add_token
 
     tokens = str(tmp_path / "tokens.json")
-    token = add_token(tokens, "remote-agent")
-    with serving(
-        {
-            **embedded_env(tmp_path),
-            "RUNSTATE_TOKENS_FILE": tokens,
-        },
-        tmp_path,
-    ) as serve:
+    token = add_token(tokens, agent_id)
+    with serving({**embedded_env(tmp_path), "RUNSTATE_TOKENS_FILE": tokens}, tmp_path) as serve:
+        yield serve, token
+
+
+def test_the_same_handle_works_against_a_real_serve(tmp_path: Path) -> None:
+    with _serving_as(tmp_path, "remote-agent") as (serve, token):
         with open_run(serve.url, "r4", agent_id="remote-agent", agent_version="3.0", token=token) as run:
             assert run.revision == 0
             run.start("remote work")
@@ -216,7 +218,6 @@ def test_the_async_twin_does_the_same_on_the_local_log_and_on_a_serve(tmp_path: 
     import asyncio
 
     from runstate.agent import open_async_run
-    from runstate.service.auth import add_token
 
     async def work(where: str, token: str | None = None) -> None:
         async with await open_async_run(where, "ar1", agent_id="async-agent", agent_version="1", token=token) as run:
@@ -238,15 +239,7 @@ def test_the_async_twin_does_the_same_on_the_local_log_and_on_a_serve(tmp_path: 
                 await run.fact("f2", "no evidence")
 
     asyncio.run(work(str(tmp_path / "local")))
-    tokens = str(tmp_path / "tokens.json")
-    token = add_token(tokens, "async-agent")
-    with serving(
-        {
-            **embedded_env(tmp_path),
-            "RUNSTATE_TOKENS_FILE": tokens,
-        },
-        tmp_path,
-    ) as serve:
+    with _serving_as(tmp_path, "async-agent") as (serve, token):
         asyncio.run(work(serve.url, token))
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 from click.testing import CliRunner
-from helpers import fact, start
+from helpers import cli_env, fact, publish_all, start, unservable_letters
 
 from runstate import app
 from runstate.cli import main
@@ -31,22 +31,23 @@ def two_patches(goal: str) -> list[dict[str, Any]]:
     return [{"expected_revision": 0, "events": [start(goal)]}, {"expected_revision": 1, "events": [fact("f1")]}]
 
 
-def publish_all(settings: Settings, run_id: str, patches: list[dict[str, Any]]) -> None:
-    for p in patches:
-        app.publish(settings, run_id, p, where="test")
-
-
 def settings(tmp_path: Path, key: str, **kw: Any) -> Settings:
     return Settings(log=str(tmp_path / "log.db"), state_dir=str(tmp_path / "state"), master_key=key, partitions=4, **kw)
 
 
+def _runs_to_rotate(tmp_path: Path, prefix: str, runs: int) -> tuple[str, str, Settings]:
+    """``runs`` runs (``prefix`` + number) sealed under a new master key, and a second key in
+    ``new.key`` to rotate to: the old key, the new one, the settings with the old."""
+    old, new = MasterKey.generate(), MasterKey.generate()
+    (tmp_path / "new.key").write_text(new)
+    s = settings(tmp_path, old)
+    for i in range(runs):
+        publish_all(s, f"{prefix}{i}", two_patches(prefix))
+    return old, new, s
+
+
 def env_for(s: Settings, key: str) -> dict[str, str]:
-    return {
-        "RUNSTATE_LOG": s.log,
-        "RUNSTATE_STATE_DIR": s.state_dir,
-        "RUNSTATE_MASTER_KEY": key,
-        "RUNSTATE_PARTITIONS": "4",
-    }
+    return cli_env(s, key)
 
 
 def keys_rows(path: str) -> list[tuple[int, int, bytes, bytes]]:
@@ -94,11 +95,7 @@ def start_laggard(s: Settings, key: str) -> subprocess.Popen[str]:
 
 
 def test_a_writer_still_holding_the_old_key_during_a_rotation_loses_no_acknowledged_append(tmp_path: Path) -> None:
-    old, new = MasterKey.generate(), MasterKey.generate()
-    (tmp_path / "new.key").write_text(new)
-    s_old = settings(tmp_path, old)
-    for i in range(6):
-        publish_all(s_old, f"before-{i}", two_patches("before"))
+    old, new, s_old = _runs_to_rotate(tmp_path, "before-", 6)
     laggard = start_laggard(s_old, old)
     try:
         assert laggard.stdout is not None and laggard.stdin is not None
@@ -212,10 +209,7 @@ def test_a_run_the_key_store_does_not_know_is_a_loud_dead_letter_never_erased(tm
     db.execute("DELETE FROM records WHERE topic=? AND substr(key, 1, 5)=?", (EmbeddedLog(s.log).topics.keys, b"lost\0"))
     db.commit()
     db.close()
-    app.project(s, until_caught_up=True)
-    with pytest.raises(RunNotFound):
-        app.get_state(s, "lost")
-    letters = [d for d in app.dead_letters(s) if d.key == "lost"]
+    letters = unservable_letters(s, "lost")
     assert [d.reason for d in letters] == ["key_missing", "key_missing"]
     assert app.get_state(s, "kept").revision == 2
     with pytest.raises(RunNotFound):  # no decision at all: not "run_erased"
@@ -292,11 +286,7 @@ def test_a_lost_keys_topic_is_refused_not_taken_for_a_new_store(tmp_path: Path) 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX")
 def test_rotation_killed_at_random_points_then_resumed_loses_nothing(tmp_path: Path) -> None:
     """The drill: ``keys rotate`` SIGKILLed at several points, resumed each time."""
-    old, new = MasterKey.generate(), MasterKey.generate()
-    (tmp_path / "new.key").write_text(new)
-    s = settings(tmp_path, old)
-    for i in range(30):
-        publish_all(s, f"r{i}", two_patches("x"))
+    old, new, s = _runs_to_rotate(tmp_path, "r", 30)
     env = {**os.environ, **env_for(s, old)}
     for delay in (0.05, 0.15, 0.3):
         proc = subprocess.Popen(
