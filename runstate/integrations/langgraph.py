@@ -39,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -63,6 +63,11 @@ from runstate.schemas import events
 from runstate.schemas.errors import RunErased, RunNotFound
 from runstate.schemas.patch import Author, Decision
 from runstate.schemas.state import TERMINAL_STATUSES
+
+T = TypeVar("T")
+#: A saver's work written once for both savers: yields (call name, arguments), is sent each
+#: call's answer, returns the result (see ``_Graph._has_ended`` and below).
+Plan = Generator[tuple[str, tuple[Any, ...]], Any, T]
 
 #: The reason an erasure by ``delete_thread`` records.
 DELETE_REASON = "LangGraph delete_thread"
@@ -111,15 +116,6 @@ def thread_of(run_id: str) -> tuple[str, int]:
     """(thread id, generation) of a run the saver wrote: :func:`generation_run_id`'s inverse."""
     m = _GENERATION.fullmatch(run_id)
     return (m[1], int(m[2])) if m else (run_id, 1)
-
-
-def _current(thread_id: str, n: int) -> Generator[str, bool, int]:
-    """The thread's current generation, from ``n`` on: the first whose run is not ended (by
-    ``delete_thread``, or any terminal status). Yields each run to look at and is sent
-    whether it has ended (the sync and async savers drive it alike)."""
-    while (yield generation_run_id(thread_id, n)):
-        n += 1
-    return n
 
 
 def _ended(e: Exception) -> bool:
@@ -423,34 +419,161 @@ class _Graph:
             n += 1
             yield tup
 
+    # What the sync and async savers do, written once: each plan yields the calls it needs
+    # as (name, arguments), a backend method or "write" (the saver's own ``_submit``), and
+    # is sent each answer, or has the call's rejection thrown in; each saver drives the
+    # plans with its own I/O (``_drive``).
+
+    def _has_ended(self, run_id: str) -> Plan[bool]:
+        if (yield "graph_checkpoints", (run_id, "", None, None, 1)):
+            return False  # an ended generation keeps no checkpoints: no need to read the state
+        try:
+            state = yield "state", (run_id, None)
+        except RunErased:
+            return True
+        except RunNotFound:
+            return False
+        return state.status in TERMINAL_STATUSES
+
+    def _follow(self, thread_id: str) -> Plan[str]:
+        """The run of the thread's current generation: from the one this saver last used
+        (another process may have deleted it and started the next), the first whose run has
+        not ended (by ``delete_thread``, or any terminal status)."""
+        n = self._generations.get(thread_id, 1)
+        while (yield from self._has_ended(generation_run_id(thread_id, n))):
+            n += 1
+        self._generations[thread_id] = n
+        return self._run(thread_id)
+
+    def _to_thread(self, thread_id: str, event: events.Model, *, new: bool, names: tuple[str, str] | None) -> Plan[str]:
+        """Write ``event`` to the thread and return the run it went to: the generation of the
+        checkpoint it ``names`` (namespace, id) where this saver handled that one (refused
+        there once the generation ended: a late write), else the current generation. Refused
+        because that run has ended, it goes to the generation current now where it belongs
+        there: it starts a conversation (``new``), or the checkpoint it names is that
+        generation's."""
+        if (run := self._run_of(thread_id, names)) is not None:
+            yield "write", (run, (event,), True, new)
+            return run
+        run = self._run(thread_id)
+        try:
+            yield "write", (run, (event,), True, new)
+        except (PatchRejected, RunErased) as e:
+            if not _ended(e):
+                raise
+            now = yield from self._follow(thread_id)
+            # It belongs there when it starts a conversation (names nothing) or names a checkpoint there.
+            if now == run or not (
+                (new and names is None) or (names is not None and (yield "graph_checkpoints", (now, *names, None, 1)))
+            ):
+                raise
+            yield "write", (now, (event,), True, new)
+            return now
+        return run
+
+    def _read(
+        self, thread_id: str, ns: str | None, checkpoint_id: str | None, before: str | None, limit: int | None
+    ) -> Plan[list[dict[str, Any]]]:
+        """The thread's checkpoints (as the backend's ``graph_checkpoints``) in its current
+        generation: an empty answer looks the generation up again (a subgraph's namespace,
+        empty until it runs, does once per thread)."""
+        known = thread_id in self._generations
+        run = self._run(thread_id)
+        docs = yield "graph_checkpoints", (run, ns, checkpoint_id, before, limit)
+        if docs or (known and ns):
+            return docs  # type: ignore[no-any-return]
+        now = yield from self._follow(thread_id)
+        return (yield "graph_checkpoints", (now, ns, checkpoint_id, before, limit)) if now != run else docs
+
+    def _put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> Plan[RunnableConfig]:
+        thread_id, event, out = self._saved(config, checkpoint, metadata, new_versions)
+        spec = event.checkpoint
+        names = _named(spec, get_checkpoint_metadata(config, metadata))
+        run = yield from self._to_thread(thread_id, event, new=spec.parent_id is None, names=names)
+        self._remember(thread_id, spec.ns, spec.id, run)
+        return out
+
+    def _put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+    ) -> Plan[None]:
+        thread_id, event = self._writes(config, writes, task_id, task_path)
+        yield from self._to_thread(thread_id, event, new=False, names=(event.ns, event.checkpoint_id))
+
+    def _get_tuple(self, config: RunnableConfig) -> Plan[CheckpointTuple | None]:
+        thread_id, ns, checkpoint_id = _where(config)
+        docs = yield from self._read(thread_id, ns, checkpoint_id, None, 1)
+        if not docs:
+            return None
+        self._remember(thread_id, ns, docs[0]["id"], self._run(thread_id))
+        return self._tuple(thread_id, docs[0])
+
+    def _list(
+        self,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> Plan[list[CheckpointTuple]]:
+        thread_id, ns, checkpoint_id, before_id, ask = self._query(config, filter, before, limit)
+        docs = yield from self._read(thread_id, ns, checkpoint_id, before_id, ask)
+        return list(self._listed(thread_id, docs, filter, limit))
+
+    def _delete_thread(self, thread_id: str) -> Plan[None]:
+        run = yield from self._follow(str(thread_id))
+        if not (yield "erase", (run, DELETE_REASON)):
+            yield "write", (run, (events.GraphThreadDeleted(),), False, False)
+
+    def _copy_thread(self, source_thread_id: str, target_thread_id: str) -> Plan[None]:
+        source = yield from self._read(str(source_thread_id), None, None, None, None)
+        for i, evs in enumerate(self._copies(source)):
+            run = self._run(str(target_thread_id)) if i else (yield from self._follow(str(target_thread_id)))
+            yield "write", (run, evs, True, i == 0)
+
+    def _delete_for_runs(self, run_ids: Sequence[str]) -> Plan[None]:
+        wanted = {str(r) for r in run_ids}
+        if not wanted:
+            return
+        for run_id in (yield "run_ids", ()):  # every generation of every thread
+            docs = yield "graph_checkpoints", (run_id, None, None, None, None)
+            for removal in self._removals(self._of_runs(docs, wanted), "LangGraph delete_for_runs"):
+                yield "write", (run_id, (removal,), False, False)
+
+    def _prune(self, thread_ids: Sequence[str], strategy: str) -> Plan[None]:
+        for thread_id in map(str, thread_ids):
+            docs = yield from self._read(thread_id, None, None, None, None)
+            for removal in self._removals(self._pruned(docs, strategy), f"LangGraph prune {strategy}"):
+                yield "write", (self._run(thread_id), (removal,), False, False)
+
 
 def _attempts(
-    run_id: str, evs: list[events.Model], start: bool, new: bool
-) -> Generator[dict[str, Any], Decision, Decision | None]:
-    """The drafts that write ``evs`` to a thread's run, each sent after the decision on
-    the one before (the sync and async savers drive it alike); returns the last decision, or
-    None where the run does not exist and ``start`` is off. ``new``: try starting the run
+    run_id: str, evs: Sequence[events.Model], start: bool, new: bool, timeout_s: float
+) -> Plan[Decision | None]:
+    """A plan: the drafts that write ``evs`` to a thread's run, each submitted after the
+    decision on the one before; returns the last decision, accepted (else raises
+    :class:`PatchRejected`), or None where the run does not exist and ``start`` is off. ``new``: try starting the run
     first. Each rejection it resolves is resolved once: the run started meanwhile (send the
     event alone), a control event moved the run on (name its revision), no run yet (start it)."""
     thread_id, n = thread_of(run_id)
     statement = f"LangGraph thread {thread_id}" + (f", generation {n}" if n > 1 else "")
     begun = [events.RunStarted(goal=events.GoalSpec(statement=statement)), *evs]
-    d = (yield _draft(0, begun, False)) if new and start else None
+    d = (yield "submit", (run_id, _draft(0, begun, False), timeout_s)) if new and start else None
     if d is None or d.reason == "revision_conflict":  # not new, or started already
-        d = yield _draft(0, evs, True)
+        d = yield "submit", (run_id, _draft(0, list(evs), True), timeout_s)
     if d.reason == _SUPERSEDED:
-        d = yield _draft(d.revision, evs, True)
+        d = yield "submit", (run_id, _draft(d.revision, list(evs), True), timeout_s)
     elif d.reason == _START:
         if not start:
             return None
-        d = yield _draft(0, begun, False)
-    return d
-
-
-def _outcome(d: Decision | None) -> Decision | None:
-    if d is not None and d.outcome != "accepted":
+        d = yield "submit", (run_id, _draft(0, begun, False), timeout_s)
+    if d.outcome != "accepted":
         raise PatchRejected(d)
-    return d
+    return d  # type: ignore[no-any-return]
 
 
 #: The channel of a task's interrupts (LangGraph's ``INTERRUPT``).
@@ -550,89 +673,33 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
         finally:
             saver.backend.close()
 
-    def _submit(self, run_id: str, *evs: events.Model, start: bool = True, new: bool = False) -> Decision | None:
+    def _submit(self, run_id: str, evs: Sequence[events.Model], start: bool, new: bool) -> Decision | None:
         """Write ``evs`` (one patch) to a run, starting the run if it does not exist (unless
         ``start`` is off: then None). ``new``: the thread is probably new (a checkpoint with no
         parent), so the start is tried first. A run's first write in this process holds
         the others to it, so that concurrent writes do not race to start the run. Raises
         :class:`PatchRejected`."""
+        plan = _attempts(run_id, evs, start, new, self.timeout_s)
         if run_id in self._started:
-            return _outcome(self._write(run_id, list(evs), start, new))
+            return self._drive(plan)
         with self._starting:
-            d = _outcome(self._write(run_id, list(evs), start, new))
+            d = self._drive(plan)
             self._started.add(run_id)
             return d
 
-    def _write(self, run_id: str, evs: list[events.Model], start: bool, new: bool) -> Decision | None:
-        plan = _attempts(run_id, evs, start, new)
-        try:
-            draft = next(plan)
-            while True:
-                draft = plan.send(self.backend.submit(run_id, draft, self.timeout_s))
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-
-    def _follow(self, thread_id: str) -> str:
-        """The run of the thread's current generation, looked up from the one this saver
-        last used (another process may have deleted it and started the next)."""
-        plan = _current(thread_id, self._generations.get(thread_id, 1))
-        try:
-            run = next(plan)
-            while True:
-                run = plan.send(self._has_ended(run))
-        except StopIteration as done:
-            self._generations[thread_id] = done.value
-        return self._run(thread_id)
-
-    def _has_ended(self, run_id: str) -> bool:
-        if self.backend.graph_checkpoints(run_id, "", None, None, 1):
-            return False  # an ended generation keeps no checkpoints: no need to read the state
-        try:
-            return self.backend.state(run_id, None).status in TERMINAL_STATUSES
-        except RunErased:
-            return True
-        except RunNotFound:
-            return False
-
-    def _to_thread(self, thread_id: str, event: events.Model, *, new: bool, names: tuple[str, str] | None) -> str:
-        """Write ``event`` to the thread and return the run it went to: the generation of the
-        checkpoint it ``names`` (namespace, id) where this saver handled that one (refused
-        there once the generation ended: a late write), else the current generation. Refused
-        because that run has ended, it goes to the generation current now where it belongs
-        there: it starts a conversation (``new``), or the checkpoint it names is that
-        generation's."""
-        if (run := self._run_of(thread_id, names)) is not None:
-            self._submit(run, event, new=new)
-            return run
-        run = self._run(thread_id)
-        try:
-            self._submit(run, event, new=new)
-        except (PatchRejected, RunErased) as e:
-            if not _ended(e):
-                raise
-            now = self._follow(thread_id)
-            # It belongs there when it starts a conversation (names nothing) or names a checkpoint there.
-            if now == run or not (
-                (new and names is None) or (names is not None and self.backend.graph_checkpoints(now, *names, None, 1))
-            ):
-                raise
-            self._submit(now, event, new=new)
-            return now
-        return run
-
-    def _read(
-        self, thread_id: str, ns: str | None, checkpoint_id: str | None, before: str | None, limit: int | None
-    ) -> list[dict[str, Any]]:
-        """The thread's checkpoints (as the backend's ``graph_checkpoints``) in its current
-        generation: an empty answer looks the generation up again (a subgraph's namespace,
-        empty until it runs, does once per thread)."""
-        known = thread_id in self._generations
-        run = self._run(thread_id)
-        docs = self.backend.graph_checkpoints(run, ns, checkpoint_id, before, limit)
-        if docs or (known and ns):
-            return docs
-        now = self._follow(thread_id)
-        return self.backend.graph_checkpoints(now, ns, checkpoint_id, before, limit) if now != run else docs
+    def _drive(self, plan: Plan[T]) -> T:
+        """Run ``plan`` to its end with this saver's blocking calls; returns what it returns."""
+        answer: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                name, args = plan.send(answer) if error is None else plan.throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            try:
+                answer, error = (self._submit if name == "write" else getattr(self.backend, name))(*args), None
+            except (PatchRejected, RunErased, RunNotFound) as e:
+                answer, error = None, e
 
     def put(
         self,
@@ -641,27 +708,15 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        thread_id, event, out = self._saved(config, checkpoint, metadata, new_versions)
-        spec = event.checkpoint
-        names = _named(spec, get_checkpoint_metadata(config, metadata))
-        self._remember(
-            thread_id, spec.ns, spec.id, self._to_thread(thread_id, event, new=spec.parent_id is None, names=names)
-        )
-        return out
+        return self._drive(self._put(config, checkpoint, metadata, new_versions))
 
     def put_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
-        thread_id, event = self._writes(config, writes, task_id, task_path)
-        self._to_thread(thread_id, event, new=False, names=(event.ns, event.checkpoint_id))
+        self._drive(self._put_writes(config, writes, task_id, task_path))
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        thread_id, ns, checkpoint_id = _where(config)
-        docs = self._read(thread_id, ns, checkpoint_id, None, 1)
-        if not docs:
-            return None
-        self._remember(thread_id, ns, docs[0]["id"], self._run(thread_id))
-        return self._tuple(thread_id, docs[0])
+        return self._drive(self._get_tuple(config))
 
     def list(
         self,
@@ -671,8 +726,7 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        thread_id, ns, checkpoint_id, before_id, ask = self._query(config, filter, before, limit)
-        yield from self._listed(thread_id, self._read(thread_id, ns, checkpoint_id, before_id, ask), filter, limit)
+        yield from self._drive(self._list(config, filter, before, limit))
 
     def delete_thread(self, thread_id: str) -> None:
         """Erase the run of the thread's current generation where content is sealed (a
@@ -681,40 +735,25 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
         State and cancel its run; the log keeps the events. A late write to it stays
         refused; a new conversation on the id starts the next generation. A missing thread
         is no error."""
-        thread_id = str(thread_id)
-        run = self._follow(thread_id)
-        if not self.backend.erase(run, DELETE_REASON):
-            self._submit(run, events.GraphThreadDeleted(), start=False)
+        self._drive(self._delete_thread(thread_id))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Save every checkpoint of the source thread (each namespace, the whole parent chain)
         and the writes saved against them on the target thread, under the same ids,
         starting its run if it has none. A source without checkpoints copies nothing."""
-        source = self._read(str(source_thread_id), None, None, None, None)
-        for i, evs in enumerate(self._copies(source)):
-            run = self._run(str(target_thread_id)) if i else self._follow(str(target_thread_id))
-            self._submit(run, *evs, new=i == 0)
+        self._drive(self._copy_thread(source_thread_id, target_thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Remove the checkpoints (and their writes) whose metadata names one of LangGraph's
         ``run_ids``, on every thread: each thread's checkpoints are read to find them (the
         metadata is LangGraph's serialized bytes). The log keeps them (``GraphCheckpointsRemoved``)."""
-        wanted = {str(r) for r in run_ids}
-        if not wanted:
-            return
-        for run_id in self.backend.run_ids():  # every generation of every thread
-            docs = self.backend.graph_checkpoints(run_id, None, None, None, None)
-            for removal in self._removals(self._of_runs(docs, wanted), "LangGraph delete_for_runs"):
-                self._submit(run_id, removal, start=False)
+        self._drive(self._delete_for_runs(run_ids))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Remove checkpoints of the threads: ``keep_latest`` keeps each namespace's newest
         (and what a ``DeltaChannel`` needs to be rebuilt, see ``_pruned``), ``delete`` none.
         The threads go on; the log keeps what was removed."""
-        for thread_id in map(str, thread_ids):
-            docs = self._read(thread_id, None, None, None, None)
-            for removal in self._removals(self._pruned(docs, strategy), f"LangGraph prune {strategy}"):
-                self._submit(self._run(thread_id), removal, start=False)
+        self._drive(self._prune(thread_ids, strategy))
 
     async def aput(
         self,
@@ -791,77 +830,29 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
         finally:
             await saver.backend.close()
 
-    async def _submit(self, run_id: str, *evs: events.Model, start: bool = True, new: bool = False) -> Decision | None:
+    async def _submit(self, run_id: str, evs: Sequence[events.Model], start: bool, new: bool) -> Decision | None:
         """As :meth:`RunstateSaver._submit`."""
+        plan = _attempts(run_id, evs, start, new, self.timeout_s)
         if run_id in self._started:
-            return _outcome(await self._write(run_id, list(evs), start, new))
+            return await self._drive(plan)
         async with self._starting:
-            d = _outcome(await self._write(run_id, list(evs), start, new))
+            d = await self._drive(plan)
             self._started.add(run_id)
             return d
 
-    async def _write(self, run_id: str, evs: list[events.Model], start: bool, new: bool) -> Decision | None:
-        plan = _attempts(run_id, evs, start, new)
-        try:
-            draft = next(plan)
-            while True:
-                draft = plan.send(await self.backend.submit(run_id, draft, self.timeout_s))
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-
-    async def _follow(self, thread_id: str) -> str:
-        """As :meth:`RunstateSaver._follow`."""
-        plan = _current(thread_id, self._generations.get(thread_id, 1))
-        try:
-            run = next(plan)
-            while True:
-                run = plan.send(await self._has_ended(run))
-        except StopIteration as done:
-            self._generations[thread_id] = done.value
-        return self._run(thread_id)
-
-    async def _has_ended(self, run_id: str) -> bool:
-        if await self.backend.graph_checkpoints(run_id, "", None, None, 1):
-            return False
-        try:
-            return (await self.backend.state(run_id, None)).status in TERMINAL_STATUSES
-        except RunErased:
-            return True
-        except RunNotFound:
-            return False
-
-    async def _to_thread(self, thread_id: str, event: events.Model, *, new: bool, names: tuple[str, str] | None) -> str:
-        """As :meth:`RunstateSaver._to_thread`."""
-        if (run := self._run_of(thread_id, names)) is not None:
-            await self._submit(run, event, new=new)
-            return run
-        run = self._run(thread_id)
-        try:
-            await self._submit(run, event, new=new)
-        except (PatchRejected, RunErased) as e:
-            if not _ended(e):
-                raise
-            now = await self._follow(thread_id)
-            if now == run or not (
-                (new and names is None)
-                or (names is not None and await self.backend.graph_checkpoints(now, *names, None, 1))
-            ):
-                raise
-            await self._submit(now, event, new=new)
-            return now
-        return run
-
-    async def _read(
-        self, thread_id: str, ns: str | None, checkpoint_id: str | None, before: str | None, limit: int | None
-    ) -> list[dict[str, Any]]:
-        """As :meth:`RunstateSaver._read`."""
-        known = thread_id in self._generations
-        run = self._run(thread_id)
-        docs = await self.backend.graph_checkpoints(run, ns, checkpoint_id, before, limit)
-        if docs or (known and ns):
-            return docs
-        now = await self._follow(thread_id)
-        return await self.backend.graph_checkpoints(now, ns, checkpoint_id, before, limit) if now != run else docs
+    async def _drive(self, plan: Plan[T]) -> T:
+        """As :meth:`RunstateSaver._drive`, awaiting each call."""
+        answer: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                name, args = plan.send(answer) if error is None else plan.throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            try:
+                answer, error = await (self._submit if name == "write" else getattr(self.backend, name))(*args), None
+            except (PatchRejected, RunErased, RunNotFound) as e:
+                answer, error = None, e
 
     async def aput(
         self,
@@ -870,26 +861,15 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        thread_id, event, out = self._saved(config, checkpoint, metadata, new_versions)
-        spec = event.checkpoint
-        names = _named(spec, get_checkpoint_metadata(config, metadata))
-        run = await self._to_thread(thread_id, event, new=spec.parent_id is None, names=names)
-        self._remember(thread_id, spec.ns, spec.id, run)
-        return out
+        return await self._drive(self._put(config, checkpoint, metadata, new_versions))
 
     async def aput_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
-        thread_id, event = self._writes(config, writes, task_id, task_path)
-        await self._to_thread(thread_id, event, new=False, names=(event.ns, event.checkpoint_id))
+        await self._drive(self._put_writes(config, writes, task_id, task_path))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        thread_id, ns, checkpoint_id = _where(config)
-        docs = await self._read(thread_id, ns, checkpoint_id, None, 1)
-        if not docs:
-            return None
-        self._remember(thread_id, ns, docs[0]["id"], self._run(thread_id))
-        return self._tuple(thread_id, docs[0])
+        return await self._drive(self._get_tuple(config))
 
     async def alist(
         self,
@@ -899,41 +879,24 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        thread_id, ns, checkpoint_id, before_id, ask = self._query(config, filter, before, limit)
-        for tup in self._listed(
-            thread_id, await self._read(thread_id, ns, checkpoint_id, before_id, ask), filter, limit
-        ):
+        for tup in await self._drive(self._list(config, filter, before, limit)):
             yield tup
 
     async def adelete_thread(self, thread_id: str) -> None:
         """As :meth:`RunstateSaver.delete_thread`."""
-        run = await self._follow(str(thread_id))
-        if not await self.backend.erase(run, DELETE_REASON):
-            await self._submit(run, events.GraphThreadDeleted(), start=False)
+        await self._drive(self._delete_thread(thread_id))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """As :meth:`RunstateSaver.copy_thread`."""
-        source = await self._read(str(source_thread_id), None, None, None, None)
-        for i, evs in enumerate(self._copies(source)):
-            run = self._run(str(target_thread_id)) if i else await self._follow(str(target_thread_id))
-            await self._submit(run, *evs, new=i == 0)
+        await self._drive(self._copy_thread(source_thread_id, target_thread_id))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """As :meth:`RunstateSaver.delete_for_runs`."""
-        wanted = {str(r) for r in run_ids}
-        if not wanted:
-            return
-        for run_id in await self.backend.run_ids():  # every generation of every thread
-            docs = await self.backend.graph_checkpoints(run_id, None, None, None, None)
-            for removal in self._removals(self._of_runs(docs, wanted), "LangGraph delete_for_runs"):
-                await self._submit(run_id, removal, start=False)
+        await self._drive(self._delete_for_runs(run_ids))
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """As :meth:`RunstateSaver.prune`."""
-        for thread_id in map(str, thread_ids):
-            docs = await self._read(thread_id, None, None, None, None)
-            for removal in self._removals(self._pruned(docs, strategy), f"LangGraph prune {strategy}"):
-                await self._submit(self._run(thread_id), removal, start=False)
+        await self._drive(self._prune(thread_ids, strategy))
 
     # LangGraph calls the synchronous methods from other threads (``graph.get_state`` in a
     # sync context): they run on the saver's loop.
