@@ -15,7 +15,7 @@ import pydantic
 
 from runstate.eventlog.partitioner import partition_for
 from runstate.projector.store.statedir import Layout
-from runstate.projector.store.partition import ProjectionStore
+from runstate.projector.store.partition import ProjectionStore, ReadOnlyStores
 from runstate.schemas.errors import CheckpointInvalid
 from runstate.projector.core.working import Entry, RunDoc, assembled
 from runstate.projector.core.reducer import REDUCER_VERSION
@@ -87,7 +87,7 @@ class CheckpointHistory:
         self.key = key
         self.live = live
         self.cache = StateDataCache() if cache is None else cache
-        self._stores: dict[int, ProjectionStore] = {}
+        self._stores = ReadOnlyStores(self.layout)
 
     def available(self) -> bool:
         return self.layout.file.exists()
@@ -98,12 +98,7 @@ class CheckpointHistory:
         p = partition_for(run_id, self.layout.read()[1])
         if self.live is not None and (st := self.live(p)) is not None:
             return st
-        if p not in self._stores:
-            path = self.layout.store_path(p)
-            if not (path / "CURRENT").exists():
-                return None
-            self._stores[p] = ProjectionStore(path, read_only=True)
-        return self._stores[p]
+        return self._stores.get(p)
 
     def of(self, run_id: str) -> list[Checkpoint]:
         """The run's checkpoints, oldest first (as they are: not checked)."""
@@ -228,9 +223,7 @@ class CheckpointHistory:
         return cps[-1] if cps else None
 
     def close(self) -> None:
-        for st in self._stores.values():
-            st.close()
-        self._stores.clear()
+        self._stores.close()
 
     def __enter__(self) -> CheckpointHistory:
         return self

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from runstate.projector.core.outcomes import DeadLetter
 from runstate.projector.read.context import render_context
-from runstate.projector.store.partition import ProjectionStore, check_store_files
+from runstate.projector.store.partition import ProjectionStore, ReadOnlyStores
 from runstate.projector.store.statedir import Layout
 from runstate.schemas.errors import RunNotFound, StoreError
 from runstate.schemas.patch import Decision
@@ -34,18 +34,11 @@ class Projection:
 
     def __init__(self, state_dir: str | os.PathLike[str], live: Mapping[int, ProjectionStore] | None = None) -> None:
         self.layout = Layout(state_dir)
-        self._stores: dict[int, ProjectionStore] = {}
+        self._stores = ReadOnlyStores(self.layout)
         self._live = live or {}
 
     def _store(self, partition: int) -> ProjectionStore | None:
-        st = self._stores.get(partition) or self._live.get(partition)
-        if st is None:
-            path = self.layout.store_path(partition)
-            check_store_files(path)
-            if not (path / "CURRENT").exists():
-                return None
-            st = self._stores[partition] = ProjectionStore(path, read_only=True)
-        return st
+        return self._live.get(partition) or self._stores.get(partition)
 
     def partitions(self) -> int:
         return self.layout.read()[1]
@@ -197,9 +190,7 @@ class Projection:
         return out
 
     def close(self) -> None:
-        for st in self._stores.values():
-            st.close()
-        self._stores.clear()
+        self._stores.close()
 
     def __enter__(self) -> Projection:
         return self

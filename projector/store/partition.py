@@ -50,6 +50,7 @@ from runstate.projector.store.checkpoint_records import CheckpointRecords
 from runstate.projector.store.graph import GraphReads
 from runstate.projector.store.restoring import Restoring
 from runstate.projector.store.rocks import RocksStore, write_error
+from runstate.projector.store.statedir import Layout
 from runstate.schemas.errors import ContractError, RunErased, StoreError, StoreLocked
 from runstate.schemas.generated.structs import Decision as DecisionStruct
 from runstate.schemas.patch import Decision
@@ -225,6 +226,36 @@ def check_store_files(path: Path) -> None:
             f"projection store {path} lost its CURRENT file (RocksDB's pointer to its data): it cannot be "
             f"opened as it was. Delete {path} (or the whole state directory) to rebuild it from the log."
         )
+
+
+class ReadOnlyStores:
+    """The partition stores under a state directory's ``layout``, each opened read-only on
+    first use and kept until :meth:`close` (the readers' side: queries, time travel)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self._open: dict[int, ProjectionStore] = {}
+
+    def get(self, partition: int) -> ProjectionStore | None:
+        """The partition's store, or None where it has none yet. Raises :class:`StoreError`
+        where its files are damaged (:func:`check_store_files`)."""
+        st = self._open.get(partition)
+        if st is None:
+            path = self.layout.store_path(partition)
+            check_store_files(path)
+            if not (path / "CURRENT").exists():
+                return None
+            st = self._open[partition] = ProjectionStore(path, read_only=True)
+        return st
+
+    def opened(self) -> list[int]:
+        """The partitions whose store is open here."""
+        return sorted(self._open)
+
+    def close(self) -> None:
+        for st in self._open.values():
+            st.close()
+        self._open.clear()
 
 
 class ProjectionStore(Restoring, CheckpointRecords, GraphReads, RocksStore):

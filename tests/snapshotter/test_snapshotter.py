@@ -561,7 +561,7 @@ def test_time_travel_reads_a_live_snapshotter_store_without_opening_one(tmp_path
         seen: list[int] = []
         with CheckpointHistory(snapshotter_dir(state), live=lambda p: seen.append(p) or store) as live:
             assert [live.nearest_state_data("run_0", n) for n in range(27)] == want
-            assert live._stores == {} and seen and set(seen) == {0}  # nothing opened beside it
+            assert live._stores.opened() == [] and seen and set(seen) == {0}  # nothing opened beside it
     finally:
         store.close()
     log.close()
