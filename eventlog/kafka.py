@@ -76,6 +76,10 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "socket.nagle.disable": True,
 }
 
+#: Defaults of the classic group protocol that KIP-848's (``group.protocol=consumer``) sets
+#: broker side instead (``group.consumer.session.timeout.ms``, ``...heartbeat.interval.ms``).
+CLASSIC_GROUP_ONLY = ("session.timeout.ms", "heartbeat.interval.ms")
+
 #: Longest a consumer's close waits for librdkafka to send its last commit and leave the group.
 CLOSE_WAIT_S = 5.0
 
@@ -400,13 +404,13 @@ class KafkaLog(EventLog):
         return KafkaProducer(_made(Producer, conf), self.registry)
 
     def _consumer_conf(self, group_id: str) -> dict[str, Any]:
-        return {
-            "bootstrap.servers": self.bootstrap,
-            "group.id": group_id,
-            **CONSUMER_DEFAULTS,
-            **self._common(),
-            **{k[len("consumer.") :]: v for k, v in self.config.items() if k.startswith("consumer.")},
-        }
+        given = {k[len("consumer.") :]: v for k, v in self.config.items() if k.startswith("consumer.")}
+        defaults = dict(CONSUMER_DEFAULTS)
+        if given.get("group.protocol") == "consumer":
+            # KIP-848's protocol: the session and heartbeat are the broker's (librdkafka refuses them).
+            for name in CLASSIC_GROUP_ONLY:
+                defaults.pop(name, None)
+        return {"bootstrap.servers": self.bootstrap, "group.id": group_id, **defaults, **self._common(), **given}
 
     def consumer(self, group_id: str, topic: str, *, client_id: str | None = None) -> LogConsumer:
         self.partitions(topic)

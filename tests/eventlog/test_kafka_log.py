@@ -230,17 +230,25 @@ def test_a_projector_started_right_after_creating_its_topics_catches_up(kafka_bo
             log.close()
 
 
-def test_with_cooperative_assignment_a_member_keeps_its_partitions_while_another_joins_and_leaves(
-    kafka_bootstrap: str,
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"consumer.partition.assignment.strategy": "cooperative-sticky", "consumer.session.timeout.ms": 6000},
+        {"consumer.group.protocol": "consumer"},
+    ],
+    ids=["cooperative-sticky", "kip-848"],
+)
+def test_with_incremental_assignment_a_member_keeps_its_partitions_while_another_joins_and_leaves(
+    kafka_bootstrap: str, config: dict[str, Any]
 ) -> None:
-    """``consumer.partition.assignment.strategy=cooperative-sticky`` (RUNSTATE_KAFKA_CONFIG):
-    a rebalance moves only the partitions that change hands (incremental assignment), so a
-    member's own partitions are never revoked when another joins or dies; only what moves
-    is handed to on_assign / on_revoke."""
+    """``consumer.partition.assignment.strategy=cooperative-sticky``, or KIP-848's
+    ``consumer.group.protocol=consumer`` (RUNSTATE_KAFKA_CONFIG), whose session timeout and
+    heartbeat are the broker's: a rebalance moves only the partitions that change hands
+    (incremental assignment), so a member's own partitions are never revoked when another
+    joins or dies; only what moves is handed to on_assign / on_revoke."""
     import time
 
     topics = TopicNames.with_prefix(f"t{uuid.uuid4().hex[:10]}")
-    config = {"consumer.partition.assignment.strategy": "cooperative-sticky", "consumer.session.timeout.ms": 6000}
     log = KafkaLog(kafka_bootstrap, topics=topics, config=config)
     log.create_topics(4)
     seen: dict[str, list[tuple[str, list[int]]]] = {"a": [], "b": []}
