@@ -70,14 +70,13 @@ from runstate.schemas.patch import Patch
 INSTANCE_SECRET = secrets.token_hex(32)
 
 PARTITIONS = 6
-#: The group's session timeout the instances run with (RUNSTATE_KAFKA_CONFIG over the default).
-SESSION_TIMEOUT_S = (
-    float(
-        json.loads(os.environ.get("RUNSTATE_KAFKA_CONFIG") or "{}").get(
-            "consumer.session.timeout.ms", CONSUMER_DEFAULTS["session.timeout.ms"]
-        )
-    )
-    / 1000
+#: The group's session timeout the instances run with (RUNSTATE_KAFKA_CONFIG over the default), as
+#: printed: with KIP-848's protocol it is the broker's (``group.consumer.session.timeout.ms``).
+_GROUP = json.loads(os.environ.get("RUNSTATE_KAFKA_CONFIG") or "{}")
+SESSION_TIMEOUT = (
+    "the broker's group.consumer.session.timeout.ms (KIP-848)"
+    if _GROUP.get("consumer.group.protocol") == "consumer"
+    else f"{_GROUP.get('consumer.session.timeout.ms', CONSUMER_DEFAULTS['session.timeout.ms']) / 1000:.0f}s"
 )
 #: A send slot finding this many patches in flight is skipped and counted: a server that
 #: fell this far behind is saturated, and more sockets would only exhaust the generator's.
@@ -594,10 +593,10 @@ def main() -> None:
         if res["killed"] is not None:
             silence = load.longest_silence(res["killed"])  # type: ignore[arg-type]
             t = {k: v - res["killed"] for k, v in load.takeover.items()}  # type: ignore[operator]
+            took, served = (f"{t[k]:.1f}s" if k in t else "not within the run" for k in ("restoring", "served"))
             print(
-                f"  the survivor took the partitions over {t.get('restoring', float('nan')):.1f}s after the kill "
-                f"(the group's session timeout: {SESSION_TIMEOUT_S:.0f}s) and served them all at "
-                f"{t.get('served', float('nan')):.1f}s"
+                f"  the survivor took the partitions over {took} after the kill "
+                f"(the group's session timeout: {SESSION_TIMEOUT}) and served them all at {served}"
             )
             print(
                 f"  longest first send -> decision {load.longest:.1f}s "

@@ -292,6 +292,12 @@ class LocalKafka:
                     "offsets.topic.num.partitions=4",
                     "auto.create.topics.enable=false",
                     "log.cleaner.backoff.ms=1000",
+                    # KIP-848's groups (consumer.group.protocol=consumer) as docs/kafka.md
+                    # recommends: a dead member's partitions move 3 s after its last heartbeat.
+                    "group.consumer.min.session.timeout.ms=3000",
+                    "group.consumer.session.timeout.ms=3000",
+                    "group.consumer.min.heartbeat.interval.ms=500",
+                    "group.consumer.heartbeat.interval.ms=500",
                 ]
             )
             + "\n"
