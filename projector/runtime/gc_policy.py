@@ -15,8 +15,10 @@ The policy, from when a projector starts (:func:`settle`):
   splice, O(1)). Young garbage (the bulk: decoded records, decisions, request objects) is
   still collected by generations 0 and 1 before it can be frozen; generation 2 stays
   nearly empty, so its collections are short;
-- while the projector decides and stores one poll batch (:func:`batch`), automatic
-  collection is off, and what the batch leaves alive is frozen after it. Most of what a
+- while the projector decides and stores one poll batch or restores a partition
+  (:func:`batch`), automatic collection is off, and what the batch leaves alive is frozen
+  after it. (Collection is off during a batch in every process, the policy's or not: a
+  catch-up run and a restore allocate as a batch does.) Most of what a
   batch allocates lives as long as the batch (its records, patches, decisions, the
   changes to write) or longer (the working states it caches): each collection during the
   batch walked those objects again and freed nothing (a batch makes no garbage cycles:
@@ -77,21 +79,23 @@ def settle() -> None:
 
 @contextmanager
 def batch() -> Iterator[None]:
-    """One batch of the projector's work with automatic collection off; afterwards what it
-    left alive is frozen, collection is on again (also when the batch raised), and a full
-    collection runs if one is ``FULL_OVERDUE_S`` overdue. Does nothing unless the policy is
-    on (:func:`settle`) and automatic collection is on: a process that turned it off
-    itself keeps it off."""
-    if not _settled or not gc.isenabled():
+    """One batch of the projector's work (or a partition's restore) with automatic
+    collection off, in any process: it makes no garbage cycles, and a collection during it
+    walks what it keeps alive again and frees nothing. Collection is on again afterwards
+    (also when the batch raised). Where the policy is on (:func:`settle`), what the batch
+    left alive is frozen first, and a full collection runs if one is ``FULL_OVERDUE_S``
+    overdue. A process that turned automatic collection off itself keeps it off."""
+    if not gc.isenabled():
         yield
         return
     gc.disable()
     try:
         yield
     finally:
-        gc.freeze()
+        if _settled:
+            gc.freeze()
         gc.enable()
-    if time.monotonic() - _last_full >= FULL_OVERDUE_S:
+    if _settled and time.monotonic() - _last_full >= FULL_OVERDUE_S:
         _full("overdue")
 
 

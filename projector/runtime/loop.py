@@ -220,7 +220,8 @@ class Projector:
                     fresh, store = True, self._open_store(p)
                 if fresh and self.restore is not None:
                     # New machine, lost disk or moved partition: checkpoints + tail, not offset 0.
-                    self.restore(p, store)
+                    with gc_policy.batch():
+                        self.restore(p, store)
                 part = _Partition(store, self.cache_runs, self.cache_items_per_run)
                 if part.next_offset > ends.get(p, 0):
                     store.close()

@@ -412,8 +412,8 @@ print("after idle full collection:", ref() is not None, found is not None and fo
 
 
 def test_gc_policy_batch_window_turns_collection_off_and_back_on_and_an_overdue_full_collection_reclaims() -> None:
-    """projector/runtime/gc_policy.py's batch window, in a process of its own: nothing changes before the
-    policy is on; within a batch automatic collection is off; after it (also after one that
+    """projector/runtime/gc_policy.py's batch window, in a process of its own: within a batch automatic
+    collection is off, before the policy is on too; after it (also after one that
     raised) it is on again, a cycle dropped during the batch is frozen, and the overdue full
     collection after a batch reclaims it. A process that turned collection off keeps it off."""
     import subprocess
@@ -427,7 +427,8 @@ class Node:
     pass
 
 with gc_policy.batch():
-    print("before settle, on in a batch:", gc.isenabled())
+    print("before settle, in a batch:", gc.isenabled())
+print("before settle, after a batch:", gc.isenabled())
 gc_policy.settle()
 with gc_policy.batch():
     print("in a batch:", gc.isenabled())
@@ -456,7 +457,8 @@ print("turned off by the process, after a batch:", gc.isenabled())
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
-        "before settle, on in a batch: True",
+        "before settle, in a batch: False",
+        "before settle, after a batch: True",
         "in a batch: False",
         "after a batch: True",
         "after ordinary collection: True",
@@ -464,6 +466,21 @@ print("turned off by the process, after a batch:", gc.isenabled())
         "after an overdue batch: False",
         "turned off by the process, after a batch: False",
     ]
+
+
+def test_a_restore_runs_with_automatic_collection_off_and_leaves_it_on(tmp_path: Path) -> None:
+    """A partition's restore keeps what it reads alive until it is written: a collection
+    during it would walk all of that and free nothing (gc_policy.batch)."""
+    import gc
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=2)
+    append_all(log, [patch("r", 0, start())])
+    seen: list[bool] = []
+    Projector(log, str(tmp_path / "state"), restore=lambda p, store: seen.append(gc.isenabled())).run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
+    assert seen == [False, False] and gc.isenabled()
+    log.close()
 
 
 def test_updated_is_model_copy_with_update() -> None:
