@@ -320,8 +320,12 @@ class Projector:
             # must not leave this consumer holding its group membership.
             consumer.subscribe(self.assign, self.release)
             linger = False
+            # Catching up, the log may be drained already (at the start, after a restore, after
+            # a small batch): look without waiting, and check the lag at once if nothing came.
+            glance = until_caught_up
             while stop is None or not stop.is_set():
-                records = consumer.poll(self.batch_size, 0.0 if linger else poll_timeout_s)
+                records = consumer.poll(self.batch_size, 0.0 if linger or glance else poll_timeout_s)
+                glanced, glance = glance, until_caught_up and bool(records)
                 if linger and not records:
                     # The log is drained: let the next records gather. (A poll gives less than
                     # the batch size while records wait, a share per partition: a backlog
@@ -353,7 +357,7 @@ class Projector:
                 # Reading the log end costs broker round trips: at most every lag_every_s,
                 # and only when idle or when progress is due (never between busy batches).
                 want_progress = self.on_progress is not None and now - last_progress >= self.progress_every_s
-                if (not records and now - last_lag >= self.lag_every_s) or want_progress:
+                if (not records and (glanced or now - last_lag >= self.lag_every_s)) or want_progress:
                     last_lag = now
                     try:
                         lag = self.lag()

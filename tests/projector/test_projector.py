@@ -483,6 +483,31 @@ def test_a_restore_runs_with_automatic_collection_off_and_leaves_it_on(tmp_path:
     log.close()
 
 
+def test_catching_up_on_a_drained_log_looks_without_waiting() -> None:
+    """``run(until_caught_up=True)`` on a log it has already read returns after one poll
+    that does not wait (before, it waited a whole poll timeout to see nothing)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        log = EmbeddedLog(Path(d) / "log.db", partitions=2)
+        append_all(log, [patch("r", 0, start()), patch("r", 1, fact("f1"))])
+        state = str(Path(d) / "state")
+        Projector(log, state).run(until_caught_up=True, poll_timeout_s=0.01)
+        waits: list[float] = []
+        made = log.consumer
+
+        def consumer(*a: object, **kw: object) -> object:
+            c = made(*a, **kw)  # type: ignore[arg-type]
+            poll = c.poll
+            c.poll = lambda n, timeout: (waits.append(timeout), poll(n, timeout))[1]  # type: ignore[method-assign]
+            return c
+
+        log.consumer = consumer  # type: ignore[method-assign]
+        Projector(log, state).run(until_caught_up=True, poll_timeout_s=30.0)
+        assert waits == [0.0]
+        log.close()
+
+
 def test_updated_is_model_copy_with_update() -> None:
     """The core's copy of a struct with changes gives what pydantic's model_copy(update=...)
     gives the model, value for value; the core copies only structs (no model's private
