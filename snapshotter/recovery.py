@@ -299,8 +299,15 @@ def _run_pieces(head: Head, bundles: list[bytes]) -> RestoredPieces:
         for value in bundles:
             live.update(pieces.bundle_entries(value))
         decisions = [(o, p, reused, raw.encode()) for o, p, reused, raw in head.recent]
-        items = [(n[len(pieces.ITEM_PREFIX) :], b) for n, b in live.items() if b and pieces.is_item(n)]
-        ids = sorted((n, b) for n, b in live.items() if b and pieces.is_ids(n))
+        items: list[tuple[str, bytes]] = []
+        ids: list[tuple[str, bytes]] = []
+        cut = len(pieces.ITEM_PREFIX)
+        for n, b in live.items():  # one pass: this is per piece of every run restored
+            if b and n.startswith(pieces.ITEM_PREFIX):
+                items.append((n[cut:], b))
+            elif b and n.startswith(pieces.IDS_PREFIX):
+                ids.append((n, b))
+        ids.sort()
     except (ValueError, TypeError, AttributeError) as e:
         raise CheckpointInvalid(run, f"not a bundle's entries: {e}") from e
     if not all("\0" in tail for tail, _b in items):
