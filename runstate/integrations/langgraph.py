@@ -519,10 +519,12 @@ class _Graph:
         filter: dict[str, Any] | None,
         before: RunnableConfig | None,
         limit: int | None,
-    ) -> Plan[list[CheckpointTuple]]:
+    ) -> Plan[Iterator[CheckpointTuple]]:
+        """The read is done in the plan; the tuples are made as the caller iterates (one
+        that stops early does not deserialize the rest)."""
         thread_id, ns, checkpoint_id, before_id, ask = self._query(config, filter, before, limit)
         docs = yield from self._read(thread_id, ns, checkpoint_id, before_id, ask)
-        return list(self._listed(thread_id, docs, filter, limit))
+        return self._listed(thread_id, docs, filter, limit)
 
     def _delete_thread(self, thread_id: str) -> Plan[None]:
         run = yield from self._follow(str(thread_id))
