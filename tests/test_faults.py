@@ -38,7 +38,9 @@ def test_sigkill_at_any_moment_then_restart_equals_full_replay(tmp_path: Path) -
         with Projection(tmp_path / "state") as proj:
             return sum(proj.positions().values())
 
-    producer = threading.Thread(target=append_slowly, args=(log, patches, 0.08))
+    # The appending lasts about as long as five CLI start-ups: two kills with work in hand
+    # need it to outlast two, and a busy machine (CI) starts a process slowly.
+    producer = threading.Thread(target=append_slowly, args=(log, patches, 0.2))
     producer.start()
     kills = 0
     progress = []
