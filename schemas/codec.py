@@ -398,12 +398,15 @@ def _make_current_reader() -> tuple[bytes, avrofast.Reader] | None:
     return _current_reader
 
 
-def prepare() -> None:
-    """Generate the current schema's reader now rather than when the first
-    record is read: a projector calls it before it joins its group, so that its first batch
-    does not wait for it (idempotent)."""
+def prepare(*, writer: bool = False) -> None:
+    """Generate the current schema's reader (with ``writer``, its writer too) now rather than
+    when the first record is read or written: a projector calls it before it joins its
+    group, a server before it accepts a connection, so that neither its first batch nor its
+    first request waits for it (idempotent)."""
     if _current_reader is None:
         _make_current_reader()
+    if writer and _current_encoder is None:
+        _make_current_encoder()
 
 
 #: :func:`encode`'s writer of the current schema, made once (every producer's hot path:

@@ -37,7 +37,7 @@ from runstate.producers.run_producer import Receipt, RunProducer
 from runstate.projector.read.replay import NearestCheckpoint
 from runstate.projector.store.partition import PendingBatch, ProjectionStore
 from runstate.projector.core.working import RunDoc
-from runstate.schemas import structs
+from runstate.schemas import codec, structs
 from runstate.schemas.errors import RunstateError
 from runstate.schemas.patch import Author, Decision, Patch
 from runstate.settings import Settings
@@ -206,6 +206,9 @@ class Node:
         self.snapshotter: Snapshotter | None = None
         if snapshotter:
             self.snapshotter = make_snapshotter(settings, open_settings_log(settings))
+        # Generated here, before uvicorn accepts: on the first request it held the event
+        # loop long enough to queue every request behind it.
+        codec.prepare(writer=True)
         self.producer = RunProducer(
             self.log,
             Author(agent_id=settings.agent_id, agent_version=settings.agent_version),
