@@ -191,8 +191,11 @@ class LeanPool:
         return status, data
 
     def close(self) -> None:
+        """Closes the idle connections (they belong to the event loop that opened them);
+        the pool can be used again, from another loop."""
         for _r, w, _t in self.idle:
             w.close()
+        self.idle.clear()
 
 
 async def append_at_rate(

@@ -7,6 +7,8 @@ and are forwarded to its owner.
     .venv/bin/python bench/bench_serve_kafka.py --quick    # 200 patches/s for 10 s, twice
     .venv/bin/python bench/bench_serve_kafka.py --rate 250 --seconds 20 --forwarded 0 --gets 0 --steady-only
                                     # the capacity model's runs: what a patch costs, forwarded or not
+    .venv/bin/python bench/bench_serve_kafka.py --capacity 300,450,600,750 --forwarded 0 --gets 0
+                                    # capacity: the highest open-loop rate that meets the goal
     .venv/bin/python bench/bench_serve_kafka.py --overload --rate 1000 --seconds 60
                                     # overload: what is shed (429), what is admitted, and after
 
@@ -32,6 +34,15 @@ directory from the checkpoints and the log's tail: every patch answered ``accept
 its run, each patch id is decided once (0 lost, 0 decided twice), and ``verify`` holds that
 projection equal to a full replay of the log.
 
+With ``--capacity R1,R2,...`` each rate is a steady phase of its own, after a warm-up of the
+same load (``--warmup``, 3 s: a start's first seconds are a separate question from a rate's
+capacity), and a table ends the run: the highest rate whose append -> decision p99 stays
+under 50 ms with no error. Each steady phase also prints the broker's and the load
+generator's CPU per decided patch (what the machine pays in all, and the rate its cores
+could carry at that cost) and **the floor**: a RunProducer and a projector configured as
+serve's, in one process of their own at the same rate (no HTTP, no snapshotter, no
+forwarding), their CPU per patch.
+
 The broker is ``RUNSTATE_BENCH_KAFKA`` or one of the benchmark's own (bench/benchkit.py).
 Everything runs on this machine: the broker, both instances and the load generator share
 its cores, and the load generator's CPU is printed.
@@ -42,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing as mp
 import os
 import random
 import secrets
@@ -50,6 +62,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -58,13 +71,17 @@ import httpx
 from bench_serve import LeanPool, p99, pct
 from benchkit import AUTHOR, TRUST, free_port, kafka_broker
 
+from runstate.app import make_producer, make_projector, open_settings_log
 from runstate.eventlog.base import TopicNames
 from runstate.eventlog.kafka import CONSUMER_DEFAULTS, KafkaLog
 from runstate.eventlog.partitioner import partition_for
+from runstate.projector.core.working import RunDoc
 from runstate.projector.read.queries import Projection
 from runstate.projector.read.replay import verify
+from runstate.projector.store.partition import PendingBatch, ProjectionStore
 from runstate.schemas.codec import encode
-from runstate.schemas.patch import Patch
+from runstate.schemas.patch import Decision, Patch
+from runstate.settings import Settings
 
 #: The instances prove it to each other before forwarding (eventlog/instancekey.py).
 INSTANCE_SECRET = secrets.token_hex(32)
@@ -83,6 +100,15 @@ SESSION_TIMEOUT = (
 MAX_IN_FLIGHT = 2_000
 #: how long the overload phase sends at the calm rate after its burst (s)
 CALM_S = 10.0
+
+
+def cpu_s(pid: int | None) -> float:
+    """CPU seconds a process has used (user + system, from /proc); 0 if it is gone or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Instance:
@@ -114,12 +140,8 @@ class Instance:
         return self.health()[0]
 
     def cpu_s(self) -> float:
-        """CPU seconds the instance's process has used (user + system, from /proc)."""
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU seconds the instance's process has used (0 once it is gone)."""
+        return cpu_s(self.proc.pid)
 
     def cpu_by_thread(self) -> dict[str, float]:
         """CPU seconds per thread name (the kernel's: serve names its threads ``rs-*``,
@@ -181,6 +203,22 @@ def seed(bootstrap: str, topics: TopicNames, runs: int) -> None:
     log.close()
 
 
+def fact_draft(fact_id: str, patch_id: str) -> dict[str, object]:
+    """What every client of the bench sends: a fact with a fresh id, ``rebase`` (facts
+    commute, so no patch is refused for a concurrent one)."""
+    return {
+        "patch_id": patch_id,
+        "expected_revision": 0,
+        "rebase": True,
+        "events": [
+            {
+                "type": "FactConfirmed",
+                "fact": {"id": fact_id, "statement": f"fact {fact_id}", "evidence": f"artifact://o/{fact_id}"},
+            }
+        ],
+    }
+
+
 def wait_split(a: Instance, b: Instance, runs: int, timeout_s: float = 180) -> None:
     """Until each instance owns some partitions, together all, and every seeded run is decided."""
     deadline = time.monotonic() + timeout_s
@@ -201,9 +239,11 @@ class Load:
     """The open-loop clients of one phase and what they saw."""
 
     def __init__(
-        self, instances: list[Instance], runs: int, rng: random.Random, forwarded: float | None = None
+        self, instances: list[Instance], runs: int, rng: random.Random, forwarded: float | None = None, tag: str = ""
     ) -> None:
         self.instances = instances
+        #: prefixes its fact and patch ids (a warm-up's load and the measured one share the runs)
+        self.tag = tag
         self.runs = runs
         self.rng = rng
         #: the share of patches sent to the instance that does not own the run (None: each
@@ -253,20 +293,8 @@ class Load:
         return inst if inst.alive() else self.other(inst)
 
     async def _append(self, k: int, run: str, inst: Instance) -> None:
-        fid = f"f{k}"
-        body = json.dumps(
-            {
-                "patch_id": f"p{k}-{uuid.uuid4().hex[:6]}",
-                "expected_revision": 0,
-                "rebase": True,
-                "events": [
-                    {
-                        "type": "FactConfirmed",
-                        "fact": {"id": fid, "statement": f"fact {k}", "evidence": f"artifact://o/{k}"},
-                    }
-                ],
-            }
-        ).encode()
+        fid = f"{self.tag}f{k}"
+        body = json.dumps(fact_draft(fid, f"p{self.tag}{k}-{uuid.uuid4().hex[:6]}")).encode()
         forwarded = partition_for(run, PARTITIONS) not in inst.owned_cache
         t0 = time.perf_counter()
         tries = 0
@@ -455,6 +483,76 @@ def check(load: Load, instances: list[Instance], topics: TopicNames, bootstrap: 
     }
 
 
+class _Count:
+    """Projector hook: how many decisions are stored."""
+
+    def __init__(self) -> None:
+        self.decided = 0
+
+    def on_assign(self, partition: int, store: ProjectionStore) -> None: ...
+
+    def on_accepted(
+        self, partition: int, patch: Patch, decision: Decision, doc: RunDoc, batch: PendingBatch
+    ) -> None: ...
+
+    def after_write(self, partition: int, batch: PendingBatch, store: ProjectionStore) -> None:
+        self.decided += len(batch.decisions)
+
+
+def _floor_child(bootstrap: str, runs: int, rate: float, seconds: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    """The core path alone, in one process: a RunProducer builds (validates) and appends the
+    bench's patches at ``rate``, open loop, and a projector configured as serve's decides
+    them (decisions copied to the decisions topic); no HTTP, no snapshotter. Puts its CPU
+    ms per decided patch, counted from the first paced patch until the last is stored."""
+    prefix = f"bench-floor-{uuid.uuid4().hex[:8]}"
+    with tempfile.TemporaryDirectory() as state:
+        settings = Settings(log=f"kafka://{bootstrap}", topic_prefix=prefix, state_dir=state)
+        log = open_settings_log(settings)
+        log.create_topics(PARTITIONS)
+        hook = _Count()
+        projector = make_projector(settings, log, hooks=hook, tune_gc=True)
+        stop = threading.Event()
+        thread = threading.Thread(target=lambda: projector.run(stop=stop), daemon=True)
+        thread.start()
+        producer = make_producer(settings, log)
+        starts = [f"run_{r}" for r in range(runs)]
+        for run in starts:
+            start = {"type": "RunStarted", "goal": {"statement": run}, "policy": TRUST}
+            producer.append_async(producer.build(run, {"expected_revision": 0, "events": [start]}), lambda r, e: None)
+        producer.flush(30.0)
+        while hook.decided < runs:
+            time.sleep(0.05)
+        rng = random.Random(7)
+        n = int(rate * seconds)
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        for k in range(n):
+            delay = t0 + k / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            run = starts[rng.randrange(runs)]
+            producer.append_async(producer.build(run, fact_draft(f"f{k}", f"p{k}")), lambda r, e: None)
+            producer.flush(30.0)  # as serve's appender does with what it was handed
+        while hook.decided < runs + n:
+            time.sleep(0.005)
+        out.put(1000 * (time.process_time() - cpu0) / n)
+        stop.set()
+        thread.join(30)
+        producer.close()
+        log.close()
+
+
+def floor(bootstrap: str, runs: int, rate: float, seconds: float) -> float:
+    """:func:`_floor_child`'s CPU ms per patch, from a process of its own (nothing else counted)."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=_floor_child, args=(bootstrap, runs, rate, seconds, out))
+    child.start()
+    try:
+        return float(out.get(timeout=seconds + 180))
+    finally:
+        child.join(30)
+
+
 def phase(
     name: str,
     bootstrap: str,
@@ -467,7 +565,11 @@ def phase(
     get_rate: float = 100.0,
     calm_rate: float = 0.0,
     calm_s: float = 0.0,
+    warmup_s: float = 0.0,
+    broker_pid: int | None = None,
 ) -> dict[str, object]:
+    """One phase on fresh topics and instances. ``warmup_s``: the same load first for that
+    long, not counted (what a start costs is in the steady phase's first seconds)."""
     topics = TopicNames.with_prefix(f"bench-{uuid.uuid4().hex[:8]}")
     log = KafkaLog(bootstrap, topics=topics)
     log.create_topics(PARTITIONS)
@@ -481,9 +583,12 @@ def phase(
             f"{rate:,.0f} patches/s for {seconds:.0f}s",
             flush=True,
         )
+        warm = Load([a, b], runs, random.Random(8), forwarded, tag="w")
+        if warmup_s:
+            asyncio.run(warm.run(rate, warmup_s, get_rate, None))
         load = Load([a, b], runs, random.Random(7), forwarded)
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        inst0 = a.cpu_s() + b.cpu_s()
+        inst0, broker0 = a.cpu_s() + b.cpu_s(), cpu_s(broker_pid)
         threads0 = [a.cpu_by_thread(), b.cpu_by_thread()]
         killed = asyncio.run(
             load.run(rate, seconds, get_rate, seconds / 2 if kill else None, calm_rate=calm_rate, calm_s=calm_s)
@@ -493,13 +598,20 @@ def phase(
         for inst, before in zip((a, b), threads0, strict=True):
             for name, cpu in inst.cpu_by_thread().items():
                 threads[name] = threads.get(name, 0.0) + cpu - before.get(name, 0.0)
-        gen_cpu = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+        gen_s = time.process_time() - cpu0
+        gen_cpu = gen_s / (time.perf_counter() - wall0)
         inst_cpu = a.cpu_s() + b.cpu_s() - inst0  # a killed instance's stops counting at its death
+        broker_cpu = cpu_s(broker_pid) - broker0 if broker_pid is not None else None
+        for run, facts in warm.accepted.items():  # the check holds every accepted fact
+            load.accepted.setdefault(run, set()).update(facts)
         return {
             "load": load,
             "killed": killed,
             "gen_cpu": gen_cpu,
+            "gen_s": gen_s,
             "inst_cpu": inst_cpu,
+            "broker_cpu": broker_cpu,
+            "warmup_s": warmup_s,
             "threads": threads,
             "rate": rate,
             "seconds": seconds,
@@ -534,20 +646,38 @@ def main() -> None:
         "--calm-rate for 10 s; what is shed (429), what is admitted, and how fast it is normal again",
     )
     ap.add_argument("--calm-rate", type=float, default=100.0, help="patches/s after the overload [%(default)s]")
+    ap.add_argument(
+        "--capacity",
+        help="comma-separated rates, one steady phase each (--seconds, default 20, after --warmup, default 3): "
+        "the highest with append -> decision p99 < 50 ms and no error",
+    )
+    ap.add_argument("--warmup", type=float, help="seconds of the same load before each phase's figures [0]")
     args = ap.parse_args()
     rate = args.rate or (200.0 if args.quick else 1_000.0)
-    seconds = args.seconds or (10.0 if args.quick else 60.0)
+    seconds = args.seconds or (10.0 if args.quick else 20.0 if args.capacity else 60.0)
+    warmup = args.warmup if args.warmup is not None else 3.0 if args.capacity else 0.0
     work = Path(tempfile.mkdtemp(prefix="bench-serve-kafka-"))
     try:
-        with kafka_broker() as (bootstrap, _pid):
-            more = {"forwarded": args.forwarded, "get_rate": args.gets}
-            if args.overload:
+        with kafka_broker() as (bootstrap, pid):
+            more = {"forwarded": args.forwarded, "get_rate": args.gets, "warmup_s": warmup, "broker_pid": pid}
+            if args.capacity:
+                rates = [float(r) for r in args.capacity.split(",")]
+                results = [
+                    phase(f"capacity-{r:.0f}", bootstrap, work, args.runs, r, seconds, kill=False, **more)  # type: ignore[arg-type]
+                    for r in rates
+                ]
+            elif args.overload:
                 more.update(calm_rate=args.calm_rate, calm_s=CALM_S)
                 results = [phase("overload", bootstrap, work, args.runs, rate, seconds, kill=False, **more)]  # type: ignore[arg-type]
             else:
                 results = [phase("steady", bootstrap, work, args.runs, rate, seconds, kill=False, **more)]  # type: ignore[arg-type]
-            if not args.steady_only and not args.overload:
+            if not args.steady_only and not args.overload and not args.capacity:
                 results.append(phase("sigkill", bootstrap, work, args.runs, rate, seconds, kill=True, **more))  # type: ignore[arg-type]
+            floors: dict[float, float] = {}
+            for res in results:  # the core path alone at each rate, the instances stopped
+                r = res["rate"]
+                if not res["killed"] and not res["calm_s"] and r not in floors:
+                    floors[r] = floor(bootstrap, args.runs, r, min(seconds, 20.0))  # type: ignore[arg-type]
     finally:
         if args.keep:
             print(f"kept {work}")
@@ -556,12 +686,21 @@ def main() -> None:
     print()
     for res in results:
         load: Load = res["load"]  # type: ignore[assignment]
-        title = "SIGKILL at the middle" if res["killed"] else "overload" if res["calm_s"] else "steady"
+        title = (
+            "SIGKILL at the middle"
+            if res["killed"]
+            else "overload"
+            if res["calm_s"]
+            else "capacity"
+            if args.capacity
+            else "steady"
+        )
         n = len(load.append_lat) + load.retries
         print(
             f"{title}: {res['rate']:,.0f} patches/s for {res['seconds']:.0f}s, "
             f"{'about half' if args.forwarded is None else f'{args.forwarded:.0%}'} of them sent to the "
             f"non-owner, {args.gets:.0f} GETs/s; load generator CPU {res['gen_cpu']:.0%} of a core"
+            + (f"; after {res['warmup_s']:.0f}s of the same load, not counted" if res["warmup_s"] else "")
         )
         print(
             f"  append -> decision, first try (ms p50 / p99 / max) {pct(load.append_lat)}  n={len(load.append_lat)}"
@@ -588,6 +727,22 @@ def main() -> None:
             "    by thread, ms per decided patch: "
             + ", ".join(f"{name} {1000 * cpu / decided:.2f}" for name, cpu in by_thread if cpu > 0)
         )
+        cost = (1000 * res["inst_cpu"] + 1000 * res["gen_s"]) / decided  # type: ignore[operator]
+        if res["broker_cpu"] is not None:
+            cost += 1000 * res["broker_cpu"] / decided  # type: ignore[operator]
+            print(
+                f"    the broker {1000 * res['broker_cpu'] / decided:.2f} ms and the load generator "  # type: ignore[operator]
+                f"{1000 * res['gen_s'] / decided:.2f} ms per decided patch; all together {cost:.2f} ms per decided "  # type: ignore[operator]
+                f"patch: this machine's {os.cpu_count()} cores could carry at most "
+                f"{1000 * (os.cpu_count() or 1) / cost:,.0f} patches/s at this cost"
+            )
+        if res["rate"] in floors:
+            f = floors[res["rate"]]  # type: ignore[index]
+            times = 1000 * res["inst_cpu"] / decided / f  # type: ignore[operator]
+            print(
+                f"    the floor, RunProducer + a projector in one process at the same rate (no HTTP, no "
+                f"snapshotter): {f:.2f} ms per patch; the two instances cost {times:.1f}x it"
+            )
         if res["calm_s"]:
             overload_report(load, res)
         if res["killed"] is not None:
@@ -610,6 +765,23 @@ def main() -> None:
             "verify (restored projection against a full replay): "
             f"{'passes' if res['verify'] else 'FAILS'}"
         )
+    if args.capacity:
+        capacity_report(results)
+
+
+def capacity_report(results: list[dict[str, object]]) -> None:
+    """Each rate of ``--capacity`` against the goal, and the highest that meets it."""
+    print("\ncapacity (append -> decision p99 < 50 ms, no error, after the warm-up):")
+    met = []
+    for res in results:
+        load: Load = res["load"]  # type: ignore[assignment]
+        ok = bool(load.append_lat) and p99(load.append_lat) < 0.05 and not load.errors and not load.skipped
+        met += [res["rate"]] if ok else []
+        print(
+            f"  {res['rate']:>6,.0f}/s  p50 / p99 / max {pct(load.append_lat)} ms  errors {len(load.errors)}  "
+            f"{'meets' if ok else 'does not'}"
+        )
+    print(f"  highest rate that meets it: {max(met):,.0f}/s" if met else "  no rate met it")  # type: ignore[type-var]
 
 
 def overload_report(load: Load, res: dict[str, object]) -> None:
