@@ -37,6 +37,7 @@ from runstate.schemas.errors import (
 from runstate.schemas.patch import Author, Decision, Patch
 from runstate.schemas.state import RunHeader, RunSummary
 from runstate.service.auth import AuthError, Identity
+from runstate.service.deadline import within
 from runstate.service.node import Node, NotOwner
 from runstate.service.routing import Forwarded, ForwardError, Router, Unavailable
 from runstate.snapshotter.checkpoint import Checkpoint
@@ -339,7 +340,7 @@ class Service:
             if waiting is None:
                 return out
             try:
-                decision = await asyncio.wait_for(asyncio.shield(waiting), wait_s)
+                decision = await within(asyncio.shield(waiting), wait_s)
             except TimeoutError:
                 # A resent patch id is a duplicate (no new decision), or the copy of the
                 # decision was lost: ask the owner before answering "pending".
@@ -380,7 +381,7 @@ class Service:
             out = ErasedOut(run_id=run_id, erasure=done.erasure, first=done.first)
             if waiting is not None and done.first:
                 try:
-                    out.decision = await asyncio.wait_for(asyncio.shield(waiting), wait_s)
+                    out.decision = await within(asyncio.shield(waiting), wait_s)
                 except TimeoutError:
                     pass
             return out
@@ -490,7 +491,7 @@ class Service:
                     )
                 with contextlib.suppress(TimeoutError):
                     # woken by the revision, or re-checking the lag now and then
-                    await asyncio.wait_for(asyncio.shield(w.future), min(left, 0.1))
+                    await within(asyncio.shield(w.future), min(left, 0.1))
         finally:
             self.node.hub.unwatch(run_id, w)
 

@@ -10,10 +10,22 @@ the connection is closed and counted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+T = TypeVar("T")
+
+
+async def within(aw: Awaitable[T], timeout_s: float) -> T:
+    """``await aw`` for at most ``timeout_s`` seconds, else :class:`TimeoutError` (``aw`` is
+    cancelled, as with ``asyncio.wait_for``). On Python 3.11 ``wait_for`` wraps a coroutine
+    in a task of its own, an extra task and loop turn for every body part and every waited
+    decision of every request; a timeout scope needs neither."""
+    async with asyncio.timeout(timeout_s):
+        return await aw
 
 
 def deadline_protocol(timeout_s: float, on_expired: Callable[[], None]) -> type[HttpToolsProtocol]:

@@ -43,6 +43,7 @@ from runstate.schemas.state import GraphCheckpointRead, RunState, RunStatus, Run
 from runstate.service.admission import Admission, Admit
 from runstate.service.auth import AuthError, Identity, Tokens
 from runstate.service.errors import answer, body
+from runstate.service.deadline import within
 from runstate.service.core import (
     DeadLetterOut,
     ErasedOut,
@@ -335,7 +336,7 @@ async def _read_body(request: Request, run_id: str) -> bytes:
     while True:
         left = deadline - time.monotonic()
         try:
-            chunk = await asyncio.wait_for(parts.__anext__(), min(settings.body_timeout_s, max(left, 0.0)))
+            chunk = await within(parts.__anext__(), min(settings.body_timeout_s, max(left, 0.0)))
         except StopAsyncIteration:
             break
         except TimeoutError:
@@ -611,7 +612,7 @@ async def get_events(
                 yield _sse(d)
             while True:
                 try:
-                    d = await asyncio.wait_for(q.get(), 15.0)
+                    d = await within(q.get(), 15.0)
                 except TimeoutError:
                     yield b": keep-alive\n\n"
                     continue
@@ -863,7 +864,7 @@ class McpBodies:
         while True:
             left = deadline - time.monotonic()
             try:
-                message = await asyncio.wait_for(receive(), min(st.body_timeout_s, max(left, 0.0)))
+                message = await within(receive(), min(st.body_timeout_s, max(left, 0.0)))
             except TimeoutError:
                 self.counter.labels("body").inc()
                 whole = left <= st.body_timeout_s
