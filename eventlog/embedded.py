@@ -217,11 +217,23 @@ class _Wakeup:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.seq = 0
+        #: per topic, per partition: the next offset after this process's latest commit there
+        self.ends: dict[str, dict[int, int]] = {}
 
-    def bump(self) -> None:
+    def bump(self, heads: dict[tuple[str, int], int]) -> None:
+        """A commit by this process, which left each ``(topic, partition)`` of ``heads``
+        ending before that offset."""
         with self.cond:
             self.seq += 1
+            for (topic, partition), end in heads.items():
+                ends = self.ends.setdefault(topic, {})
+                if end > ends.get(partition, 0):
+                    ends[partition] = end
             self.cond.notify_all()
+
+    def ends_of(self, topic: str) -> dict[int, int]:
+        with self.cond:
+            return dict(self.ends.get(topic, ()))
 
     def wait(self, seen: int, timeout_s: float) -> None:
         with self.cond:
@@ -229,12 +241,14 @@ class _Wakeup:
                 self.cond.wait(timeout_s)
 
 
-_wakeups: dict[Path, _Wakeup] = {}
+_wakeups: dict[tuple[Path, str], _Wakeup] = {}
 _wakeups_lock = threading.Lock()
 
 
-def _wakeup_for(path: Path) -> _Wakeup:
-    key = path.resolve()
+def _wakeup_for(path: Path, log_id: str) -> _Wakeup:
+    """The readers' wake-up of one log: a file re-created under the same name has its own
+    (its offsets start again)."""
+    key = (path.resolve(), log_id)
     with _wakeups_lock:
         return _wakeups.setdefault(key, _Wakeup())
 
@@ -278,7 +292,7 @@ class EmbeddedLog(EventLog):
         except BaseException:
             self.close()
             raise
-        self.wakeup = _wakeup_for(self.path)
+        self.wakeup = _wakeup_for(self.path, self.identity())
         if create:
             self.create_topics(partitions)
 
@@ -482,7 +496,7 @@ class EmbeddedLog(EventLog):
             raise LogError(
                 f"append to {self.path}: cannot record it as acknowledged in {self._acked.path}: {e.strerror}"
             ) from e
-        self.wakeup.bump()  # committed: readers in this process need not wait for their next poll
+        self.wakeup.bump(heads)  # committed: readers in this process need not wait for their next poll
         return out
 
     def _compacted_topics(self) -> set[str]:
@@ -703,9 +717,22 @@ class EmbeddedProducer(LogProducer):
         self.flush(timeout_s)
 
 
+#: Least seconds between two reads of the partitions' ends by a reader that has nothing
+#: left to fetch (how soon it sees another process's appends).
+ASK_EVERY_S = 0.01
+
+
 class EmbeddedReader(LogReader):
     """Follows partitions of one topic by polling the file (every 10 ms while idle, at once
-    after an append by this process)."""
+    after an append by this process).
+
+    It fetches only from partitions it knows to hold records past its position. What it
+    knows: the partitions' ends as last read from the file, raised by the commits of this
+    process (:class:`_Wakeup`); the file's ends are read again at most every
+    :data:`ASK_EVERY_S`, busy or idle. So a reader that an appender in this process keeps
+    busy (a serve's projector and snapshotter) does not query them around every append, and
+    appends by other processes are seen within that time, as the idle polling saw them
+    before."""
 
     def __init__(self, log: EmbeddedLog, topic: str, positions: dict[int, int], own_log: bool = False) -> None:
         self._log = log
@@ -713,6 +740,22 @@ class EmbeddedReader(LogReader):
         self.positions = dict(positions)
         self._own_log = own_log
         self._rr = 0
+        self._ends: dict[int, int] = {}
+        self._asked_at = float("-inf")
+
+    def _pending(self, parts: list[int]) -> list[int]:
+        return [p for p in parts if self._ends.get(p, 0) > self.positions[p]]
+
+    def _known_ends(self, parts: list[int]) -> list[int]:
+        """The partitions with records past this reader's position, from what it knows, else
+        from the file."""
+        for p, end in self._log.wakeup.ends_of(self._topic).items():
+            if end > self._ends.get(p, 0):
+                self._ends[p] = end
+        if time.monotonic() - self._asked_at >= ASK_EVERY_S:  # busy or not: another process may have appended
+            self._ends.update(self._log.end_offsets(self._topic))
+            self._asked_at = time.monotonic()
+        return self._pending(parts)
 
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
         deadline = time.monotonic() + timeout_s
@@ -720,22 +763,20 @@ class EmbeddedReader(LogReader):
             seen = self._log.wakeup.seq
             out: list[Record] = []
             parts = sorted(self.positions)
-            if parts:
-                share = max(1, max_records // len(parts))
-                # One read of the partitions' ends, then a fetch only where there is something
-                # past this reader's position: a serve's reader polls after every append.
-                ends = self._log.end_offsets(self._topic) if len(parts) > 1 else None
+            pending = self._known_ends(parts) if len(parts) > 1 else parts
+            if pending:
+                share = max(1, max_records // len(pending))
                 # Round-robin start so that one busy partition cannot starve the others.
-                self._rr = (self._rr + 1) % len(parts)
-                for p in parts[self._rr :] + parts[: self._rr]:
+                self._rr = (self._rr + 1) % len(pending)
+                for p in pending[self._rr :] + pending[: self._rr]:
                     if len(out) >= max_records:
                         break
-                    if ends is not None and ends.get(p, 0) <= self.positions[p]:
-                        continue
                     rows = self._log._fetch(self._topic, p, self.positions[p], min(share, max_records - len(out)))
                     if rows:
                         self.positions[p] = rows[-1].offset + 1
                         out.extend(rows)
+                    else:  # nothing there after all (its records compacted away): ask the file next time
+                        self._ends[p] = self.positions[p]
             if out or time.monotonic() >= deadline:
                 return out
             self._log.wakeup.wait(seen, min(0.01, max(0.0, deadline - time.monotonic())))

@@ -186,3 +186,44 @@ def test_a_poll_reads_only_the_partitions_with_new_records(tmp_path: Path, monke
     reader.close()
     producer.close()
     log.close()
+
+
+def test_a_reader_kept_busy_by_this_process_still_sees_another_process_appends(tmp_path: Path) -> None:
+    """A reader learns of this process's appends without reading the file; it must still
+    read the file's ends often enough to see another process's, even while this process
+    keeps it busy: another process's record comes within a few polls."""
+    import subprocess
+    import sys
+    import time
+
+    from runstate.eventlog.partitioner import partition_for
+
+    path = tmp_path / "log.db"
+    log = EmbeddedLog(path, partitions=4)
+    topic = log.topics.events
+    ours = "run_ours"
+    theirs = next(k for k in (f"run_{i}" for i in range(100)) if partition_for(k, 4) != partition_for(ours, 4))
+    reader = log.reader(topic, {p: 0 for p in range(4)})
+    producer = log.producer()
+    producer.append_async(topic, ours, b"first", lambda w, e: None)
+    producer.flush(5)
+    assert [r.value for r in reader.poll(100, 1)] == [b"first"]
+    code = (
+        "from runstate.eventlog.embedded import EmbeddedLog\n"
+        f"log = EmbeddedLog({str(path)!r}, create=False)\n"
+        "p = log.producer()\n"
+        f"p.append_async(log.topics.events, {theirs!r}, b'theirs', lambda w, e: None)\n"
+        "p.flush(5)\n"
+        "log.close()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    seen: list[bytes] = []
+    deadline = time.monotonic() + 2.0
+    while b"theirs" not in seen and time.monotonic() < deadline:
+        producer.append_async(topic, ours, b"more", lambda w, e: None)  # this process keeps it busy
+        producer.flush(5)
+        seen += [r.value for r in reader.poll(100, 0)]
+    assert b"theirs" in seen
+    reader.close()
+    producer.close()
+    log.close()
