@@ -717,8 +717,8 @@ class EmbeddedProducer(LogProducer):
         self.flush(timeout_s)
 
 
-#: Least seconds between two reads of the partitions' ends by a reader that has nothing
-#: left to fetch (how soon it sees another process's appends).
+#: Least seconds between two reads of the partitions' ends from the file by one reader (how
+#: soon it sees another process's appends).
 ASK_EVERY_S = 0.01
 
 
@@ -747,8 +747,8 @@ class EmbeddedReader(LogReader):
         return [p for p in parts if self._ends.get(p, 0) > self.positions[p]]
 
     def _known_ends(self, parts: list[int]) -> list[int]:
-        """The partitions with records past this reader's position, from what it knows, else
-        from the file."""
+        """The partitions with records past this reader's position: from this process's
+        commits and, at most every :data:`ASK_EVERY_S`, from the file."""
         for p, end in self._log.wakeup.ends_of(self._topic).items():
             if end > self._ends.get(p, 0):
                 self._ends[p] = end
