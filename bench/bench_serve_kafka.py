@@ -242,7 +242,7 @@ class Load:
         self, instances: list[Instance], runs: int, rng: random.Random, forwarded: float | None = None, tag: str = ""
     ) -> None:
         self.instances = instances
-        #: prefixes its fact and patch ids (a warm-up's load and the measured one share the runs)
+        #: prefixes its fact and patch ids (a warm-up's load and the counted one share the runs)
         self.tag = tag
         self.runs = runs
         self.rng = rng
