@@ -506,7 +506,9 @@ def _floor_child(bootstrap: str, runs: int, rate: float, seconds: float, out: mp
     ms per decided patch, counted from the first paced patch until the last is stored."""
     prefix = f"bench-floor-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as state:
-        settings = Settings(log=f"kafka://{bootstrap}", topic_prefix=prefix, state_dir=state)
+        settings = Settings(
+            log=f"kafka://{bootstrap}", topic_prefix=prefix, state_dir=state, instance_secret=INSTANCE_SECRET
+        )
         log = open_settings_log(settings)
         log.create_topics(PARTITIONS)
         hook = _Count()
