@@ -453,12 +453,12 @@ class EmbeddedLog(EventLog):
         to, or None for its key's partition."""
         now = int(time.time() * 1000)
         out = []
+        placed = [(t, self._partition(t, k, p), k, v, h) for t, k, v, h, p in items]
         try:
             with _txn(self._db):
                 heads: dict[tuple[str, int], int] = {}
                 rows = []
-                for topic, key, value, headers, partition in items:
-                    p = partition_for(key, self.partitions(topic)) if partition is None else partition
+                for topic, p, key, value, headers in placed:
                     hk = (topic, p)
                     if hk not in heads:
                         heads[hk] = self._db.execute(
@@ -498,6 +498,15 @@ class EmbeddedLog(EventLog):
             ) from e
         self.wakeup.bump(heads)  # committed: readers in this process need not wait for their next poll
         return out
+
+    def _partition(self, topic: str, key: str, partition: int | None) -> int:
+        """The partition a record goes to: its key's, or the one named, which the topic must have."""
+        n = self.partitions(topic)
+        if partition is None:
+            return partition_for(key, n)
+        if not 0 <= partition < n:
+            raise LogConfigError(f"topic {topic!r} in {self.path} has {n} partitions, not partition {partition}")
+        return partition
 
     def _compacted_topics(self) -> set[str]:
         if self._compacted is None:

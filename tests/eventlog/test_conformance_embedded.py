@@ -227,3 +227,17 @@ def test_a_reader_kept_busy_by_this_process_still_sees_another_process_appends(t
     reader.close()
     producer.close()
     log.close()
+
+
+def test_an_append_to_a_partition_the_topic_lacks_is_refused_alone(tmp_path: Path) -> None:
+    """A record for a partition the topic does not have is a typed error naming the topic's
+    partitions (it was a TypeError from the log's internals), and the log takes the next
+    append."""
+    from runstate.schemas.errors import DeliveryError
+
+    log = EmbeddedLog(tmp_path / "log.db", partitions=2)
+    producer = log.producer()
+    with pytest.raises(DeliveryError, match="has 2 partitions, not partition 5"):
+        producer.append(log.topics.events, "run-a", b"x", partition=5)
+    assert producer.append(log.topics.events, "run-a", b"y", partition=1).offset == 0
+    log.close()
