@@ -100,6 +100,8 @@ SESSION_TIMEOUT = (
 MAX_IN_FLIGHT = 2_000
 #: how long the overload phase sends at the calm rate after its burst (s)
 CALM_S = 10.0
+#: how long ``--capacity`` loads a fresh broker before its first phase, not counted (s)
+BROKER_WARMUP_S = 20.0
 
 
 def cpu_s(pid: int | None) -> float:
@@ -114,7 +116,7 @@ def cpu_s(pid: int | None) -> float:
 class Instance:
     """One ``runstate serve`` on Kafka, on a loopback port."""
 
-    def __init__(self, name: str, bootstrap: str, topics: TopicNames, work: Path) -> None:
+    def __init__(self, name: str, bootstrap: str, topics: TopicNames, work: Path, snapshotter: str = "thread") -> None:
         self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -126,11 +128,25 @@ class Instance:
             "RUNSTATE_STATE_DIR": str(self.state),
             "RUNSTATE_INSTANCE_SECRET": INSTANCE_SECRET,
         }
+        apart = snapshotter == "process"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runstate.cli", "serve", "--port", str(self.port)],
+            [sys.executable, "-m", "runstate.cli", "serve", "--port", str(self.port)]
+            + (["--no-snapshotter"] if apart else []),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=open(work / f"{name}.log", "wb"),
+        )
+        #: ``snapshotter="process"``: the instance's snapshotter as ``runstate snapshot`` beside
+        #: ``serve --no-snapshotter`` (its CPU and memory counted as the instance's)
+        self.snap = (
+            subprocess.Popen(
+                [sys.executable, "-m", "runstate.cli", "snapshot", "--quiet"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=open(work / f"{name}-snapshot.log", "wb"),
+            )
+            if apart
+            else None
         )
         self.pool = LeanPool("127.0.0.1", self.port)
         #: the partitions it owned when last asked (the load refreshes it every second)
@@ -139,32 +155,41 @@ class Instance:
     def owned(self) -> set[int]:
         return self.health()[0]
 
+    def pids(self) -> list[int]:
+        return [self.proc.pid] + ([self.snap.pid] if self.snap is not None else [])
+
     def cpu_s(self) -> float:
-        """CPU seconds the instance's process has used (0 once it is gone)."""
-        return cpu_s(self.proc.pid)
+        """CPU seconds the instance's processes have used (0 once they are gone)."""
+        return sum(cpu_s(pid) for pid in self.pids())
 
     def cpu_by_thread(self) -> dict[str, float]:
         """CPU seconds per thread name (the kernel's: serve names its threads ``rs-*``,
         librdkafka its own ``rdk:*``), summed over threads of one name."""
         out: dict[str, float] = {}
         tick = os.sysconf("SC_CLK_TCK")
-        for task in Path(f"/proc/{self.proc.pid}/task").glob("*"):
-            try:
-                comm = (task / "comm").read_text().strip()
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            name = "rdk:*" if comm.startswith("rdk:") else comm
-            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        for pid in self.pids():
+            for task in Path(f"/proc/{pid}/task").glob("*"):
+                try:
+                    comm = (task / "comm").read_text().strip()
+                    fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                name = "rdk:*" if comm.startswith("rdk:") else comm
+                if pid != self.proc.pid:
+                    name = f"snapshot process ({name})"
+                out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
         return out
 
     def peak_mb(self) -> float:
-        """The process's peak resident memory so far (``VmHWM``), MB; 0 once it has exited."""
-        try:
-            status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        except OSError:
-            return 0.0
-        return next(int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmHWM")) / 1024
+        """The processes' peak resident memory so far (``VmHWM``, summed), MB; 0 once they have exited."""
+        total = 0.0
+        for pid in self.pids():
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            total += next(int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmHWM")) / 1024
+        return total
 
     def health(self) -> tuple[set[int], set[int]]:
         """The partitions it serves, and those it is restoring."""
@@ -178,9 +203,10 @@ class Instance:
         return self.proc.poll() is None
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.alive():
-            self.proc.send_signal(sig)
-            self.proc.wait(60)
+        for proc in (self.proc, self.snap):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(sig)
+                proc.wait(60)
 
 
 def seed(bootstrap: str, topics: TopicNames, runs: int) -> None:
@@ -400,7 +426,8 @@ class Load:
         refreshed = t0
         while (now := time.perf_counter() - t0) < seconds_all:
             if kill_at is not None and killed is None and now >= kill_at:
-                self.instances[0].proc.send_signal(signal.SIGKILL)
+                for pid in self.instances[0].pids():  # the machine dies: its snapshotter too
+                    os.kill(pid, signal.SIGKILL)
                 killed = time.perf_counter()
                 print(f"  SIGKILLed {self.instances[0].name} at {now:.1f}s", flush=True)
             if time.perf_counter() - refreshed > (0.2 if killed else 1.0):  # who owns what, for the non-owner GETs
@@ -569,6 +596,7 @@ def phase(
     calm_s: float = 0.0,
     warmup_s: float = 0.0,
     broker_pid: int | None = None,
+    snapshotter: str = "thread",
 ) -> dict[str, object]:
     """One phase on fresh topics and instances. ``warmup_s``: the same load first for that
     long, not counted (what a start costs is in the steady phase's first seconds)."""
@@ -577,7 +605,8 @@ def phase(
     log.create_topics(PARTITIONS)
     log.close()
     seed(bootstrap, topics, runs)
-    a, b = Instance(f"{name}-a", bootstrap, topics, work), Instance(f"{name}-b", bootstrap, topics, work)
+    a = Instance(f"{name}-a", bootstrap, topics, work, snapshotter)
+    b = Instance(f"{name}-b", bootstrap, topics, work, snapshotter)
     try:
         wait_split(a, b, runs)
         print(
@@ -654,6 +683,13 @@ def main() -> None:
         "the highest with append -> decision p99 < 50 ms and no error",
     )
     ap.add_argument("--warmup", type=float, help="seconds of the same load before each phase's figures [0]")
+    ap.add_argument(
+        "--snapshotter",
+        choices=("thread", "process"),
+        default="thread",
+        help="each instance's snapshotter: a thread of serve, or `runstate snapshot` beside `serve "
+        "--no-snapshotter` (its CPU counted as the instance's) [%(default)s]",
+    )
     args = ap.parse_args()
     rate = args.rate or (200.0 if args.quick else 1_000.0)
     seconds = args.seconds or (10.0 if args.quick else 20.0 if args.capacity else 60.0)
@@ -661,9 +697,21 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-serve-kafka-"))
     try:
         with kafka_broker() as (bootstrap, pid):
-            more = {"forwarded": args.forwarded, "get_rate": args.gets, "warmup_s": warmup, "broker_pid": pid}
+            more = {
+                "forwarded": args.forwarded,
+                "get_rate": args.gets,
+                "warmup_s": warmup,
+                "broker_pid": pid,
+                "snapshotter": args.snapshotter,
+            }
             if args.capacity:
                 rates = [float(r) for r in args.capacity.split(",")]
+                # A fresh broker's JVM is still compiling: without this, the first phase's
+                # broker cost twice the later ones' per patch and set its tail.
+                print(
+                    f"broker warm-up: the floor's load at {max(rates):,.0f}/s for {BROKER_WARMUP_S:.0f} s", flush=True
+                )
+                floor(bootstrap, args.runs, max(rates), BROKER_WARMUP_S)
                 results = [
                     phase(f"capacity-{r:.0f}", bootstrap, work, args.runs, r, seconds, kill=False, **more)  # type: ignore[arg-type]
                     for r in rates
