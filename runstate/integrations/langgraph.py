@@ -653,7 +653,9 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
         self.backend = backend
         self.timeout_s = timeout_s
         self._started: set[str] = set()
-        self._starting = threading.Lock()
+        #: run -> the lock its first write holds (one per run: another run's start does not wait)
+        self._starting: dict[str, threading.Lock] = {}
+        self._starting_guard = threading.Lock()
         self._generations: dict[str, int] = {}
         self._generation_of: OrderedDict[tuple[str, str, str], int] = OrderedDict()
 
@@ -679,14 +681,18 @@ class RunstateSaver(_Graph, BaseCheckpointSaver[str]):
         """Write ``evs`` (one patch) to a run, starting the run if it does not exist (unless
         ``start`` is off: then None). ``new``: the thread is probably new (a checkpoint with no
         parent), so the start is tried first. A run's first write in this process holds
-        the others to it, so that concurrent writes do not race to start the run. Raises
-        :class:`PatchRejected`."""
+        that run's other writes to it, so that they do not race to start the run; other
+        runs' writes go on. Raises :class:`PatchRejected`."""
         plan = _attempts(run_id, evs, start, new, self.timeout_s)
         if run_id in self._started:
             return self._drive(plan)
-        with self._starting:
+        with self._starting_guard:
+            lock = self._starting.setdefault(run_id, threading.Lock())
+        with lock:
             d = self._drive(plan)
             self._started.add(run_id)
+            with self._starting_guard:  # started: its later writes no longer look for the lock
+                self._starting.pop(run_id, None)
             return d
 
     def _drive(self, plan: Plan[T]) -> T:
@@ -811,7 +817,8 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
         self.timeout_s = timeout_s
         self.loop = asyncio.get_running_loop()
         self._started: set[str] = set()
-        self._starting = asyncio.Lock()
+        #: run -> the lock its first write holds (one per run: another run's start does not wait)
+        self._starting: dict[str, asyncio.Lock] = {}
         self._generations: dict[str, int] = {}
         self._generation_of: OrderedDict[tuple[str, str, str], int] = OrderedDict()
 
@@ -837,9 +844,10 @@ class AsyncRunstateSaver(_Graph, BaseCheckpointSaver[str]):
         plan = _attempts(run_id, evs, start, new, self.timeout_s)
         if run_id in self._started:
             return await self._drive(plan)
-        async with self._starting:
+        async with self._starting.setdefault(run_id, asyncio.Lock()):
             d = await self._drive(plan)
             self._started.add(run_id)
+            self._starting.pop(run_id, None)  # started: its later writes no longer look for the lock
             return d
 
     async def _drive(self, plan: Plan[T]) -> T:

@@ -655,3 +655,72 @@ def test_the_json_serializer_writes_what_langgraph_js_reads_and_names_what_it_ca
     assert serde.dumps_typed(b"raw") == ("bytes", b"raw")
     with pytest.raises(TypeError, match="datetime.datetime"):
         serde.dumps_typed({"at": datetime(2026, 1, 1)})
+
+
+def test_first_writes_of_different_threads_do_not_wait_for_each_other(tmp_path: Path) -> None:
+    """A thread's first write holds back the other writes of that thread (so that they do
+    not race to start its run), not every other thread's: two threads' first puts, at
+    once, are both under way together (one waits inside the backend for the other to
+    arrive). With one lock for the whole saver the second waited for the first to end."""
+    import threading
+
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+    with RunstateSaver.from_conn_string(tmp_path / "rs") as saver:
+        real = saver.backend.submit
+        beta_arrived = threading.Event()
+        waited: list[bool] = []
+
+        def submit(run_id: str, draft: Any, timeout_s: float) -> Any:
+            if "beta" in run_id:
+                beta_arrived.set()
+            elif not waited:
+                waited.append(beta_arrived.wait(5))
+            return real(run_id, draft, timeout_s)
+
+        saver.backend.submit = submit  # type: ignore[method-assign]
+        puts = [
+            threading.Thread(
+                target=saver.put, args=(generate_config(f"t-{name}"), generate_checkpoint(), generate_metadata(), {})
+            )
+            for name in ("alpha", "beta")
+        ]
+        puts[0].start()
+        time.sleep(0.2)  # alpha's first write is under way
+        puts[1].start()
+        for t in puts:
+            t.join(30)
+        assert waited == [True]
+
+
+def test_first_writes_of_different_threads_do_not_wait_for_each_other_async(tmp_path: Path) -> None:
+    """As above, for the asyncio saver."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+    async def main() -> list[bool]:
+        async with AsyncRunstateSaver.from_conn_string(tmp_path / "rs") as saver:
+            real = saver.backend.submit
+            beta_arrived = asyncio.Event()
+            waited: list[bool] = []
+
+            async def submit(run_id: str, draft: Any, timeout_s: float) -> Any:
+                if "beta" in run_id:
+                    beta_arrived.set()
+                elif not waited:
+                    try:
+                        await asyncio.wait_for(beta_arrived.wait(), 5)
+                        waited.append(True)
+                    except TimeoutError:
+                        waited.append(False)
+                return await real(run_id, draft, timeout_s)
+
+            saver.backend.submit = submit  # type: ignore[method-assign]
+            alpha = asyncio.create_task(
+                saver.aput(generate_config("t-alpha"), generate_checkpoint(), generate_metadata(), {})
+            )
+            await asyncio.sleep(0.2)
+            await saver.aput(generate_config("t-beta"), generate_checkpoint(), generate_metadata(), {})
+            await alpha
+            return waited
+
+    assert asyncio.run(main()) == [True]
