@@ -1,5 +1,5 @@
-"""A small client of ``runstate serve`` (httpx; sync :class:`Client` and asyncio
-:class:`AsyncClient`) with the verbs of :class:`RunProducer` and :class:`Projection`, so a
+"""A small client of ``runstate serve`` (sync :class:`Client` on httpx, asyncio
+:class:`AsyncClient` on aiohttp) with the verbs of :class:`RunProducer` and :class:`Projection`, so a
 worker moves from local to remote by changing a URL::
 
     with Client("http://127.0.0.1:8750", token=...) as rs:
@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Generator, Iterator
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlencode
 
 import aiohttp
 import httpx
@@ -378,66 +378,30 @@ def _sse_data(lines: Iterator[str]) -> Iterator[str]:
             data = []
 
 
-class _AiohttpStream(httpx.AsyncByteStream):
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        self._resp = resp
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._resp.content.iter_any():
-                yield chunk
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            raise httpx.ReadError(str(e) or type(e).__name__) from e
-
-    async def aclose(self) -> None:
-        self._resp.release()
+def _transport_error(e: BaseException, method: str, url: str) -> httpx.TransportError:
+    """aiohttp's failure as httpx's, which the clients' shared policy retries."""
+    request = httpx.Request(method, url)
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return httpx.ConnectError(str(e), request=request)
+    if isinstance(e, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
+        return httpx.ReadTimeout(str(e) or "timed out", request=request)
+    return httpx.ReadError(str(e) or type(e).__name__, request=request)
 
 
-class _AiohttpTransport(httpx.AsyncBaseTransport):
-    """httpx's requests sent through aiohttp's connection pool. With many requests in flight
-    at once (a LangGraph app's threads), httpcore's pool checked every connection on every
-    request and took most of a client's CPU, as it did in serve's forwarding hop. Errors
-    are httpx's (a refused connection is ``httpx.ConnectError``, and so on), so the client
-    retries as before."""
-
-    def __init__(self) -> None:
-        self._session: aiohttp.ClientSession | None = None
-
-    def _pool(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            # No limit of its own: httpx's timeouts bound each request; decoding is httpx's.
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
-        return self._session
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        t = request.extensions.get("timeout", {})
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=t.get("connect"), sock_read=t.get("read"))
-        try:
-            resp = await self._pool().request(
-                request.method,
-                # As httpx encoded it: aiohttp must not decode or normalize an id's escapes
-                # (x%2F..%2Fvictim is one run, not a path to another).
-                yarl.URL(str(request.url), encoded=True),
-                headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw],
-                data=request.content,
-                timeout=timeout,
-                allow_redirects=False,
-            )
-        except aiohttp.ClientConnectorError as e:
-            raise httpx.ConnectError(str(e), request=request) from e
-        except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as e:
-            raise httpx.ReadTimeout(str(e) or "timed out", request=request) from e
-        except aiohttp.ClientError as e:
-            raise httpx.ReadError(str(e) or type(e).__name__, request=request) from e
-        return httpx.Response(resp.status, headers=resp.raw_headers, stream=_AiohttpStream(resp), request=request)
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+def _query(params: dict[str, Any]) -> str:
+    """``params`` as a query string, each value as httpx writes it (the sync client's)."""
+    return urlencode({k: ("true" if v is True else "false" if v is False else v) for k, v in params.items()})
 
 
 class AsyncClient(_Base):
-    """The same verbs for asyncio (``route``: as :class:`Client`'s)."""
+    """The same verbs for asyncio (``route``: as :class:`Client`'s), sent with aiohttp.
+
+    Not httpx's ``AsyncClient``: with many requests in flight at once (a LangGraph app's
+    threads) httpcore's pool checked every connection on every request, and httpx's own
+    building of each request (its URL parsed and merged, cookies, hooks) cost more of a
+    LangGraph client's CPU than aiohttp's sending it (the performance page). Answers and
+    transport errors are httpx's types, so that both clients share one policy
+    (``_Base._exchange``)."""
 
     def __init__(
         self,
@@ -449,9 +413,58 @@ class AsyncClient(_Base):
         route: bool = False,
     ) -> None:
         super().__init__(url, token, retry_s, route)
-        self.http = httpx.AsyncClient(
-            base_url=self.url, headers=self.headers, timeout=timeout_s, transport=_AiohttpTransport()
-        )
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _pool(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # No limit of its own: the timeouts bound each request; no decoding of bodies.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+        return self._session
+
+    async def _open(
+        self,
+        method: str,
+        target: str,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        content: bytes | None = None,
+        timeout: aiohttp.ClientTimeout | None = None,
+    ) -> tuple[aiohttp.ClientResponse, str]:
+        """Send a request (``target``: a path under :attr:`url`, or an owner's URL) and
+        return the response, its body not read yet, and the URL it went to. Transport
+        failures raise httpx's errors (a refused connection is ``httpx.ConnectError``)."""
+        url = target if target.startswith(("http://", "https://")) else self.url + target
+        if params:
+            url += "?" + _query(params)
+        try:
+            resp = await self._pool().request(
+                method,
+                # As written: aiohttp must not decode or normalize an id's escapes (x%2F..%2Fvictim
+                # is one run, not a path to another).
+                yarl.URL(url, encoded=True),
+                headers={**self.headers, **headers} if headers else self.headers,
+                data=content,
+                timeout=timeout or self._timeout,
+                allow_redirects=False,
+            )
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise _transport_error(e, method, url) from e
+        return resp, url
+
+    async def _send(self, method: str, target: str, **kw: Any) -> httpx.Response:
+        """The whole answer to one request, as an ``httpx.Response``."""
+        resp, url = await self._open(method, target, **kw)
+        try:
+            body = await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise _transport_error(e, method, url) from e
+        finally:
+            resp.release()
+        answer = httpx.Response(resp.status, headers=resp.raw_headers, content=body)
+        if resp.status >= 400:  # what _raise reads the run id from; built only then
+            answer.request = httpx.Request(method, url)
+        return answer
 
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         steps = self._exchange(path)
@@ -464,8 +477,8 @@ class AsyncClient(_Base):
                     await asyncio.sleep(float(arg))
                     continue
                 try:
-                    outcome = await self.http.request(
-                        "GET" if what == "owners" else method, str(arg), **({} if what == "owners" else kw)
+                    outcome = await (
+                        self._send("GET", str(arg)) if what == "owners" else self._send(method, str(arg), **kw)
                     )
                 except httpx.TransportError as e:
                     outcome = e
@@ -541,22 +554,37 @@ class AsyncClient(_Base):
 
     async def events(self, run_id: str, last_event_id: int | None = None) -> AsyncIterator[Decision]:
         headers = {"last-event-id": str(last_event_id)} if last_event_id is not None else {}
-        async with self.http.stream(
-            "GET", f"/runs/{path_segment(run_id)}/events", headers=headers, timeout=None
-        ) as resp:
-            if resp.status_code >= 400:
-                await resp.aread()
-                _raise(resp)
+        resp, url = await self._open(
+            "GET", f"/runs/{path_segment(run_id)}/events", headers=headers, timeout=aiohttp.ClientTimeout(total=None)
+        )
+        try:
+            if resp.status >= 400:
+                body = await resp.read()
+                _raise(
+                    httpx.Response(
+                        resp.status, headers=resp.raw_headers, content=body, request=httpx.Request("GET", url)
+                    )
+                )
             data: list[str] = []
-            async for line in resp.aiter_lines():
-                if line.startswith("data:"):
-                    data.append(line[5:].lstrip())
-                elif not line and data:
-                    yield Decision.model_validate_json("\n".join(data))
-                    data = []
+            pending = b""  # a line's start, until its end arrives (a line may be any length)
+            try:
+                async for chunk in resp.content.iter_any():
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for raw in lines:
+                        line = raw.decode().rstrip("\r")
+                        if line.startswith("data:"):
+                            data.append(line[5:].lstrip())
+                        elif not line and data:
+                            yield Decision.model_validate_json("\n".join(data))
+                            data = []
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                raise _transport_error(e, "GET", url) from e
+        finally:
+            resp.release()
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

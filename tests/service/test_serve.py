@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 from helpers import doc_blocks, examples, fact, start, embedded_env
-from servekit import ServeProcess, serving
+from servekit import ServeProcess, free_port, serving
 
-from runstate.client import AsyncClient, Client, ServiceError
+from runstate.client import AsyncClient, Client, ServiceError, ServiceUnreachable
 from runstate.schemas.errors import ContractError, RunNotFound
 from runstate.schemas.patch import Decision
 from runstate.projector.read.queries import Projection
@@ -313,6 +313,25 @@ def test_async_client_has_the_same_verbs(served: Served) -> None:
             assert len(await rs.history("async-1")) == 1
             with pytest.raises(ContractError):
                 await rs.append("async-1", {"expected_revision": 1, "events": [{"type": "Nope"}]})
+            with pytest.raises(RunNotFound):
+                await rs.state("async-no-such-run")
+            async with AsyncClient(served.url, served.tokens["team_a"]) as team_a:
+                with pytest.raises(ServiceError) as denied:
+                    await team_a.append("async-1", {"expected_revision": 1, "events": [fact("f0")]})
+            assert denied.value.status == 403
+            # the event stream: what comes next, then, resumed after the first, the rest replayed
+            stream = rs.events("async-1", last_event_id=d.offset)
+            coming = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0.5)  # the stream is open
+            d2 = await rs.submit("async-1", {"expected_revision": 1, "events": [fact("f1")]})
+            assert (await asyncio.wait_for(coming, 10)).patch_id == d2.patch_id
+            await stream.aclose()
+            again = rs.events("async-1", last_event_id=d.offset)
+            assert (await asyncio.wait_for(anext(again), 10)).patch_id == d2.patch_id
+            await again.aclose()
+        async with AsyncClient(f"http://127.0.0.1:{free_port()}", retry_s=0.5) as gone:
+            with pytest.raises(ServiceUnreachable, match="cannot reach runstate serve"):
+                await gone.state("async-1")
 
     asyncio.run(main())
 
