@@ -131,7 +131,7 @@ class Instance:
         apart = snapshotter == "process"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runstate.cli", "serve", "--port", str(self.port)]
-            + (["--no-snapshotter"] if apart else []),
+            + (["--no-snapshotter"] if snapshotter != "thread" else []),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=open(work / f"{name}.log", "wb"),
@@ -685,10 +685,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, help="seconds of the same load before each phase's figures [0]")
     ap.add_argument(
         "--snapshotter",
-        choices=("thread", "process"),
+        choices=("thread", "process", "none"),
         default="thread",
-        help="each instance's snapshotter: a thread of serve, or `runstate snapshot` beside `serve "
-        "--no-snapshotter` (its CPU counted as the instance's) [%(default)s]",
+        help="each instance's snapshotter: a thread of serve, `runstate snapshot` beside `serve "
+        "--no-snapshotter` (its CPU counted as the instance's), or none (what it costs) [%(default)s]",
     )
     args = ap.parse_args()
     rate = args.rate or (200.0 if args.quick else 1_000.0)
