@@ -561,10 +561,14 @@ def _attempts(
     :class:`PatchRejected`), or None where the run does not exist and ``start`` is off. ``new``: try starting the run
     first. Each rejection it resolves is resolved once: the run started meanwhile (send the
     event alone), a control event moved the run on (name its revision), no run yet (start it)."""
-    thread_id, n = thread_of(run_id)
-    statement = f"LangGraph thread {thread_id}" + (f", generation {n}" if n > 1 else "")
-    begun = [events.RunStarted(goal=events.GoalSpec(statement=statement)), *evs]
-    d = (yield "submit", (run_id, _draft(0, begun, False), timeout_s)) if new and start else None
+
+    def begun() -> list[events.Model]:
+        # Built only when the run is to be started: most writes go to a started run.
+        thread_id, n = thread_of(run_id)
+        statement = f"LangGraph thread {thread_id}" + (f", generation {n}" if n > 1 else "")
+        return [events.RunStarted(goal=events.GoalSpec(statement=statement)), *evs]
+
+    d = (yield "submit", (run_id, _draft(0, begun(), False), timeout_s)) if new and start else None
     if d is None or d.reason == "revision_conflict":  # not new, or started already
         d = yield "submit", (run_id, _draft(0, list(evs), True), timeout_s)
     if d.reason == _SUPERSEDED:
@@ -572,7 +576,7 @@ def _attempts(
     elif d.reason == _START:
         if not start:
             return None
-        d = yield "submit", (run_id, _draft(0, begun, False), timeout_s)
+        d = yield "submit", (run_id, _draft(0, begun(), False), timeout_s)
     if d.outcome != "accepted":
         raise PatchRejected(d)
     return d  # type: ignore[no-any-return]
