@@ -418,7 +418,8 @@ class AsyncClient(_Base):
 
     def _pool(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            # No limit of its own: the timeouts bound each request; no decoding of bodies.
+            # No limit of its own: the timeouts bound each request; a compressed body is
+            # decoded by the httpx.Response made of it.
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
         return self._session
 
