@@ -142,7 +142,15 @@ _Step = tuple[str, str | float]
 
 
 class _Base:
-    def __init__(self, url: str, token: str | None, retry_s: float, route: bool = False) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout_s: float = 70.0,
+        retry_s: float = 10.0,
+        route: bool = False,
+    ) -> None:
         self.url = url.rstrip("/")
         self.headers = {"authorization": f"Bearer {token}"} if token else {}
         self.retry_s = retry_s
@@ -150,6 +158,11 @@ class _Base:
         self._owners: dict[int, str] = {}
         self._partitions = 0
         self._owners_until = 0.0
+        self._connect(timeout_s)
+
+    def _connect(self, timeout_s: float) -> None:
+        """Make the client's HTTP side (each request and each read bounded by ``timeout_s``)."""
+        raise NotImplementedError
 
     def _owners_due(self) -> bool:
         return self.route and time.monotonic() >= self._owners_until
@@ -227,16 +240,7 @@ class Client(_Base):
     them: on Kafka with several instances that saves a hop per request. The instances'
     advertised addresses must then be reachable from here."""
 
-    def __init__(
-        self,
-        url: str,
-        token: str | None = None,
-        *,
-        timeout_s: float = 70.0,
-        retry_s: float = 10.0,
-        route: bool = False,
-    ) -> None:
-        super().__init__(url, token, retry_s, route)
+    def _connect(self, timeout_s: float) -> None:
         self.http = httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout_s)
 
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -403,16 +407,7 @@ class AsyncClient(_Base):
     transport errors are httpx's types, so that both clients share one policy
     (``_Base._exchange``)."""
 
-    def __init__(
-        self,
-        url: str,
-        token: str | None = None,
-        *,
-        timeout_s: float = 70.0,
-        retry_s: float = 10.0,
-        route: bool = False,
-    ) -> None:
-        super().__init__(url, token, retry_s, route)
+    def _connect(self, timeout_s: float) -> None:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
