@@ -14,6 +14,7 @@ from click.testing import CliRunner, Result
 from helpers import CLIENT_EXAMPLE, fact, start, embedded_env
 
 from runstate.eventlog.embedded import EmbeddedLog
+from runstate.projector.runtime.loop import DEFAULT_GROUP
 from runstate.cli import main
 
 
@@ -327,11 +328,14 @@ def test_an_interrupted_project_until_caught_up_is_not_a_success(tmp_path: Path,
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 30
-    while not (Path(env["RUNSTATE_STATE_DIR"]) / "layout.json").exists():
-        assert time.monotonic() < deadline and proc.poll() is None
+    # Interrupted once it has stored a first batch (its position mirrored in the log; a
+    # fixed sleep was too short on a busy machine), long before it drains 10,000 one by one.
+    log = EmbeddedLog(env["RUNSTATE_LOG"], create=False)
+    deadline = time.monotonic() + 60
+    while not sum(log.committed(DEFAULT_GROUP, log.topics.events).values()):
+        assert time.monotonic() < deadline and proc.poll() is None, "the projector stored nothing"
         time.sleep(0.02)
-    time.sleep(0.3)
+    log.close()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)
