@@ -1,6 +1,7 @@
-"""A small client of ``runstate serve`` (sync :class:`Client` on httpx, asyncio
-:class:`AsyncClient` on aiohttp) with the verbs of :class:`RunProducer` and :class:`Projection`, so a
-worker moves from local to remote by changing a URL::
+"""A small client of ``runstate serve`` (sync :class:`Client` on the standard library's
+``http.client``, asyncio :class:`AsyncClient` on aiohttp) with the verbs of
+:class:`RunProducer` and :class:`Projection`, so a worker moves from local to remote by
+changing a URL::
 
     with Client("http://127.0.0.1:8750", token=...) as rs:
         d = rs.submit("run_1", {"expected_revision": 0, "events": [...]})
@@ -15,13 +16,16 @@ moving) is retried, honouring ``Retry-After``, for up to ``retry_s`` seconds.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import random
 import secrets
+import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Generator, Iterator
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, unquote, urlencode
+from urllib.parse import quote, unquote, urlencode, urlsplit
 
 import aiohttp
 import httpx
@@ -234,14 +238,36 @@ class _Base:
 
 
 class Client(_Base):
-    """Synchronous client; one per thread (or share it: httpx.Client is thread-safe).
-    ``route``: send each run's requests to the instance that owns its partition (read from
-    ``GET /partitions`` every :data:`OWNERS_TTL_S`), not through ``url``, which forwards
-    them: on Kafka with several instances that saves a hop per request. The instances'
-    advertised addresses must then be reachable from here."""
+    """Synchronous client; thread-safe (share one between threads, as LangGraph's thread
+    pool does). ``route``: send each run's requests to the instance that owns its
+    partition (read from ``GET /partitions`` every :data:`OWNERS_TTL_S`), not through
+    ``url``, which forwards them: on Kafka with several instances that saves a hop per
+    request. The instances' advertised addresses must then be reachable from here.
+
+    Sent with the standard library's ``http.client`` over kept-alive connections
+    (:class:`_Connections`), not httpx's ``Client``: httpx and its HTTP parser cost about
+    three times the CPU per request, and a LangGraph step through serve waits on two
+    requests in turn (the performance page). Answers and transport errors are httpx's
+    types, as :class:`AsyncClient`'s are, so that both share one policy
+    (``_Base._exchange``)."""
 
     def _connect(self, timeout_s: float) -> None:
-        self.http = httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout_s)
+        self._connections = _Connections(timeout_s)
+
+    def _send(
+        self,
+        method: str,
+        target: str,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        content: bytes | None = None,
+    ) -> httpx.Response:
+        """The whole answer to one request (``target``: a path under :attr:`url`, or an
+        owner's URL). Transport failures raise httpx's errors."""
+        url = target if target.startswith(("http://", "https://")) else self.url + target
+        if params:
+            url += "?" + _query(params)
+        return self._connections.send(method, url, {**self.headers, **headers} if headers else self.headers, content)
 
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         steps = self._exchange(path)
@@ -254,9 +280,7 @@ class Client(_Base):
                     time.sleep(float(arg))
                     continue
                 try:
-                    outcome = self.http.request(
-                        "GET" if what == "owners" else method, str(arg), **({} if what == "owners" else kw)
-                    )
+                    outcome = self._send("GET", str(arg)) if what == "owners" else self._send(method, str(arg), **kw)
                 except httpx.TransportError as e:
                     outcome = e
         except StopIteration as done:
@@ -349,16 +373,38 @@ class Client(_Base):
 
     def events(self, run_id: str, last_event_id: int | None = None) -> Iterator[Decision]:
         """The run's decisions as they happen (Server-Sent Events), after ``last_event_id``."""
-        headers = {"last-event-id": str(last_event_id)} if last_event_id is not None else {}
-        with self.http.stream("GET", f"/runs/{path_segment(run_id)}/events", headers=headers, timeout=None) as resp:
-            if resp.status_code >= 400:
-                resp.read()
-                _raise(resp)
-            for data in _sse_data(resp.iter_lines()):
-                yield Decision.model_validate_json(data)
+        headers = {**self.headers, "accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["last-event-id"] = str(last_event_id)
+        url = f"{self.url}/runs/{path_segment(run_id)}/events"
+        conn = self._connections.open(url, timeout_s=None)  # a stream of its own, waiting as long as it lasts
+        try:
+            try:
+                conn.request("GET", urlsplit(url).path, headers=headers)
+                resp = conn.getresponse()
+                if resp.status >= 400:
+                    _raise(_answer(resp.status, resp.getheaders(), resp.read(), "GET", url))
+            except (OSError, http.client.HTTPException) as e:
+                raise _transport_error(e, "GET", url) from e
+            data: list[str] = []
+            while True:
+                try:
+                    raw = resp.readline()  # any length: http.client reads a line whole
+                except (OSError, http.client.HTTPException) as e:
+                    raise _transport_error(e, "GET", url) from e
+                if not raw:
+                    return
+                line = raw.decode().rstrip("\r\n")
+                if line.startswith("data:"):
+                    data.append(line[5:].lstrip())
+                elif not line and data:
+                    yield Decision.model_validate_json("\n".join(data))
+                    data = []
+        finally:
+            conn.close()
 
     def close(self) -> None:
-        self.http.close()
+        self._connections.close()
 
     def __enter__(self) -> Client:
         return self
@@ -372,24 +418,86 @@ def _graph_params(ns: str | None, checkpoint_id: str | None, before: str | None,
     return {k: v for k, v in given.items() if v is not None}
 
 
-def _sse_data(lines: Iterator[str]) -> Iterator[str]:
-    data: list[str] = []
-    for line in lines:
-        if line.startswith("data:"):
-            data.append(line[5:].lstrip())
-        elif not line and data:
-            yield "\n".join(data)
-            data = []
-
-
 def _transport_error(e: BaseException, method: str, url: str) -> httpx.TransportError:
-    """aiohttp's failure as httpx's, which the clients' shared policy retries."""
+    """The transport's failure (aiohttp's, or the standard library's) as httpx's, which the
+    clients' shared policy retries."""
     request = httpx.Request(method, url)
-    if isinstance(e, aiohttp.ClientConnectorError):
+    if isinstance(e, aiohttp.ClientConnectorError | ConnectionRefusedError | socket.gaierror):
         return httpx.ConnectError(str(e), request=request)
-    if isinstance(e, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
+    if isinstance(e, aiohttp.ServerTimeoutError | asyncio.TimeoutError | TimeoutError):
         return httpx.ReadTimeout(str(e) or "timed out", request=request)
     return httpx.ReadError(str(e) or type(e).__name__, request=request)
+
+
+def _answer(status: int, headers: Any, body: bytes, method: str, url: str) -> httpx.Response:
+    """An answer as an ``httpx.Response`` (which decodes a compressed body); with its
+    request only when it is an error, which :func:`_raise` reads the run id from."""
+    answer = httpx.Response(status, headers=headers, content=body)
+    if status >= 400:
+        answer.request = httpx.Request(method, url)
+    return answer
+
+
+#: What a kept-alive connection that the server has closed meanwhile fails with, before
+#: any answer: sent again once, on a new connection (a resent patch is applied once).
+_STALE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, http.client.RemoteDisconnected)
+
+
+class _Connections:
+    """Kept-alive HTTP/1.1 connections of the standard library, shared by the threads of
+    one :class:`Client`: a request takes an idle connection to its origin (the service's,
+    or an owner's) or opens one, and gives it back once its answer is read. Each request
+    and each read is bounded by ``timeout_s``."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._idle: dict[tuple[str, str], list[http.client.HTTPConnection]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def open(self, url: str, timeout_s: float | None) -> http.client.HTTPConnection:
+        """A new connection to ``url``'s origin (not pooled)."""
+        parts = urlsplit(url)
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        return kind(parts.netloc, timeout=timeout_s)
+
+    def send(self, method: str, url: str, headers: dict[str, str], body: bytes | None) -> httpx.Response:
+        parts = urlsplit(url)
+        origin = (parts.scheme, parts.netloc)
+        target = f"{parts.path}?{parts.query}" if parts.query else parts.path
+        while True:
+            with self._lock:
+                idle = self._idle.get(origin)
+                conn = idle.pop() if idle else None
+            reused = conn is not None
+            if conn is None:
+                conn = self.open(url, self.timeout_s)
+            try:
+                conn.request(method, target, body=body, headers=headers)
+                resp = conn.getresponse()
+                content = resp.read()
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                if reused and isinstance(e, _STALE):
+                    continue
+                raise _transport_error(e, method, url) from e
+            if resp.will_close:
+                conn.close()
+            else:
+                with self._lock:
+                    if self._closed:
+                        conn.close()
+                    else:
+                        self._idle.setdefault(origin, []).append(conn)
+            return _answer(resp.status, resp.getheaders(), content, method, url)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                conn.close()
 
 
 def _query(params: dict[str, Any]) -> str:
@@ -457,10 +565,7 @@ class AsyncClient(_Base):
             raise _transport_error(e, method, url) from e
         finally:
             resp.release()
-        answer = httpx.Response(resp.status, headers=resp.raw_headers, content=body)
-        if resp.status >= 400:  # what _raise reads the run id from; built only then
-            answer.request = httpx.Request(method, url)
-        return answer
+        return _answer(resp.status, resp.raw_headers, body, method, url)
 
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         steps = self._exchange(path)
@@ -556,11 +661,7 @@ class AsyncClient(_Base):
         try:
             if resp.status >= 400:
                 body = await resp.read()
-                _raise(
-                    httpx.Response(
-                        resp.status, headers=resp.raw_headers, content=body, request=httpx.Request("GET", url)
-                    )
-                )
+                _raise(_answer(resp.status, resp.raw_headers, body, "GET", url))
             data: list[str] = []
             pending = b""  # a line's start, until its end arrives (a line may be any length)
             try:

@@ -336,6 +336,53 @@ def test_async_client_has_the_same_verbs(served: Served) -> None:
     asyncio.run(main())
 
 
+def test_the_client_sends_again_at_once_on_a_kept_alive_connection_the_server_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Servers close kept-alive connections that stay idle (uvicorn after 5 s). The client's
+    next request on one fails before any answer: it is sent again at once on a new
+    connection, not after the pause the client takes for an unreachable service."""
+    import http.server
+    import types
+
+    from runstate import client as client_module
+
+    seen: list[str] = []
+
+    class ClosingAfterEachAnswer(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as far as the client can tell
+
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            body = b'{"context": "ok"}'
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True  # then closes it without saying so
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ClosingAfterEachAnswer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def no_pause(seconds: float) -> None:
+        raise AssertionError(f"the client paused {seconds} s instead of sending again at once")
+
+    monkeypatch.setattr(client_module, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=no_pause))
+    try:
+        with Client(f"http://127.0.0.1:{server.server_address[1]}") as rs:
+            assert rs.context("r1") == "ok"
+            threading.Event().wait(0.2)  # the server has closed that connection
+            assert rs.context("r2") == "ok"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["/runs/r1/context", "/runs/r2/context"], seen
+
+
 def test_health_metrics_checkpoints_and_resume(served: Served) -> None:
     with served.client() as rs:
         started(rs, "ops-1")
@@ -688,7 +735,7 @@ def test_the_map_of_owners_names_no_other_instance_on_the_embedded_log_and_a_rou
     """One instance owns every partition: ``GET /partitions`` names none, and a client with
     ``route=True`` sends everything to its URL."""
     with served.client() as rs:
-        body = rs.http.get("/partitions").json()
+        body = httpx.get(rs.url + "/partitions", headers=rs.headers).json()
         assert body == {"partitions": 4, "owners": {}}, body
     with Client(served.url, served.tokens["planner"], route=True) as routed:
         started(routed, "routed-1")
