@@ -564,12 +564,20 @@ class EmbeddedLog(EventLog):
             raise LogError(f"cannot purge {topic} records of {key!r} in {self.path}: {e}") from e
 
     def _commit(self, group_id: str, topic: str, positions: dict[int, int]) -> None:
+        """Mirror a group's positions (for lag and status; each projection keeps its own).
+        Not synced: a mirror that a power loss takes back a little shows more lag until
+        the next one, and a sync here held the log's one writer lock from the next append."""
         try:
-            with _txn(self._db):
-                self._db.executemany(
-                    "INSERT INTO commits VALUES (?,?,?,?) ON CONFLICT DO UPDATE SET offset=excluded.offset",
-                    [(group_id, topic, p, o) for p, o in positions.items()],
-                )
+            with self._db.lock:
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                try:
+                    with _txn(self._db):
+                        self._db.executemany(
+                            "INSERT INTO commits VALUES (?,?,?,?) ON CONFLICT DO UPDATE SET offset=excluded.offset",
+                            [(group_id, topic, p, o) for p, o in positions.items()],
+                        )
+                finally:
+                    self._db.execute("PRAGMA synchronous=FULL")
         except sqlite3.Error as e:
             raise LogError(f"cannot mirror positions in {self.path}: {e}") from e
 

@@ -168,6 +168,12 @@ class _Base:
         """Make the client's HTTP side (each request and each read bounded by ``timeout_s``)."""
         raise NotImplementedError
 
+    def _url(self, target: str, params: dict[str, Any] | None) -> str:
+        """Where a request goes: ``target`` (a path under :attr:`url`, or an owner's URL)
+        with ``params`` as its query."""
+        url = target if target.startswith(("http://", "https://")) else self.url + target
+        return f"{url}?{_query(params)}" if params else url
+
     def _owners_due(self) -> bool:
         return self.route and time.monotonic() >= self._owners_until
 
@@ -264,9 +270,7 @@ class Client(_Base):
     ) -> httpx.Response:
         """The whole answer to one request (``target``: a path under :attr:`url`, or an
         owner's URL). Transport failures raise httpx's errors."""
-        url = target if target.startswith(("http://", "https://")) else self.url + target
-        if params:
-            url += "?" + _query(params)
+        url = self._url(target, params)
         return self._connections.send(method, url, {**self.headers, **headers} if headers else self.headers, content)
 
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -538,9 +542,7 @@ class AsyncClient(_Base):
         """Send a request (``target``: a path under :attr:`url`, or an owner's URL) and
         return the response, its body not read yet, and the URL it went to. Transport
         failures raise httpx's errors (a refused connection is ``httpx.ConnectError``)."""
-        url = target if target.startswith(("http://", "https://")) else self.url + target
-        if params:
-            url += "?" + _query(params)
+        url = self._url(target, params)
         try:
             resp = await self._pool().request(
                 method,
