@@ -383,6 +383,24 @@ def test_the_client_sends_again_at_once_on_a_kept_alive_connection_the_server_cl
     assert seen == ["/runs/r1/context", "/runs/r2/context"], seen
 
 
+def test_a_service_that_never_answers_is_unreachable_once_the_retry_window_ends() -> None:
+    """A socket that accepts and never answers: each request's read times out, is tried
+    again for ``retry_s``, and ends as :class:`ServiceUnreachable` naming the timeout."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    try:
+        with Client(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=0.2, retry_s=0.5) as rs:
+            t0 = time.monotonic()
+            with pytest.raises(ServiceUnreachable, match="ReadTimeout"):
+                rs.state("silent-1")
+            assert time.monotonic() - t0 < 5
+    finally:
+        listener.close()
+
+
 def test_health_metrics_checkpoints_and_resume(served: Served) -> None:
     with served.client() as rs:
         started(rs, "ops-1")
