@@ -390,7 +390,7 @@ class Client(_Base):
                     _raise(_answer(resp.status, resp.getheaders(), resp.read(), "GET", url))
             except (OSError, http.client.HTTPException) as e:
                 raise _transport_error(e, "GET", url) from e
-            data: list[str] = []
+            events = _EventLines()
             while True:
                 try:
                     raw = resp.readline()  # any length: http.client reads a line whole
@@ -398,12 +398,8 @@ class Client(_Base):
                     raise _transport_error(e, "GET", url) from e
                 if not raw:
                     return
-                line = raw.decode().rstrip("\r\n")
-                if line.startswith("data:"):
-                    data.append(line[5:].lstrip())
-                elif not line and data:
-                    yield Decision.model_validate_json("\n".join(data))
-                    data = []
+                if (decision := events.feed(raw.decode().rstrip("\r\n"))) is not None:
+                    yield decision
         finally:
             conn.close()
 
@@ -440,6 +436,23 @@ def _answer(status: int, headers: Any, body: bytes, method: str, url: str) -> ht
     if status >= 400:
         answer.request = httpx.Request(method, url)
     return answer
+
+
+class _EventLines:
+    """The lines of a stream of Server-Sent Events, as decisions: each event's ``data:``
+    lines joined, one decision at the blank line that ends it."""
+
+    def __init__(self) -> None:
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> Decision | None:
+        """Take one line (without its line break); the decision it completes, if any."""
+        if line.startswith("data:"):
+            self._data.append(line[5:].lstrip())
+        elif not line and self._data:
+            text, self._data = "\n".join(self._data), []
+            return Decision.model_validate_json(text)
+        return None
 
 
 #: What a kept-alive connection that the server has closed meanwhile fails with, before
@@ -664,18 +677,14 @@ class AsyncClient(_Base):
             if resp.status >= 400:
                 body = await resp.read()
                 _raise(_answer(resp.status, resp.raw_headers, body, "GET", url))
-            data: list[str] = []
+            events = _EventLines()
             pending = b""  # a line's start, until its end arrives (a line may be any length)
             try:
                 async for chunk in resp.content.iter_any():
                     *lines, pending = (pending + chunk).split(b"\n")
                     for raw in lines:
-                        line = raw.decode().rstrip("\r")
-                        if line.startswith("data:"):
-                            data.append(line[5:].lstrip())
-                        elif not line and data:
-                            yield Decision.model_validate_json("\n".join(data))
-                            data = []
+                        if (decision := events.feed(raw.decode().rstrip("\r"))) is not None:
+                            yield decision
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 raise _transport_error(e, "GET", url) from e
         finally:
