@@ -284,7 +284,8 @@ def test_events_stream_resumes_from_last_event_id(served: Served) -> None:
 
         def listen() -> None:
             with served.client() as c:
-                for d in c.events("sse-1"):
+                # After d1: what comes while the stream opens is replayed, what comes later is live.
+                for d in c.events("sse-1", last_event_id=d1.offset):
                     got.append(d)
                     if len(got) == 2:
                         done.set()
@@ -292,7 +293,7 @@ def test_events_stream_resumes_from_last_event_id(served: Served) -> None:
 
         t = threading.Thread(target=listen, daemon=True)
         t.start()
-        time.sleep(0.5)  # the stream is open
+        time.sleep(0.5)  # most likely open: the two decisions arrive live
         d2 = rs.submit("sse-1", {"expected_revision": 1, "events": [fact("f1")]})
         d3 = rs.submit("sse-1", {"expected_revision": 1, "events": [fact("f2")]})  # rejected: also an event
         assert done.wait(10), got
