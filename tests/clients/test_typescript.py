@@ -82,8 +82,23 @@ def test_the_client_and_the_run_handle_against_a_real_serve(built: Path) -> None
     assert "# fail 0" in out.stdout and "# pass 9" in out.stdout, out.stdout[-3000:]
 
 
+# The suite's own time limits (vitest's 5 s a test, 10 s a hook) are timed assertions made
+# for savers in the test's process: here each test waits on a serve started for it, which a
+# loaded two-core machine has been seen to take past them. Speed is the benchmarks' to check.
+_VALIDATE = [
+    "npx",
+    "vitest",
+    "run",
+    "test/validation.spec.mjs",
+    "--globals",
+    "--reporter=dot",
+    "--testTimeout=60000",
+    "--hookTimeout=120000",
+]
+
+
 def test_langgraph_js_validation_suite_passes_through_a_serve(built: Path) -> None:
-    out = _node(["npx", "vitest", "run", "test/validation.spec.mjs", "--globals", "--reporter=dot"], timeout=900)
+    out = _node(_VALIDATE, timeout=900)
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
     assert "718 passed (718)" in out.stdout, out.stdout[-3000:]
 
@@ -92,7 +107,7 @@ def test_langgraph_js_validation_suite_passes_through_a_serve(built: Path) -> No
 def test_langgraph_js_validation_suite_passes_through_a_serve_on_kafka(built: Path, kafka_bootstrap: str) -> None:
     prefix = f"tsv{uuid.uuid4().hex[:8]}"
     out = _node(
-        ["npx", "vitest", "run", "test/validation.spec.mjs", "--globals", "--reporter=dot"],
+        _VALIDATE,
         timeout=900,
         RUNSTATE_TEST_KAFKA=kafka_bootstrap,
         RUNSTATE_TEST_TOPIC_PREFIX=prefix,
