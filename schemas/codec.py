@@ -405,6 +405,9 @@ def prepare(*, writer: bool = False) -> None:
     first request waits for it (idempotent)."""
     if _current_reader is None:
         _make_current_reader()
+        # msgspec builds a struct type's information on its first use (every event type's,
+        # for a patch); a decoder made now builds it, and read_patch's conversion reuses it.
+        msgspec.json.Decoder(PatchStruct)
     if writer and _current_encoder is None:
         _make_current_encoder()
 
