@@ -108,12 +108,7 @@ class Hub:
     def publish(self, decisions: list[Decision], local: bool) -> None:
         """``local``: decided by this instance's projector (counted once, in metrics)."""
         for d in decisions:
-            waiting = self.decisions.pop((d.run_id, d.patch_id), ())
-            if waiting:
-                self._unwait(d.run_id, len(waiting))
-            for f in waiting:
-                if not f.done():
-                    f.set_result(d)
+            self.answer(d)
             for w in self.watches.get(d.run_id, ()):
                 if d.revision >= w.min_revision and not w.future.done():
                     w.future.set_result(None)
@@ -121,6 +116,20 @@ class Hub:
                 q.put_nowait(d)
             for cb in self.on_decision:
                 cb(d, local)
+
+    def answer(self, d: Decision) -> None:
+        """Resolve the requests waiting for ``d``'s patch, and only them (what a decision
+        found in the store, rather than made by a batch, is owed: see ``Node.on_assign``)."""
+        waiting = self.decisions.pop((d.run_id, d.patch_id), ())
+        if waiting:
+            self._unwait(d.run_id, len(waiting))
+        for f in waiting:
+            if not f.done():
+                f.set_result(d)
+
+    def awaited(self) -> list[tuple[str, str]]:
+        """The ``(run_id, patch_id)`` of every patch a request here waits for."""
+        return list(self.decisions)
 
     def expect(self, run_id: str, patch_id: str) -> asyncio.Future[Decision]:
         f: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
@@ -359,6 +368,25 @@ class Node:
 
     def on_assign(self, partition: int, store: ProjectionStore) -> None:
         self.health.restoring.pop(partition, None)
+        if self.loop is not None:
+            # A restore takes decisions from the checkpoints and replays what they hold as
+            # duplicates, and neither tells a waiting request: a patch appended as this
+            # instance started, which the snapshotter checkpointed first, would leave its
+            # request to wait out its wait. Such requests are answered from the store.
+            self.loop.call_soon_threadsafe(self._answer_from_store, partition)
+
+    def _answer_from_store(self, partition: int) -> None:
+        """(Loop thread.) Answer each request waiting for a patch of ``partition`` whose
+        decision the store holds."""
+        for run_id, patch_id in self.hub.awaited():
+            if self.partition_of(run_id) != partition:
+                continue
+            try:
+                d = self.read(run_id, lambda st, r=run_id, q=patch_id: st.decision(r, q))
+            except NotOwner:
+                return  # revoked meanwhile: the next owner's decision reaches the feed
+            if d is not None:
+                self.hub.answer(d)
 
     def on_accepted(self, partition: int, patch: Patch, decision: Decision, doc: RunDoc, batch: PendingBatch) -> None:
         pass

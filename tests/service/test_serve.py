@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -785,3 +786,58 @@ print("compiled at the first encode:", len(compiled))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["before: True", "made: True", "compiled at the first encode: 0"]
+
+
+def _started(run_id: str) -> dict[str, Any]:
+    return {
+        "patch_id": f"{run_id}-start",
+        "expected_revision": 0,
+        "author": {"agent_id": "a", "agent_version": "1"},
+        "created_at": "2026-12-07T00:00:00Z",
+        "events": [{"type": "RunStarted", "goal": {"statement": run_id}}],
+    }
+
+
+def test_a_request_waiting_while_its_partition_is_restored_gets_the_restored_decision(tmp_path: Path) -> None:
+    """A serve starting on a state directory it must restore takes decisions from the
+    checkpoints, and replays what they hold as duplicates: neither tells a waiting request
+    (a patch appended as the serve started, which the snapshotter checkpointed first). Once
+    the partition is restored, a request waiting for a patch it holds gets its decision,
+    rather than waiting out its wait (the CI's LangGraph.js suite saw 30 s)."""
+    env = embedded_env(tmp_path)
+    with serving(env, tmp_path) as first, httpx.Client(timeout=30) as c:
+        for i in range(20):
+            assert c.post(f"{first.url}/runs/r{i}/patches", params={"wait": 10}, json=_started(f"r{i}")).is_success
+
+        # The run's start is a checkpoint boundary: wait until the snapshotter took them all.
+        def checkpointed(run_id: str) -> bool:
+            r = c.get(f"{first.url}/runs/{run_id}/checkpoints")
+            return r.status_code == 200 and len(r.json()) > 0
+
+        deadline = time.monotonic() + 30
+        while not all(checkpointed(f"r{i}") for i in range(20)):
+            assert time.monotonic() < deadline, "the snapshotter checkpointed no run start in 30 s"
+            time.sleep(0.1)
+    shutil.rmtree(tmp_path / "state")  # a new machine: the next instance restores every partition
+    code = f"""
+import asyncio
+from runstate.service.node import Node
+from runstate.settings import Settings
+
+async def main() -> None:
+    node = Node(Settings(log={str(tmp_path / "log.db")!r}, state_dir={str(tmp_path / "state")!r}), "http://127.0.0.1:1")
+    waiting = node.hub.expect("r7", "r7-start")  # as a request that appended it does
+    node.start(asyncio.get_running_loop())
+    try:
+        d = await asyncio.wait_for(waiting, 20)
+        print("answered:", d.outcome, d.patch_id)
+    except TimeoutError:
+        print("not answered in 20 s")
+    finally:
+        await asyncio.to_thread(node.stop)
+
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-1] == "answered: accepted r7-start", out.stdout + out.stderr[-2000:]
