@@ -52,6 +52,8 @@ export async function startServe(extraEnv = {}) {
     dir,
     env,
     async stop() {
+      // A serve that failed a request (a traceback) says so, so that a test it failed can be read.
+      if (err.includes("Traceback")) console.error(`runstate serve ${url} logged an error:\n${err.slice(-4000)}`);
       proc.kill("SIGTERM");
       await new Promise((r) => (proc.exitCode !== null ? r() : proc.once("exit", r)));
       rmSync(dir, { recursive: true, force: true });
