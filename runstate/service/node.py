@@ -291,8 +291,16 @@ class Node:
         with self.projector.lock:
             part = self.projector.parts.get(p)
             if part is None:
-                raise NotOwner(p, "being restored" if p in self.health.restoring else "owned by another instance")
+                raise NotOwner(p, self._not_open_why(p))
             return fn(part.store)
+
+    def _not_open_why(self, partition: int) -> str:
+        """Why this instance holds no store of ``partition``, as a :class:`NotOwner` says it."""
+        if partition in self.health.restoring:
+            return "being restored"
+        if not self.settings.log.startswith("kafka://"):
+            return "not open yet: this instance is starting"  # the embedded log's one projector
+        return "owned by another instance"
 
     def nearest_checkpoint(self) -> NearestCheckpoint:
         """Time travel's checkpoint look-up (:func:`runstate.app.nearest_checkpoint`), read

@@ -841,3 +841,22 @@ asyncio.run(main())
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines()[-1] == "answered: accepted r7-start", out.stdout + out.stderr[-2000:]
+
+
+def test_an_embedded_instance_not_yet_open_says_it_is_starting_not_that_another_owns_the_run(tmp_path: Path) -> None:
+    """The embedded log has one projector: before it has opened a partition (the instance
+    is starting), no other instance owns it, and the answer (a 503 the clients retry)
+    says so."""
+    code = f"""
+from runstate.service.node import Node, NotOwner
+from runstate.settings import Settings
+node = Node(Settings(log={str(tmp_path / "log.db")!r}, state_dir={str(tmp_path / "state")!r}), "http://127.0.0.1:1")
+try:
+    node.read("r", lambda st: None)
+except NotOwner as e:
+    print(e)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip()
+    assert "another instance" not in line and "starting" in line, line
