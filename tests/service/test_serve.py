@@ -803,7 +803,7 @@ def test_a_request_waiting_while_its_partition_is_restored_gets_the_restored_dec
     checkpoints, and replays what they hold as duplicates: neither tells a waiting request
     (a patch appended as the serve started, which the snapshotter checkpointed first). Once
     the partition is restored, a request waiting for a patch it holds gets its decision,
-    rather than waiting out its wait (the CI's LangGraph.js suite saw 30 s)."""
+    rather than waiting out its wait (LangGraph.js's suite, run under load, saw a put wait 30 s)."""
     env = embedded_env(tmp_path)
     with serving(env, tmp_path) as first, httpx.Client(timeout=30) as c:
         for i in range(20):
@@ -816,7 +816,7 @@ def test_a_request_waiting_while_its_partition_is_restored_gets_the_restored_dec
 
         deadline = time.monotonic() + 30
         while not all(checkpointed(f"r{i}") for i in range(20)):
-            assert time.monotonic() < deadline, "the snapshotter checkpointed no run start in 30 s"
+            assert time.monotonic() < deadline, "the snapshotter did not checkpoint every run start in 30 s"
             time.sleep(0.1)
     shutil.rmtree(tmp_path / "state")  # a new machine: the next instance restores every partition
     code = f"""
