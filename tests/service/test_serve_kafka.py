@@ -5,6 +5,8 @@ when one is SIGKILLed the other takes its partitions over while a client keeps g
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -145,3 +147,56 @@ def test_any_instance_answers_and_the_survivor_takes_over(
     assert report.ok, report.mismatches[:3]
     log.close()
     assert os.path.exists(tmp_path / "b" / "layout.json")
+
+
+def test_on_kafka_a_request_waiting_while_its_partition_is_restored_gets_the_restored_decision(
+    kafka_bootstrap: str, kafka_topics: TopicNames, tmp_path: Path
+) -> None:
+    """As ``test_serve.py``'s test of the same name, on Kafka, where a take-over restores
+    the same way: an instance on a new machine restores every partition from the
+    checkpoints, and a request waiting for a patch the checkpoints hold is answered once
+    its partition is assigned, not after its wait (the decision feed does not carry a
+    decision taken from a checkpoint)."""
+    log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
+    log.create_topics(6)
+    env = kenv(kafka_bootstrap, kafka_topics, tmp_path / "a")
+    first = ServeProcess(env, tmp_path)
+    try:
+        first.wait_ready()
+        rs = Client(first.url, retry_s=60)
+        for i in range(12):
+            draft = {"patch_id": f"r{i}-start", "expected_revision": 0, "events": [start()]}
+            assert submit(rs, f"r{i}", draft).revision == 1
+        # The run's start is a checkpoint boundary: wait until the snapshotter took them all.
+        deadline = time.monotonic() + 60
+        while not all(httpx.get(f"{first.url}/runs/r{i}/checkpoints", timeout=10).json() for i in range(12)):
+            assert time.monotonic() < deadline, "the snapshotter did not checkpoint every run start in 60 s"
+            time.sleep(0.2)
+        rs.close()
+    finally:
+        code = first.stop()
+    assert code == 0, first.log()
+    code = f"""
+import asyncio, os
+os.environ.update({ {**env, "RUNSTATE_STATE_DIR": str(tmp_path / "b")}!r})
+from runstate.service.node import Node
+from runstate.settings import Settings
+
+async def main() -> None:
+    node = Node(Settings(), "http://127.0.0.1:1")
+    waiting = node.hub.expect("r7", "r7-start")  # as a request that appended it does
+    node.start(asyncio.get_running_loop())
+    try:
+        d = await asyncio.wait_for(waiting, 40)
+        print("answered:", d.outcome, d.patch_id)
+    except TimeoutError:
+        print("not answered in 40 s")
+    finally:
+        await asyncio.to_thread(node.stop)
+
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-1] == "answered: accepted r7-start", out.stdout + out.stderr[-2000:]
+    log.close()
