@@ -401,6 +401,14 @@ class Service:
         return await self.on_owner(run_id, fwd, local, Decision.model_validate)
 
     async def decision_or_none(self, run_id: str, patch_id: str, fwd: Forward) -> Decision | None:
+        """The patch's decision, or None: not decided, or its owner not reachable. Every
+        patch whose id its client chose is looked up before it is appended (a resend?):
+        where this instance owns the run, that is one read of the store."""
+        try:
+            return self.node.read(run_id, lambda st: st.decision(run_id, patch_id))
+        except NotOwner:
+            if self.router is None or fwd.forwarded:
+                return None
         try:
             return await self.decision(
                 run_id,

@@ -34,7 +34,6 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import runstate
-from runstate.app import unencodable
 from runstate.projector.store.document import unreadable
 from runstate.projector.store.partition import RunOrder, activity_cursor
 from runstate.schemas.errors import ContractError, PatchTooLarge, RunstateError
@@ -400,9 +399,8 @@ async def post_patch(request: Request, run_id: RUN_ID, wait: WAIT = None) -> Res
         data = orjson.loads(body)
     except orjson.JSONDecodeError as e:
         raise ContractError(f"not JSON: {e}") from e
-    bad = unencodable(data)
-    if bad is not None:
-        raise ContractError(f"invalid patch: {bad}: a string that UTF-8 cannot encode", field=bad)
+    # orjson refuses a lone surrogate (a string UTF-8 cannot encode) with where it is: the
+    # data it returns needs no walk for one, as a patch file read by the CLI does.
     out = await ctx(request).service.submit(who, run_id, data, wait, _fwd(request, body, who))
     return _json_out(out, 200 if out.status == "decided" else 202)
 

@@ -220,6 +220,8 @@ def test_bad_patches_are_422_with_the_field_and_oversize_is_413(served: Served) 
         (b'{"expected_revision": 0, "events": [{"type": "FactConfirmed", "fact": {"statement": 5}}]}', None),
         (b"not json", None),
         (b"[1, 2]", None),
+        # a lone surrogate, which UTF-8 cannot encode: refused by the JSON parser, with where it is
+        (b'{"expected_revision": 0, "events": [{"type": "RunStarted", "goal": {"statement": "\\ud800"}}]}', None),
     ]
     for body, field in cases:
         r = httpx.post(served.url + "/runs/bad-1/patches", content=body, headers=h)
