@@ -30,7 +30,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import AfterValidator, BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import runstate
@@ -330,25 +329,29 @@ async def _read_body(request: Request, run_id: str) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PatchTooLarge(run_id, int(declared), limit, as_json=True)
     chunks, size = [], 0
-    parts = request.stream().__aiter__()
-    deadline = time.monotonic() + settings.request_timeout_s
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            chunk = await within(parts.__anext__(), min(settings.body_timeout_s, max(left, 0.0)))
-        except StopAsyncIteration:
-            break
-        except TimeoutError:
-            metrics.slow_clients.labels("body").inc()
-            if left <= settings.body_timeout_s:
-                raise _BodyStalled(settings.request_timeout_s, "RUNSTATE_REQUEST_TIMEOUT_S", whole=True) from None
-            raise _BodyStalled(settings.body_timeout_s, "RUNSTATE_BODY_TIMEOUT_S") from None
-        except ClientDisconnect:
-            raise _ClientGone from None
-        size += len(chunk)
-        if size > limit:
-            raise PatchTooLarge(run_id, size, limit, as_json=True)
-        chunks.append(chunk)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.request_timeout_s
+    # One timeout scope for the whole body, moved on at each part: a scope for each step of
+    # Starlette's stream (the body, its end, the stop) cost more than parsing a small patch.
+    try:
+        async with asyncio.timeout(min(loop.time() + settings.body_timeout_s, deadline)) as scope:
+            while True:
+                message = await request.receive()
+                if message["type"] == "http.disconnect":
+                    raise _ClientGone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise PatchTooLarge(run_id, size, limit, as_json=True)
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+                scope.reschedule(min(loop.time() + settings.body_timeout_s, deadline))
+    except TimeoutError:
+        metrics.slow_clients.labels("body").inc()
+        if scope.when() == deadline:
+            raise _BodyStalled(settings.request_timeout_s, "RUNSTATE_REQUEST_TIMEOUT_S", whole=True) from None
+        raise _BodyStalled(settings.body_timeout_s, "RUNSTATE_BODY_TIMEOUT_S") from None
     return b"".join(chunks)
 
 
