@@ -83,6 +83,11 @@ class Settings(BaseSettings):
     #: request is answered 429 with ``Retry-After`` at once (shed, not queued), and one
     #: caller (token, else address) holds at most three quarters of them.
     max_in_flight: int = Field(128, ge=1, le=100_000)
+    #: ``runstate serve``: the latency of its patches (append to decision, 90th percentile
+    #: over a quarter of a second) that an instance keeps its bound on requests in flight
+    #: to: above it the bound shrinks (to 8 at least), below half of it the bound grows back
+    #: to ``max_in_flight``. ``0``: the bound is ``max_in_flight`` always.
+    admit_target_ms: float = Field(100.0, ge=0, le=60_000)
     #: Raw librdkafka settings (JSON object in the env var); ``producer.``/``consumer.``
     #: prefixed keys apply to one client kind only. They win over runstate's defaults.
     kafka_config: dict[str, str | int | bool] = {}

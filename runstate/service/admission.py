@@ -8,12 +8,25 @@ with 429 and ``Retry-After``, and nothing of it is done. Clients send it again (
 the same id: a resend is idempotent). Health, readiness, metrics and the audit pages' files
 never wait for a slot, and neither does a request another instance forwarded (the instance
 that admitted it holds its slot).
+
+The bound follows the instance's own latency, as TCP's congestion window follows the
+network's (Netflix's concurrency limits and Envoy's adaptive concurrency do it for
+services): an admitted request waits behind about as many others as the bound lets in, so
+when its patches' latency rises above a target the bound shrinks, and when it falls below
+half of it the bound grows back to its maximum. A client holding many requests that the
+instance decides in time (50 LangGraph threads at once) is not shed; an open-loop flood is,
+early. What is measured is the instance's own work: each patch appended here, from its
+append to its answer (``Service.on_latency``). Not a read waiting for a revision (it
+holds its slot as long as the revision takes to come), nor a request forwarded to an
+owner that is slow to answer, nor how fast a client sends its body.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import defaultdict
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -24,14 +37,39 @@ from runstate.service.errors import body
 ADMITTED_PREFIXES = ("/runs", "/mcp", "/deadletters")
 
 
-class Admission:
-    """The slots of one instance. Event-loop thread only (no lock needed)."""
+#: Seconds of patches' latencies judged together.
+WINDOW_S = 0.25
+#: The bound never shrinks below this (nor above the maximum): a few slots keep an
+#: instance deciding while it recovers.
+MIN_LIMIT = 8
+#: An instance that measured no patch for this long starts again from its maximum: the
+#: load that shrank its bound is gone.
+IDLE_S = 5.0
 
-    def __init__(self, limit: int, per_caller: int, registry: CollectorRegistry) -> None:
-        self.limit = limit
-        self.per_caller = per_caller
+
+class Admission:
+    """The slots of one instance. Event-loop thread only (no lock needed).
+
+    ``limit`` is the bound now, between :data:`MIN_LIMIT` and ``max_limit``, moved by
+    :meth:`observe` to keep the 90th percentile of the patches' latency under ``target_s``
+    (``0``: fixed at ``max_limit``). A caller holds at most three quarters of it."""
+
+    def __init__(
+        self,
+        max_limit: int,
+        registry: CollectorRegistry,
+        *,
+        target_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_limit = self.limit = max_limit
+        self.min_limit = min(MIN_LIMIT, max_limit)
+        self.target_s = target_s
         self.in_flight = 0
         self._by_caller: defaultdict[str, int] = defaultdict(int)
+        self._clock = clock
+        self._window: list[float] = []
+        self._window_end = clock() + WINDOW_S
         self.shed = Counter(
             "runstate_http_shed",
             "Requests answered 429 at once: every slot taken (limit) or the caller's share taken (caller)",
@@ -40,10 +78,21 @@ class Admission:
         )
         self.gauge = Gauge(
             "runstate_http_in_flight",
-            "Requests for runs being served now (RUNSTATE_MAX_IN_FLIGHT bounds them)",
+            "Requests for runs being served now (at most runstate_http_in_flight_limit)",
             registry=registry,
         )
         self.gauge.set_function(lambda: self.in_flight)
+        self.limit_gauge = Gauge(
+            "runstate_http_in_flight_limit",
+            "The bound on requests in flight now: RUNSTATE_MAX_IN_FLIGHT, lowered while the patches' "
+            "latency is above RUNSTATE_ADMIT_TARGET_MS",
+            registry=registry,
+        )
+        self.limit_gauge.set_function(lambda: self.limit)
+
+    @property
+    def per_caller(self) -> int:
+        return max(1, (self.limit * 3) // 4)
 
     def enter(self, caller: str) -> str | None:
         """Take a slot for ``caller``; None, or why not (``limit`` / ``caller``)."""
@@ -62,6 +111,26 @@ class Admission:
             self._by_caller[caller] = n
         else:
             del self._by_caller[caller]
+
+    def observe(self, latency_s: float) -> None:
+        """A patch appended here took ``latency_s`` from its append to its answer; once a window
+        has passed, the bound moves: by a fifth down when the window's 90th percentile is
+        above the target, by a quarter up when it is below half of it."""
+        if not self.target_s:
+            return
+        now = self._clock()
+        if now - self._window_end > IDLE_S:
+            self.limit, self._window = self.max_limit, []
+        self._window.append(latency_s)
+        if now < self._window_end:
+            return
+        window, self._window, self._window_end = self._window, [], now + WINDOW_S
+        window.sort()
+        p90 = window[(len(window) * 9 - 1) // 10]  # nearest rank
+        if p90 > self.target_s:
+            self.limit = max(self.min_limit, (self.limit * 4) // 5)
+        elif p90 < self.target_s / 2:
+            self.limit = min(self.max_limit, self.limit + max(1, self.limit // 4))
 
 
 def caller_of(scope: Scope) -> str:
@@ -108,7 +177,8 @@ async def _overloaded(why: str, a: Admission, send: Send) -> None:
     import orjson
 
     what = (
-        f"this instance is serving {a.limit} requests (RUNSTATE_MAX_IN_FLIGHT)"
+        f"this instance is serving {a.limit} requests, its bound now (RUNSTATE_MAX_IN_FLIGHT, lowered while its "
+        "patches' latency is above RUNSTATE_ADMIT_TARGET_MS)"
         if why == "limit"
         else f"this caller already has {a.per_caller} requests in flight here"
     )

@@ -185,6 +185,9 @@ class Service:
         self.node = node
         self.router = router
         self.settings = node.settings
+        #: (Loop thread.) Told of each patch appended here, the seconds from its append to
+        #: its answer: the admission's bound follows them (``admission.Admission.observe``).
+        self.on_latency: Callable[[float], None] = lambda _s: None
 
     # -- local or owner -------------------------------------------------------------------
 
@@ -328,6 +331,7 @@ class Service:
                 )
         hub = self.node.hub
         waiting = hub.expect(run_id, patch.patch_id) if wait_s else None
+        appended = time.monotonic()
         try:
             receipt = await asyncio.wrap_future(self.node.append(patch, encoded))
             out = Submitted(
@@ -353,6 +357,7 @@ class Service:
         finally:
             if waiting is not None:
                 hub.forget(run_id, patch.patch_id, waiting)
+            self.on_latency(time.monotonic() - appended)
 
     async def erase(self, who: Identity, run_id: str, reason: str, wait_s: float | None) -> ErasedOut:
         """Erase a run (:func:`app.erase_run`) from any instance. Raises :class:`AuthError`,

@@ -727,10 +727,9 @@ def create_app(node: Node, tokens: Tokens, router: Router | None = None, *, mcp:
     api.add_middleware(PeerCheck, gate=gate)
     api.add_middleware(McpBodies, settings=node.settings, counter=metrics.slow_clients)
     # Outside the body readers: a shed request costs no read of its body.
-    limit = node.settings.max_in_flight
-    api.add_middleware(
-        Admit, admission=Admission(limit, max(1, (limit * 3) // 4), metrics.registry), forwarded_header=FORWARDED_B
-    )
+    admission = Admission(node.settings.max_in_flight, metrics.registry, target_s=node.settings.admit_target_ms / 1000)
+    service.on_latency = admission.observe
+    api.add_middleware(Admit, admission=admission, forwarded_header=FORWARDED_B)
     api.add_middleware(CountRequests, counter=metrics.requests)
     api.add_middleware(RawPaths)
 

@@ -627,6 +627,29 @@ def test_metrics_are_public_only_by_choice_where_tokens_are_needed(tmp_path: Pat
         assert httpx.get(proc.url + "/runs").status_code == 401  # only the metrics were made public
 
 
+def test_the_bound_on_requests_in_flight_follows_the_patches_latency(tmp_path: Path) -> None:
+    """With a target no patch can meet (10 µs from its append to its answer), an instance's
+    bound shrinks from RUNSTATE_MAX_IN_FLIGHT as its patches are answered, and /metrics
+    says where it is; with the target at 0 it stays."""
+    import re
+
+    def limit_after_a_second_of_patches(target_ms: str, where: Path) -> float:
+        where.mkdir()
+        env = {**embedded_env(where), "RUNSTATE_MAX_IN_FLIGHT": "64", "RUNSTATE_ADMIT_TARGET_MS": target_ms}
+        with serving(env, where) as proc, Client(proc.url) as rs:
+            rs.submit("r", {"expected_revision": 0, "events": [start()]})
+            deadline, i = time.monotonic() + 1.0, 0
+            while time.monotonic() < deadline:
+                i += 1
+                assert rs.submit("r", {"expected_revision": i, "events": [fact(f"f{i}")]}).revision == i + 1
+            found = re.search(r"^runstate_http_in_flight_limit (\S+)$", httpx.get(proc.url + "/metrics").text, re.M)
+            assert found is not None
+            return float(found.group(1))
+
+    assert limit_after_a_second_of_patches("0.01", tmp_path / "target") < 64
+    assert limit_after_a_second_of_patches("0", tmp_path / "fixed") == 64
+
+
 def test_an_overloaded_instance_sheds_at_once_fairly_and_health_and_metrics_still_answer(tmp_path: Path) -> None:
     """RUNSTATE_MAX_IN_FLIGHT=4 (a caller holds at most 3): requests that hold their slot
     (a read waiting for a revision) fill it; the next is answered 429 with Retry-After at
