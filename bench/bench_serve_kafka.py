@@ -56,6 +56,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import secrets
 import shutil
 import signal
@@ -295,6 +296,8 @@ class Load:
         self.first_try: list[tuple[float, float]] = []
         #: latencies of ``GET /metrics`` asked every half second during the phase
         self.metrics_lat: list[float] = []
+        #: the first instance's bound on requests in flight, read with each of those: (perf_counter, bound)
+        self.bounds: list[tuple[float, float]] = []
         self.t0 = 0.0
         #: GETs answered 429
         self.get_shed = 0
@@ -389,8 +392,12 @@ class Load:
             while time.perf_counter() < until:
                 t = time.perf_counter()
                 try:
-                    (await client.get(self.instances[0].url + "/metrics")).raise_for_status()
+                    resp = await client.get(self.instances[0].url + "/metrics")
+                    resp.raise_for_status()
                     self.metrics_lat.append(time.perf_counter() - t)
+                    found = re.search(r"^runstate_http_in_flight_limit (\S+)$", resp.text, re.M)
+                    if found is not None:
+                        self.bounds.append((t, float(found.group(1))))
                 except httpx.HTTPError as e:
                     self.errors.append(f"GET /metrics: {e!r}")
                 await asyncio.sleep(0.5)
@@ -864,6 +871,12 @@ def overload_report(load: Load, res: dict[str, object]) -> None:
     if load.metrics_lat:
         print(
             f"  GET /metrics every 0.5 s (ms)                       {pct(load.metrics_lat)}  n={len(load.metrics_lat)}"
+        )
+    if load.bounds:
+        seq = [int(b) for _t, b in load.bounds]
+        print(
+            f"  the first instance's bound on requests in flight (runstate_http_in_flight_limit), every 0.5 s: "
+            f"min {min(seq)}, median {sorted(seq)[len(seq) // 2]}, max {max(seq)}; the last ten {seq[-10:]}"
         )
 
 

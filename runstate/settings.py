@@ -85,8 +85,9 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(128, ge=1, le=100_000)
     #: ``runstate serve``: the latency of its patches (append to decision, 90th percentile
     #: over a quarter of a second) that an instance keeps its bound on requests in flight
-    #: to: above it the bound shrinks (to 8 at least), below half of it the bound grows back
-    #: to ``max_in_flight``. ``0``: the bound is ``max_in_flight`` always.
+    #: to: above it the bound shrinks by a fifth (to 8 at least), below half of it the bound
+    #: grows by one a quarter of a second, up to ``max_in_flight``. ``0``: the bound is
+    #: ``max_in_flight`` always.
     admit_target_ms: float = Field(100.0, ge=0, le=60_000)
     #: Raw librdkafka settings (JSON object in the env var); ``producer.``/``consumer.``
     #: prefixed keys apply to one client kind only. They win over runstate's defaults.

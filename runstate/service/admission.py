@@ -12,13 +12,13 @@ that admitted it holds its slot).
 The bound follows the instance's own latency, as TCP's congestion window follows the
 network's (Netflix's concurrency limits and Envoy's adaptive concurrency do it for
 services): an admitted request waits behind about as many others as the bound lets in, so
-when its patches' latency rises above a target the bound shrinks, and when it falls below
-half of it the bound grows back to its maximum. A client holding many requests that the
-instance decides in time (50 LangGraph threads at once) is not shed; an open-loop flood is,
-early. What is measured is the instance's own work: each patch appended here, from its
-append to its answer (``Service.on_latency``). Not a read waiting for a revision (it
-holds its slot as long as the revision takes to come), nor a request forwarded to an
-owner that is slow to answer, nor how fast a client sends its body.
+when its patches' latency rises above a target the bound shrinks, and while it stays below
+half of it the bound grows back towards its maximum. Many requests that the instance
+answers in time keep the bound where it is; an open-loop flood brings it down early.
+What is measured is the instance's own work: each patch appended here, from its append
+to its answer (``Service.on_latency``). Not a read waiting for a revision (it holds its
+slot as long as the revision takes to come), nor a request forwarded to an owner that is
+slow to answer, nor how fast a client sends its body.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ class Admission:
         self._clock = clock
         self._window: list[float] = []
         self._window_end = clock() + WINDOW_S
+        self._cooling = False
         self.shed = Counter(
             "runstate_http_shed",
             "Requests answered 429 at once: every slot taken (limit) or the caller's share taken (caller)",
@@ -114,8 +115,11 @@ class Admission:
 
     def observe(self, latency_s: float) -> None:
         """A patch appended here took ``latency_s`` from its append to its answer; once a window
-        has passed, the bound moves: by a fifth down when the window's 90th percentile is
-        above the target, by a quarter up when it is below half of it."""
+        has passed, the bound moves: a fifth down when the window's 90th percentile is above
+        the target (and the next window is not judged: the requests admitted before the cut
+        are still ending), one up when it is below half of it. Down fast and up slowly, as
+        TCP's congestion window: a bound that came back as fast as it went swung between
+        its floor and its maximum under a steady overload."""
         if not self.target_s:
             return
         now = self._clock()
@@ -125,12 +129,16 @@ class Admission:
         if now < self._window_end:
             return
         window, self._window, self._window_end = self._window, [], now + WINDOW_S
+        if self._cooling:  # the requests admitted before the bound shrank are still ending
+            self._cooling = False
+            return
         window.sort()
         p90 = window[(len(window) * 9 - 1) // 10]  # nearest rank
         if p90 > self.target_s:
             self.limit = max(self.min_limit, (self.limit * 4) // 5)
+            self._cooling = True
         elif p90 < self.target_s / 2:
-            self.limit = min(self.max_limit, self.limit + max(1, self.limit // 4))
+            self.limit = min(self.max_limit, self.limit + 1)
 
 
 def caller_of(scope: Scope) -> str:

@@ -38,6 +38,10 @@ def test_latency_above_the_target_shrinks_the_bound_a_fifth_a_window_to_its_floo
     a = Admission(128, CollectorRegistry(), target_s=0.1, clock=clock)
     _window(a, clock, 0.3)
     assert a.limit == 102
+    _window(a, clock, 0.3)  # the window after a cut is not judged: what it admitted before is ending
+    assert a.limit == 102
+    _window(a, clock, 0.3)
+    assert a.limit == 81
     for _ in range(30):
         _window(a, clock, 0.3)
     assert a.limit == MIN_LIMIT and a.per_caller == 6
@@ -61,19 +65,18 @@ def test_a_few_slow_patches_do_not_move_the_bound_but_a_slow_tenth_does() -> Non
     assert a.limit < 128
 
 
-def test_the_bound_grows_back_below_half_the_target_holds_between_and_restarts_after_idleness() -> None:
+def test_the_bound_grows_back_by_one_a_window_below_half_the_target_and_restarts_after_idleness() -> None:
     clock = Clock()
     a = Admission(128, CollectorRegistry(), target_s=0.1, clock=clock)
     for _ in range(30):
         _window(a, clock, 0.3)
     assert a.limit == MIN_LIMIT
-    _window(a, clock, 0.07)  # under the target, not under half of it: held
+    for _ in range(3):  # under the target, not under half of it: held
+        _window(a, clock, 0.07)
     assert a.limit == MIN_LIMIT
-    _window(a, clock, 0.01)
-    assert a.limit == 10
-    for _ in range(30):
+    for _ in range(10):
         _window(a, clock, 0.01)
-    assert a.limit == 128
+    assert a.limit == MIN_LIMIT + 10
     for _ in range(30):
         _window(a, clock, 0.3)
     clock.now += IDLE_S + 1  # the load that shrank it is gone
