@@ -206,10 +206,16 @@ class _Base:
         self._owners, self._owners_until = {}, time.monotonic() + OWNERS_TTL_S
 
     @staticmethod
-    def _pause(resp: httpx.Response) -> float:
-        # Jittered, so that the clients an overloaded instance shed do not come back at once.
+    def _pause(resp: httpx.Response, tries: int) -> float:
+        """How long to wait before sending again a request answered ``resp`` (429 or 503)
+        for the ``tries``-th time: ``Retry-After-Ms`` doubled at each try, up to
+        ``Retry-After`` (1 s at most), else ``Retry-After``; jittered, so that the clients an
+        overloaded instance shed do not come back at once."""
         retry = resp.headers.get("retry-after")
         base = min(1.0, float(retry)) if retry and retry.isdigit() else 0.2
+        sooner = resp.headers.get("retry-after-ms")
+        if sooner and sooner.isdigit():
+            base = min(base, int(sooner) / 1000 * 2 ** min(tries, 10))
         return base * random.uniform(0.5, 1.0)
 
     def _exchange(self, path: str) -> Generator[_Step, httpx.Response | httpx.TransportError | None, httpx.Response]:
@@ -219,6 +225,7 @@ class _Base:
         Owners are tried first; :attr:`url` (which forwards) is retried on transport errors
         and :data:`RETRIED` statuses for :attr:`retry_s`."""
         deadline = time.monotonic() + self.retry_s
+        tries = 0  # answers sent again so far
         while True:
             if self._owners_due():
                 partitions = yield ("owners", "/partitions")
@@ -240,7 +247,8 @@ class _Base:
             if resp.status_code not in RETRIED or time.monotonic() >= deadline:
                 _raise(resp)
                 return resp
-            yield ("sleep", self._pause(resp))
+            yield ("sleep", self._pause(resp, tries))
+            tries += 1
 
 
 class Client(_Base):

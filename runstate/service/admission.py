@@ -3,7 +3,8 @@
 A service that queues without bound turns a burst into minutes of latency for everyone and
 memory that grows until something dies. Here a request for a run (``/runs…``, ``/mcp``)
 takes a slot for as long as it is served; when ``limit`` slots are taken, or its caller
-(its token, else its address) already holds ``per_caller`` of them, it is answered at once
+(its token, else its address) already holds ``per_caller`` of them while other callers
+want slots too, it is answered at once
 with 429 and ``Retry-After``, and nothing of it is done. Clients send it again (a patch with
 the same id: a resend is idempotent). Health, readiness, metrics and the audit pages' files
 never wait for a slot, and neither does a request another instance forwarded (the instance
@@ -45,6 +46,8 @@ MIN_LIMIT = 8
 #: An instance that measured no patch for this long starts again from its maximum: the
 #: load that shrank its bound is gone.
 IDLE_S = 5.0
+#: Seconds the other callers' shares bind after a caller's request found every slot taken.
+CONTENDED_S = 3.0
 
 
 class Admission:
@@ -52,7 +55,8 @@ class Admission:
 
     ``limit`` is the bound now, between :data:`MIN_LIMIT` and ``max_limit``, moved by
     :meth:`observe` to keep the 90th percentile of the patches' latency under ``target_s``
-    (``0``: fixed at ``max_limit``). A caller holds at most three quarters of it."""
+    (``0``: fixed at ``max_limit``). A caller holds at most three quarters of it where
+    others want slots too (:meth:`enter`)."""
 
     def __init__(
         self,
@@ -71,6 +75,8 @@ class Admission:
         self._window: list[float] = []
         self._window_end = clock() + WINDOW_S
         self._cooling = False
+        #: caller -> until when its refusal (every slot taken) makes the others' shares bind
+        self._refused: dict[str, float] = {}
         self.shed = Counter(
             "runstate_http_shed",
             "Requests answered 429 at once: every slot taken (limit) or the caller's share taken (caller)",
@@ -92,18 +98,38 @@ class Admission:
         self.limit_gauge.set_function(lambda: self.limit)
 
     @property
+    def retry_ms(self) -> int:
+        """When a shed request may be sent again (ms): the latency the bound keeps, or a
+        second for a fixed bound. Clients double it at each shed of the same request, up
+        to ``Retry-After``."""
+        return max(10, round(self.target_s * 1000)) if self.target_s else 1000
+
+    @property
     def per_caller(self) -> int:
         return max(1, (self.limit * 3) // 4)
 
     def enter(self, caller: str) -> str | None:
-        """Take a slot for ``caller``; None, or why not (``limit`` / ``caller``)."""
+        """Take a slot for ``caller``; None, or why not (``limit`` / ``caller``). A caller
+        alone may take every slot; its share binds while another caller holds a slot, or
+        for :data:`CONTENDED_S` after another caller's request found every slot taken, so
+        that the slots its own requests free go to the others."""
         if self.in_flight >= self.limit:
+            now = self._clock()
+            if len(self._refused) > 1024:  # many callers refused: forget those long gone
+                self._refused = {c: t for c, t in self._refused.items() if t > now}
+            self._refused[caller] = now + CONTENDED_S
             return "limit"
-        if self._by_caller[caller] >= self.per_caller:
+        if self._by_caller.get(caller, 0) >= self.per_caller and (
+            len(self._by_caller) > 1 or self._others_refused(caller)
+        ):
             return "caller"
         self.in_flight += 1
         self._by_caller[caller] += 1
         return None
+
+    def _others_refused(self, caller: str) -> bool:
+        now = self._clock()
+        return any(until > now for c, until in self._refused.items() if c != caller)
 
     def leave(self, caller: str) -> None:
         self.in_flight -= 1
@@ -204,6 +230,10 @@ async def _overloaded(why: str, a: Admission, send: Send) -> None:
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"retry-after", b"1"),
+                # Sooner than a whole second, as OpenAI's and Azure's APIs say it: a slot
+                # frees within about the latency the bound keeps, and a client that holds
+                # many requests (LangGraph's threads) is not held a second for each shed one.
+                (b"retry-after-ms", str(a.retry_ms).encode()),
                 (b"content-length", str(len(content)).encode()),
             ],
         }

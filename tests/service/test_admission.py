@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from runstate.service.admission import IDLE_S, MIN_LIMIT, WINDOW_S, Admission
+from runstate.service.admission import CONTENDED_S, IDLE_S, MIN_LIMIT, WINDOW_S, Admission
 
 
 class Clock:
@@ -45,9 +45,7 @@ def test_latency_above_the_target_shrinks_the_bound_a_fifth_a_window_to_its_floo
     for _ in range(30):
         _window(a, clock, 0.3)
     assert a.limit == MIN_LIMIT and a.per_caller == 6
-    # a full bound sheds; one caller holds at most its share of the bound as it is now
-    assert [a.enter("x") for _ in range(7)] == [None] * 6 + ["caller"]
-    assert [a.enter("y") for _ in range(3)] == [None, None, "limit"]
+    assert [a.enter("x") for _ in range(9)] == [None] * 8 + ["limit"]  # the bound as it is now
 
 
 def test_a_few_slow_patches_do_not_move_the_bound_but_a_slow_tenth_does() -> None:
@@ -90,3 +88,22 @@ def test_a_maximum_below_the_floor_is_the_bound() -> None:
     for _ in range(5):
         _window(a, clock, 1.0)
     assert (a.limit, a.per_caller) == (4, 3)
+
+
+def test_a_caller_alone_takes_every_slot_and_its_share_binds_once_another_wants_one() -> None:
+    clock = Clock()
+    a = Admission(8, CollectorRegistry(), clock=clock)
+    assert [a.enter("x") for _ in range(8)] == [None] * 8  # nobody else wants a slot
+    assert a.enter("x") == "limit"
+    a.leave("x")
+    assert a.enter("x") is None  # refused itself, x alone still may take the free slot
+    assert a.enter("y") == "limit"  # y is refused: from now on the others' shares bind
+    for _ in range(3):
+        a.leave("x")
+    assert [a.enter("x") for _ in range(2)] == [None, "caller"]  # x is back at its share, 6
+    assert a.enter("y") is None
+    # while y holds a slot, x's share binds however long ago y was refused
+    clock.now += CONTENDED_S + 1
+    assert a.enter("x") == "caller"
+    a.leave("y")
+    assert a.enter("x") is None  # y gone and no refusal for long: x may take the free slots

@@ -387,6 +387,50 @@ def test_the_client_sends_again_at_once_on_a_kept_alive_connection_the_server_cl
     assert seen == ["/runs/r1/context", "/runs/r2/context"], seen
 
 
+def test_a_shed_request_is_sent_again_after_retry_after_ms_doubled_at_each_shed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 429 with ``Retry-After: 1`` and ``Retry-After-Ms: 20``, three times: the client
+    waits 10-20 ms, then 20-40, then 40-80 (jittered), not a second each time, and the
+    fourth answer is the request's."""
+    import http.server
+    import types
+
+    import runstate.client as client_module
+
+    answers = iter([429, 429, 429, 200])
+
+    class Shedding(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status = next(answers)
+            body = b'{"context": "ok"}' if status == 200 else b'{"error": {"code": "overloaded", "message": "m"}}'
+            self.send_response(status)
+            if status == 429:
+                self.send_header("retry-after", "1")
+                self.send_header("retry-after-ms", "20")
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Shedding)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    pauses: list[float] = []
+    monkeypatch.setattr(client_module, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=pauses.append))
+    try:
+        with Client(f"http://127.0.0.1:{server.server_address[1]}") as rs:
+            assert rs.context("r1") == "ok"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(pauses) == 3, pauses
+    for n, (low, high) in enumerate([(0.01, 0.02), (0.02, 0.04), (0.04, 0.08)]):
+        assert low <= pauses[n] <= high, pauses
+
+
 def test_a_service_that_never_answers_is_unreachable_once_the_retry_window_ends() -> None:
     """A socket that accepts and never answers: each request's read times out, is tried
     again for ``retry_s``, and ends as :class:`ServiceUnreachable` naming the timeout."""
@@ -651,10 +695,11 @@ def test_the_bound_on_requests_in_flight_follows_the_patches_latency(tmp_path: P
 
 
 def test_an_overloaded_instance_sheds_at_once_fairly_and_health_and_metrics_still_answer(tmp_path: Path) -> None:
-    """RUNSTATE_MAX_IN_FLIGHT=4 (a caller holds at most 3): requests that hold their slot
-    (a read waiting for a revision) fill it; the next is answered 429 with Retry-After at
-    once, another token still gets the last slot, health, readiness and metrics answer,
-    and the client sends a shed request again until it is served."""
+    """RUNSTATE_MAX_IN_FLIGHT=4: requests that hold their slot (a patch whose body is slow
+    to come) fill it; the next is answered 429 with Retry-After at once; from then on a
+    caller holds at most its share (3), so that a slot its own requests free goes to the
+    other; health, readiness and metrics answer; and the client sends a shed request again
+    until it is served. A caller alone takes every slot."""
     import threading
     import time
 
@@ -675,7 +720,7 @@ def test_an_overloaded_instance_sheds_at_once_fairly_and_health_and_metrics_stil
         with Client(proc.url, a) as rs:
             rs.submit("busy", {"expected_revision": 0, "events": [start()]})
 
-        def hold(token: str) -> None:  # a patch whose body takes 3 s to come: its slot is held meanwhile
+        def hold(token: str, seconds: float) -> None:  # a patch whose body takes that long: its slot is held
             import socket
 
             with socket.create_connection(("127.0.0.1", proc.port)) as sock:
@@ -683,30 +728,35 @@ def test_an_overloaded_instance_sheds_at_once_fairly_and_health_and_metrics_stil
                     f"POST /runs/busy/patches HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
                     "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode()
                 )
-                time.sleep(3)
+                time.sleep(seconds)
 
-        holders = [threading.Thread(target=hold, args=(a,)) for _ in range(3)]
+        holders = [threading.Thread(target=hold, args=(a, 5)) for _ in range(3)]
         for t in holders:
             t.start()
         time.sleep(0.5)
-        started = time.monotonic()
-        shed = httpx.get(proc.url + "/runs/busy", headers={"authorization": f"Bearer {a}"})
-        assert shed.status_code == 429 and shed.headers["retry-after"] == "1", shed.text
-        assert shed.json()["error"]["code"] == "overloaded" and time.monotonic() - started < 0.5
-        other = threading.Thread(target=hold, args=(b,))  # a's share is full, the instance is not
+        # a alone: its fourth request is served (nobody else wants a slot)
+        alone = httpx.get(proc.url + "/runs/busy", headers={"authorization": f"Bearer {a}"})
+        assert alone.status_code == 200, alone.text
+        other = threading.Thread(target=hold, args=(b, 1.5))  # the last slot
         other.start()
         time.sleep(0.5)
+        started = time.monotonic()
         full = httpx.get(proc.url + "/runs/busy", headers={"authorization": f"Bearer {c}"})
-        assert full.status_code == 429 and "RUNSTATE_MAX_IN_FLIGHT" in full.text, full.text
+        assert full.status_code == 429 and full.headers["retry-after"] == "1", full.text
+        assert full.json()["error"]["code"] == "overloaded" and time.monotonic() - started < 0.5
+        assert "RUNSTATE_MAX_IN_FLIGHT" in full.text and full.headers["retry-after-ms"] == "100", full.text
+        other.join()  # b's slot is free again; c was refused a moment ago: a's share binds
+        mine = httpx.get(proc.url + "/runs/busy", headers={"authorization": f"Bearer {a}"})
+        assert mine.status_code == 429 and "already has 3 requests" in mine.text, mine.text
         for path in ("/healthz", "/readyz", "/metrics"):
             assert httpx.get(proc.url + path, timeout=2).status_code == 200, path
         metrics = httpx.get(proc.url + "/metrics").text
         assert 'runstate_http_shed_total{reason="caller"} 1.0' in metrics
         assert 'runstate_http_shed_total{reason="limit"} 1.0' in metrics
-        assert "runstate_http_in_flight 4.0" in metrics
-        with Client(proc.url, c, retry_s=15) as rs:  # shed, sent again, served once a slot frees
+        assert "runstate_http_in_flight 3.0" in metrics
+        with Client(proc.url, c, retry_s=15) as rs:  # the free slot is c's
             assert rs.state("busy").revision == 1
-        for t in [*holders, other]:
+        for t in holders:
             t.join()
         assert "Traceback" not in proc.log()
     finally:

@@ -215,6 +215,7 @@ export class Client {
       body === undefined ? { ...this.headers } : { ...this.headers, "content-type": "application/json" };
     const payload = body === undefined ? undefined : JSON.stringify(body);
     const deadline = Date.now() + this.retryMs;
+    let tries = 0; // answers sent again so far
     for (;;) {
       let resp: Reply;
       try {
@@ -228,9 +229,8 @@ export class Client {
         if (resp.status >= 400) raiseFor(resp);
         return resp;
       }
-      const after = Number(resp.headers["retry-after"]);
-      // Jittered, so that the clients an overloaded instance shed do not come back at once.
-      await sleep(Math.min(1, Number.isFinite(after) && after > 0 ? after : 0.2) * 1000 * (0.5 + Math.random() / 2));
+      await sleep(pauseMs(resp, tries) * (0.5 + Math.random() / 2));
+      tries += 1;
     }
   }
 
@@ -442,6 +442,20 @@ async function* sse(resp: IncomingMessage): AsyncGenerator<{ id?: string; data: 
       else if (line.startsWith("id:")) id = line.slice(3).trim();
     }
   }
+}
+
+/** How long before sending again a request answered `resp` (429 or 503) for the `tries`-th
+ * time, before jitter (ms): `Retry-After-Ms` doubled at each try, up to `Retry-After` (1 s
+ * at most), else `Retry-After`. Jittered by the caller, so that the clients an overloaded
+ * instance shed do not come back at once. As the Python client's `_pause`. */
+function pauseMs(resp: Reply, tries: number): number {
+  const after = Number(resp.headers["retry-after"]);
+  let base = Math.min(1, Number.isFinite(after) && after > 0 ? after : 0.2) * 1000;
+  const sooner = Number(resp.headers["retry-after-ms"]);
+  if (resp.headers["retry-after-ms"] !== undefined && Number.isFinite(sooner) && sooner >= 0) {
+    base = Math.min(base, sooner * 2 ** Math.min(tries, 10));
+  }
+  return base;
 }
 
 function raiseFor(resp: Reply): never {
