@@ -81,7 +81,8 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(60.0, gt=0, le=3600)
     #: ``runstate serve``: requests for runs served at once by one instance; beyond it a
     #: request is answered 429 with ``Retry-After`` at once (shed, not queued), and one
-    #: caller (token, else address) holds at most three quarters of them.
+    #: caller (token, else address) holds at most three quarters of them while other
+    #: callers want slots too. The most the bound is: see ``admit_target_ms``.
     max_in_flight: int = Field(128, ge=1, le=100_000)
     #: ``runstate serve``: the latency of its patches (append to decision, 90th percentile
     #: over a quarter of a second) that an instance keeps its bound on requests in flight
