@@ -120,3 +120,38 @@ def mcp_error(res: Any) -> dict[str, Any]:
     body = json.loads(text)
     assert set(body) == {"error"} and {"code", "message"} <= set(body["error"]), text
     return body["error"]  # type: ignore[no-any-return]
+
+
+_AWAIT_RESTORED = """
+import asyncio, sys
+from runstate.service.node import Node
+from runstate.settings import Settings
+
+async def main(run_id: str, patch_id: str, wait_s: float) -> None:
+    node = Node(Settings(), "http://127.0.0.1:1")
+    waiting = node.hub.expect(run_id, patch_id)  # as a request that appended it does
+    node.start(asyncio.get_running_loop())
+    try:
+        d = await asyncio.wait_for(waiting, wait_s)
+        print("answered:", d.outcome, d.patch_id)
+    except TimeoutError:
+        print(f"not answered in {wait_s:g} s")
+    finally:
+        await asyncio.to_thread(node.stop)
+
+asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+"""
+
+
+def await_on_start(env: dict[str, str], run_id: str, patch_id: str, wait_s: float) -> subprocess.CompletedProcess[str]:
+    """A ``Node`` in a fresh process, on the settings of ``env``, that waits for the
+    decision of ``patch_id`` as a request that appended it does, registered before the
+    node starts (and restores its partitions): its last line is ``answered: <outcome>
+    <patch id>`` or ``not answered in <wait_s> s``."""
+    return subprocess.run(
+        [sys.executable, "-c", _AWAIT_RESTORED, run_id, patch_id, str(wait_s)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=wait_s + 140,
+    )

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from helpers import doc_blocks, examples, fact, start, embedded_env
-from servekit import ServeProcess, free_port, serving
+from servekit import ServeProcess, await_on_start, free_port, serving
 
 from runstate.client import AsyncClient, Client, ServiceError, ServiceUnreachable
 from runstate.schemas.errors import ContractError, RunNotFound
@@ -894,26 +894,7 @@ def test_a_request_waiting_while_its_partition_is_restored_gets_the_restored_dec
             assert time.monotonic() < deadline, "the snapshotter did not checkpoint every run start in 30 s"
             time.sleep(0.1)
     shutil.rmtree(tmp_path / "state")  # a new machine: the next instance restores every partition
-    code = f"""
-import asyncio
-from runstate.service.node import Node
-from runstate.settings import Settings
-
-async def main() -> None:
-    node = Node(Settings(log={str(tmp_path / "log.db")!r}, state_dir={str(tmp_path / "state")!r}), "http://127.0.0.1:1")
-    waiting = node.hub.expect("r7", "r7-start")  # as a request that appended it does
-    node.start(asyncio.get_running_loop())
-    try:
-        d = await asyncio.wait_for(waiting, 20)
-        print("answered:", d.outcome, d.patch_id)
-    except TimeoutError:
-        print("not answered in 20 s")
-    finally:
-        await asyncio.to_thread(node.stop)
-
-asyncio.run(main())
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = await_on_start(env, "r7", "r7-start", 20)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines()[-1] == "answered: accepted r7-start", out.stdout + out.stderr[-2000:]
 

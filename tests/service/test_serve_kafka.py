@@ -5,15 +5,13 @@ when one is SIGKILLed the other takes its partitions over while a client keeps g
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from helpers import fact, start
-from servekit import ServeProcess
+from servekit import ServeProcess, await_on_start
 
 from runstate.client import Client
 from runstate.eventlog.base import TopicNames
@@ -176,27 +174,7 @@ def test_on_kafka_a_request_waiting_while_its_partition_is_restored_gets_the_res
     finally:
         code = first.stop()
     assert code == 0, first.log()
-    code = f"""
-import asyncio, os
-os.environ.update({ {**env, "RUNSTATE_STATE_DIR": str(tmp_path / "b")}!r})
-from runstate.service.node import Node
-from runstate.settings import Settings
-
-async def main() -> None:
-    node = Node(Settings(), "http://127.0.0.1:1")
-    waiting = node.hub.expect("r7", "r7-start")  # as a request that appended it does
-    node.start(asyncio.get_running_loop())
-    try:
-        d = await asyncio.wait_for(waiting, 40)
-        print("answered:", d.outcome, d.patch_id)
-    except TimeoutError:
-        print("not answered in 40 s")
-    finally:
-        await asyncio.to_thread(node.stop)
-
-asyncio.run(main())
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    out = await_on_start({**env, "RUNSTATE_STATE_DIR": str(tmp_path / "b")}, "r7", "r7-start", 40)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines()[-1] == "answered: accepted r7-start", out.stdout + out.stderr[-2000:]
     log.close()
