@@ -291,7 +291,8 @@ class KafkaLog(EventLog):
             NewTopic(self.topics.decisions, partitions, replication, config={**isr, "retention.ms": "86400000"}),
             # Run keys: an erased run's key record is replaced, and the log cleaner must take
             # the old one off the disks within a bound (key_purge_ms): a small dirty ratio,
-            # segments rolled and compacted at least that often.
+            # segments rolled and compacted at least that often, and the files a cleaning
+            # replaced deleted no later (Kafka keeps them a minute by default).
             NewTopic(
                 self.topics.keys,
                 partitions,
@@ -304,6 +305,7 @@ class KafkaLog(EventLog):
                     "segment.ms": str(self.key_purge_ms),
                     "min.cleanable.dirty.ratio": "0.01",
                     "delete.retention.ms": str(self.key_purge_ms),
+                    "file.delete.delay.ms": str(min(60_000, self.key_purge_ms)),
                 },
             ),
         ]
