@@ -878,7 +878,7 @@ def test_a_request_waiting_while_its_partition_is_restored_gets_the_restored_dec
     checkpoints, and replays what they hold as duplicates: neither tells a waiting request
     (a patch appended as the serve started, which the snapshotter checkpointed first). Once
     the partition is restored, a request waiting for a patch it holds gets its decision,
-    rather than waiting out its wait (LangGraph.js's suite, run under load, saw a put wait 30 s)."""
+    rather than waiting out its wait (as a put did in LangGraph.js's suite, run under load)."""
     env = embedded_env(tmp_path)
     with serving(env, tmp_path) as first, httpx.Client(timeout=30) as c:
         for i in range(20):
