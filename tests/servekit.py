@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,20 +26,45 @@ def free_port() -> int:
 
 
 class ServeProcess:
-    """``runstate serve`` on a free loopback port; ``url`` once it answers /healthz."""
+    """``runstate serve`` on a loopback port it binds itself (``--port 0``); ``url`` once it
+    has announced it. A port picked here and passed on would be free only until another
+    test's process took it first, and a test that found that process's /healthz would
+    talk to a serve that is not its own."""
 
     def __init__(self, env: dict[str, str], workdir: Path, *args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.stderr_path = workdir / f"serve-{self.port}.log"
+        self._url: str | None = None
+        self.stderr_path = workdir / f"serve-{uuid.uuid4().hex[:8]}.log"
         self._err = open(self.stderr_path, "wb")
+        port = () if "--port" in args else ("--port", "0")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runstate.cli", "serve", "--port", str(self.port), *args],
+            [sys.executable, "-m", "runstate.cli", "serve", *port, *args],
             env={**os.environ, **env},
             cwd=workdir,
             stdout=self._err,
             stderr=self._err,
         )
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``, as the serve announced it (waited for, 60 s at most)."""
+        if self._url is None:
+            deadline = time.monotonic() + 60
+            while self._url is None:
+                for line in self.stderr_path.read_text(errors="replace").splitlines():
+                    if line.startswith("runstate serve: http"):
+                        self._url = line.split()[2]
+                        break
+                else:
+                    if self.proc.poll() is not None:
+                        raise AssertionError(f"serve exited {self.proc.returncode}: {self.log()}")
+                    if time.monotonic() > deadline:
+                        raise AssertionError(f"serve announced no address in 60 s: {self.log()}")
+                    time.sleep(0.05)
+        return self._url
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
 
     def wait_ready(self, timeout_s: float = 60.0, owned: bool = True) -> dict[str, object]:
         """Until /healthz answers (and, with ``owned``, the instance owns partitions)."""

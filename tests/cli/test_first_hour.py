@@ -78,34 +78,8 @@ def open_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
     work = tmp_path_factory.mktemp("first-hour")
     env = embedded_env(work)
     proc = ServeProcess(env, work)
-    proc.proc.kill()
-    proc.proc.wait()
-    proc._err.close()
-    # the same, on port 0: the URL it announces is where it listens
-    err = open(work / "serve0.log", "wb")
-    proc.proc = subprocess.Popen(
-        [sys.executable, "-m", "runstate.cli", "serve", "--port", "0"],
-        cwd=work,
-        env={**os.environ, **env},
-        stdout=err,
-        stderr=err,
-    )
-    proc._err, proc.stderr_path = err, work / "serve0.log"
     try:
-        for _ in range(300):
-            announced = [
-                ln for ln in proc.stderr_path.read_text().splitlines() if ln.startswith("runstate serve: http")
-            ]
-            if announced or proc.proc.poll() is not None:
-                break
-            import time
-
-            time.sleep(0.1)
-        assert announced, proc.log()
-        url = announced[0].split()[2]
-        assert not url.endswith(":0"), url
-        proc.url = url
-        proc.port = int(url.rsplit(":", 1)[1])
+        assert not proc.url.endswith(":0"), proc.url
         proc.wait_ready()
         yield proc, work
     finally:

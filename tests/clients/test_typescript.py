@@ -97,9 +97,16 @@ _VALIDATE = [
 ]
 
 
+def _said(out: subprocess.CompletedProcess[str]) -> str:
+    """What a failed suite printed: the end of its report, and the start and end of its stderr
+    (where a serve's first error comes before the suite's account of the test it failed)."""
+    err = out.stderr if len(out.stderr) <= 8000 else out.stderr[:4000] + "\n[...]\n" + out.stderr[-4000:]
+    return out.stdout[-4000:] + err
+
+
 def test_langgraph_js_validation_suite_passes_through_a_serve(built: Path) -> None:
     out = _node(_VALIDATE, timeout=900)
-    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
+    assert out.returncode == 0, _said(out)
     assert "718 passed (718)" in out.stdout, out.stdout[-3000:]
 
 
@@ -112,7 +119,7 @@ def test_langgraph_js_validation_suite_passes_through_a_serve_on_kafka(built: Pa
         RUNSTATE_TEST_KAFKA=kafka_bootstrap,
         RUNSTATE_TEST_TOPIC_PREFIX=prefix,
     )
-    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
+    assert out.returncode == 0, _said(out)
     assert "718 passed (718)" in out.stdout, out.stdout[-3000:]
     topics = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
     assert any(t.startswith(prefix) for t in topics), "the serves did not run on Kafka"

@@ -3,22 +3,10 @@
 // topics of its own (named from RUNSTATE_TEST_TOPIC_PREFIX). RUNSTATE_PYTHON names the interpreter (the test suite sets it).
 import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
 const PYTHON = process.env.RUNSTATE_PYTHON ?? "python3";
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
 
 export async function startServe(extraEnv = {}) {
   const dir = mkdtempSync(join(tmpdir(), "runstate-ts-"));
@@ -32,17 +20,19 @@ export async function startServe(extraEnv = {}) {
   } else {
     env.RUNSTATE_LOG = join(dir, "log.db");
   }
-  const port = await freePort();
-  const proc = spawn(PYTHON, ["-m", "runstate.cli", "serve", "--port", String(port)], { env, stdio: ["ignore", "ignore", "pipe"] });
+  // Port 0: the serve binds a port itself and announces it. A port picked here would be free
+  // only until another process took it, and its /healthz would then answer for a serve not ours.
+  const proc = spawn(PYTHON, ["-m", "runstate.cli", "serve", "--port", "0"], { env, stdio: ["ignore", "ignore", "pipe"] });
   let err = "";
   proc.stderr.on("data", (b) => (err += b));
-  const url = `http://127.0.0.1:${port}`;
+  let url = null;
   const deadline = Date.now() + 120_000;
   for (;;) {
     if (proc.exitCode !== null) throw new Error(`serve exited ${proc.exitCode}: ${err}`);
+    url ??= /^runstate serve: (http:\/\/\S+)/m.exec(err)?.[1] ?? null;
     try {
-      const body = await (await fetch(`${url}/healthz`)).json();
-      if (body.owned_partitions && body.owned_partitions.length) break;
+      const body = url && (await (await fetch(`${url}/healthz`)).json());
+      if (body?.owned_partitions?.length) break;
     } catch {}
     if (Date.now() > deadline) throw new Error(`serve not ready: ${err}`);
     await new Promise((r) => setTimeout(r, 100));
@@ -53,7 +43,9 @@ export async function startServe(extraEnv = {}) {
     env,
     async stop() {
       // A serve that failed a request (a traceback) says so, so that a test it failed can be read.
-      if (err.includes("Traceback")) console.error(`runstate serve ${url} logged an error:\n${err.slice(-4000)}`);
+      // Its first error, which the ones after it (a shutdown cancelling requests) follow from.
+      const first = Math.max(0, Math.min(...["Traceback", "runstate serve: stopping"].map((w) => err.indexOf(w)).filter((i) => i >= 0)));
+      if (err.includes("Traceback")) console.error(`runstate serve ${url} logged an error:\n${err.slice(first, first + 4000)}`);
       proc.kill("SIGTERM");
       await new Promise((r) => (proc.exitCode !== null ? r() : proc.once("exit", r)));
       rmSync(dir, { recursive: true, force: true });
