@@ -353,7 +353,10 @@ class Node:
                     items.append(self._appends.get_nowait())
                 except queue.Empty:
                     break
-            live = [i for i in items if i is not None]
+            # A request given up on meanwhile (an MCP cancellation, a shutdown's deadline)
+            # cancelled its future: its patch is not appended, and a future marked running
+            # can no longer be cancelled, so answering it cannot raise in this thread.
+            live = [i for i in items if i is not None and i[2].set_running_or_notify_cancel()]
             for patch, data, fut in live:
 
                 def done(r: Receipt | None, err: Exception | None, fut: Future[Receipt] = fut) -> None:

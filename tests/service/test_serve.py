@@ -899,6 +899,48 @@ def test_a_request_waiting_while_its_partition_is_restored_gets_the_restored_dec
     assert out.stdout.splitlines()[-1] == "answered: accepted r7-start", out.stdout + out.stderr[-2000:]
 
 
+def test_a_request_given_up_on_while_its_patch_is_appended_leaves_the_instance_serving(tmp_path: Path) -> None:
+    """A request cancelled while its patch waits for the appender (an MCP client's
+    cancellation, a shutdown's deadline) cancels the future the appender answers. Answering
+    a cancelled future raises, and it raised in the appender's thread: the instance's
+    appender died and the instance stopped serving. A patch given up on before it is
+    appended is not appended; the appender goes on with the others."""
+    code = f"""
+import asyncio
+from runstate.service.node import Node
+from runstate.settings import Settings
+
+node = Node(Settings(log={str(tmp_path / "log.db")!r}, state_dir={str(tmp_path / "state")!r}), "http://127.0.0.1:1")
+
+def encoded(run_id):
+    started = {{"type": "RunStarted", "goal": {{"statement": run_id}}}}
+    patch = node.producer.build(run_id, {{"expected_revision": 0, "events": [started]}})
+    return patch, node.producer.encode(patch)
+
+async def main():
+    node.start(asyncio.get_running_loop())
+    given_up = []
+    for i in range(50):
+        f = node.append(*encoded(f"r{{i}}"))
+        given_up.append(f.cancel())
+    try:
+        receipt = await asyncio.wait_for(asyncio.wrap_future(node.append(*encoded("after"))), 20)
+        print("after:", receipt.offset >= 0)
+    except TimeoutError:
+        print("after: no receipt in 20 s")
+    print("cancelled:", sum(given_up) > 0)
+    print("failed:", node.health.failed)
+    node.stop()
+
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["after: True", "cancelled: True", "failed: None"], (
+        out.stdout + out.stderr[-3000:]
+    )
+
+
 def test_an_embedded_instance_not_yet_open_says_it_is_starting_not_that_another_owns_the_run(tmp_path: Path) -> None:
     """The embedded log has one projector: before it has opened a partition (the instance
     is starting), no other instance owns it, and the answer (a 503 the clients retry)
