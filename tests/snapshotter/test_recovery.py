@@ -142,6 +142,31 @@ def test_first_start_with_checkpoints_of_other_runs_keeps_every_run(tmp_path: Pa
     assert verify(log, str(state)).ok
 
 
+def test_a_record_checkpointed_while_its_partition_is_being_assigned_is_not_taken_for_a_lost_one(
+    tmp_path: Path,
+) -> None:
+    """A projector reads the log's ends when partitions are assigned to it, then restores
+    each one. Beside it (serve's snapshotter) a patch appended meanwhile may be decided and
+    checkpointed first: the restored store then stands past the end read before the
+    restore, which was taken for acknowledged records the log had lost (LostRecords), and a
+    serve that had just started stopped (LangGraph.js's suite, under load)."""
+    log = EmbeddedLog(tmp_path / "log.db", partitions=1)
+    state = tmp_path / "state"
+
+    def restore(p: int, store: ProjectionStore) -> Any:
+        append_all(log, [patch("r1", 0, start())])
+        Snapshotter(log, str(state)).run(until_caught_up=True, poll_timeout_s=0.01)
+        report = restore_partition(log, p, store)
+        assert report.runs == 1, report
+        return report
+
+    Projector(log, str(state), publish_dead_letters=False, restore=restore).run(
+        until_caught_up=True, poll_timeout_s=0.01
+    )
+    assert set(_digests(state)) == {"r1"}
+    assert verify(log, str(state)).ok
+
+
 def test_an_old_rebased_resend_after_a_restore_is_not_applied_twice(tmp_path: Path) -> None:
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     spend = patch("r", 1, ev("BudgetConsumed", tokens=5), rebase=True)
