@@ -31,13 +31,15 @@ class ServeProcess:
     test's process took it first, and a test that found that process's /healthz would
     talk to a serve that is not its own."""
 
-    def __init__(self, env: dict[str, str], workdir: Path, *args: str) -> None:
+    def __init__(self, env: dict[str, str], workdir: Path, *args: str, prelude: str = "") -> None:
+        """``prelude``: Python run in the serve's process before the CLI (a fault to inject)."""
         self._url: str | None = None
         self.stderr_path = workdir / f"serve-{uuid.uuid4().hex[:8]}.log"
         self._err = open(self.stderr_path, "wb")
         port = () if "--port" in args else ("--port", "0")
+        cli = ["-c", f"{prelude}\nfrom runstate.cli import main\nmain()"] if prelude else ["-m", "runstate.cli"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runstate.cli", "serve", *port, *args],
+            [sys.executable, *cli, "serve", *port, *args],
             env={**os.environ, **env},
             cwd=workdir,
             stdout=self._err,

@@ -38,8 +38,8 @@ from runstate.schemas.patch import Author, Decision, Patch
 from runstate.schemas.state import RunHeader, RunSummary
 from runstate.service.auth import AuthError, Identity
 from runstate.service.deadline import within
-from runstate.service.node import Node, NotOwner
-from runstate.service.routing import Forwarded, ForwardError, Router, Unavailable
+from runstate.service.node import Node, NotOwner, Unavailable
+from runstate.service.routing import Forwarded, ForwardError, Router
 from runstate.snapshotter.checkpoint import Checkpoint
 
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from runstate.schemas.errors import (
 )
 from runstate.service.auth import AuthError
 from runstate.service.core import RemoteError
-from runstate.service.routing import Unavailable
+from runstate.service.node import Unavailable
 
 
 @dataclass(frozen=True, slots=True)

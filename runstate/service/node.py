@@ -20,6 +20,7 @@ Threads and who owns what:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import queue
@@ -69,6 +70,15 @@ class NotOwner(RunstateError):
         self.partition = partition
 
 
+class Unavailable(RunstateError):
+    """No instance can answer now (rebalancing, owner gone, this one stopping); retry after
+    ``retry_after`` s."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 @dataclass
 class _Watch:
     min_revision: int
@@ -90,6 +100,8 @@ class Hub:
         self.watches: dict[str, list[_Watch]] = {}
         self.streams: dict[str, set[asyncio.Queue[Decision]]] = {}
         self.on_decision: list[Callable[[Decision, bool], None]] = []
+        #: why the instance stops (a thread of it died), once it does: see :meth:`fail`
+        self.failed: str | None = None
 
     def follows(self, run_id: str) -> bool:
         """Whether a request here waits for a decision of ``run_id`` (a patch, a revision,
@@ -131,10 +143,32 @@ class Hub:
         """The ``(run_id, patch_id)`` of every patch a request here waits for."""
         return list(self.decisions)
 
+    def fail(self, why: str) -> None:
+        """The instance stops (a thread of it died, so no decision will come here): every
+        request waiting for one is answered :class:`Unavailable` at once, and so is every
+        later one, rather than waiting out the shutdown's grace and being cancelled."""
+        self.failed = why
+        for f in [
+            *(f for fs in self.decisions.values() for f in fs),
+            *(w.future for ws in self.watches.values() for w in ws),
+        ]:
+            self._refuse(f)
+
+    def _refuse(self, f: asyncio.Future[Any]) -> None:
+        if not f.done() and self.failed is not None:
+            f.set_exception(
+                Unavailable(
+                    f"this instance is stopping ({self.failed}); a patch it appended is decided by "
+                    "whichever instance projects its partition next: send it again with the same patch_id"
+                )
+            )
+            f.exception()  # retrieved: a request that stopped waiting is no error to log
+
     def expect(self, run_id: str, patch_id: str) -> asyncio.Future[Decision]:
         f: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         self.decisions.setdefault((run_id, patch_id), []).append(f)
         self._waited[run_id] = self._waited.get(run_id, 0) + 1
+        self._refuse(f)
         return f
 
     def forget(self, run_id: str, patch_id: str, f: asyncio.Future[Decision]) -> None:
@@ -148,6 +182,7 @@ class Hub:
     def watch(self, run_id: str, min_revision: int) -> _Watch:
         w = _Watch(min_revision, asyncio.get_running_loop().create_future())
         self.watches.setdefault(run_id, []).append(w)
+        self._refuse(w.future)
         return w
 
     def unwatch(self, run_id: str, w: _Watch) -> None:
@@ -250,6 +285,9 @@ class Node:
             except BaseException as e:  # a dead projector must not leave a server answering
                 log.exception("%s thread failed", name)
                 self.health.failed = f"{name}: {type(e).__name__}: {e}"
+                if self.loop is not None:
+                    with contextlib.suppress(RuntimeError):  # a loop already closed: nobody waits
+                        self.loop.call_soon_threadsafe(self.hub.fail, self.health.failed)
                 if self.on_fatal is not None:
                     self.on_fatal(self.health.failed)
 

@@ -49,7 +49,7 @@ from runstate.eventlog.base import EventLog
 from runstate.eventlog.instancekey import InstanceKeys
 from runstate.schemas.errors import LogError, RunstateError
 from runstate.service.auth import AuthError, Identity
-from runstate.service.node import CLIENT_ID_PREFIX
+from runstate.service.node import CLIENT_ID_PREFIX, Unavailable
 
 log = logging.getLogger("runstate.serve")
 
@@ -159,14 +159,6 @@ class Forwarded:
 
 class ForwardError(RunstateError):
     """The owner did not answer (refused, reset, timed out), or did not prove it is one."""
-
-
-class Unavailable(RunstateError):
-    """No instance can answer now (rebalancing, owner gone); retry after ``retry_after`` s."""
-
-    def __init__(self, message: str, retry_after: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class Router:

@@ -941,6 +941,40 @@ asyncio.run(main())
     )
 
 
+def test_requests_waiting_on_an_instance_whose_projector_died_are_told_at_once_to_send_again(tmp_path: Path) -> None:
+    """An instance whose projector thread dies stops serving. The requests waiting there for
+    a decision (their patches appended: durable, decided by whoever projects the partition
+    next) waited out the shutdown's grace and were cancelled, a 500 that says nothing. They
+    are answered 503 at once, with why and Retry-After, as when a partition's owner moves:
+    the clients send the patch again with its id, and a resend is decided once."""
+    flag = tmp_path / "fail-now"
+    prelude = f"""
+import os
+from runstate.projector.runtime.loop import Projector
+real = Projector.process
+def process(self, records):
+    if os.path.exists({str(flag)!r}):
+        raise RuntimeError("injected: the projector fails")
+    return real(self, records)
+Projector.process = process
+"""
+    serve = ServeProcess(embedded_env(tmp_path), tmp_path, prelude=prelude)
+    try:
+        serve.wait_ready()
+        with httpx.Client(timeout=60) as c:
+            assert c.post(f"{serve.url}/runs/r1/patches", params={"wait": 10}, json=_started("r1")).is_success
+            flag.touch()
+            resp = c.post(f"{serve.url}/runs/r2/patches", params={"wait": 30}, json=_started("r2"))
+        assert resp.status_code == 503, (resp.status_code, resp.text, serve.log())
+        assert resp.headers["retry-after"] == "1"
+        error = resp.json()["error"]
+        assert error["code"] == "unavailable"
+        assert "injected: the projector fails" in error["message"] and "same patch_id" in error["message"], error
+        assert serve.proc.wait(60) == 1, serve.log()
+    finally:
+        serve.stop()
+
+
 def test_an_embedded_instance_not_yet_open_says_it_is_starting_not_that_another_owns_the_run(tmp_path: Path) -> None:
     """The embedded log has one projector: before it has opened a partition (the instance
     is starting), no other instance owns it, and the answer (a 503 the clients retry)
