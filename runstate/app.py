@@ -178,20 +178,21 @@ def status(settings: Settings) -> list[PartitionStatus]:
     log = open_settings_log(settings, create=False)
     try:
         log.check_topics()
+        positions: dict[int, int] = {}
         if (Path(settings.state_dir) / "layout.json").exists():
             # Projections of another log (re-created, or swapped) have no lag against this one.
             Layout(settings.state_dir).ensure(log.topics.events, log.partitions(log.topics.events), log.identity())
-        ends = log.end_offsets(log.topics.events)
+            with Projection(settings.state_dir) as proj:
+                positions = proj.positions()
         try:
             committed = log.committed(settings.group_id, log.topics.events)
         except LogError:  # the mirror is for monitoring; the projected positions still tell
             committed = {}
+        # Read last: a projector running meanwhile moves on, and a position read before the
+        # ends can only be at or below them unless records the log acknowledged are gone.
+        ends = log.end_offsets(log.topics.events)
     finally:
         log.close()
-    positions: dict[int, int] = {}
-    if (Path(settings.state_dir) / "layout.json").exists():
-        with Projection(settings.state_dir) as proj:
-            positions = proj.positions()
     for p, end in sorted(ends.items()):
         seen = positions.get(p, committed.get(p, 0))
         if seen > end:  # negative lag would hide acknowledged records the log lost

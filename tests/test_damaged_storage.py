@@ -287,6 +287,29 @@ def test_status_on_a_recreated_log_names_both_logs_instead_of_negative_lag(tmp_p
     assert r.exit_code == 1 and "holds projections of log" in r.output and "total lag" not in r.output, r.output
 
 
+def test_status_while_a_projector_goes_on_is_lag_not_lost_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``runstate status`` read the log's ends, then the projection's positions: a projector
+    running meanwhile (as it does beside a status check) could decide records appended
+    between the two reads, and its position past the ends read before was reported as
+    acknowledged records the log had lost."""
+    path, log, state = _projected(tmp_path)
+    real = EmbeddedLog.committed
+    later = [patch("r", 6, fact("f6")), patch("r", 7, fact("f7"))]
+
+    def committed(self: EmbeddedLog, group_id: str, topic: str) -> dict[int, int]:
+        if later:  # between status's reads: a writer appends and the projector decides
+            append_all(log, [later.pop(0), later.pop(0)])
+            _project(log, state)
+        return real(self, group_id, topic)
+
+    monkeypatch.setattr(EmbeddedLog, "committed", committed)
+    r = _cli(tmp_path, "status")
+    assert r.exit_code == 0 and "lost" not in r.output, r.output
+    log.close()
+
+
 def test_a_truncated_table_file_is_a_typed_error_naming_how_to_rebuild(tmp_path: Path) -> None:
     log = EmbeddedLog(tmp_path / "log.db", partitions=1)
     append_all(log, _run_history(10))
