@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -340,6 +341,39 @@ def test_new_machine_restores_from_the_compacted_checkpoints_topic(
     Projector(log, str(full)).run(until_caught_up=True, poll_timeout_s=0.05)
     with Projection(tmp_path / "b") as pb, Projection(full) as pf:
         assert pb.digests() == pf.digests()
+    assert verify(log, str(tmp_path / "b")).ok
+    log.close()
+
+
+def test_on_kafka_a_record_checkpointed_while_its_partition_is_being_assigned_is_no_lost_record(
+    kafka_bootstrap: str, kafka_topics: TopicNames, tmp_path: Path
+) -> None:
+    """As on the embedded log (tests/snapshotter/test_recovery.py): a take-over restores the
+    partitions it is given while a snapshotter goes on deciding and checkpointing what is
+    appended meanwhile; the restored store standing past the ends read at the assignment
+    is not a loss (it stopped the instance taking over)."""
+    from runstate.projector.runtime.loop import Projector
+    from runstate.snapshotter.loop import Snapshotter
+    from runstate.snapshotter.recovery import restore_partition
+
+    log = KafkaLog(kafka_bootstrap, topics=kafka_topics)
+    log.create_topics(1)
+    restored = []
+
+    def restore(p: int, store: Any) -> Any:
+        prod = log.producer()
+        p0 = patch("r1", 0, start())
+        prod.append_async(log.topics.events, p0.run_id, encode(p0), lambda w, e: None)
+        assert prod.flush(60) == 0
+        Snapshotter(log, str(tmp_path / "snap")).run(until_caught_up=True, poll_timeout_s=0.05)
+        report = restore_partition(log, p, store)
+        restored.append(report.runs)
+        return report
+
+    Projector(log, str(tmp_path / "b"), restore=restore).run(until_caught_up=True, poll_timeout_s=0.05)
+    assert restored == [1]
+    with Projection(tmp_path / "b") as pb:
+        assert [h.run_id for h in pb.runs()] == ["r1"]
     assert verify(log, str(tmp_path / "b")).ok
     log.close()
 
