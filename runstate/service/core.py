@@ -330,6 +330,8 @@ class Service:
                     decision=earlier,
                 )
         hub = self.node.hub
+        if hub.failed is not None:
+            raise hub.stopping()  # nothing appended: no projector here will decide it
         waiting = hub.expect(run_id, patch.patch_id) if wait_s else None
         appended = time.monotonic()
         try:
@@ -387,7 +389,7 @@ class Service:
             if waiting is not None and done.first:
                 try:
                     out.decision = await within(asyncio.shield(waiting), wait_s)
-                except TimeoutError:
+                except (TimeoutError, Unavailable):  # the erasure is recorded; its decision is not known here
                     pass
             return out
         finally:

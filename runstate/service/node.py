@@ -154,14 +154,16 @@ class Hub:
         ]:
             self._refuse(f)
 
+    def stopping(self) -> Unavailable:
+        """What a request is answered once the instance stops (see :meth:`fail`)."""
+        return Unavailable(
+            f"this instance is stopping ({self.failed}); a patch it appended is decided by "
+            "whichever instance projects its partition next: send it again with the same patch_id"
+        )
+
     def _refuse(self, f: asyncio.Future[Any]) -> None:
         if not f.done() and self.failed is not None:
-            f.set_exception(
-                Unavailable(
-                    f"this instance is stopping ({self.failed}); a patch it appended is decided by "
-                    "whichever instance projects its partition next: send it again with the same patch_id"
-                )
-            )
+            f.set_exception(self.stopping())
             f.exception()  # retrieved: a request that stopped waiting is no error to log
 
     def expect(self, run_id: str, patch_id: str) -> asyncio.Future[Decision]:
