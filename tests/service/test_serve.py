@@ -391,8 +391,8 @@ def test_a_shed_request_is_sent_again_after_retry_after_ms_doubled_at_each_shed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A 429 with ``Retry-After: 1`` and ``Retry-After-Ms: 20``, three times: the client
-    waits 10-20 ms, then 20-40, then 40-80 (jittered), not a second each time, and the
-    fourth answer is the request's."""
+    waits between half and all of that, doubled at each shed (jittered), not a second each
+    time, and the fourth answer is the request's."""
     import http.server
     import types
 
@@ -672,7 +672,7 @@ def test_metrics_are_public_only_by_choice_where_tokens_are_needed(tmp_path: Pat
 
 
 def test_the_bound_on_requests_in_flight_follows_the_patches_latency(tmp_path: Path) -> None:
-    """With a target no patch can meet (10 µs from its append to its answer), an instance's
+    """With a target no patch can meet (``RUNSTATE_ADMIT_TARGET_MS=0.01``), an instance's
     bound shrinks from RUNSTATE_MAX_IN_FLIGHT as its patches are answered, and /metrics
     says where it is; with the target at 0 it stays."""
     import re
