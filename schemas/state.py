@@ -9,7 +9,6 @@ the order in which items were added.
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
 from typing import Any, Literal
 
 import orjson
@@ -26,7 +25,6 @@ from runstate.schemas.events import (
     Model,
     ObservationSpec,
     RunPolicy,
-    Scope,
     WaitingSpec,
     WorkspaceRefSpec,
 )
@@ -89,10 +87,9 @@ class Constraint(Model):
     supersedes: PriorValue | None = None
 
 
-class Goal(Model):
-    statement: str
-    scope: Scope = Scope()
-    acceptance: list[str] = []
+class Goal(GoalSpec):
+    """The run's goal as its state shows it: as stated, with the constraints now in force."""
+
     constraints: list[Constraint] = []
 
 
@@ -357,24 +354,17 @@ ITEM_KEY: dict[str, str] = {
 }
 
 
-class RunState(Model):
-    """The assembled Run State of one run at one revision (the public document)."""
+class RunState(RunSummary):
+    """The assembled Run State of one run at one revision (the public document): the run's
+    summary (its header's fields, declared once in :class:`RunSummary`) and its collections.
+    The goal carries its constraints here, and a state always states its status."""
 
-    schema_version: int = CURRENT_SCHEMA_VERSION
-    run_id: str
-    revision: int
     goal: Goal
-    phase: str | None = None
     status: RunStatus
-    active_task_id: str | None = None
     confirmed_facts: list[Fact] = []
     hypotheses: list[Hypothesis] = []
     open_questions: list[Question] = []
     tasks: list[Task] = []
-    last_transition: Transition | None = None
-    waiting: Waiting | None = None
-    budgets: Budgets = Budgets()
-    workspace_ref: WorkspaceRef | None = None
     effect_ledger: list[Effect] = []
     environment_observations: list[Observation] = []
     pending_tool_calls: list[ToolCall] = []
@@ -384,21 +374,6 @@ class RunState(Model):
     graph_checkpoints: list[GraphCheckpoint] = []
     #: the channel values those checkpoints keep once per version
     graph_values: list[GraphValueItem] = []
-    agent_version: str
-    #: absent only on documents migrated from the reference schema (v3), which did not record them.
-    created_at: datetime | None = None
-    #: the agent that started the run (None: started before runstate recorded it)
-    created_by: str | None = None
-    updated_at: datetime | None = None
-    last_control_revision: int = 0
-    #: the reference schema (v3) referred to an external effect ledger; kept, never dropped, on migration.
-    effect_ledger_ref: str | None = None
-    policy: RunPolicy = RunPolicy()
-    revoked_agents: list[str] = []
-    #: set when the state was migrated from an older schema version
-    migrated_from: MigratedFrom | None = None
-    #: set when the run was erased
-    erasure: Erasure | None = None
 
     @property
     def is_terminal(self) -> bool:

@@ -374,14 +374,24 @@ class RunState(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     phase: str | None = None
     status: Literal['running', 'waiting', 'completed', 'failed', 'cancelled', 'erased']
     active_task_id: str | None = None
-    confirmed_facts: list[Fact] = msgspec.field(default_factory=list)
-    hypotheses: list[Hypothesis] = msgspec.field(default_factory=list)
-    open_questions: list[Question] = msgspec.field(default_factory=list)
-    tasks: list[Task] = msgspec.field(default_factory=list)
     last_transition: Transition | None = None
     waiting: Waiting | None = None
     budgets: Budgets = msgspec.field(default_factory=Budgets)
     workspace_ref: WorkspaceRefSpec | None = None
+    agent_version: str
+    created_at: Annotated[datetime, msgspec.Meta(tz=True)] | None = None
+    created_by: str | None = None
+    updated_at: Annotated[datetime, msgspec.Meta(tz=True)] | None = None
+    last_control_revision: int = 0
+    effect_ledger_ref: str | None = None
+    policy: RunPolicy = msgspec.field(default_factory=RunPolicy)
+    revoked_agents: list[str] = msgspec.field(default_factory=list)
+    migrated_from: MigratedFrom | None = None
+    erasure: Erasure | None = None
+    confirmed_facts: list[Fact] = msgspec.field(default_factory=list)
+    hypotheses: list[Hypothesis] = msgspec.field(default_factory=list)
+    open_questions: list[Question] = msgspec.field(default_factory=list)
+    tasks: list[Task] = msgspec.field(default_factory=list)
     effect_ledger: list[Effect] = msgspec.field(default_factory=list)
     environment_observations: list[Observation] = msgspec.field(default_factory=list)
     pending_tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
@@ -389,16 +399,6 @@ class RunState(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=
     inputs: list[Input] = msgspec.field(default_factory=list)
     graph_checkpoints: list[GraphCheckpoint] = msgspec.field(default_factory=list)
     graph_values: list[GraphValueItem] = msgspec.field(default_factory=list)
-    agent_version: str
-    created_at: datetime | None = None
-    created_by: str | None = None
-    updated_at: datetime | None = None
-    last_control_revision: int = 0
-    effect_ledger_ref: str | None = None
-    policy: RunPolicy = msgspec.field(default_factory=RunPolicy)
-    revoked_agents: list[str] = msgspec.field(default_factory=list)
-    migrated_from: MigratedFrom | None = None
-    erasure: Erasure | None = None
 
 
 class Decision(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):

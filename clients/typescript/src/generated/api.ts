@@ -463,7 +463,10 @@ export interface components {
             /** Statement */
             statement: string;
         };
-        /** Goal */
+        /**
+         * Goal
+         * @description The run's goal as its state shows it: as stated, with the constraints now in force.
+         */
         Goal: {
             /**
              * Acceptance
@@ -1309,7 +1312,9 @@ export interface components {
         };
         /**
          * RunState
-         * @description The assembled Run State of one run at one revision (the public document).
+         * @description The assembled Run State of one run at one revision (the public document): the run's
+         *     summary (its header's fields, declared once in :class:`RunSummary`) and its collections.
+         *     The goal carries its constraints here, and a state always states its status.
          */
         RunState: {
             /**
