@@ -375,10 +375,6 @@ class RunState(RunSummary):
     #: the channel values those checkpoints keep once per version
     graph_values: list[GraphValueItem] = []
 
-    @property
-    def is_terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
 
 def status_span(status: str) -> bytes:
     """How a run's status shows in the JSON of its header, state or checkpoint
