@@ -34,8 +34,8 @@ def test_unknown_field_is_an_error_naming_it() -> None:
 
 def test_unknown_event_type_lists_the_catalogue() -> None:
     with pytest.raises(UnknownEventType) as e:
-        parse_draft({"expected_revision": 0, "events": [{"type": "NoteAdded", "text": "x"}]})
-    assert e.value.got == "NoteAdded"
+        parse_draft({"expected_revision": 0, "events": [{"type": "NoSuchEventType", "text": "x"}]})
+    assert e.value.got == "NoSuchEventType"
     assert set(e.value.known) == set(EVENT_TYPE_NAMES)
     assert "TaskCompleted" in str(e.value)
 
