@@ -64,6 +64,25 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     } <= set(names)
 
 
+def _packages_of_the_checkout() -> list[str]:
+    """Every folder of the import root holding an ``__init__.py`` (the layers through their
+    links), as the wheel's paths: ``runstate/agent/__init__.py``, ..."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(ROOT / "runstate", followlinks=True):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        if "__init__.py" in filenames:
+            out.append(str(Path(dirpath, "__init__.py").relative_to(ROOT)))
+    return sorted(out)
+
+
+def test_the_wheel_holds_every_package_of_the_checkout(wheel: Path) -> None:
+    """A package added to the checkout is in the wheel too (setuptools is given the list)."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packages = _packages_of_the_checkout()
+    assert "runstate/agent/__init__.py" in packages and "runstate/projector/store/__init__.py" in packages
+    assert [p for p in packages if p not in names] == []
+
+
 def test_an_installed_wheel_imports_only_runstate_from_anywhere(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     r = subprocess.run(
