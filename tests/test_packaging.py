@@ -56,6 +56,8 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     for layer in (*LAYERS, "testing", "compose"):
         assert f"runstate/{layer}/__init__.py" in names
     assert "runstate/schemas/avro/patch.v1.avsc" in names and "runstate/compose/docker-compose.yml" in names
+    # PEP 561: a user's type checker reads runstate's hints (without it mypy stops at the import)
+    assert "runstate/py.typed" in names
     # The audit pages are served from the wheel itself (no CDN, no build step).
     assert {
         "runstate/service/static/index.html",
