@@ -150,7 +150,12 @@ def serve(
             "(runs of partitions it does not own answer 503)",
             file=sys.stderr,
         )
-    print(f"runstate serve: {me} ({node.log.describe()}, {node.partitions} partitions)", file=sys.stderr, flush=True)
+    print(f"runstate serve: {me} ({node.log.describe()}, {node.partitions} partitions)", file=sys.stderr)
+    print(
+        f"runstate serve: audit pages {me}/ui, MCP {me}/mcp, API description {me}/openapi.json",
+        file=sys.stderr,
+        flush=True,
+    )
     server.run(sockets=[sock])
     if node.health.failed:
         raise SystemExit(1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
 
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".png": "image/png"}
@@ -21,7 +21,7 @@ _HEADERS = {
 
 def mount_pages(api: FastAPI) -> None:
     """``/ui`` (runs), ``/ui/runs/{id}`` (one run), ``/ui/deadletters``: one page shell whose
-    script routes by path; ``/ui/static/{name}`` its files."""
+    script routes by path; ``/ui/static/{name}`` its files; ``/`` redirects to ``/ui``."""
     assets = {p.name: (p.read_bytes(), _TYPES[p.suffix]) for p in STATIC.iterdir() if p.suffix in _TYPES}
     shell = (STATIC / "index.html").read_bytes()
 
@@ -31,6 +31,11 @@ def mount_pages(api: FastAPI) -> None:
         if got is None:
             return Response(b"not found", 404, media_type="text/plain")
         return Response(got[0], media_type=got[1], headers=_HEADERS)
+
+    @api.get("/", include_in_schema=False)
+    async def home() -> Response:
+        """The address ``runstate serve`` prints, opened in a browser: the runs list."""
+        return RedirectResponse("/ui", 307)
 
     @api.get("/ui", include_in_schema=False)
     @api.get("/ui/{rest:path}", include_in_schema=False)

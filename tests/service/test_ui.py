@@ -167,8 +167,9 @@ def test_the_runs_list_shows_runs_searches_and_pages(
 ) -> None:
     serve, _ = served
     page = _page(browser)
-    page.goto(serve.url + "/ui")
+    page.goto(serve.url)  # the address serve prints: the runs list, not an error
     page.wait_for_selector("#runs tbody tr")
+    assert page.url == serve.url + "/ui"
     assert page.locator("#count").inner_text() == "15 runs"
     assert page.locator("#runs a", has_text="run-ui").count() == 1
     # The run that changed last first (the fixture wrote the odd id's run last), then by
