@@ -41,21 +41,26 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
-    BaseCheckpointSaver,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
-    CheckpointTuple,
-    get_checkpoint_id,
-    get_checkpoint_metadata,
-)
-from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from langgraph.types import Interrupt
-from langchain_core.load.serializable import Serializable
+try:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        get_checkpoint_id,
+        get_checkpoint_metadata,
+    )
+    from langgraph.checkpoint.serde.base import SerializerProtocol
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+    from langgraph.types import Interrupt
+    from langchain_core.load.serializable import Serializable
+except ModuleNotFoundError as e:  # runstate's own install does not bring LangGraph
+    raise ModuleNotFoundError(
+        f"runstate's LangGraph saver needs LangGraph ({e}): pip install 'runstate[langgraph]'", name=e.name
+    ) from e
 
 import runstate
 from runstate.agent import AsyncBackend, Backend, PatchRejected, _draft, async_backend, backend

@@ -724,3 +724,13 @@ def test_first_writes_of_different_threads_do_not_wait_for_each_other_async(tmp_
             return waited
 
     assert asyncio.run(main()) == [True]
+
+
+@pytest.mark.parametrize("missing", ["langgraph", "langchain_core"])
+def test_without_the_langgraph_extra_the_import_says_what_to_install(missing: str) -> None:
+    """runstate's own install does not bring LangGraph: the saver's import names the extra."""
+    code = f"import sys; sys.modules[{missing!r}] = None\nimport runstate.integrations.langgraph"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: ") and "pip install 'runstate[langgraph]'" in last, last
