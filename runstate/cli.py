@@ -22,13 +22,15 @@ import orjson
 import pydantic
 import pydantic_settings
 
+import runstate
 from runstate import app
 from runstate.eventlog.base import LIBRDKAFKA_LOGGER
 from runstate.progress import Progress
 from runstate.projector.store.statedir import check_state_dir
+from runstate.projector.core.reducer import REDUCER_VERSION
 from runstate.projector.runtime.loop import ProjectorStats
 from runstate.schemas.errors import ContractError, RunstateError, describe_validation_error
-from runstate.schemas.state import RunStatus
+from runstate.schemas.state import CURRENT_SCHEMA_VERSION, RunStatus
 from runstate.eventlog.keystore import MasterKey
 from runstate.settings import Settings
 
@@ -72,6 +74,11 @@ def handle_errors(fn: F) -> F:
 @click.option("--state-dir", envvar="RUNSTATE_STATE_DIR", help="projection directory [.runstate/state]")
 @click.option("--partitions", type=int, envvar="RUNSTATE_PARTITIONS", help="partitions when creating the log [4]")
 @click.option("-v", "--verbose", is_flag=True, help="log what the projector does")
+@click.version_option(
+    runstate.__version__,
+    prog_name="runstate",
+    message=f"%(prog)s %(version)s (state schema {CURRENT_SCHEMA_VERSION}, reducer {REDUCER_VERSION})",
+)
 @click.pass_context
 @handle_errors
 def main(ctx: click.Context, log_url: str | None, state_dir: str | None, partitions: int | None, verbose: bool) -> None:

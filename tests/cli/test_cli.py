@@ -344,3 +344,15 @@ def test_an_interrupted_project_until_caught_up_is_not_a_success(tmp_path: Path,
     assert 0 < records < 10_000
     again = cli(env, "project", "--until-caught-up", "--quiet")
     assert again.exit_code == 0 and json.loads(again.output)["records"] == 10_000 - records
+
+
+def test_version_names_runstate_and_the_newest_formats_it_writes() -> None:
+    """``runstate --version``: what a bug report needs, without opening a log."""
+    import runstate
+    from runstate.projector.core.reducer import REDUCER_VERSION
+    from runstate.schemas.state import CURRENT_SCHEMA_VERSION
+
+    out = CliRunner().invoke(main, ["--version"])
+    assert out.exit_code == 0, out.output
+    assert out.output.startswith(f"runstate {runstate.__version__}")
+    assert f"state schema {CURRENT_SCHEMA_VERSION}" in out.output and f"reducer {REDUCER_VERSION}" in out.output
